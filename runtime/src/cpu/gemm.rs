@@ -1,0 +1,161 @@
+//! f32 GEMM for the CPU backend: `out (+)= a · wᵀ` with `w` packed once at open.
+//!
+//! Why not a crate: `gemm` (0.19) and `matrixmultiply` both allocate packing buffers on every call
+//! (`gemm-common/src/gemm.rs`: `MemBuffer::new`, `vec![false; mc / MR]`), which breaks the
+//! zero-allocation contract of `step`. Packing the weights at open removes the only buffer this
+//! kernel needs; activations are read in place.
+//!
+//! Blocking follows BLIS: K in `KC` slices, M in `MC` blocks (the A block stays in L2), one
+//! `KC × NR` weight micro-panel in L1 reused by every `MR`-row tile of the block.
+
+const MR: usize = 6;
+const NR: usize = 16;
+const KC: usize = 256;
+const MC: usize = 192;
+
+/// A `[n, k]` weight matrix stored as `ceil(n / NR)` panels of `[k][NR]` (rows past `n` are zero).
+pub struct PackedMatrix {
+    pub n: usize,
+    pub k: usize,
+    data: Vec<f32>,
+}
+
+impl PackedMatrix {
+    pub fn pack(w: &[f32], n: usize, k: usize) -> Self {
+        assert_eq!(w.len(), n * k, "weight has {} values, expected {n}x{k}", w.len());
+        let panels = n.div_ceil(NR);
+        let mut data = vec![0.0; panels * k * NR];
+        for (row, values) in w.chunks_exact(k).enumerate() {
+            let (panel, lane) = (row / NR, row % NR);
+            let base = panel * k * NR;
+            for (p, &v) in values.iter().enumerate() {
+                data[base + p * NR + lane] = v;
+            }
+        }
+        PackedMatrix { n, k, data }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.data.len() * 4
+    }
+}
+
+/// A strided row-major matrix argument.
+#[derive(Clone, Copy)]
+pub struct Strided {
+    pub offset: usize,
+    pub rows: usize,
+    pub stride: usize,
+}
+
+type Kernel = fn(&[f32], Strided, &PackedMatrix, &mut [f32], Strided, bool);
+
+/// Picks the fastest kernel this CPU supports (once, at open).
+pub fn select_kernel() -> Kernel {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        return |a, ad, w, o, od, acc| {
+            // SAFETY: the CPU supports AVX2 and FMA (checked above).
+            unsafe { gemm_avx2(a, ad, w, o, od, acc) }
+        };
+    }
+    // aarch64 always has fused multiply-add (NEON); elsewhere a plain multiply and add.
+    gemm_generic::<{ cfg!(target_arch = "aarch64") }>
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn gemm_avx2(a: &[f32], ad: Strided, w: &PackedMatrix, out: &mut [f32], od: Strided, accumulate: bool) {
+    gemm_generic::<true>(a, ad, w, out, od, accumulate)
+}
+
+/// `out[r, c] (+)= Σ_k a[r, k] · w[c, k]` for `r < ad.rows`, `c < w.n`.
+#[inline(always)]
+fn gemm_generic<const FMA: bool>(a: &[f32], ad: Strided, w: &PackedMatrix, out: &mut [f32], od: Strided, accumulate: bool) {
+    let (m, n, k) = (ad.rows, w.n, w.k);
+    for k0 in (0..k).step_by(KC) {
+        let kc = KC.min(k - k0);
+        let overwrite = k0 == 0 && !accumulate;
+        for m0 in (0..m).step_by(MC) {
+            let m_end = (m0 + MC).min(m);
+            for panel in 0..n.div_ceil(NR) {
+                let b = &w.data[panel * k * NR + k0 * NR..][..kc * NR];
+                let cols = NR.min(n - panel * NR);
+                for r0 in (m0..m_end).step_by(MR) {
+                    let rows = MR.min(m_end - r0);
+                    // Rows past the end repeat the last row; their results are discarded.
+                    let a_rows: [&[f32]; MR] = std::array::from_fn(|i| {
+                        let r = r0 + i.min(rows - 1);
+                        &a[ad.offset + r * ad.stride + k0..][..kc]
+                    });
+                    let acc = micro::<FMA>(&a_rows, b, kc);
+                    for (i, acc_row) in acc.iter().enumerate().take(rows) {
+                        let o = &mut out[od.offset + (r0 + i) * od.stride + panel * NR..][..cols];
+                        if overwrite {
+                            o.copy_from_slice(&acc_row[..cols]);
+                        } else {
+                            o.iter_mut().zip(acc_row).for_each(|(o, v)| *o += v);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn micro<const FMA: bool>(a: &[&[f32]; MR], b: &[f32], kc: usize) -> [[f32; NR]; MR] {
+    let mut acc = [[0.0f32; NR]; MR];
+    for (p, b) in b.chunks_exact(NR).enumerate().take(kc) {
+        let b: &[f32; NR] = b.try_into().expect("panel rows are NR wide");
+        for i in 0..MR {
+            let av = a[i][p];
+            for j in 0..NR {
+                acc[i][j] = if FMA { av.mul_add(b[j], acc[i][j]) } else { acc[i][j] + av * b[j] };
+            }
+        }
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference(a: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Vec<f32> {
+        let mut out = vec![0.0f64; m * n];
+        for r in 0..m {
+            for c in 0..n {
+                out[r * n + c] = (0..k).map(|p| a[r * k + p] as f64 * w[c * k + p] as f64).sum();
+            }
+        }
+        out.into_iter().map(|v| v as f32).collect()
+    }
+
+    #[test]
+    fn matches_reference_on_awkward_shapes() {
+        let kernel = select_kernel();
+        for &(m, n, k) in &[(1, 1, 1), (7, 17, 3), (50, 33, 300), (200, 64, 513), (13, 48, 256)] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0).collect();
+            let packed = PackedMatrix::pack(&w, n, k);
+            // Write into the middle of a wider, poisoned output to check strides and bounds.
+            let stride = n + 5;
+            let mut out = vec![f32::NAN; m * stride + 3];
+            kernel(&a, Strided { offset: 0, rows: m, stride: k }, &packed, &mut out, Strided { offset: 3, rows: m, stride }, false);
+            let expect = reference(&a, m, k, &w, n);
+            for r in 0..m {
+                for c in 0..n {
+                    let got = out[3 + r * stride + c];
+                    assert!((got - expect[r * n + c]).abs() <= 1e-4 * (1.0 + expect[r * n + c].abs()), "{m}x{n}x{k} at {r},{c}: {got}");
+                }
+                assert!(out[3 + r * stride + n].is_nan() || r + 1 == m && n + 3 + r * stride >= out.len(), "wrote past the row");
+            }
+            // Accumulate adds on top.
+            kernel(&a, Strided { offset: 0, rows: m, stride: k }, &packed, &mut out, Strided { offset: 3, rows: m, stride }, true);
+            let got = out[3 + (m - 1) * stride + n - 1];
+            let e = 2.0 * expect[m * n - 1];
+            assert!((got - e).abs() <= 1e-4 * (1.0 + e.abs()));
+        }
+    }
+}

@@ -1,0 +1,456 @@
+//! The CPU reference backend: executes a [`Plan`] in f32, simply and obviously right. It is the
+//! oracle of every test and the backend of boards without a GPU. After construction nothing here
+//! allocates: buffers, packed weights, RoPE tables and scratch space are all sized from the plan.
+
+mod gemm;
+
+use std::sync::Arc;
+
+use crate::checkpoint::Checkpoint;
+use crate::image::{self, PixelFormat};
+use crate::models::pi05::WeightData;
+use crate::plan::{BufId, BufType, FRAME_INFO_FIELDS, Op, Plan, View, WeightId, WeightRole};
+use gemm::{PackedMatrix, Strided};
+
+pub use gemm::select_kernel;
+
+enum Weight {
+    Packed(PackedMatrix),
+    Vector(Vec<f32>),
+    /// Rows gathered from the checkpoint mapping on use (the table can be 2 GB in f32).
+    Embedding { name: String, width: usize, vocab: usize },
+}
+
+enum Buffer {
+    F32(Vec<f32>),
+    I32(Vec<i32>),
+    U8(Vec<u8>),
+}
+
+pub struct CpuBackend {
+    plan: Plan,
+    buffers: Vec<Buffer>,
+    weights: Vec<Weight>,
+    checkpoint: Arc<Checkpoint>,
+    gemm: fn(&[f32], Strided, &PackedMatrix, &mut [f32], Strided, bool),
+    /// `cos`/`sin` of every RoPE angle for positions `0..rope_positions`: `[pos][head_dim / 2]`.
+    rope_cos: Vec<f32>,
+    rope_sin: Vec<f32>,
+    rope_half: usize,
+    /// Attention scores of one query row.
+    scores: Vec<f32>,
+}
+
+impl CpuBackend {
+    pub fn new(plan: Plan, weights: Vec<WeightData>, checkpoint: Arc<Checkpoint>) -> Self {
+        let buffers = plan
+            .buffers
+            .iter()
+            .map(|b| match b.ty {
+                BufType::F32 => Buffer::F32(vec![0.0; b.len]),
+                BufType::I32 => Buffer::I32(vec![0; b.len]),
+                BufType::U8 => Buffer::U8(vec![0; b.len]),
+            })
+            .collect();
+        let weights = plan
+            .weights
+            .iter()
+            .zip(weights)
+            .map(|(decl, data)| match (decl.role, data) {
+                (WeightRole::Matrix { n, k }, WeightData::Dense(w)) => Weight::Packed(PackedMatrix::pack(&w, n, k)),
+                (WeightRole::Embedding { vocab, width }, WeightData::Checkpoint(name)) => Weight::Embedding { name, width, vocab },
+                (_, WeightData::Dense(v)) => Weight::Vector(v),
+                (role, WeightData::Checkpoint(name)) => unreachable!("{name}: checkpoint-backed weight with role {role:?}"),
+            })
+            .collect();
+
+        let mut max_keys = 1;
+        let mut rope_positions = 0;
+        let mut head_dim = 2;
+        for op in &plan.ops {
+            match op {
+                Op::Attention { k, groups, .. } => max_keys = max_keys.max(k.rows / groups),
+                Op::RopeQkv { k_cache, head_dim: hd, .. } => {
+                    rope_positions = rope_positions.max(k_cache.rows);
+                    head_dim = *hd;
+                }
+                _ => {}
+            }
+        }
+        // Positions never exceed the number of sequence slots (cumsum of validity).
+        let half = head_dim / 2;
+        let mut rope_cos = vec![0.0; rope_positions * half];
+        let mut rope_sin = vec![0.0; rope_positions * half];
+        for pos in 0..rope_positions {
+            for j in 0..half {
+                // transformers' Gemma rotary: inv_freq in f32, angle = pos · inv_freq in f32.
+                let inv_freq = (1.0 / 10000f64.powf(2.0 * j as f64 / head_dim as f64)) as f32;
+                let angle = (pos as f32 * inv_freq) as f64;
+                rope_cos[pos * half + j] = angle.cos() as f32;
+                rope_sin[pos * half + j] = angle.sin() as f32;
+            }
+        }
+        CpuBackend {
+            plan,
+            buffers,
+            weights,
+            checkpoint,
+            gemm: select_kernel(),
+            rope_cos,
+            rope_sin,
+            rope_half: half,
+            scores: vec![0.0; max_keys],
+        }
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Bytes held by weights and buffers.
+    pub fn memory_bytes(&self) -> usize {
+        let weights: usize = self
+            .weights
+            .iter()
+            .map(|w| match w {
+                Weight::Packed(p) => p.bytes(),
+                Weight::Vector(v) => v.len() * 4,
+                Weight::Embedding { .. } => 0,
+            })
+            .sum();
+        weights + self.plan.arena_bytes()
+    }
+
+    pub fn f32(&self, id: BufId) -> &[f32] {
+        match &self.buffers[id.0] {
+            Buffer::F32(v) => v,
+            _ => unreachable!("buffer {} is not f32", self.plan.buffers[id.0].name),
+        }
+    }
+
+    pub fn f32_mut(&mut self, id: BufId) -> &mut [f32] {
+        match &mut self.buffers[id.0] {
+            Buffer::F32(v) => v,
+            _ => unreachable!("buffer {} is not f32", self.plan.buffers[id.0].name),
+        }
+    }
+
+    pub fn i32_mut(&mut self, id: BufId) -> &mut [i32] {
+        match &mut self.buffers[id.0] {
+            Buffer::I32(v) => v,
+            _ => unreachable!("buffer {} is not i32", self.plan.buffers[id.0].name),
+        }
+    }
+
+    pub fn u8_mut(&mut self, id: BufId) -> &mut [u8] {
+        match &mut self.buffers[id.0] {
+            Buffer::U8(v) => v,
+            _ => unreachable!("buffer {} is not u8", self.plan.buffers[id.0].name),
+        }
+    }
+
+    fn i32(&self, id: BufId) -> &[i32] {
+        match &self.buffers[id.0] {
+            Buffer::I32(v) => v,
+            _ => unreachable!("buffer {} is not i32", self.plan.buffers[id.0].name),
+        }
+    }
+
+    fn vector(&self, id: WeightId) -> &[f32] {
+        match &self.weights[id.0] {
+            Weight::Vector(v) => v,
+            _ => unreachable!("weight {} is not a vector", self.plan.weights[id.0].name),
+        }
+    }
+
+    /// Runs the ops in `range` (the whole plan: `0..plan.ops.len()`).
+    pub fn run(&mut self, range: std::ops::Range<usize>) {
+        for i in range {
+            // Ops are plain data; cloning one releases the borrow of the plan (no allocation).
+            let op = self.plan.ops[i].clone();
+            self.execute(&op);
+        }
+    }
+
+    /// Moves a buffer out so an op can write it while reading others; an empty Vec takes its
+    /// place, which does not allocate. The op puts it back.
+    fn take(&mut self, id: BufId) -> Buffer {
+        std::mem::replace(&mut self.buffers[id.0], Buffer::F32(Vec::new()))
+    }
+
+    /// Lends out the destination buffer so the op can read other buffers while writing it.
+    fn with_out<R>(&mut self, id: BufId, f: impl FnOnce(&Self, &mut [f32]) -> R) -> R {
+        let Buffer::F32(mut out) = self.take(id) else {
+            unreachable!("buffer {} is not f32", self.plan.buffers[id.0].name)
+        };
+        let r = f(self, &mut out);
+        self.buffers[id.0] = Buffer::F32(out);
+        r
+    }
+
+    fn execute(&mut self, op: &Op) {
+        match *op {
+            Op::ImagePatches { camera, frames, frame_stride, frame_info, size, patch, out } => {
+                let info: [i32; FRAME_INFO_FIELDS] =
+                    self.i32(frame_info)[camera * FRAME_INFO_FIELDS..][..FRAME_INFO_FIELDS].try_into().expect("4 fields");
+                let Buffer::U8(staged) = self.take(frames) else { unreachable!("frames are u8") };
+                let format = PixelFormat::from_code(info[3] as u32).unwrap_or(PixelFormat::Rgb8);
+                let frame = (info[0] != 0).then(|| (&staged[camera * frame_stride..][..frame_stride], info[1] as usize, info[2] as usize, format));
+                image::patchify(frame, size, patch, &mut self.f32_mut(out.buf)[out.offset..], out.stride);
+                self.buffers[frames.0] = Buffer::U8(staged);
+            }
+            Op::Gemm { a, w, bias, out, accumulate } => {
+                let gemm = self.gemm;
+                self.with_out(out.buf, |this, dst| {
+                    let Weight::Packed(pw) = &this.weights[w.0] else { unreachable!("gemm weight is packed") };
+                    debug_assert!(pw.k == a.cols && pw.n == out.cols, "gemm shapes");
+                    let src = this.f32(a.buf);
+                    gemm(src, Strided { offset: a.offset, rows: a.rows, stride: a.stride }, pw, dst, Strided { offset: out.offset, rows: out.rows, stride: out.stride }, accumulate);
+                    if let Some(b) = bias {
+                        let b = this.vector(b);
+                        for_rows(dst, out, |row| row.iter_mut().zip(b).for_each(|(o, b)| *o += b));
+                    }
+                });
+            }
+            Op::AddTable { x, table, table_rows } => {
+                self.with_out(x.buf, |this, dst| {
+                    let t = this.vector(table);
+                    let mut r = 0;
+                    for_rows(dst, x, |row| {
+                        let trow = &t[(r % table_rows) * x.cols..][..x.cols];
+                        row.iter_mut().zip(trow).for_each(|(o, v)| *o += v);
+                        r += 1;
+                    });
+                });
+            }
+            Op::LayerNorm { x, out, gamma, beta, eps } => {
+                self.with_out(out.buf, |this, dst| {
+                    let (g, b, src) = (this.vector(gamma), this.vector(beta), this.f32(x.buf));
+                    for r in 0..x.rows {
+                        let xi = &src[x.offset + r * x.stride..][..x.cols];
+                        let mean = xi.iter().sum::<f32>() / x.cols as f32;
+                        let var = xi.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / x.cols as f32;
+                        let inv = 1.0 / (var + eps).sqrt();
+                        let o = &mut dst[out.offset + r * out.stride..][..x.cols];
+                        for c in 0..x.cols {
+                            o[c] = (xi[c] - mean) * inv * g[c] + b[c];
+                        }
+                    }
+                });
+            }
+            Op::RmsNorm { x, out, eps } => self.rms_norm(x, out, eps, None),
+            Op::AdaRmsNorm { x, out, modulation, eps } => self.rms_norm(x, out, eps, Some(modulation)),
+            Op::GatedResidual { x, y, modulation } => {
+                self.with_out(x.buf, |this, dst| {
+                    let gate = &this.vector(modulation)[2 * x.cols..][..x.cols];
+                    let src = this.f32(y.buf);
+                    let mut r = 0;
+                    for_rows(dst, x, |row| {
+                        let yr = &src[y.offset + r * y.stride..][..x.cols];
+                        for c in 0..x.cols {
+                            row[c] += yr[c] * gate[c];
+                        }
+                        r += 1;
+                    });
+                });
+            }
+            Op::GeluTanh { x } => {
+                let buf = self.f32_mut(x.buf);
+                for_rows(buf, x, |row| row.iter_mut().for_each(|v| *v = gelu_tanh(*v)));
+            }
+            Op::GeluTanhMul { gate_up, out } => {
+                self.with_out(out.buf, |this, dst| {
+                    let src = this.f32(gate_up.buf);
+                    let f = out.cols;
+                    let mut r = 0;
+                    for_rows(dst, out, |row| {
+                        let gu = &src[gate_up.offset + r * gate_up.stride..][..2 * f];
+                        for c in 0..f {
+                            row[c] = gelu_tanh(gu[c]) * gu[f + c];
+                        }
+                        r += 1;
+                    });
+                });
+            }
+            Op::Embed { tokens, table, scale, out } => {
+                let Buffer::F32(mut dst) = self.take(out.buf) else { unreachable!("embed output is f32") };
+                let Weight::Embedding { ref name, width, vocab } = self.weights[table.0] else { unreachable!("embed table") };
+                let tensor = self.checkpoint.get(name).unwrap_or_else(|| unreachable!("embedding {name} checked at open"));
+                for (r, &id) in self.i32(tokens).iter().enumerate().take(out.rows) {
+                    let id = id.clamp(0, vocab as i32 - 1) as usize;
+                    let row = &mut dst[out.offset + r * out.stride..][..width];
+                    tensor.read_f32_into(id * width, row);
+                    row.iter_mut().for_each(|v| *v *= scale);
+                }
+                self.buffers[out.buf.0] = Buffer::F32(dst);
+            }
+            Op::Positions { frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix, valid, positions } => {
+                let mut count = 0i32;
+                for slot in 0..cameras * tokens_per_image + prompt_len + suffix {
+                    let is_valid = if slot < cameras * tokens_per_image {
+                        self.i32(frame_info)[(slot / tokens_per_image) * FRAME_INFO_FIELDS] != 0
+                    } else if slot < cameras * tokens_per_image + prompt_len {
+                        self.i32(token_mask)[slot - cameras * tokens_per_image] != 0
+                    } else {
+                        true
+                    };
+                    count += is_valid as i32;
+                    self.f32_mut(valid)[slot] = if is_valid { 1.0 } else { 0.0 };
+                    // cumsum − 1: an invalid slot shares the position of the previous valid one.
+                    self.i32_mut(positions)[slot] = count - 1;
+                }
+            }
+                Op::RopeQkv { qkv, heads, head_dim, positions, position_offset, k_cache, v_cache, cache_row } => {
+                let half = head_dim / 2;
+                debug_assert_eq!(half, self.rope_half, "one RoPE table per plan");
+                let Buffer::F32(mut kc) = self.take(k_cache.buf) else { unreachable!("k cache is f32") };
+                let Buffer::F32(mut vc) = self.take(v_cache.buf) else { unreachable!("v cache is f32") };
+                let Buffer::F32(mut rows) = self.take(qkv.buf) else { unreachable!("qkv is f32") };
+                for r in 0..qkv.rows {
+                    let pos = self.i32(positions)[position_offset + r].max(0) as usize;
+                    let (cos, sin) = (&self.rope_cos[pos * half..][..half], &self.rope_sin[pos * half..][..half]);
+                    let row = &mut rows[qkv.offset + r * qkv.stride..][..(heads + 2) * head_dim];
+                    for h in 0..heads {
+                        rotate(&mut row[h * head_dim..][..head_dim], cos, sin);
+                    }
+                    let k = &mut kc[k_cache.offset + (cache_row + r) * k_cache.stride..][..head_dim];
+                    k.copy_from_slice(&row[heads * head_dim..][..head_dim]);
+                    rotate(k, cos, sin);
+                    vc[v_cache.offset + (cache_row + r) * v_cache.stride..][..head_dim].copy_from_slice(&row[(heads + 1) * head_dim..]);
+                }
+                self.buffers[k_cache.buf.0] = Buffer::F32(kc);
+                self.buffers[v_cache.buf.0] = Buffer::F32(vc);
+                self.buffers[qkv.buf.0] = Buffer::F32(rows);
+            }
+            Op::Attention { q, k, v, out, heads, kv_heads, head_dim, groups, key_valid } => self.attention(q, k, v, out, heads, kv_heads, head_dim, groups, key_valid),
+            Op::Copy { src, dst } => {
+                self.with_out(dst.buf, |this, d| {
+                    let s = this.f32(src.buf);
+                    let mut r = 0;
+                    for_rows(d, dst, |row| {
+                        row.copy_from_slice(&s[src.offset + r * src.stride..][..src.cols]);
+                        r += 1;
+                    });
+                });
+            }
+            Op::Affine { x, scale, offset, out } => {
+                self.with_out(out.buf, |this, d| {
+                    let (s, o, src) = (this.vector(scale), this.vector(offset), this.f32(x.buf));
+                    let mut r = 0;
+                    for_rows(d, out, |row| {
+                        let xr = &src[x.offset + r * x.stride..][..x.cols];
+                        for c in 0..out.cols {
+                            row[c] = xr[c] * s[c] + o[c];
+                        }
+                        r += 1;
+                    });
+                });
+            }
+        }
+    }
+
+    fn rms_norm(&mut self, x: View, out: View, eps: f32, modulation: Option<WeightId>) {
+        self.with_out(out.buf, |this, dst| {
+            let src = this.f32(x.buf);
+            let m = modulation.map(|m| this.vector(m));
+            for r in 0..x.rows {
+                let xi = &src[x.offset + r * x.stride..][..x.cols];
+                let var = xi.iter().map(|v| v * v).sum::<f32>() / x.cols as f32;
+                let inv = 1.0 / (var + eps).sqrt();
+                let o = &mut dst[out.offset + r * out.stride..][..x.cols];
+                match m {
+                    None => o.iter_mut().zip(xi).for_each(|(o, v)| *o = v * inv),
+                    Some(m) => {
+                        let (scale, shift) = (&m[..x.cols], &m[x.cols..2 * x.cols]);
+                        for c in 0..x.cols {
+                            o[c] = xi[c] * inv * (1.0 + scale[c]) + shift[c];
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention(&mut self, q: View, k: View, v: View, out: View, heads: usize, kv_heads: usize, head_dim: usize, groups: usize, key_valid: Option<BufId>) {
+        let mut scores = std::mem::take(&mut self.scores);
+        self.with_out(out.buf, |this, dst| {
+            let (qb, kb, vb) = (this.f32(q.buf), this.f32(k.buf), this.f32(v.buf));
+            let valid = key_valid.map(|b| this.f32(b));
+            let scale = 1.0 / (head_dim as f32).sqrt();
+            let (q_per_group, k_per_group) = (q.rows / groups, k.rows / groups);
+            let scores = &mut scores[..k_per_group];
+            for g in 0..groups {
+                for qi in g * q_per_group..(g + 1) * q_per_group {
+                    for h in 0..heads {
+                        let kvh = h / (heads / kv_heads);
+                        let qv = &qb[q.offset + qi * q.stride + h * head_dim..][..head_dim];
+                        let mut max = f32::NEG_INFINITY;
+                        for (j, s) in scores.iter_mut().enumerate() {
+                            let key = g * k_per_group + j;
+                            if valid.is_some_and(|m| m[key] == 0.0) {
+                                *s = f32::NEG_INFINITY;
+                                continue;
+                            }
+                            *s = dot(qv, &kb[k.offset + key * k.stride + kvh * head_dim..][..head_dim]) * scale;
+                            max = max.max(*s);
+                        }
+                        let mut sum = 0.0;
+                        for s in scores.iter_mut() {
+                            *s = if *s == f32::NEG_INFINITY { 0.0 } else { (*s - max).exp() };
+                            sum += *s;
+                        }
+                        let o = &mut dst[out.offset + qi * out.stride + h * head_dim..][..head_dim];
+                        o.fill(0.0);
+                        for (j, &p) in scores.iter().enumerate() {
+                            if p == 0.0 {
+                                continue;
+                            }
+                            let key = g * k_per_group + j;
+                            let vr = &vb[v.offset + key * v.stride + kvh * head_dim..][..head_dim];
+                            let w = p / sum;
+                            o.iter_mut().zip(vr).for_each(|(o, v)| *o += w * v);
+                        }
+                    }
+                }
+            }
+        });
+        self.scores = scores;
+    }
+}
+
+/// Applies `f` to each row of `view` inside `buf`.
+fn for_rows(buf: &mut [f32], view: View, mut f: impl FnMut(&mut [f32])) {
+    for r in 0..view.rows {
+        f(&mut buf[view.offset + r * view.stride..][..view.cols]);
+    }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Eight partial sums let the compiler vectorise without reassociating a single chain.
+    let mut acc = [0.0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ac.zip(bc) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Split-half rotary embedding: `[a·cos − b·sin, b·cos + a·sin]`.
+fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let half = x.len() / 2;
+    let (a, b) = x.split_at_mut(half);
+    for j in 0..half {
+        let (x1, x2) = (a[j], b[j]);
+        a[j] = x1 * cos[j] - x2 * sin[j];
+        b[j] = x2 * cos[j] + x1 * sin[j];
+    }
+}
+
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+}

@@ -1,0 +1,199 @@
+//! Camera frames: pixel formats and the resize-with-pad + patchify step of SigLIP preprocessing.
+//!
+//! Bit-for-bit intent: lerobot feeds `u8 / 255` floats through `F.interpolate(mode="bilinear",
+//! align_corners=False)` (no antialias), clamps to [0, 1], pads centred with 0 and maps to [-1, 1].
+//! The arithmetic below follows PyTorch's CPU kernel (`upsample_bilinear2d`, f32 scale).
+
+use crate::error::{Error, Result};
+
+/// Pixel layout of a host frame (interleaved, 8 bits per channel). The numbers are stable: they
+/// travel through the C ABI and the plan's frame-info buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum PixelFormat {
+    Rgb8 = 0,
+    Bgr8 = 1,
+    Rgba8 = 2,
+}
+
+impl PixelFormat {
+    pub fn bytes_per_pixel(self) -> usize {
+        match self {
+            PixelFormat::Rgb8 | PixelFormat::Bgr8 => 3,
+            PixelFormat::Rgba8 => 4,
+        }
+    }
+
+    pub fn from_code(code: u32) -> Option<Self> {
+        match code {
+            0 => Some(PixelFormat::Rgb8),
+            1 => Some(PixelFormat::Bgr8),
+            2 => Some(PixelFormat::Rgba8),
+            _ => None,
+        }
+    }
+
+    /// Byte offset of red, green and blue inside one pixel.
+    fn rgb_offsets(self) -> [usize; 3] {
+        match self {
+            PixelFormat::Rgb8 | PixelFormat::Rgba8 => [0, 1, 2],
+            PixelFormat::Bgr8 => [2, 1, 0],
+        }
+    }
+}
+
+/// One camera frame owned by the caller: `height` rows of `stride` bytes each.
+#[derive(Clone, Copy, Debug)]
+pub struct Frame<'a> {
+    pub data: &'a [u8],
+    pub width: usize,
+    pub height: usize,
+    /// Bytes from one row to the next (≥ width × bytes per pixel).
+    pub stride: usize,
+    pub format: PixelFormat,
+}
+
+impl<'a> Frame<'a> {
+    /// A tightly packed frame (stride = width × bytes per pixel).
+    pub fn packed(data: &'a [u8], width: usize, height: usize, format: PixelFormat) -> Self {
+        Frame { data, width, height, stride: width * format.bytes_per_pixel(), format }
+    }
+
+    /// Checks the geometry against the data and the configured largest frame. `field` names the
+    /// camera in errors (e.g. `observation.cameras[1]`).
+    pub fn validate(&self, field: &str, max_width: usize, max_height: usize) -> Result<()> {
+        let row = self.width * self.format.bytes_per_pixel();
+        if self.width == 0 || self.height == 0 {
+            return Err(Error::invalid(field, format!("frame is {}x{}: empty", self.width, self.height)));
+        }
+        if self.width > max_width || self.height > max_height {
+            return Err(Error::invalid(
+                field,
+                format!("frame {}x{} exceeds the configured maximum {max_width}x{max_height}", self.width, self.height),
+            ));
+        }
+        if self.stride < row {
+            return Err(Error::invalid(field, format!("stride {} is below width x bytes per pixel = {row}", self.stride)));
+        }
+        let needed = (self.height - 1) * self.stride + row;
+        if self.data.len() < needed {
+            return Err(Error::invalid(
+                field,
+                format!("{} bytes given, {}x{} {:?} with stride {} needs {needed}", self.data.len(), self.width, self.height, self.format, self.stride),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Resize-with-pad geometry: the resized size and the top/left padding (extra pixel bottom/right).
+fn fit(width: usize, height: usize, size: usize) -> (usize, usize, usize, usize) {
+    // Python: ratio = max(w / size, h / size); int(h / ratio) — in f64.
+    let ratio = (width as f64 / size as f64).max(height as f64 / size as f64);
+    let rh = ((height as f64 / ratio) as usize).clamp(1, size);
+    let rw = ((width as f64 / ratio) as usize).clamp(1, size);
+    (rw, rh, (size - rw) / 2, (size - rh) / 2)
+}
+
+/// PyTorch `area_pixel_compute_source_index` for bilinear, align_corners=False: the two source
+/// indices and the weight of the second.
+fn source_index(dst: usize, scale: f32, len: usize) -> (usize, usize, f32) {
+    let src = (scale * (dst as f32 + 0.5) - 0.5).max(0.0);
+    let i0 = (src as usize).min(len - 1);
+    let i1 = if i0 < len - 1 { i0 + 1 } else { i0 };
+    (i0, i1, src - i0 as f32)
+}
+
+/// Writes the `size`×`size` preprocessed image of a packed frame (`width × bpp` bytes per row) as
+/// patches: `out[patch][c·p² + ky·p + kx]`, patches in row-major order, values in [-1, 1].
+/// `frame == None` writes a black image (-1 everywhere), as lerobot does for a missing camera.
+pub fn patchify(frame: Option<(&[u8], usize, usize, PixelFormat)>, size: usize, patch: usize, out: &mut [f32], out_stride: usize) {
+    let per_side = size / patch;
+    let mut put = |y: usize, x: usize, c: usize, value: f32| {
+        let (py, ky, px, kx) = (y / patch, y % patch, x / patch, x % patch);
+        out[(py * per_side + px) * out_stride + c * patch * patch + ky * patch + kx] = value;
+    };
+    let Some((data, width, height, format)) = frame else {
+        for y in 0..size {
+            for x in 0..size {
+                for c in 0..3 {
+                    put(y, x, c, -1.0);
+                }
+            }
+        }
+        return;
+    };
+    let bpp = format.bytes_per_pixel();
+    let offsets = format.rgb_offsets();
+    let pixel = |y: usize, x: usize, c: usize| data[y * width * bpp + x * bpp + offsets[c]] as f32 / 255.0;
+    let (rw, rh, left, top) = fit(width, height, size);
+    let (scale_h, scale_w) = (height as f32 / rh as f32, width as f32 / rw as f32);
+    for y in 0..size {
+        for x in 0..size {
+            let inside = (top..top + rh).contains(&y) && (left..left + rw).contains(&x);
+            if !inside {
+                for c in 0..3 {
+                    put(y, x, c, -1.0);
+                }
+                continue;
+            }
+            let (y0, y1, ly) = source_index(y - top, scale_h, height);
+            let (x0, x1, lx) = source_index(x - left, scale_w, width);
+            for c in 0..3 {
+                let v = (1.0 - ly) * ((1.0 - lx) * pixel(y0, x0, c) + lx * pixel(y0, x1, c))
+                    + ly * ((1.0 - lx) * pixel(y1, x0, c) + lx * pixel(y1, x1, c));
+                put(y, x, c, v.clamp(0.0, 1.0) * 2.0 - 1.0);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fit_matches_python_rounding() {
+        assert_eq!(fit(224, 224, 224), (224, 224, 0, 0));
+        // 240x180: ratio 240/224, h = int(180 / 1.0714…) = 168, padding 28 top, 28 bottom.
+        assert_eq!(fit(240, 180, 224), (224, 168, 0, 28));
+        assert_eq!(fit(640, 480, 224), (224, 168, 0, 28));
+        assert_eq!(fit(100, 300, 224), (74, 224, 75, 0));
+    }
+
+    #[test]
+    fn identity_size_is_exact_and_formats_agree() {
+        let (w, h) = (28, 28);
+        let rgb: Vec<u8> = (0..w * h * 3).map(|i| (i * 7 % 251) as u8).collect();
+        let bgr: Vec<u8> = rgb.chunks(3).flat_map(|p| [p[2], p[1], p[0]]).collect();
+        let rgba: Vec<u8> = rgb.chunks(3).flat_map(|p| [p[0], p[1], p[2], 9]).collect();
+        let run = |d: &[u8], f| {
+            let mut out = vec![f32::NAN; 4 * 588];
+            patchify(Some((d, w, h, f)), 28, 14, &mut out, 588);
+            out
+        };
+        let a = run(&rgb, PixelFormat::Rgb8);
+        assert_eq!(a, run(&bgr, PixelFormat::Bgr8));
+        assert_eq!(a, run(&rgba, PixelFormat::Rgba8));
+        // pixel (y=15, x=2), green → patch (1, 0), channel 1, ky 1, kx 2.
+        let expected = rgb[(15 * w + 2) * 3 + 1] as f32 / 255.0 * 2.0 - 1.0;
+        assert_eq!(a[2 * 588 + 196 + 14 + 2], expected);
+    }
+
+    #[test]
+    fn missing_frame_is_black() {
+        let mut out = vec![0.0; 256 * 588];
+        patchify(None, 224, 14, &mut out, 588);
+        assert!(out.iter().all(|&v| v == -1.0));
+    }
+
+    #[test]
+    fn validate_names_the_problem() {
+        let data = vec![0u8; 10];
+        let f = Frame::packed(&data, 4, 4, PixelFormat::Rgb8);
+        let e = f.validate("cameras[0]", 64, 64).unwrap_err().to_string();
+        assert!(e.contains("cameras[0]") && e.contains("needs 48"), "{e}");
+        let e = Frame::packed(&data, 100, 1, PixelFormat::Rgb8).validate("cameras[1]", 64, 64).unwrap_err().to_string();
+        assert!(e.contains("exceeds"), "{e}");
+    }
+}

@@ -1,0 +1,20 @@
+//! FlashRT: a real-time inference runtime for vision-language-action robot policies.
+//!
+//! Open a checkpoint once with [`Policy::open`], set the task with [`Policy::set_prompt`], then
+//! call [`Policy::step`] every control tick: camera frames and joint state in, an action chunk out,
+//! with no heap allocation after the first step.
+
+pub mod checkpoint;
+pub mod cpu;
+pub mod error;
+pub mod image;
+pub mod models;
+pub mod norm;
+pub mod plan;
+pub mod policy;
+pub mod prompt;
+pub mod stats;
+
+pub use error::{Error, Result};
+pub use image::{Frame, PixelFormat};
+pub use policy::{BackendKind, Observation, Policy, PolicyConfig, PolicyInfo, StepInfo};

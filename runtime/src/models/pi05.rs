@@ -1,0 +1,654 @@
+//! Pi0.5 (Physical Intelligence): SigLIP So400m/14 vision tower, Gemma 2B prefix LM, Gemma 300M
+//! action expert with adaRMS time conditioning, flow-matching Euler sampling.
+//!
+//! - Paper: "π0.5: a Vision-Language-Action Model with Open-World Generalization" (2025).
+//! - Reference code: openpi `src/openpi/models_pytorch/pi0_pytorch.py`; lerobot 0.6.1
+//!   `lerobot/policies/pi05/modeling_pi05.py` (the golden reference of our tests).
+//! - Checkpoint: `lerobot/pi05_base` (safetensors, PyTorch `[out, in]` layout).
+//! - Specification: `shared/specs/pi05.md` in the steering repo.
+//!
+//! This file derives the [`Config`] from tensor shapes (plus lerobot's `config.json`), checks the
+//! checkpoint against it, folds constants (merged Q/K/V, `(1 + w)` norms into the next GEMM, the
+//! Euler step into `action_out_proj`, every time-dependent adaRMS modulation precomputed) and
+//! describes the whole step once, as a [`Plan`].
+
+use std::path::Path;
+
+use crate::checkpoint::{Checkpoint, Expected};
+use crate::error::{Error, Result};
+use crate::plan::{BufId, BufType, FRAME_INFO_FIELDS, Op, Plan, View, WeightId, WeightRole};
+
+const P: &str = "paligemma_with_expert.paligemma.model.";
+const VT: &str = "paligemma_with_expert.paligemma.model.vision_tower.vision_model.";
+const LM: &str = "paligemma_with_expert.paligemma.model.language_model.";
+const EX: &str = "paligemma_with_expert.gemma_expert.";
+/// SigLIP So400m uses 72-wide heads; the head count is not visible in the tensor shapes.
+const SIGLIP_HEAD_DIM: usize = 72;
+const EPS: f32 = 1e-6;
+
+/// Sizes of one Pi0.5 checkpoint, derived from its tensors and its `config.json`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub vision_width: usize,
+    pub vision_layers: usize,
+    pub vision_heads: usize,
+    pub vision_mlp: usize,
+    pub patch: usize,
+    pub image_size: usize,
+    pub lm_width: usize,
+    pub lm_layers: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub lm_mlp: usize,
+    pub vocab: usize,
+    pub expert_width: usize,
+    pub expert_layers: usize,
+    pub expert_mlp: usize,
+    /// Padded action width of the model (`max_action_dim`).
+    pub action_dim: usize,
+    pub horizon: usize,
+    pub denoise_steps: usize,
+    pub prompt_len: usize,
+    /// Camera names in the order the model sees them.
+    pub cameras: Vec<String>,
+    /// The robot's real state / action dims (≤ the padded widths); `None` = not stated.
+    pub state_dim: Option<usize>,
+    pub robot_action_dim: Option<usize>,
+    /// Which tensor holds the token embedding (`lm_head.weight` or `embed_tokens.weight`).
+    pub embedding_tensor: String,
+}
+
+impl Config {
+    pub fn tokens_per_image(&self) -> usize {
+        (self.image_size / self.patch).pow(2)
+    }
+
+    pub fn prefix_len(&self, cameras: usize) -> usize {
+        cameras * self.tokens_per_image() + self.prompt_len
+    }
+
+    pub fn parameter_count(&self) -> usize {
+        let (v, l, e, hd) = (self.vision_width, self.lm_width, self.expert_width, self.head_dim);
+        let vision = self.patch * self.patch * 3 * v + v + self.tokens_per_image() * v
+            + self.vision_layers * (4 * v * v + 4 * v + 2 * v * self.vision_mlp + self.vision_mlp + v + 4 * v)
+            + 2 * v
+            + v * l
+            + l;
+        let attn = |w: usize| w * self.heads * hd * 2 + 2 * w * hd;
+        let lm = self.vocab * l + self.lm_layers * (attn(l) + 3 * l * self.lm_mlp + 2 * l) + l;
+        let expert = self.expert_layers * (attn(e) + 3 * e * self.expert_mlp + 2 * (3 * e * e + 3 * e)) + 3 * e * e + 3 * e;
+        let heads = 2 * (self.action_dim * e) + e + self.action_dim + 2 * (e * e + e);
+        vision + lm + expert + heads
+    }
+
+    /// Derives every size from the checkpoint's tensors; `json` is lerobot's `config.json` if any.
+    pub fn from_checkpoint(ckpt: &Checkpoint, json: Option<&LerobotConfig>) -> Result<Config> {
+        let shape = |name: &str| -> Result<&[usize]> {
+            ckpt.shape(name).ok_or_else(|| Error::checkpoint(ckpt.path(), format!("missing tensor {name} (needed to derive the model size)")))
+        };
+        let dim = |name: &str, axis: usize| -> Result<usize> {
+            let s = shape(name)?;
+            s.get(axis).copied().ok_or_else(|| Error::checkpoint(ckpt.path(), format!("tensor {name} has shape {s:?}, expected at least {} dims", axis + 1)))
+        };
+        let count_layers = |prefix: &str| {
+            (0..).take_while(|i| ckpt.shape(&format!("{prefix}{i}.input_layernorm.weight")).is_some() || ckpt.shape(&format!("{prefix}{i}.layer_norm1.weight")).is_some() || ckpt.shape(&format!("{prefix}{i}.input_layernorm.dense.weight")).is_some()).count()
+        };
+
+        let patch_w = format!("{VT}embeddings.patch_embedding.weight");
+        let vision_width = dim(&patch_w, 0)?;
+        let patch = dim(&patch_w, 2)?;
+        let positions = dim(&format!("{VT}embeddings.position_embedding.weight"), 0)?;
+        let side = (positions as f64).sqrt() as usize;
+        if side * side != positions {
+            return Err(Error::checkpoint(ckpt.path(), format!("position_embedding has {positions} rows, not a square number of patches")));
+        }
+        let vision_heads = match json.and_then(|j| j.vision_num_heads) {
+            Some(h) => h,
+            None if vision_width % SIGLIP_HEAD_DIM == 0 => vision_width / SIGLIP_HEAD_DIM,
+            None => {
+                return Err(Error::checkpoint(
+                    ckpt.path(),
+                    format!("cannot derive the SigLIP head count from width {vision_width} (not a multiple of {SIGLIP_HEAD_DIM}); set vision_num_heads in config.json"),
+                ));
+            }
+        };
+
+        let embedding_tensor = [format!("{P}language_model.embed_tokens.weight"), "paligemma_with_expert.paligemma.lm_head.weight".to_string()]
+            .into_iter()
+            .find(|n| ckpt.shape(n).is_some())
+            .ok_or_else(|| Error::checkpoint(ckpt.path(), "missing token embedding: neither paligemma.lm_head.weight nor language_model.embed_tokens.weight"))?;
+
+        let lm_q = format!("{LM}layers.0.self_attn.q_proj.weight");
+        let lm_width = dim(&lm_q, 1)?;
+        // One shared K/V head (multi-query attention), so k_proj's rows are the head dim.
+        let head_dim = dim(&format!("{LM}layers.0.self_attn.k_proj.weight"), 0)?;
+        let heads = dim(&lm_q, 0)? / head_dim.max(1);
+        let ex_q = format!("{EX}model.layers.0.self_attn.q_proj.weight");
+        let action_dim = dim("action_in_proj.weight", 1)?;
+
+        let cameras = json.map(|j| j.camera_names()).filter(|c| !c.is_empty()).unwrap_or_else(|| {
+            ["observation.images.base_0_rgb", "observation.images.left_wrist_0_rgb", "observation.images.right_wrist_0_rgb"]
+                .map(String::from)
+                .to_vec()
+        });
+
+        let config = Config {
+            vision_width,
+            vision_layers: count_layers(&format!("{VT}encoder.layers.")),
+            vision_heads,
+            vision_mlp: dim(&format!("{VT}encoder.layers.0.mlp.fc1.weight"), 0)?,
+            patch,
+            image_size: side * patch,
+            lm_width,
+            lm_layers: count_layers(&format!("{LM}layers.")),
+            heads,
+            head_dim,
+            lm_mlp: dim(&format!("{LM}layers.0.mlp.gate_proj.weight"), 0)?,
+            vocab: dim(&embedding_tensor, 0)?,
+            expert_width: dim(&ex_q, 1)?,
+            expert_layers: count_layers(&format!("{EX}model.layers.")),
+            expert_mlp: dim(&format!("{EX}model.layers.0.mlp.gate_proj.weight"), 0)?,
+            action_dim,
+            horizon: json.and_then(|j| j.chunk_size).unwrap_or(50),
+            denoise_steps: json.and_then(|j| j.num_inference_steps).unwrap_or(10),
+            prompt_len: json.and_then(|j| j.tokenizer_max_length).unwrap_or(200),
+            cameras,
+            state_dim: json.and_then(|j| j.feature_dim("STATE")),
+            robot_action_dim: json.and_then(|j| j.feature_dim("ACTION")),
+            embedding_tensor,
+        };
+        if config.lm_layers != config.expert_layers {
+            return Err(Error::checkpoint(ckpt.path(), format!("the prefix LM has {} layers and the expert {}; Pi0.5 pairs them one to one", config.lm_layers, config.expert_layers)));
+        }
+        if config.heads * config.head_dim == 0 || config.vision_width % config.vision_heads != 0 {
+            return Err(Error::checkpoint(ckpt.path(), format!("inconsistent attention sizes: {config:?}")));
+        }
+        if let Some(a) = config.robot_action_dim.filter(|&a| a > action_dim) {
+            return Err(Error::checkpoint(ckpt.path(), format!("config.json action dim {a} exceeds the model's action width {action_dim}")));
+        }
+        Ok(config)
+    }
+
+    /// Every tensor the checkpoint must hold, with its shape.
+    pub fn expected(&self) -> Expected {
+        let mut e = Expected::default();
+        let (v, l, x, hd, nh) = (self.vision_width, self.lm_width, self.expert_width, self.head_dim, self.heads);
+        e.tensor(format!("{VT}embeddings.patch_embedding.weight"), &[v, 3, self.patch, self.patch]);
+        e.tensor(format!("{VT}embeddings.patch_embedding.bias"), &[v]);
+        e.tensor(format!("{VT}embeddings.position_embedding.weight"), &[self.tokens_per_image(), v]);
+        for i in 0..self.vision_layers {
+            let p = format!("{VT}encoder.layers.{i}.");
+            for n in ["layer_norm1", "layer_norm2"] {
+                e.tensor(format!("{p}{n}.weight"), &[v]);
+                e.tensor(format!("{p}{n}.bias"), &[v]);
+            }
+            for n in ["q", "k", "v", "out"] {
+                e.tensor(format!("{p}self_attn.{n}_proj.weight"), &[v, v]);
+                e.tensor(format!("{p}self_attn.{n}_proj.bias"), &[v]);
+            }
+            e.tensor(format!("{p}mlp.fc1.weight"), &[self.vision_mlp, v]);
+            e.tensor(format!("{p}mlp.fc1.bias"), &[self.vision_mlp]);
+            e.tensor(format!("{p}mlp.fc2.weight"), &[v, self.vision_mlp]);
+            e.tensor(format!("{p}mlp.fc2.bias"), &[v]);
+        }
+        e.tensor(format!("{VT}post_layernorm.weight"), &[v]);
+        e.tensor(format!("{VT}post_layernorm.bias"), &[v]);
+        e.tensor(format!("{P}multi_modal_projector.linear.weight"), &[l, v]);
+        e.tensor(format!("{P}multi_modal_projector.linear.bias"), &[l]);
+        e.tensor(self.embedding_tensor.clone(), &[self.vocab, l]);
+        // The tied copy of the embedding may be present too; the final LM norm is unused at inference.
+        for name in [format!("{P}language_model.embed_tokens.weight"), "paligemma_with_expert.paligemma.lm_head.weight".into(), format!("{LM}norm.weight"), format!("{EX}lm_head.weight")] {
+            if name != self.embedding_tensor {
+                e.ignore(name);
+            }
+        }
+        let decoder = |e: &mut Expected, p: String, w: usize, mlp: usize, ada: bool| {
+            e.tensor(format!("{p}self_attn.q_proj.weight"), &[nh * hd, w]);
+            e.tensor(format!("{p}self_attn.k_proj.weight"), &[hd, w]);
+            e.tensor(format!("{p}self_attn.v_proj.weight"), &[hd, w]);
+            e.tensor(format!("{p}self_attn.o_proj.weight"), &[w, nh * hd]);
+            e.tensor(format!("{p}mlp.gate_proj.weight"), &[mlp, w]);
+            e.tensor(format!("{p}mlp.up_proj.weight"), &[mlp, w]);
+            e.tensor(format!("{p}mlp.down_proj.weight"), &[w, mlp]);
+            for n in ["input_layernorm", "post_attention_layernorm"] {
+                if ada {
+                    e.tensor(format!("{p}{n}.dense.weight"), &[3 * w, w]);
+                    e.tensor(format!("{p}{n}.dense.bias"), &[3 * w]);
+                } else {
+                    e.tensor(format!("{p}{n}.weight"), &[w]);
+                }
+            }
+        };
+        for i in 0..self.lm_layers {
+            decoder(&mut e, format!("{LM}layers.{i}."), l, self.lm_mlp, false);
+        }
+        for i in 0..self.expert_layers {
+            decoder(&mut e, format!("{EX}model.layers.{i}."), x, self.expert_mlp, true);
+        }
+        e.tensor(format!("{EX}model.norm.dense.weight"), &[3 * x, x]);
+        e.tensor(format!("{EX}model.norm.dense.bias"), &[3 * x]);
+        e.tensor("action_in_proj.weight", &[x, self.action_dim]);
+        e.tensor("action_in_proj.bias", &[x]);
+        e.tensor("action_out_proj.weight", &[self.action_dim, x]);
+        e.tensor("action_out_proj.bias", &[self.action_dim]);
+        for n in ["time_mlp_in", "time_mlp_out"] {
+            e.tensor(format!("{n}.weight"), &[x, x]);
+            e.tensor(format!("{n}.bias"), &[x]);
+        }
+        e
+    }
+}
+
+/// The parts of lerobot's `config.json` the runtime reads. Unknown fields are ignored.
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+pub struct LerobotConfig {
+    #[serde(rename = "type")]
+    pub policy_type: Option<String>,
+    pub chunk_size: Option<usize>,
+    pub n_action_steps: Option<usize>,
+    pub num_inference_steps: Option<usize>,
+    pub max_state_dim: Option<usize>,
+    pub max_action_dim: Option<usize>,
+    pub tokenizer_max_length: Option<usize>,
+    /// FlashRT extension for checkpoints whose SigLIP heads are not 72 wide.
+    pub vision_num_heads: Option<usize>,
+    #[serde(default)]
+    pub normalization_mapping: serde_json::Map<String, serde_json::Value>,
+    #[serde(default)]
+    pub input_features: serde_json::Map<String, serde_json::Value>,
+    #[serde(default)]
+    pub output_features: serde_json::Map<String, serde_json::Value>,
+}
+
+impl LerobotConfig {
+    pub fn read(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.into(), source })?;
+        let config: LerobotConfig = serde_json::from_str(&text).map_err(|e| Error::checkpoint(path, format!("bad config.json: {e}")))?;
+        if let Some(t) = config.policy_type.as_deref().filter(|t| *t != "pi05") {
+            return Err(Error::checkpoint(path, format!("config.json says policy type {t:?}; this loader reads pi05")));
+        }
+        Ok(config)
+    }
+
+    /// Camera feature names (type VISUAL) in the order config.json lists them.
+    pub fn camera_names(&self) -> Vec<String> {
+        self.features().filter(|(_, t, _)| *t == "VISUAL").map(|(n, _, _)| n.to_string()).collect()
+    }
+
+    fn features(&self) -> impl Iterator<Item = (&str, &str, Option<usize>)> {
+        self.input_features.iter().chain(&self.output_features).map(|(name, f)| {
+            let ty = f.get("type").and_then(|t| t.as_str()).unwrap_or("");
+            let last_dim = f.get("shape").and_then(|s| s.as_array()).and_then(|s| s.last()).and_then(|d| d.as_u64()).map(|d| d as usize);
+            (name.as_str(), ty, last_dim)
+        })
+    }
+
+    /// Width of the first feature of this type (`STATE`, `ACTION`).
+    pub fn feature_dim(&self, ty: &str) -> Option<usize> {
+        self.features().find(|(_, t, _)| *t == ty).and_then(|(_, _, d)| d)
+    }
+}
+
+/// Where a weight's values come from.
+pub enum WeightData {
+    /// Computed at load (folded, merged or precomputed), f32.
+    Dense(Vec<f32>),
+    /// Read straight from the checkpoint by name (the token embedding: only gathered rows are used).
+    Checkpoint(String),
+}
+
+/// The host-side input/output buffers of the plan that `step` reads and writes.
+#[derive(Clone, Copy, Debug)]
+pub struct IoBuffers {
+    pub frames: BufId,
+    pub frame_info: BufId,
+    pub frame_stride: usize,
+    pub tokens: BufId,
+    pub token_mask: BufId,
+    pub noise: BufId,
+    pub actions: BufId,
+}
+
+/// A Pi0.5 policy ready for a backend: plan, weights, and the I/O buffers.
+pub struct Model {
+    pub config: Config,
+    pub plan: Plan,
+    pub weights: Vec<WeightData>,
+    pub io: IoBuffers,
+    pub cameras: usize,
+    /// Robot action columns written to the output (≤ `config.action_dim`).
+    pub out_action_dim: usize,
+}
+
+/// Open-time choices that shape the plan.
+#[derive(Clone, Debug)]
+pub struct BuildOptions {
+    pub cameras: usize,
+    pub max_frame_width: usize,
+    pub max_frame_height: usize,
+    pub out_action_dim: usize,
+    /// Action unnormalization as `x · scale + offset` per action column.
+    pub action_scale: Vec<f32>,
+    pub action_offset: Vec<f32>,
+}
+
+/// Reads tensors by name as f32, with a byte counter for progress reporting.
+struct Loader<'a> {
+    ckpt: &'a Checkpoint,
+    progress: &'a dyn Fn(usize),
+}
+
+impl Loader<'_> {
+    fn get(&self, name: &str) -> Vec<f32> {
+        // `Config::expected` was checked before loading, so every name exists with its shape.
+        let t = self.ckpt.get(name).unwrap_or_else(|| unreachable!("{name} checked at open"));
+        (self.progress)(t.bytes.len());
+        t.to_f32()
+    }
+
+    /// Rows of several `[n_i, k]` matrices stacked into one `[Σ n_i, k]` matrix, each column
+    /// scaled by `col_scale` (a folded `(1 + w)` norm weight) when given.
+    fn stacked(&self, names: &[String], col_scale: Option<&[f32]>) -> Vec<f32> {
+        let mut out: Vec<f32> = names.iter().flat_map(|n| self.get(n)).collect();
+        if let Some(scale) = col_scale {
+            for row in out.chunks_mut(scale.len()) {
+                for (w, s) in row.iter_mut().zip(scale) {
+                    *w *= s;
+                }
+            }
+        }
+        out
+    }
+}
+
+/// `y = W x + b` for one vector (load-time precomputation only).
+fn linear(w: &[f32], b: &[f32], x: &[f32]) -> Vec<f32> {
+    w.chunks(x.len()).zip(b).map(|(row, b)| row.iter().zip(x).map(|(w, x)| w * x).sum::<f32>() + b).collect()
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// The adaRMS conditioning vector for flow time `t` (lerobot `embed_suffix` + time MLP):
+/// sin/cos features over periods 4e-3 … 4 computed in f64 then cast, two SiLU-activated layers.
+fn time_condition(t: f32, width: usize, w_in: (&[f32], &[f32]), w_out: (&[f32], &[f32])) -> Vec<f32> {
+    let half = width / 2;
+    let mut emb = vec![0.0f32; width];
+    for i in 0..half {
+        let fraction = if half > 1 { i as f64 / (half - 1) as f64 } else { 0.0 };
+        let period = 4e-3 * (4.0f64 / 4e-3).powf(fraction);
+        let arg = 1.0 / period * 2.0 * std::f64::consts::PI * t as f64;
+        emb[i] = arg.sin() as f32;
+        emb[half + i] = arg.cos() as f32;
+    }
+    let hidden: Vec<f32> = linear(w_in.0, w_in.1, &emb).into_iter().map(silu).collect();
+    linear(w_out.0, w_out.1, &hidden).into_iter().map(silu).collect()
+}
+
+/// Checks the checkpoint, loads and folds the weights, and builds the plan.
+pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &dyn Fn(usize)) -> Result<Model> {
+    config.expected().check(ckpt)?;
+    let ld = Loader { ckpt, progress };
+    let c = &config;
+    let (cams, tpi) = (opts.cameras, c.tokens_per_image());
+    let (vw, lw, ew, hd, nh) = (c.vision_width, c.lm_width, c.expert_width, c.head_dim, c.heads);
+    let (horizon, ad) = (c.horizon, c.action_dim);
+    let prefix = c.prefix_len(cams);
+    let kv_rows = prefix + horizon;
+    let vrows = cams * tpi;
+    let patch_dim = 3 * c.patch * c.patch;
+
+    let mut plan = Plan::default();
+    let mut weights: Vec<WeightData> = Vec::new();
+    let mut add = |plan: &mut Plan, name: String, role: WeightRole, data: WeightData| -> WeightId {
+        weights.push(data);
+        plan.weight(name, role)
+    };
+    let matrix = |n: usize, k: usize| WeightRole::Matrix { n, k };
+
+    // Host-written inputs.
+    let frame_stride = opts.max_frame_width * opts.max_frame_height * 4;
+    let io = IoBuffers {
+        frames: plan.buffer("frames", BufType::U8, cams * frame_stride),
+        frame_info: plan.buffer("frame_info", BufType::I32, cams * FRAME_INFO_FIELDS),
+        frame_stride,
+        tokens: plan.buffer("tokens", BufType::I32, c.prompt_len),
+        token_mask: plan.buffer("token_mask", BufType::I32, c.prompt_len),
+        noise: plan.buffer("noise", BufType::F32, horizon * ad),
+        actions: plan.buffer("actions", BufType::F32, horizon * opts.out_action_dim),
+    };
+    let noise = View { buf: io.noise, offset: 0, rows: horizon, cols: ad, stride: ad };
+    let valid = plan.buffer("valid", BufType::F32, kv_rows);
+    let positions = plan.buffer("positions", BufType::I32, kv_rows);
+    let xt = plan.matrix("x_t", horizon, ad);
+
+    plan.phase("inputs");
+    plan.push(Op::Copy { src: noise, dst: xt });
+    plan.push(Op::Positions {
+        frame_info: io.frame_info,
+        cameras: cams,
+        tokens_per_image: tpi,
+        token_mask: io.token_mask,
+        prompt_len: c.prompt_len,
+        suffix: horizon,
+        valid,
+        positions,
+    });
+
+    // ---- Vision tower, all cameras batched: [cams · 256, width].
+    plan.phase("vision");
+    let patches = plan.matrix("patches", vrows, patch_dim);
+    let vx = plan.matrix("vision_x", vrows, vw);
+    let vh = plan.matrix("vision_h", vrows, vw);
+    let vqkv = plan.matrix("vision_qkv", vrows, 3 * vw);
+    let vatt = plan.matrix("vision_attn", vrows, vw);
+    let vmlp = plan.matrix("vision_mlp", vrows, c.vision_mlp);
+    let vout = plan.matrix("vision_features", vrows, vw);
+    for cam in 0..cams {
+        plan.push(Op::ImagePatches {
+            camera: cam,
+            frames: io.frames,
+            frame_stride,
+            frame_info: io.frame_info,
+            size: c.image_size,
+            patch: c.patch,
+            out: patches.rows(cam * tpi, tpi),
+        });
+    }
+    let patch_w = add(&mut plan, "vision.patch_embedding".into(), matrix(vw, patch_dim), WeightData::Dense(ld.get(&format!("{VT}embeddings.patch_embedding.weight"))));
+    // The conv bias is folded into the position table: one add instead of two.
+    let mut table = ld.get(&format!("{VT}embeddings.position_embedding.weight"));
+    let conv_bias = ld.get(&format!("{VT}embeddings.patch_embedding.bias"));
+    for row in table.chunks_mut(vw) {
+        row.iter_mut().zip(&conv_bias).for_each(|(t, b)| *t += b);
+    }
+    let pos_table = add(&mut plan, "vision.position_embedding+bias".into(), WeightRole::Vector, WeightData::Dense(table));
+    plan.push(Op::Gemm { a: patches, w: patch_w, bias: None, out: vx, accumulate: false });
+    plan.push(Op::AddTable { x: vx, table: pos_table, table_rows: tpi });
+    for i in 0..c.vision_layers {
+        let p = format!("{VT}encoder.layers.{i}.");
+        let mut vec = |plan: &mut Plan, name: &str| add(plan, format!("vision.{i}.{name}"), WeightRole::Vector, WeightData::Dense(ld.get(&format!("{p}{name}"))));
+        let ln1 = (vec(&mut plan, "layer_norm1.weight"), vec(&mut plan, "layer_norm1.bias"));
+        let ln2 = (vec(&mut plan, "layer_norm2.weight"), vec(&mut plan, "layer_norm2.bias"));
+        let o_b = vec(&mut plan, "self_attn.out_proj.bias");
+        let fc1_b = vec(&mut plan, "mlp.fc1.bias");
+        let fc2_b = vec(&mut plan, "mlp.fc2.bias");
+        let qkv_names: Vec<String> = ["q", "k", "v"].iter().map(|n| format!("{p}self_attn.{n}_proj.weight")).collect();
+        let qkv_w = add(&mut plan, format!("vision.{i}.qkv"), matrix(3 * vw, vw), WeightData::Dense(ld.stacked(&qkv_names, None)));
+        let qkv_bias: Vec<String> = ["q", "k", "v"].iter().map(|n| format!("{p}self_attn.{n}_proj.bias")).collect();
+        let qkv_b = add(&mut plan, format!("vision.{i}.qkv_bias"), WeightRole::Vector, WeightData::Dense(ld.stacked(&qkv_bias, None)));
+        let o_w = add(&mut plan, format!("vision.{i}.out_proj"), matrix(vw, vw), WeightData::Dense(ld.get(&format!("{p}self_attn.out_proj.weight"))));
+        let fc1 = add(&mut plan, format!("vision.{i}.fc1"), matrix(c.vision_mlp, vw), WeightData::Dense(ld.get(&format!("{p}mlp.fc1.weight"))));
+        let fc2 = add(&mut plan, format!("vision.{i}.fc2"), matrix(vw, c.vision_mlp), WeightData::Dense(ld.get(&format!("{p}mlp.fc2.weight"))));
+
+        plan.push(Op::LayerNorm { x: vx, out: vh, gamma: ln1.0, beta: ln1.1, eps: EPS });
+        plan.push(Op::Gemm { a: vh, w: qkv_w, bias: Some(qkv_b), out: vqkv, accumulate: false });
+        plan.push(Op::Attention {
+            q: vqkv.cols(0, vw),
+            k: vqkv.cols(vw, vw),
+            v: vqkv.cols(2 * vw, vw),
+            out: vatt,
+            heads: c.vision_heads,
+            kv_heads: c.vision_heads,
+            head_dim: vw / c.vision_heads,
+            groups: cams,
+            key_valid: None,
+        });
+        plan.push(Op::Gemm { a: vatt, w: o_w, bias: Some(o_b), out: vx, accumulate: true });
+        plan.push(Op::LayerNorm { x: vx, out: vh, gamma: ln2.0, beta: ln2.1, eps: EPS });
+        plan.push(Op::Gemm { a: vh, w: fc1, bias: Some(fc1_b), out: vmlp, accumulate: false });
+        plan.push(Op::GeluTanh { x: vmlp });
+        plan.push(Op::Gemm { a: vmlp, w: fc2, bias: Some(fc2_b), out: vx, accumulate: true });
+    }
+    let post = (
+        add(&mut plan, "vision.post_layernorm.weight".into(), WeightRole::Vector, WeightData::Dense(ld.get(&format!("{VT}post_layernorm.weight")))),
+        add(&mut plan, "vision.post_layernorm.bias".into(), WeightRole::Vector, WeightData::Dense(ld.get(&format!("{VT}post_layernorm.bias")))),
+    );
+    plan.push(Op::LayerNorm { x: vx, out: vout, gamma: post.0, beta: post.1, eps: EPS });
+
+    // ---- Prefix: projected image tokens, then scaled prompt embeddings; the LM fills the K/V cache.
+    plan.phase("prefix");
+    let embed = plan.matrix("prefix_embed", prefix, lw);
+    let x = plan.matrix("prefix_x", prefix, lw);
+    let h = plan.matrix("prefix_h", prefix, lw);
+    let qkv = plan.matrix("prefix_qkv", prefix, (nh + 2) * hd);
+    let att = plan.matrix("prefix_attn", prefix, nh * hd);
+    let gate_up = plan.matrix("prefix_gate_up", prefix, 2 * c.lm_mlp);
+    let mlp = plan.matrix("prefix_mlp", prefix, c.lm_mlp);
+    let caches: Vec<(View, View)> = (0..c.lm_layers.max(c.expert_layers))
+        .map(|i| (plan.matrix(format!("k_cache.{i}"), kv_rows, hd), plan.matrix(format!("v_cache.{i}"), kv_rows, hd)))
+        .collect();
+    let proj_w = add(&mut plan, "projector".into(), matrix(lw, vw), WeightData::Dense(ld.get(&format!("{P}multi_modal_projector.linear.weight"))));
+    let proj_b = add(&mut plan, "projector.bias".into(), WeightRole::Vector, WeightData::Dense(ld.get(&format!("{P}multi_modal_projector.linear.bias"))));
+    let emb = add(&mut plan, "embed_tokens".into(), WeightRole::Embedding { vocab: c.vocab, width: lw }, WeightData::Checkpoint(c.embedding_tensor.clone()));
+    plan.push(Op::Gemm { a: vout, w: proj_w, bias: Some(proj_b), out: embed.rows(0, vrows), accumulate: false });
+    plan.push(Op::Embed { tokens: io.tokens, table: emb, scale: (lw as f32).sqrt(), out: embed.rows(vrows, c.prompt_len) });
+    plan.push(Op::Copy { src: embed, dst: x });
+    for i in 0..c.lm_layers {
+        let p = format!("{LM}layers.{i}.");
+        let in_norm: Vec<f32> = ld.get(&format!("{p}input_layernorm.weight")).iter().map(|w| 1.0 + w).collect();
+        let (k_cache, v_cache) = caches[i];
+        let last = i + 1 == c.lm_layers;
+        // The last layer only feeds the K/V cache: its queries, attention and MLP are never used.
+        let proj: &[&str] = if last { &["k", "v"] } else { &["q", "k", "v"] };
+        let names: Vec<String> = proj.iter().map(|n| format!("{p}self_attn.{n}_proj.weight")).collect();
+        let q_heads = if last { 0 } else { nh };
+        let qkv_w = add(&mut plan, format!("lm.{i}.qkv*(1+input_norm)"), matrix((q_heads + 2) * hd, lw), WeightData::Dense(ld.stacked(&names, Some(&in_norm))));
+        let qkv_view = qkv.cols(0, (q_heads + 2) * hd);
+        plan.push(Op::RmsNorm { x, out: h, eps: EPS });
+        plan.push(Op::Gemm { a: h, w: qkv_w, bias: None, out: qkv_view, accumulate: false });
+        plan.push(Op::RopeQkv { qkv: qkv_view, heads: q_heads, head_dim: hd, positions, position_offset: 0, k_cache, v_cache, cache_row: 0 });
+        if last {
+            break;
+        }
+        let post_norm: Vec<f32> = ld.get(&format!("{p}post_attention_layernorm.weight")).iter().map(|w| 1.0 + w).collect();
+        let o_w = add(&mut plan, format!("lm.{i}.o_proj"), matrix(lw, nh * hd), WeightData::Dense(ld.get(&format!("{p}self_attn.o_proj.weight"))));
+        let gu_names = [format!("{p}mlp.gate_proj.weight"), format!("{p}mlp.up_proj.weight")];
+        let gu_w = add(&mut plan, format!("lm.{i}.gate_up*(1+post_norm)"), matrix(2 * c.lm_mlp, lw), WeightData::Dense(ld.stacked(&gu_names, Some(&post_norm))));
+        let down = add(&mut plan, format!("lm.{i}.down_proj"), matrix(lw, c.lm_mlp), WeightData::Dense(ld.get(&format!("{p}mlp.down_proj.weight"))));
+        plan.push(Op::Attention {
+            q: qkv.cols(0, nh * hd),
+            k: k_cache.rows(0, prefix),
+            v: v_cache.rows(0, prefix),
+            out: att,
+            heads: nh,
+            kv_heads: 1,
+            head_dim: hd,
+            groups: 1,
+            key_valid: Some(valid),
+        });
+        plan.push(Op::Gemm { a: att, w: o_w, bias: None, out: x, accumulate: true });
+        plan.push(Op::RmsNorm { x, out: h, eps: EPS });
+        plan.push(Op::Gemm { a: h, w: gu_w, bias: None, out: gate_up, accumulate: false });
+        plan.push(Op::GeluTanhMul { gate_up, out: mlp });
+        plan.push(Op::Gemm { a: mlp, w: down, bias: None, out: x, accumulate: true });
+    }
+
+    // ---- Action expert: N Euler steps over the cached prefix.
+    let eh = plan.matrix("expert_x", horizon, ew);
+    let en = plan.matrix("expert_h", horizon, ew);
+    let eqkv = plan.matrix("expert_qkv", horizon, (nh + 2) * hd);
+    let eatt = plan.matrix("expert_attn", horizon, nh * hd);
+    let etmp = plan.matrix("expert_branch", horizon, ew);
+    let egu = plan.matrix("expert_gate_up", horizon, 2 * c.expert_mlp);
+    let emlp = plan.matrix("expert_mlp", horizon, c.expert_mlp);
+    let in_w = add(&mut plan, "action_in_proj".into(), matrix(ew, ad), WeightData::Dense(ld.get("action_in_proj.weight")));
+    let in_b = add(&mut plan, "action_in_proj.bias".into(), WeightRole::Vector, WeightData::Dense(ld.get("action_in_proj.bias")));
+    let steps = c.denoise_steps;
+    let dt = -1.0 / steps as f32;
+    // x ← x + dt·(W h + b) is one accumulating GEMM with dt folded into W and b.
+    let out_w = add(&mut plan, "action_out_proj*dt".into(), matrix(ad, ew), WeightData::Dense(ld.get("action_out_proj.weight").iter().map(|w| w * dt).collect()));
+    let out_b = add(&mut plan, "action_out_proj.bias*dt".into(), WeightRole::Vector, WeightData::Dense(ld.get("action_out_proj.bias").iter().map(|b| b * dt).collect()));
+    let mut layer_w = Vec::with_capacity(c.expert_layers);
+    let mut dense = Vec::with_capacity(c.expert_layers);
+    for i in 0..c.expert_layers {
+        let p = format!("{EX}model.layers.{i}.");
+        let qkv_names: Vec<String> = ["q", "k", "v"].iter().map(|n| format!("{p}self_attn.{n}_proj.weight")).collect();
+        let gu_names = [format!("{p}mlp.gate_proj.weight"), format!("{p}mlp.up_proj.weight")];
+        layer_w.push((
+            add(&mut plan, format!("expert.{i}.qkv"), matrix((nh + 2) * hd, ew), WeightData::Dense(ld.stacked(&qkv_names, None))),
+            add(&mut plan, format!("expert.{i}.o_proj"), matrix(ew, nh * hd), WeightData::Dense(ld.get(&format!("{p}self_attn.o_proj.weight")))),
+            add(&mut plan, format!("expert.{i}.gate_up"), matrix(2 * c.expert_mlp, ew), WeightData::Dense(ld.stacked(&gu_names, None))),
+            add(&mut plan, format!("expert.{i}.down_proj"), matrix(ew, c.expert_mlp), WeightData::Dense(ld.get(&format!("{p}mlp.down_proj.weight")))),
+        ));
+        let norm = |n: &str| (ld.get(&format!("{p}{n}.dense.weight")), ld.get(&format!("{p}{n}.dense.bias")));
+        dense.push([norm("input_layernorm"), norm("post_attention_layernorm")]);
+    }
+    let final_dense = (ld.get(&format!("{EX}model.norm.dense.weight")), ld.get(&format!("{EX}model.norm.dense.bias")));
+    let time_in = (ld.get("time_mlp_in.weight"), ld.get("time_mlp_in.bias"));
+    let time_out = (ld.get("time_mlp_out.weight"), ld.get("time_mlp_out.bias"));
+    plan.notes.push(format!(
+        "folded at load: Q/K/V and gate/up merged; (1+w) RMSNorm weights into the following GEMM; conv bias into the position table; \
+         dt = {dt} into action_out_proj; time MLP and all {} adaRMS modulations precomputed for {steps} steps",
+        steps * (2 * c.expert_layers + 1)
+    ));
+    plan.notes.push("last prefix layer computes only K/V (its queries, attention and MLP would be unused)".into());
+
+    for s in 0..steps {
+        plan.phase(format!("denoise step {s}"));
+        // lerobot: time = 1 + step·dt in f64, then cast to f32.
+        let t = (1.0 + s as f64 * (-1.0 / steps as f64)) as f32;
+        let cond = time_condition(t, ew, (&time_in.0, &time_in.1), (&time_out.0, &time_out.1));
+        plan.push(Op::Gemm { a: xt, w: in_w, bias: Some(in_b), out: eh, accumulate: false });
+        for (i, &(qkv_w, o_w, gu_w, down_w)) in layer_w.iter().enumerate() {
+            let (k_cache, v_cache) = caches[i];
+            let [attn_mod, mlp_mod] = [0, 1].map(|n| {
+                let (w, b) = &dense[i][n];
+                add(&mut plan, format!("expert.{i}.{}_mod@t={t}", ["attn", "mlp"][n]), WeightRole::Vector, WeightData::Dense(linear(w, b, &cond)))
+            });
+            plan.push(Op::AdaRmsNorm { x: eh, out: en, modulation: attn_mod, eps: EPS });
+            plan.push(Op::Gemm { a: en, w: qkv_w, bias: None, out: eqkv, accumulate: false });
+            plan.push(Op::RopeQkv { qkv: eqkv, heads: nh, head_dim: hd, positions, position_offset: prefix, k_cache, v_cache, cache_row: prefix });
+            plan.push(Op::Attention {
+                q: eqkv.cols(0, nh * hd),
+                k: k_cache,
+                v: v_cache,
+                out: eatt,
+                heads: nh,
+                kv_heads: 1,
+                head_dim: hd,
+                groups: 1,
+                key_valid: Some(valid),
+            });
+            plan.push(Op::Gemm { a: eatt, w: o_w, bias: None, out: etmp, accumulate: false });
+            plan.push(Op::GatedResidual { x: eh, y: etmp, modulation: attn_mod });
+            plan.push(Op::AdaRmsNorm { x: eh, out: en, modulation: mlp_mod, eps: EPS });
+            plan.push(Op::Gemm { a: en, w: gu_w, bias: None, out: egu, accumulate: false });
+            plan.push(Op::GeluTanhMul { gate_up: egu, out: emlp });
+            plan.push(Op::Gemm { a: emlp, w: down_w, bias: None, out: etmp, accumulate: false });
+            plan.push(Op::GatedResidual { x: eh, y: etmp, modulation: mlp_mod });
+        }
+        let final_mod = add(&mut plan, format!("expert.norm_mod@t={t}"), WeightRole::Vector, WeightData::Dense(linear(&final_dense.0, &final_dense.1, &cond)));
+        plan.push(Op::AdaRmsNorm { x: eh, out: en, modulation: final_mod, eps: EPS });
+        plan.push(Op::Gemm { a: en, w: out_w, bias: Some(out_b), out: xt, accumulate: true });
+    }
+
+    plan.phase("outputs");
+    let scale = add(&mut plan, "action_unnorm.scale".into(), WeightRole::Vector, WeightData::Dense(opts.action_scale.clone()));
+    let offset = add(&mut plan, "action_unnorm.offset".into(), WeightRole::Vector, WeightData::Dense(opts.action_offset.clone()));
+    let out = View { buf: io.actions, offset: 0, rows: horizon, cols: opts.out_action_dim, stride: opts.out_action_dim };
+    plan.push(Op::Affine { x: xt.cols(0, opts.out_action_dim), scale, offset, out });
+
+    Ok(Model { config, plan, weights, io, cameras: cams, out_action_dim: opts.out_action_dim })
+}

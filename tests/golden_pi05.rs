@@ -1,0 +1,239 @@
+//! Golden parity with lerobot 0.6.1 (PyTorch f32) on the tiny Pi0.5 fixture in
+//! `tests/data/pi05_tiny/` (made by `tools/golden/gen_pi05.py`): intermediates and final actions at
+//! max-abs ≤ 1e-4, processor goldens (normalization, prompt text, unnormalization), and a
+//! perturbation test proving that the parity check fails when any used weight changes.
+
+use std::path::{Path, PathBuf};
+
+use flashrt::image::{Frame, PixelFormat};
+use flashrt::{Observation, Policy, PolicyConfig};
+use safetensors::SafeTensors;
+
+const TOL: f32 = 1e-4;
+
+fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pi05_tiny")
+}
+
+struct Golden {
+    bytes: Vec<u8>,
+}
+
+impl Golden {
+    fn load() -> Golden {
+        Golden { bytes: std::fs::read(fixture_dir().join("golden.safetensors")).expect("golden.safetensors") }
+    }
+
+    fn raw(&self, key: &str) -> (Vec<usize>, Vec<u8>) {
+        let st = SafeTensors::deserialize(&self.bytes).expect("valid golden file");
+        let t = st.tensor(key).unwrap_or_else(|e| panic!("golden key {key}: {e}"));
+        (t.shape().to_vec(), t.data().to_vec())
+    }
+
+    fn f32(&self, key: &str) -> Vec<f32> {
+        self.raw(key).1.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+    }
+
+    fn u8(&self, key: &str) -> (Vec<usize>, Vec<u8>) {
+        self.raw(key)
+    }
+
+    /// Valid prompt token ids of prompt `p` (the int64 tokens up to the mask's length).
+    fn tokens(&self, p: &str) -> Vec<i32> {
+        let ids: Vec<i64> = self.raw(&format!("input.{p}.tokens")).1.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect();
+        let mask = self.raw(&format!("input.{p}.token_mask")).1;
+        ids.iter().zip(&mask).filter(|(_, m)| **m != 0).map(|(id, _)| *id as i32).collect()
+    }
+}
+
+fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    let err = max_abs(got, want);
+    assert!(err <= tol, "{what}: max abs error {err:e} > {tol:e}");
+    eprintln!("{what}: max abs error {err:e}");
+}
+
+fn open(dir: &Path, steps: Option<usize>) -> Policy {
+    let mut config = PolicyConfig::new(dir);
+    config.denoise_steps = steps;
+    Policy::open(&config).expect("fixture opens")
+}
+
+/// Runs prompt `p` through the policy with the golden inputs; returns the normalized x₀ [50×32].
+fn run(policy: &mut Policy, golden: &Golden, p: &str) -> Vec<f32> {
+    let (base_shape, base) = golden.u8("input.image.base_0_rgb");
+    let (wrist_shape, wrist) = golden.u8("input.image.left_wrist_0_rgb");
+    let cameras = [
+        Some(Frame::packed(&base, base_shape[1], base_shape[0], PixelFormat::Rgb8)),
+        Some(Frame::packed(&wrist, wrist_shape[1], wrist_shape[0], PixelFormat::Rgb8)),
+        None,
+    ];
+    let noise = golden.f32("input.noise");
+    policy.set_prompt_tokens(&golden.tokens(p)).unwrap();
+    let state = vec![0.5; policy.info().state_dim];
+    let mut actions = vec![0.0; policy.actions_len()];
+    policy.step(&Observation { cameras: &cameras, state: &state, noise: Some(&noise) }, &mut actions).unwrap();
+    policy.buffer("x_t").unwrap()
+}
+
+fn rows(buf: &[f32], width: usize, range: std::ops::Range<usize>) -> &[f32] {
+    &buf[range.start * width..range.end * width]
+}
+
+/// Max-abs errors of everything compared with lerobot for prompt `p`: actions, SigLIP features
+/// and projected image tokens of both present cameras, and layer-0/1 prefix K/V of the valid
+/// slots (both present cameras, then the valid prompt tokens).
+fn parity_errors(policy: &mut Policy, golden: &Golden, p: &str) -> Vec<(String, f32)> {
+    let mut errors = vec![(format!("{p}: actions"), max_abs(&run(policy, golden, p), &golden.f32(&format!("output.{p}.actions"))))];
+    let vision = policy.buffer("vision_features").unwrap();
+    let embed = policy.buffer("prefix_embed").unwrap();
+    for (cam, name) in ["base_0_rgb", "left_wrist_0_rgb"].iter().enumerate() {
+        let r = cam * 256..(cam + 1) * 256;
+        errors.push((format!("vision {name}"), max_abs(rows(&vision, 144, r.clone()), &golden.f32(&format!("output.vision.{name}")))));
+        errors.push((format!("image tokens {name}"), max_abs(rows(&embed, 64, r), &golden.f32(&format!("output.image_tokens.{name}")))));
+    }
+    let n_tokens = golden.tokens(p).len();
+    for layer in 0..2 {
+        for kv in ["k", "v"] {
+            let got = policy.buffer(&format!("{kv}_cache.{layer}")).unwrap();
+            let want = golden.f32(&format!("output.{p}.prefix_{kv}.layer{layer}"));
+            for r in [0..512, 768..768 + n_tokens] {
+                errors.push((format!("{p}: prefix {kv} layer {layer} rows {r:?}"), max_abs(rows(&got, 16, r.clone()), rows(&want, 16, r))));
+            }
+        }
+    }
+    errors
+}
+
+#[test]
+fn actions_and_intermediates_match_lerobot() {
+    let golden = Golden::load();
+    let mut policy = open(&fixture_dir(), None);
+    let info = policy.info();
+    assert_eq!((info.state_dim, info.action_dim, info.horizon, info.cameras.len()), (8, 7, 50, 3));
+    for p in ["a", "b"] {
+        for (what, err) in parity_errors(&mut policy, &golden, p) {
+            assert!(err <= TOL, "{what}: max abs error {err:e} > {TOL:e}");
+            eprintln!("{what}: max abs error {err:e}");
+        }
+    }
+
+    // Resize-with-pad of the 240×180 frame: un-patchify camera 1's patches to CHW.
+    let patches = policy.buffer("patches").unwrap();
+    let mut chw = vec![0.0; 3 * 224 * 224];
+    for (i, v) in chw.iter_mut().enumerate() {
+        let (c, y, x) = (i / (224 * 224), i / 224 % 224, i % 224);
+        let patch = 256 + (y / 14) * 16 + x / 14;
+        *v = patches[patch * 588 + c * 196 + (y % 14) * 14 + x % 14];
+    }
+    assert_close("preprocessed left wrist", &chw, &golden.f32("output.preprocessed.left_wrist_0_rgb"), TOL);
+}
+
+#[test]
+fn first_velocity_matches_lerobot() {
+    // With one denoise step, x₀ = x₁ + (−1)·v(x₁, t = 1), so v = x₁ − x₀.
+    let golden = Golden::load();
+    let mut policy = open(&fixture_dir(), Some(1));
+    let noise = golden.f32("input.noise");
+    for p in ["a", "b"] {
+        let x0 = run(&mut policy, &golden, p);
+        let v: Vec<f32> = noise.iter().zip(&x0).map(|(n, x)| n - x).collect();
+        assert_close(&format!("{p}: velocity step 0"), &v, &golden.f32(&format!("output.{p}.velocity.step0")), TOL);
+    }
+}
+
+#[test]
+fn processor_goldens_match_lerobot() {
+    let text = std::fs::read_to_string(fixture_dir().join("golden_processor.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let vec = |v: &serde_json::Value| -> Vec<f32> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect() };
+    let stats = flashrt::norm::NormStats::find(&fixture_dir(), flashrt::norm::Modes::default()).unwrap();
+    let state = stats.state.as_ref().expect("state stats from the lerobot processor files");
+    for case in json["states"].as_array().unwrap() {
+        let raw = vec(&case["raw"]);
+        let normalized: Vec<f32> = raw.iter().enumerate().map(|(i, &x)| state.normalize(i, x)).collect();
+        assert_close("normalized state", &normalized, &vec(&case["normalized"]), 1e-6);
+        let bins: Vec<i64> = normalized.iter().map(|&x| flashrt::prompt::discretize_state(x) as i64).collect();
+        let want_bins: Vec<i64> = case["bins"].as_array().unwrap().iter().map(|b| b.as_i64().unwrap()).collect();
+        assert_eq!(bins, want_bins, "bins of {raw:?}");
+        let prompt = flashrt::prompt::format_prompt(case["task"].as_str().unwrap(), &bins.iter().map(|&b| b as i32).collect::<Vec<_>>());
+        assert_eq!(prompt, case["prompt"].as_str().unwrap());
+    }
+    let action = stats.action.as_ref().unwrap();
+    let (scale, offset) = action.unnormalize_affine();
+    for case in json["actions"].as_array().unwrap() {
+        let norm: Vec<f32> = case["normalized"].as_array().unwrap().iter().flat_map(vec).collect();
+        let want: Vec<f32> = case["unnormalized"].as_array().unwrap().iter().flat_map(vec).collect();
+        let got: Vec<f32> = norm.iter().enumerate().map(|(i, x)| x * scale[i % 7] + offset[i % 7]).collect();
+        assert_close("unnormalized actions", &got, &want, 1e-5);
+    }
+}
+
+/// Writes a copy of the fixture directory whose `model.safetensors` has `tensor` changed.
+fn perturbed_copy(src: &Path, dst: &Path, tensor: &str) {
+    for entry in std::fs::read_dir(src).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().unwrap() != "model.safetensors" {
+            std::fs::copy(&path, dst.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut owned: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, view) in st.tensors() {
+        let mut data = view.data().to_vec();
+        if name == tensor {
+            for (i, b) in data.chunks_exact_mut(4).enumerate() {
+                // Irregular in every dimension: a pattern constant along a normalized axis could be
+                // cancelled by a LayerNorm.
+                let v = f32::from_le_bytes(b.try_into().unwrap()) + 0.05 * ((i * 7919 % 13) as f32 - 6.0) / 6.0;
+                b.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        owned.push((name, view.shape().to_vec(), data));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = owned
+        .iter()
+        .map(|(n, s, d)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &dst.join("model.safetensors")).unwrap();
+}
+
+#[test]
+fn perturbing_any_used_weight_breaks_parity() {
+    // Tensors that cannot influence the actions: the tied lm_head copy (embed_tokens is read), the
+    // expert's lm_head, the final LM norm, everything after the last prefix layer's K/V, and
+    // SigLIP's key bias (it adds q·b to every score of a row, which softmax cancels).
+    let unused = [
+        "model.paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.0.self_attn.k_proj.bias",
+        "model.paligemma_with_expert.paligemma.lm_head.weight",
+        "model.paligemma_with_expert.gemma_expert.lm_head.weight",
+        "model.paligemma_with_expert.paligemma.model.language_model.norm.weight",
+    ];
+    let last_layer = "model.paligemma_with_expert.paligemma.model.language_model.layers.1.";
+    let after_last_kv = ["self_attn.q_proj.weight", "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "post_attention_layernorm.weight"];
+
+    let golden = Golden::load();
+    let bytes = std::fs::read(fixture_dir().join("model.safetensors")).unwrap();
+    let names: Vec<String> = SafeTensors::deserialize(&bytes).unwrap().names().into_iter().map(String::from).collect();
+    assert_eq!(names.len(), 77);
+    let mut checked = 0;
+    for name in &names {
+        let is_unused = unused.contains(&name.as_str()) || after_last_kv.iter().any(|s| *name == format!("{last_layer}{s}"));
+        let dir = tempfile::tempdir().unwrap();
+        perturbed_copy(&fixture_dir(), dir.path(), name);
+        let mut policy = open(dir.path(), None);
+        let (what, err) = parity_errors(&mut policy, &golden, "a").into_iter().max_by(|x, y| x.1.total_cmp(&y.1)).unwrap();
+        if is_unused {
+            assert!(err <= TOL, "{name} should not influence the result; {what} moved by {err:e}");
+        } else {
+            assert!(err > TOL, "perturbing {name} left the parity test passing (largest error {err:e} in {what})");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 77 - unused.len() - after_last_kv.len());
+}
