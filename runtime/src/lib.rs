@@ -4,6 +4,7 @@
 //! call [`Policy::step`] every control tick: camera frames and joint state in, an action chunk out,
 //! with no heap allocation after the first step.
 
+pub mod backend;
 pub mod checkpoint;
 pub mod cpu;
 pub mod error;
@@ -17,4 +18,5 @@ pub mod stats;
 
 pub use error::{Error, Result};
 pub use image::{Frame, PixelFormat};
-pub use policy::{BackendKind, Observation, Policy, PolicyConfig, PolicyInfo, StepInfo};
+pub use policy::{BackendKind, Observation, Policy, PolicyConfig, PolicyInfo, Precision, StepInfo};
+pub use stats::{LatencyStats, Summary};

@@ -20,11 +20,21 @@ pub enum BufType {
     U8,
 }
 
+/// Whether the host writes a buffer before each run (inputs) or reads it after (outputs). A GPU
+/// backend keeps pinned host copies of exactly these and copies them inside its graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostIo {
+    Internal,
+    Input,
+    Output,
+}
+
 #[derive(Clone, Debug)]
 pub struct BufferDecl {
     pub name: String,
     pub ty: BufType,
     pub len: usize,
+    pub host: HostIo,
 }
 
 /// How a weight is used, so a backend can store it in the layout that op wants.
@@ -182,7 +192,12 @@ pub struct Plan {
 
 impl Plan {
     pub fn buffer(&mut self, name: impl Into<String>, ty: BufType, len: usize) -> BufId {
-        self.buffers.push(BufferDecl { name: name.into(), ty, len });
+        self.host_buffer(name, ty, len, HostIo::Internal)
+    }
+
+    /// A buffer the host writes before (`Input`) or reads after (`Output`) each run.
+    pub fn host_buffer(&mut self, name: impl Into<String>, ty: BufType, len: usize, host: HostIo) -> BufId {
+        self.buffers.push(BufferDecl { name: name.into(), ty, len, host });
         BufId(self.buffers.len() - 1)
     }
 
@@ -244,7 +259,12 @@ impl Plan {
         }
         let _ = writeln!(s, "buffers:");
         for (i, b) in self.buffers.iter().enumerate() {
-            let _ = writeln!(s, "  #{i:<3} {:<24} {:?} x {}", b.name, b.ty, b.len);
+            let io = match b.host {
+                HostIo::Internal => "",
+                HostIo::Input => " (host input)",
+                HostIo::Output => " (host output)",
+            };
+            let _ = writeln!(s, "  #{i:<3} {:<24} {:?} x {}{io}", b.name, b.ty, b.len);
         }
         for (phase, range) in self.phase_ranges() {
             let flops: u64 = self.ops[range.clone()].iter().map(Op::flops).sum();

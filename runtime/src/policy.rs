@@ -13,6 +13,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
 use crate::checkpoint::Checkpoint;
+use crate::backend::Backend;
 use crate::cpu::CpuBackend;
 use crate::error::{Error, Result};
 use crate::image::Frame;
@@ -32,6 +33,17 @@ pub enum BackendKind {
     Cuda,
 }
 
+/// Numeric precision of weights and activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// The backend's best: f32 on the CPU, bf16 on CUDA.
+    #[default]
+    Auto,
+    F32,
+    Bf16,
+    Fp8,
+}
+
 /// Everything `Policy::open` needs. `PolicyConfig::new(path)` fills sensible defaults.
 #[derive(Clone, Debug)]
 pub struct PolicyConfig {
@@ -39,6 +51,9 @@ pub struct PolicyConfig {
     pub checkpoint: PathBuf,
     pub backend: BackendKind,
     pub device: usize,
+    pub precision: Precision,
+    /// Where a GPU backend caches compiled kernels (default `$XDG_CACHE_HOME/flashrt/kernels`).
+    pub kernel_cache_dir: Option<PathBuf>,
     /// Number of camera slots; default: the cameras named in config.json (else 3).
     pub cameras: Option<usize>,
     /// Largest frame accepted by `step` (staging buffers are sized for it).
@@ -66,6 +81,8 @@ impl PolicyConfig {
             checkpoint: checkpoint.into(),
             backend: BackendKind::Auto,
             device: 0,
+            precision: Precision::Auto,
+            kernel_cache_dir: None,
             cameras: None,
             max_frame_width: 1920,
             max_frame_height: 1080,
@@ -131,7 +148,7 @@ pub struct Policy {
     out_action_dim: usize,
     state_dim: usize,
     max_frame: (usize, usize),
-    backend: CpuBackend,
+    backend: Box<dyn Backend>,
     tokenizer: Option<PromptTokenizer>,
     state_stats: Option<FeatureStats>,
     prompt: Prompt,
@@ -210,6 +227,9 @@ impl Policy {
             }
             BackendKind::Cpu => "cpu",
         };
+        if !matches!(config.precision, Precision::Auto | Precision::F32) {
+            return Err(Error::invalid("config.precision", format!("{:?} needs the CUDA backend; the CPU backend computes in f32", config.precision)));
+        }
         debug_assert_eq!(backend, "cpu");
 
         let opts = BuildOptions {
@@ -226,7 +246,7 @@ impl Policy {
         );
         let Model { config: model_config, plan, weights, io, cameras, out_action_dim } = pi05::build(&ckpt, model_config, &opts, &|n| bar.inc(n as u64))?;
         bar.finish_and_clear();
-        let backend = CpuBackend::new(plan, weights, ckpt);
+        let backend: Box<dyn Backend> = Box::new(CpuBackend::new(plan, weights, ckpt));
         log::info!("opened {} in {:.2?}", config.checkpoint.display(), started.elapsed());
 
         Ok(Policy {
@@ -253,8 +273,8 @@ impl Policy {
         let c = &self.model_config;
         PolicyInfo {
             model: "pi05",
-            backend: "cpu",
-            device: "cpu".into(),
+            backend: self.backend.name(),
+            device: self.backend.device_name(),
             cameras: c.cameras.clone(),
             state_dim: self.state_dim,
             action_dim: self.out_action_dim,
@@ -326,8 +346,8 @@ impl Policy {
                 tok.assemble(&self.bins, &mut self.tokens, &mut self.token_mask)?
             }
         };
-        self.backend.i32_mut(self.io.tokens).copy_from_slice(&self.tokens);
-        for (dst, &m) in self.backend.i32_mut(self.io.token_mask).iter_mut().zip(&self.token_mask) {
+        self.backend.input_i32(self.io.tokens).copy_from_slice(&self.tokens);
+        for (dst, &m) in self.backend.input_i32(self.io.token_mask).iter_mut().zip(&self.token_mask) {
             *dst = m as i32;
         }
 
@@ -337,7 +357,7 @@ impl Policy {
             let info = match frame {
                 Some(f) => {
                     let row = f.width * f.format.bytes_per_pixel();
-                    let staged = &mut self.backend.u8_mut(self.io.frames)[cam * stride..];
+                    let staged = &mut self.backend.input_u8(self.io.frames)[cam * stride..];
                     for y in 0..f.height {
                         staged[y * row..][..row].copy_from_slice(&f.data[y * f.stride..][..row]);
                     }
@@ -345,18 +365,17 @@ impl Policy {
                 }
                 None => [0; FRAME_INFO_FIELDS],
             };
-            self.backend.i32_mut(self.io.frame_info)[cam * FRAME_INFO_FIELDS..][..FRAME_INFO_FIELDS].copy_from_slice(&info);
+            self.backend.input_i32(self.io.frame_info)[cam * FRAME_INFO_FIELDS..][..FRAME_INFO_FIELDS].copy_from_slice(&info);
         }
 
-        let noise = self.backend.f32_mut(self.io.noise);
+        let noise = self.backend.input_f32(self.io.noise);
         match obs.noise {
             Some(n) => noise.copy_from_slice(n),
             None => noise.iter_mut().for_each(|v| *v = StandardNormal.sample(&mut self.rng)),
         }
 
-        let ops = self.backend.plan().ops.len();
-        self.backend.run(0..ops);
-        actions.copy_from_slice(self.backend.f32(self.io.actions));
+        self.backend.run()?;
+        actions.copy_from_slice(self.backend.output_f32(self.io.actions));
 
         let latency = started.elapsed();
         let deadline_missed = self.deadline.is_some_and(|d| latency > d);
@@ -406,8 +425,7 @@ impl Policy {
 
     /// A copy of a named f32 plan buffer after the last step (for tests and debugging; allocates).
     pub fn buffer(&self, name: &str) -> Option<Vec<f32>> {
-        let id = self.backend.plan().find_buffer(name)?;
-        (self.backend.plan().buffers[id.0].ty == crate::plan::BufType::F32).then(|| self.backend.f32(id).to_vec())
+        self.backend.read_buffer(name)
     }
 }
 

@@ -50,17 +50,18 @@ pub struct Strided {
 
 type Kernel = fn(&[f32], Strided, &PackedMatrix, &mut [f32], Strided, bool);
 
-/// Picks the fastest kernel this CPU supports (once, at open).
-pub fn select_kernel() -> Kernel {
+/// Picks the fastest kernel this CPU supports (once, at open), with its name.
+pub fn select_kernel() -> (Kernel, &'static str) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        return |a, ad, w, o, od, acc| {
+        let avx2: Kernel = |a, ad, w, o, od, acc| {
             // SAFETY: the CPU supports AVX2 and FMA (checked above).
             unsafe { gemm_avx2(a, ad, w, o, od, acc) }
         };
+        return (avx2, "avx2+fma");
     }
     // aarch64 always has fused multiply-add (NEON); elsewhere a plain multiply and add.
-    gemm_generic::<{ cfg!(target_arch = "aarch64") }>
+    if cfg!(target_arch = "aarch64") { (gemm_generic::<true>, "neon") } else { (gemm_generic::<false>, "portable") }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -134,7 +135,7 @@ mod tests {
 
     #[test]
     fn matches_reference_on_awkward_shapes() {
-        let kernel = select_kernel();
+        let (kernel, _) = select_kernel();
         for &(m, n, k) in &[(1, 1, 1), (7, 17, 3), (50, 33, 300), (200, 64, 513), (13, 48, 256)] {
             let a: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
             let w: Vec<f32> = (0..n * k).map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0).collect();

@@ -6,7 +6,9 @@ mod gemm;
 
 use std::sync::Arc;
 
+use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
+use crate::error::Result;
 use crate::image::{self, PixelFormat};
 use crate::models::pi05::WeightData;
 use crate::plan::{BufId, BufType, FRAME_INFO_FIELDS, Op, Plan, View, WeightId, WeightRole};
@@ -33,6 +35,7 @@ pub struct CpuBackend {
     weights: Vec<Weight>,
     checkpoint: Arc<Checkpoint>,
     gemm: fn(&[f32], Strided, &PackedMatrix, &mut [f32], Strided, bool),
+    kernel_name: &'static str,
     /// `cos`/`sin` of every RoPE angle for positions `0..rope_positions`: `[pos][head_dim / 2]`.
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
@@ -95,7 +98,8 @@ impl CpuBackend {
             buffers,
             weights,
             checkpoint,
-            gemm: select_kernel(),
+            gemm: select_kernel().0,
+            kernel_name: select_kernel().1,
             rope_cos,
             rope_sin,
             rope_half: half,
@@ -103,12 +107,7 @@ impl CpuBackend {
         }
     }
 
-    pub fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
-    /// Bytes held by weights and buffers.
-    pub fn memory_bytes(&self) -> usize {
+    fn weight_bytes(&self) -> usize {
         let weights: usize = self
             .weights
             .iter()
@@ -118,31 +117,31 @@ impl CpuBackend {
                 Weight::Embedding { .. } => 0,
             })
             .sum();
-        weights + self.plan.arena_bytes()
+        weights
     }
 
-    pub fn f32(&self, id: BufId) -> &[f32] {
+    fn f32(&self, id: BufId) -> &[f32] {
         match &self.buffers[id.0] {
             Buffer::F32(v) => v,
             _ => unreachable!("buffer {} is not f32", self.plan.buffers[id.0].name),
         }
     }
 
-    pub fn f32_mut(&mut self, id: BufId) -> &mut [f32] {
+    fn f32_mut(&mut self, id: BufId) -> &mut [f32] {
         match &mut self.buffers[id.0] {
             Buffer::F32(v) => v,
             _ => unreachable!("buffer {} is not f32", self.plan.buffers[id.0].name),
         }
     }
 
-    pub fn i32_mut(&mut self, id: BufId) -> &mut [i32] {
+    fn i32_mut(&mut self, id: BufId) -> &mut [i32] {
         match &mut self.buffers[id.0] {
             Buffer::I32(v) => v,
             _ => unreachable!("buffer {} is not i32", self.plan.buffers[id.0].name),
         }
     }
 
-    pub fn u8_mut(&mut self, id: BufId) -> &mut [u8] {
+    fn u8_mut(&mut self, id: BufId) -> &mut [u8] {
         match &mut self.buffers[id.0] {
             Buffer::U8(v) => v,
             _ => unreachable!("buffer {} is not u8", self.plan.buffers[id.0].name),
@@ -163,8 +162,8 @@ impl CpuBackend {
         }
     }
 
-    /// Runs the ops in `range` (the whole plan: `0..plan.ops.len()`).
-    pub fn run(&mut self, range: std::ops::Range<usize>) {
+    /// Runs the ops in `range`.
+    pub fn run_ops(&mut self, range: std::ops::Range<usize>) {
         for i in range {
             // Ops are plain data; cloning one releases the borrow of the plan (no allocation).
             let op = self.plan.ops[i].clone();
@@ -440,6 +439,50 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Split-half rotary embedding: `[a·cos − b·sin, b·cos + a·sin]`.
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn device_name(&self) -> String {
+        format!("CPU ({}, {} kernel)", std::env::consts::ARCH, self.kernel_name)
+    }
+
+    fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    fn memory_bytes(&self) -> usize {
+        self.weight_bytes() + self.plan.arena_bytes()
+    }
+
+    fn input_u8(&mut self, id: BufId) -> &mut [u8] {
+        self.u8_mut(id)
+    }
+
+    fn input_i32(&mut self, id: BufId) -> &mut [i32] {
+        self.i32_mut(id)
+    }
+
+    fn input_f32(&mut self, id: BufId) -> &mut [f32] {
+        self.f32_mut(id)
+    }
+
+    fn run(&mut self) -> Result<()> {
+        self.run_ops(0..self.plan.ops.len());
+        Ok(())
+    }
+
+    fn output_f32(&self, id: BufId) -> &[f32] {
+        self.f32(id)
+    }
+
+    fn read_buffer(&self, name: &str) -> Option<Vec<f32>> {
+        let id = self.plan.find_buffer(name)?;
+        matches!(self.buffers[id.0], Buffer::F32(_)).then(|| self.f32(id).to_vec())
+    }
+}
+
 fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     let half = x.len() / 2;
     let (a, b) = x.split_at_mut(half);

@@ -16,7 +16,7 @@ use std::path::Path;
 
 use crate::checkpoint::{Checkpoint, Expected};
 use crate::error::{Error, Result};
-use crate::plan::{BufId, BufType, FRAME_INFO_FIELDS, Op, Plan, View, WeightId, WeightRole};
+use crate::plan::{BufId, BufType, FRAME_INFO_FIELDS, HostIo, Op, Plan, View, WeightId, WeightRole};
 
 const P: &str = "paligemma_with_expert.paligemma.model.";
 const VT: &str = "paligemma_with_expert.paligemma.model.vision_tower.vision_model.";
@@ -410,13 +410,13 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
     // Host-written inputs.
     let frame_stride = opts.max_frame_width * opts.max_frame_height * 4;
     let io = IoBuffers {
-        frames: plan.buffer("frames", BufType::U8, cams * frame_stride),
-        frame_info: plan.buffer("frame_info", BufType::I32, cams * FRAME_INFO_FIELDS),
+        frames: plan.host_buffer("frames", BufType::U8, cams * frame_stride, HostIo::Input),
+        frame_info: plan.host_buffer("frame_info", BufType::I32, cams * FRAME_INFO_FIELDS, HostIo::Input),
         frame_stride,
-        tokens: plan.buffer("tokens", BufType::I32, c.prompt_len),
-        token_mask: plan.buffer("token_mask", BufType::I32, c.prompt_len),
-        noise: plan.buffer("noise", BufType::F32, horizon * ad),
-        actions: plan.buffer("actions", BufType::F32, horizon * opts.out_action_dim),
+        tokens: plan.host_buffer("tokens", BufType::I32, c.prompt_len, HostIo::Input),
+        token_mask: plan.host_buffer("token_mask", BufType::I32, c.prompt_len, HostIo::Input),
+        noise: plan.host_buffer("noise", BufType::F32, horizon * ad, HostIo::Input),
+        actions: plan.host_buffer("actions", BufType::F32, horizon * opts.out_action_dim, HostIo::Output),
     };
     let noise = View { buf: io.noise, offset: 0, rows: horizon, cols: ad, stride: ad };
     let valid = plan.buffer("valid", BufType::F32, kv_rows);

@@ -1,0 +1,26 @@
+//! What a backend offers the policy: host-visible input and output buffers of the plan, and one
+//! call that runs the whole plan. The CPU backend's host buffers are its arena; a GPU backend keeps
+//! pinned copies of the plan's `HostIo` buffers and moves them inside its captured graph.
+
+use crate::error::Result;
+use crate::plan::{BufId, Plan};
+
+pub trait Backend: Send {
+    /// Short backend name ("cpu", "cuda").
+    fn name(&self) -> &'static str;
+    /// The device that runs the plan, e.g. "NVIDIA H200" or the CPU model.
+    fn device_name(&self) -> String;
+    fn plan(&self) -> &Plan;
+    /// Bytes of weights and buffers held (device memory for a GPU backend).
+    fn memory_bytes(&self) -> usize;
+    /// Host view of an input buffer, written before [`Backend::run`].
+    fn input_u8(&mut self, id: BufId) -> &mut [u8];
+    fn input_i32(&mut self, id: BufId) -> &mut [i32];
+    fn input_f32(&mut self, id: BufId) -> &mut [f32];
+    /// Executes every op of the plan. Must not allocate.
+    fn run(&mut self) -> Result<()>;
+    /// Host view of an output buffer after [`Backend::run`].
+    fn output_f32(&self, id: BufId) -> &[f32];
+    /// A copy of any f32 buffer by name, for tests and debugging (allocates; may synchronize).
+    fn read_buffer(&self, name: &str) -> Option<Vec<f32>>;
+}
