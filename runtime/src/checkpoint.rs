@@ -249,6 +249,11 @@ impl Expected {
         self.tensors.insert(name.into(), shape.to_vec());
     }
 
+    /// Expected tensors with their shapes, sorted by name.
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, &[usize])> {
+        self.tensors.iter().map(|(n, s)| (n.as_str(), s.as_slice()))
+    }
+
     pub fn ignore(&mut self, name: impl Into<String>) {
         self.ignored.push(name.into());
     }

@@ -5,6 +5,7 @@
 //! with no heap allocation after the first step.
 
 pub mod backend;
+pub mod bench;
 pub mod checkpoint;
 pub mod cpu;
 pub mod error;
@@ -15,6 +16,7 @@ pub mod plan;
 pub mod policy;
 pub mod prompt;
 pub mod stats;
+pub mod synth;
 
 pub use error::{Error, Result};
 pub use image::{Frame, PixelFormat};

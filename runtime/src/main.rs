@@ -1,1 +1,322 @@
-fn main() {}
+//! `flashrt`: run, benchmark, inspect and synthesize Pi0.5 policies.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use flashrt::bench::{self, SyntheticInputs};
+use flashrt::image::{Frame, PixelFormat};
+use flashrt::synth::{self, SynthSize};
+use flashrt::{BackendKind, Observation, Policy, PolicyConfig, Result};
+
+#[derive(Parser)]
+#[command(name = "flashrt", version, about = "Real-time inference runtime for vision-language-action robot policies")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Synthesize a tiny Pi0.5 in a temporary directory and run it: the five-second tour.
+    Demo {
+        #[arg(long, default_value_t = 100)]
+        steps: usize,
+    },
+    /// Open a checkpoint and run control steps at a target rate; print latency statistics.
+    Run {
+        #[command(flatten)]
+        open: OpenArgs,
+        #[arg(long, default_value_t = 100)]
+        steps: usize,
+        /// Control rate in Hz (0: as fast as possible).
+        #[arg(long, default_value_t = 0.0)]
+        rate: f64,
+        /// Task text (the state is appended each step, pi05 prompt format).
+        #[arg(long, default_value = "pick up the red block and put it in the bowl")]
+        prompt: String,
+        /// Observation file (safetensors): `image.<slot>` u8 [H,W,3] RGB per present camera and
+        /// `state` f32 [state_dim]. Default: random synthetic observations.
+        #[arg(long)]
+        observation: Option<PathBuf>,
+    },
+    /// Benchmark the whole step and write JSON (DESIGN.md §8 field names).
+    Bench {
+        #[command(flatten)]
+        open: OpenArgs,
+        #[arg(long, default_value_t = 1000)]
+        iterations: usize,
+        #[arg(long, default_value_t = 10)]
+        warmup: usize,
+        /// Cameras present per step (the rest are passed as missing).
+        #[arg(long, default_value_t = 2)]
+        views: usize,
+        /// Valid prompt tokens (random ids; the prompt capacity stays as configured).
+        #[arg(long, default_value_t = 64)]
+        prompt_tokens: usize,
+        #[arg(long, default_value = "pi05-2v")]
+        workload: String,
+        /// Append the result to this JSON file (a list), or create it.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Print sizes, parameter count, memory and the execution plan of a checkpoint.
+    Inspect {
+        #[command(flatten)]
+        open: OpenArgs,
+    },
+    /// Write a random Pi0.5 checkpoint in the lerobot layout.
+    Synth {
+        #[arg(long, value_enum, default_value_t = Model::Pi05)]
+        model: Model,
+        #[arg(long, value_enum, default_value_t = SynthSize::Tiny)]
+        size: SynthSize,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Model {
+    Pi05,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Backend {
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+#[derive(Args)]
+struct OpenArgs {
+    /// Checkpoint directory (lerobot layout) or .safetensors file.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    backend: Backend,
+    /// tokenizer.json (default: the one beside the checkpoint).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Camera slots (default: the cameras of config.json).
+    #[arg(long)]
+    cameras: Option<usize>,
+    #[arg(long)]
+    denoise_steps: Option<usize>,
+    /// The robot's state width when the checkpoint does not state it.
+    #[arg(long)]
+    state_dim: Option<usize>,
+}
+
+impl OpenArgs {
+    fn config(&self) -> PolicyConfig {
+        let mut c = PolicyConfig::new(&self.checkpoint);
+        c.backend = match self.backend {
+            Backend::Auto => BackendKind::Auto,
+            Backend::Cpu => BackendKind::Cpu,
+            Backend::Cuda => BackendKind::Cuda,
+        };
+        c.tokenizer = self.tokenizer.clone();
+        c.cameras = self.cameras;
+        c.denoise_steps = self.denoise_steps;
+        c.state_dim = self.state_dim;
+        c.progress = true;
+        c
+    }
+}
+
+fn main() -> ExitCode {
+    let started = Instant::now();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo { steps } => demo(steps),
+        Command::Run { open, steps, rate, prompt, observation } => {
+            Policy::open(&open.config()).and_then(|mut p| run(&mut p, steps, rate, &prompt, observation.as_deref()))
+        }
+        Command::Bench { open, iterations, warmup, views, prompt_tokens, workload, out } => {
+            bench_command(&open, started, iterations, warmup, views, prompt_tokens, &workload, out.as_deref())
+        }
+        Command::Inspect { open } => Policy::open(&open.config()).map(|p| inspect(&p)),
+        Command::Synth { model: Model::Pi05, size, out, seed } => synth_command(&out, size, seed),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn demo(steps: usize) -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("flashrt-demo-{}", std::process::id()));
+    println!("synthesizing a tiny Pi0.5 checkpoint in {}", dir.display());
+    synth::synthesize(&dir, SynthSize::Tiny, 0, &|_| {})?;
+    let result = Policy::open(&PolicyConfig::new(&dir)).and_then(|mut policy| {
+        inspect_summary(&policy);
+        run(&mut policy, steps, 50.0, "pick up the red block and put it in the bowl", None)
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn inspect_summary(policy: &Policy) {
+    let i = policy.info();
+    println!(
+        "model {} | backend {} on {} | {} cameras | state {} -> actions {}x{} | {} denoise steps | {:.2} M parameters | {:.1} MiB",
+        i.model,
+        i.backend,
+        i.device,
+        i.cameras.len(),
+        i.state_dim,
+        i.horizon,
+        i.action_dim,
+        i.denoise_steps,
+        i.parameters as f64 / 1e6,
+        i.memory_bytes as f64 / (1 << 20) as f64
+    );
+}
+
+fn inspect(policy: &Policy) {
+    inspect_summary(policy);
+    println!("{:#?}", policy.info().config);
+    print!("{}", policy.explain());
+}
+
+/// Observation from a safetensors file (see `Run::observation`).
+struct FileObservation {
+    frames: Vec<Option<(Vec<u8>, usize, usize)>>,
+    state: Vec<f32>,
+}
+
+fn read_observation(path: &Path, cameras: usize) -> Result<FileObservation> {
+    let ckpt_err = |m: String| flashrt::Error::checkpoint(path, m);
+    let bytes = std::fs::read(path).map_err(|source| flashrt::Error::Io { path: path.into(), source })?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| ckpt_err(format!("not a safetensors file: {e}")))?;
+    let mut frames = Vec::with_capacity(cameras);
+    for slot in 0..cameras {
+        frames.push(match st.tensor(&format!("image.{slot}")) {
+            Ok(t) if t.dtype() == safetensors::Dtype::U8 && t.shape().len() == 3 && t.shape()[2] == 3 => Some((t.data().to_vec(), t.shape()[1], t.shape()[0])),
+            Ok(t) => return Err(ckpt_err(format!("image.{slot}: expected u8 [H,W,3], found {:?} {:?}", t.dtype(), t.shape()))),
+            Err(_) => None,
+        });
+    }
+    let state = st.tensor("state").map_err(|_| ckpt_err("missing tensor `state` (f32 [state_dim])".into()))?;
+    if state.dtype() != safetensors::Dtype::F32 {
+        return Err(ckpt_err(format!("state: expected f32, found {:?}", state.dtype())));
+    }
+    let state = state.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    Ok(FileObservation { frames, state })
+}
+
+fn run(policy: &mut Policy, steps: usize, rate: f64, prompt: &str, observation: Option<&Path>) -> Result<()> {
+    policy.set_prompt(prompt)?;
+    let period = (rate > 0.0).then(|| Duration::from_secs_f64(1.0 / rate));
+    let cameras = policy.info().cameras.len();
+    let file = observation.map(|p| read_observation(p, cameras)).transpose()?;
+    let synthetic = SyntheticInputs::new(policy, cameras, 224, 224, 4, 1);
+    let mut actions = vec![0.0; policy.actions_len()];
+    let mut next = Instant::now();
+    for i in 0..steps {
+        match &file {
+            Some(obs) => {
+                let frames: Vec<Option<Frame>> = obs.frames.iter().map(|f| f.as_ref().map(|(d, w, h)| Frame::packed(d, *w, *h, PixelFormat::Rgb8))).collect();
+                policy.step(&Observation { cameras: &frames, state: &obs.state, noise: None }, &mut actions)?;
+            }
+            None => {
+                synthetic.step(policy, i, &mut actions)?;
+            }
+        }
+        if let Some(p) = period {
+            next += p;
+            let now = Instant::now();
+            if next > now {
+                std::thread::sleep(next - now);
+            } else {
+                next = now;
+            }
+        }
+    }
+    let s = policy.stats().summary();
+    println!("first action row: {:?}", &actions[..policy.info().action_dim]);
+    println!(
+        "{} steps{}: p50 {:.2} ms  p90 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
+        s.count,
+        period.map(|p| format!(" at {:.0} Hz", 1.0 / p.as_secs_f64())).unwrap_or_default(),
+        s.p50_ms,
+        s.p90_ms,
+        s.p99_ms,
+        s.max_ms
+    );
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench_command(open: &OpenArgs, started: Instant, iterations: usize, warmup: usize, views: usize, prompt_tokens: usize, workload: &str, out: Option<&Path>) -> Result<()> {
+    let mut policy = Policy::open(&open.config())?;
+    let info = policy.info();
+    // Random prompt ids of the requested length, BOS first.
+    let ids: Vec<i32> = std::iter::once(2).chain((1..prompt_tokens).map(|i| 4 + (i as i32 * 7919) % 1000)).collect();
+    policy.set_prompt_tokens(&ids)?;
+    let inputs = SyntheticInputs::new(&policy, views, 224, 224, 8, 1);
+    let mut actions = vec![0.0; policy.actions_len()];
+    inputs.step(&mut policy, 0, &mut actions)?;
+    let cold_start = started.elapsed();
+    let summary = bench::run(&mut policy, &inputs, warmup, iterations)?;
+    let gflop = policy.plan().flops() as f64 / 1e9;
+    let result = serde_json::json!({
+        "workload": workload,
+        "model": info.model,
+        "device": info.device,
+        "backend": info.backend,
+        "precision": if info.backend == "cpu" { "f32" } else { "bf16" },
+        "views": views,
+        "prompt_tokens": prompt_tokens,
+        "prompt_capacity": info.prompt_capacity,
+        "steps": info.denoise_steps,
+        "horizon": info.horizon,
+        "iterations": iterations,
+        "p50_ms": summary.p50_ms,
+        "p90_ms": summary.p90_ms,
+        "p99_ms": summary.p99_ms,
+        "max_ms": summary.max_ms,
+        "cold_start_s": cold_start.as_secs_f64(),
+        "device_mem_mib": info.memory_bytes as f64 / (1 << 20) as f64,
+        "gflop_per_step": gflop,
+        // GFLOP per millisecond is TFLOP per second.
+        "achieved_tflops": gflop / summary.p50_ms,
+        "parameters": info.parameters,
+        "commit": env!("FLASHRT_GIT_COMMIT"),
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "date": bench::utc_now(),
+    });
+    println!("{}", serde_json::to_string_pretty(&result).expect("json"));
+    if let Some(path) = out {
+        let io = |source| flashrt::Error::Io { path: path.into(), source };
+        let mut list: Vec<serde_json::Value> = match std::fs::read_to_string(path) {
+            Ok(text) => match serde_json::from_str(&text).map_err(|e| flashrt::Error::invalid("--out", format!("{}: not JSON: {e}", path.display())))? {
+                serde_json::Value::Array(items) => items,
+                other => vec![other],
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(io(e)),
+        };
+        list.push(result);
+        std::fs::write(path, serde_json::to_string_pretty(&list).expect("json") + "\n").map_err(io)?;
+    }
+    Ok(())
+}
+
+fn synth_command(out: &Path, size: SynthSize, seed: u64) -> Result<()> {
+    let total: u64 = size.config().expected().tensors().map(|(_, s)| s.iter().product::<usize>() as u64).sum::<u64>() * if size == SynthSize::Full { 2 } else { 4 };
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(indicatif::ProgressStyle::with_template("writing {bar:40} {bytes}/{total_bytes} ({eta})").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
+    synth::synthesize(out, size, seed, &|n| bar.set_position(n))?;
+    bar.finish_and_clear();
+    println!("wrote a {size:?} Pi0.5 checkpoint to {}", out.display());
+    Ok(())
+}

@@ -133,7 +133,19 @@ pub enum Op {
     /// Softmax attention. `q` is `[rows, heads·head_dim]`, `k`/`v` are `[keys, kv_heads·head_dim]`.
     /// Rows are split into `groups` equal blocks that see only their own block of keys (the
     /// cameras of the vision tower); `key_valid` (f32, 1 = valid) masks keys when present.
-    Attention { q: View, k: View, v: View, out: View, heads: usize, kv_heads: usize, head_dim: usize, groups: usize, key_valid: Option<BufId> },
+    /// Rows with `query_valid[row] == 0` may be skipped (their output is never read).
+    Attention {
+        q: View,
+        k: View,
+        v: View,
+        out: View,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        groups: usize,
+        key_valid: Option<BufId>,
+        query_valid: Option<BufId>,
+    },
     /// Copies `src` into `dst` (same shape).
     Copy { src: View, dst: View },
     /// `out[r, c] = x[r, c] · scale[c] + offset[c]` for the robot's action columns.

@@ -297,6 +297,11 @@ impl Policy {
         self.model_config.horizon * self.model_config.action_dim
     }
 
+    /// The execution plan (ops, buffers, FLOP count).
+    pub fn plan(&self) -> &crate::plan::Plan {
+        self.backend.plan()
+    }
+
     /// The plan as text: every op with its shapes, and the folding decisions.
     pub fn explain(&self) -> String {
         self.backend.plan().explain()

@@ -36,11 +36,12 @@ pub struct CpuBackend {
     checkpoint: Arc<Checkpoint>,
     gemm: fn(&[f32], Strided, &PackedMatrix, &mut [f32], Strided, bool),
     kernel_name: &'static str,
+    attend: AttendFn,
     /// `cos`/`sin` of every RoPE angle for positions `0..rope_positions`: `[pos][head_dim / 2]`.
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
     rope_half: usize,
-    /// Attention scores of one query row.
+    /// Attention scratch: transposed queries and scores of one query row.
     scores: Vec<f32>,
 }
 
@@ -67,12 +68,16 @@ impl CpuBackend {
             })
             .collect();
 
-        let mut max_keys = 1;
+        let mut scratch = 1;
         let mut rope_positions = 0;
         let mut head_dim = 2;
         for op in &plan.ops {
             match op {
-                Op::Attention { k, groups, .. } => max_keys = max_keys.max(k.rows / groups),
+                Op::Attention { k, groups, heads, kv_heads, head_dim, .. } => {
+                    let per_kv = heads / kv_heads;
+                    assert!(per_kv <= 16, "the CPU attention handles up to 16 query heads per K/V head");
+                    scratch = scratch.max(16 * (head_dim + k.rows / groups));
+                }
                 Op::RopeQkv { k_cache, head_dim: hd, .. } => {
                     rope_positions = rope_positions.max(k_cache.rows);
                     head_dim = *hd;
@@ -100,10 +105,11 @@ impl CpuBackend {
             checkpoint,
             gemm: select_kernel().0,
             kernel_name: select_kernel().1,
+            attend: select_attend(),
             rope_cos,
             rope_sin,
             rope_half: half,
-            scores: vec![0.0; max_keys],
+            scores: vec![0.0; scratch],
         }
     }
 
@@ -321,7 +327,9 @@ impl CpuBackend {
                 self.buffers[v_cache.buf.0] = Buffer::F32(vc);
                 self.buffers[qkv.buf.0] = Buffer::F32(rows);
             }
-            Op::Attention { q, k, v, out, heads, kv_heads, head_dim, groups, key_valid } => self.attention(q, k, v, out, heads, kv_heads, head_dim, groups, key_valid),
+            Op::Attention { q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid } => {
+                self.attention(q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid)
+            }
             Op::Copy { src, dst } => {
                 self.with_out(dst.buf, |this, d| {
                     let s = this.f32(src.buf);
@@ -371,60 +379,148 @@ impl CpuBackend {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn attention(&mut self, q: View, k: View, v: View, out: View, heads: usize, kv_heads: usize, head_dim: usize, groups: usize, key_valid: Option<BufId>) {
-        let mut scores = std::mem::take(&mut self.scores);
+    fn attention(&mut self, q: View, k: View, v: View, out: View, heads: usize, kv_heads: usize, head_dim: usize, groups: usize, key_valid: Option<BufId>, query_valid: Option<BufId>) {
+        let mut scratch = std::mem::take(&mut self.scores);
+        let attend = self.attend;
+        let per_kv = heads / kv_heads;
         self.with_out(out.buf, |this, dst| {
             let (qb, kb, vb) = (this.f32(q.buf), this.f32(k.buf), this.f32(v.buf));
-            let valid = key_valid.map(|b| this.f32(b));
-            let scale = 1.0 / (head_dim as f32).sqrt();
+            let key_valid = key_valid.map(|b| this.f32(b));
+            let query_valid = query_valid.map(|b| this.f32(b));
             let (q_per_group, k_per_group) = (q.rows / groups, k.rows / groups);
-            let scores = &mut scores[..k_per_group];
             for g in 0..groups {
+                let keys = g * k_per_group..(g + 1) * k_per_group;
                 for qi in g * q_per_group..(g + 1) * q_per_group {
-                    for h in 0..heads {
-                        let kvh = h / (heads / kv_heads);
-                        let qv = &qb[q.offset + qi * q.stride + h * head_dim..][..head_dim];
-                        let mut max = f32::NEG_INFINITY;
-                        for (j, s) in scores.iter_mut().enumerate() {
-                            let key = g * k_per_group + j;
-                            if valid.is_some_and(|m| m[key] == 0.0) {
-                                *s = f32::NEG_INFINITY;
-                                continue;
-                            }
-                            *s = dot(qv, &kb[k.offset + key * k.stride + kvh * head_dim..][..head_dim]) * scale;
-                            max = max.max(*s);
-                        }
-                        let mut sum = 0.0;
-                        for s in scores.iter_mut() {
-                            *s = if *s == f32::NEG_INFINITY { 0.0 } else { (*s - max).exp() };
-                            sum += *s;
-                        }
-                        let o = &mut dst[out.offset + qi * out.stride + h * head_dim..][..head_dim];
-                        o.fill(0.0);
-                        for (j, &p) in scores.iter().enumerate() {
-                            if p == 0.0 {
-                                continue;
-                            }
-                            let key = g * k_per_group + j;
-                            let vr = &vb[v.offset + key * v.stride + kvh * head_dim..][..head_dim];
-                            let w = p / sum;
-                            o.iter_mut().zip(vr).for_each(|(o, v)| *o += w * v);
-                        }
+                    let o_row = &mut dst[out.offset + qi * out.stride..][..heads * head_dim];
+                    // An invalid query's output is never read (its slot is masked as a key everywhere).
+                    if query_valid.is_some_and(|m| m[qi] == 0.0) {
+                        o_row.fill(0.0);
+                        continue;
+                    }
+                    for kvh in 0..kv_heads {
+                        let heads_of_kv = kvh * per_kv..(kvh + 1) * per_kv;
+                        let group = QueryGroup {
+                            q: &qb[q.offset + qi * q.stride + heads_of_kv.start * head_dim..][..per_kv * head_dim],
+                            k: &kb[k.offset + kvh * head_dim..],
+                            v: &vb[v.offset + kvh * head_dim..],
+                            head_dim,
+                            k_stride: k.stride,
+                            v_stride: v.stride,
+                            keys: keys.clone(),
+                            key_valid,
+                        };
+                        attend(&group, &mut scratch, &mut o_row[heads_of_kv.start * head_dim..][..per_kv * head_dim]);
                     }
                 }
             }
         });
-        self.scores = scores;
+        self.scores = scratch;
     }
 }
 
-/// Applies `f` to each row of `view` inside `buf`.
-fn for_rows(buf: &mut [f32], view: View, mut f: impl FnMut(&mut [f32])) {
-    for r in 0..view.rows {
-        f(&mut buf[view.offset + r * view.stride..][..view.cols]);
+/// The query heads that share one K/V head (all 8 under multi-query attention), one query row.
+struct QueryGroup<'a> {
+    /// `[heads, head_dim]`.
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    head_dim: usize,
+    k_stride: usize,
+    v_stride: usize,
+    keys: std::ops::Range<usize>,
+    key_valid: Option<&'a [f32]>,
+}
+
+type AttendFn = fn(&QueryGroup, &mut [f32], &mut [f32]);
+
+/// The attention inner loop, compiled for AVX2+FMA where available (like the GEMM kernel).
+fn select_attend() -> AttendFn {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        return |g, s, o| {
+            // SAFETY: the CPU supports AVX2 and FMA (checked above).
+            unsafe { attend_avx2(g, s, o) }
+        };
+    }
+    attend_generic
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn attend_avx2(group: &QueryGroup, scratch: &mut [f32], out: &mut [f32]) {
+    attend_generic(group, scratch, out)
+}
+
+/// `softmax(q·kᵀ/√d)·v` in f32 for every head of the group over the valid keys.
+#[inline(always)]
+fn attend_generic(group: &QueryGroup, scratch: &mut [f32], out: &mut [f32]) {
+    match group.q.len() / group.head_dim {
+        1 => attend_lanes::<1>(group, scratch, out),
+        2..=8 => attend_lanes::<8>(group, scratch, out),
+        _ => attend_lanes::<16>(group, scratch, out),
     }
 }
 
+/// `L` lanes hold the group's heads (padded): scores are `[key][L]`, so each key row is loaded
+/// once for all heads and the loops vectorise across heads without horizontal sums, even for
+/// short heads. With one head (`L = 1`) the dot products run along `head_dim` instead.
+/// `scratch` holds `head_dim·L` transposed queries, then `keys·L` scores.
+#[inline(always)]
+fn attend_lanes<const L: usize>(group: &QueryGroup, scratch: &mut [f32], out: &mut [f32]) {
+    let d = group.head_dim;
+    let h = group.q.len() / d;
+    let (qt, rest) = scratch.split_at_mut(d * L);
+    let scores = &mut rest[..group.keys.len() * L];
+    let scale = 1.0 / (d as f32).sqrt();
+    qt.fill(0.0);
+    for (i, q) in group.q.iter().enumerate() {
+        qt[(i % d) * L + i / d] = q * scale;
+    }
+    let valid = |key: usize| group.key_valid.is_none_or(|m| m[key] != 0.0);
+    let mut max = [f32::NEG_INFINITY; L];
+    for (s, key) in scores.chunks_exact_mut(L).zip(group.keys.clone()) {
+        if !valid(key) {
+            continue;
+        }
+        let krow = &group.k[key * group.k_stride..][..d];
+        let mut acc = [0.0f32; L];
+        if L == 1 {
+            acc[0] = dot(&qt[..d], krow);
+        } else {
+            for (q, &kv) in qt.chunks_exact(L).zip(krow) {
+                for l in 0..L {
+                    acc[l] += q[l] * kv;
+                }
+            }
+        }
+        for l in 0..L {
+            max[l] = max[l].max(acc[l]);
+        }
+        s.copy_from_slice(&acc);
+    }
+    let mut sum = [0.0f32; L];
+    for (s, key) in scores.chunks_exact_mut(L).zip(group.keys.clone()) {
+        if valid(key) {
+            for l in 0..h.min(L) {
+                s[l] = (s[l] - max[l]).exp();
+                sum[l] += s[l];
+            }
+        }
+    }
+    out.fill(0.0);
+    for (s, key) in scores.chunks_exact(L).zip(group.keys.clone()) {
+        if !valid(key) {
+            continue;
+        }
+        let vr = &group.v[key * group.v_stride..][..d];
+        for (l, o) in out.chunks_exact_mut(d).enumerate() {
+            let w = s[l] / sum[l];
+            o.iter_mut().zip(vr).for_each(|(o, v)| *o += w * v);
+        }
+    }
+}
+
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     // Eight partial sums let the compiler vectorise without reassociating a single chain.
     let mut acc = [0.0f32; 8];
@@ -436,6 +532,13 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + tail
+}
+
+/// Applies `f` to each row of `view` inside `buf`.
+fn for_rows(buf: &mut [f32], view: View, mut f: impl FnMut(&mut [f32])) {
+    for r in 0..view.rows {
+        f(&mut buf[view.offset + r * view.stride..][..view.cols]);
+    }
 }
 
 /// Split-half rotary embedding: `[a·cos − b·sin, b·cos + a·sin]`.

@@ -67,18 +67,9 @@ impl Config {
         cameras * self.tokens_per_image() + self.prompt_len
     }
 
+    /// Parameters the runtime reads (the unused expert `lm_head` and final LM norm excluded).
     pub fn parameter_count(&self) -> usize {
-        let (v, l, e, hd) = (self.vision_width, self.lm_width, self.expert_width, self.head_dim);
-        let vision = self.patch * self.patch * 3 * v + v + self.tokens_per_image() * v
-            + self.vision_layers * (4 * v * v + 4 * v + 2 * v * self.vision_mlp + self.vision_mlp + v + 4 * v)
-            + 2 * v
-            + v * l
-            + l;
-        let attn = |w: usize| w * self.heads * hd * 2 + 2 * w * hd;
-        let lm = self.vocab * l + self.lm_layers * (attn(l) + 3 * l * self.lm_mlp + 2 * l) + l;
-        let expert = self.expert_layers * (attn(e) + 3 * e * self.expert_mlp + 2 * (3 * e * e + 3 * e)) + 3 * e * e + 3 * e;
-        let heads = 2 * (self.action_dim * e) + e + self.action_dim + 2 * (e * e + e);
-        vision + lm + expert + heads
+        self.expected().tensors().map(|(_, shape)| shape.iter().product::<usize>()).sum()
     }
 
     /// Derives every size from the checkpoint's tensors; `json` is lerobot's `config.json` if any.
@@ -494,6 +485,7 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
             head_dim: vw / c.vision_heads,
             groups: cams,
             key_valid: None,
+            query_valid: None,
         });
         plan.push(Op::Gemm { a: vatt, w: o_w, bias: Some(o_b), out: vx, accumulate: true });
         plan.push(Op::LayerNorm { x: vx, out: vh, gamma: ln2.0, beta: ln2.1, eps: EPS });
@@ -557,6 +549,7 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
             head_dim: hd,
             groups: 1,
             key_valid: Some(valid),
+            query_valid: Some(valid),
         });
         plan.push(Op::Gemm { a: att, w: o_w, bias: None, out: x, accumulate: true });
         plan.push(Op::RmsNorm { x, out: h, eps: EPS });
@@ -630,6 +623,7 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
                 head_dim: hd,
                 groups: 1,
                 key_valid: Some(valid),
+                query_valid: None,
             });
             plan.push(Op::Gemm { a: eatt, w: o_w, bias: None, out: etmp, accumulate: false });
             plan.push(Op::GatedResidual { x: eh, y: etmp, modulation: attn_mod });
