@@ -133,9 +133,10 @@ impl Checkpoint {
         let map = unsafe { Mmap::map(&handle) }.map_err(|source| Error::Io { path: file.clone(), source })?;
         let (header_len, metadata) = SafeTensors::read_metadata(&map[..]).map_err(|e| {
             let why = match e {
-                SafeTensorError::MetadataIncompleteBuffer => {
-                    format!("file size {} does not match the tensor data its header describes (truncated?)", map.len())
-                }
+                SafeTensorError::MetadataIncompleteBuffer | SafeTensorError::TensorInvalidInfo => match diagnose_offsets(&map) {
+                    Some(tensors) => format!("tensor data does not fit the file ({} bytes; truncated?): {tensors}", map.len()),
+                    None => format!("file size {} does not match the tensor data its header describes (truncated?)", map.len()),
+                },
                 other => format!("not a readable safetensors file: {other}"),
             };
             Error::checkpoint(&file, why)
@@ -215,6 +216,32 @@ impl Checkpoint {
     pub fn data_bytes(&self) -> usize {
         self.tensors.values().map(|e| e.end - e.start).sum()
     }
+}
+
+/// Names the tensors whose byte ranges are inconsistent with their shape or run past the end of
+/// the file (the safetensors crate reports such errors without the tensor's name).
+fn diagnose_offsets(file: &[u8]) -> Option<String> {
+    let n = u64::from_le_bytes(file.get(..8)?.try_into().ok()?) as usize;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(file.get(8..8usize.checked_add(n)?)?).ok()?;
+    let data_len = file.len() - 8 - n;
+    let mut problems = Vec::new();
+    for (name, info) in header.iter().filter(|(k, _)| *k != "__metadata__") {
+        let offsets: Vec<u64> = info.get("data_offsets")?.as_array()?.iter().filter_map(|v| v.as_u64()).collect();
+        let numel: u64 = info.get("shape")?.as_array()?.iter().filter_map(|v| v.as_u64()).product();
+        let elem = match info.get("dtype")?.as_str()? {
+            "F64" | "I64" | "U64" => 8,
+            "F32" | "I32" | "U32" => 4,
+            "F16" | "BF16" | "I16" | "U16" => 2,
+            _ => 1,
+        };
+        let &[begin, end] = offsets.as_slice() else { continue };
+        if end > data_len as u64 {
+            problems.push(format!("{name}: data ends at byte {end} of a {data_len}-byte data section"));
+        } else if end.checked_sub(begin) != Some(numel * elem) {
+            problems.push(format!("{name}: byte range {begin}..{end} does not hold {numel} elements of {elem} bytes"));
+        }
+    }
+    (!problems.is_empty()).then(|| problems.join("; "))
 }
 
 fn shard_files(index: &Path) -> Result<Vec<PathBuf>> {

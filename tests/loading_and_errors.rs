@@ -1,0 +1,246 @@
+//! Checkpoint loading (f32/bf16/f16, `model.` prefix or not, sharded) and every refusal: missing
+//! path, not safetensors, truncated, offsets past the end, unsupported dtype, missing / extra /
+//! mis-shaped tensors. Bad observations are refused naming the field, and leave the policy usable.
+
+use std::path::Path;
+
+use flashrt::image::{Frame, PixelFormat};
+use flashrt::synth::{SynthSize, synthesize};
+use flashrt::{Error, Observation, Policy, PolicyConfig};
+use half::{bf16, f16};
+use safetensors::{Dtype, SafeTensors};
+
+fn tiny() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    synthesize(dir.path(), SynthSize::Tiny, 5, &|_| {}).unwrap();
+    dir
+}
+
+fn open(dir: &Path) -> flashrt::Result<Policy> {
+    Policy::open(&PolicyConfig::new(dir))
+}
+
+fn open_err(dir: &Path) -> String {
+    match open(dir) {
+        Ok(_) => panic!("{} opened but should not", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// All tensors of a safetensors file as (name, dtype, shape, bytes).
+fn read_all(path: &Path) -> Vec<(String, Dtype, Vec<usize>, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<_> = st.tensors().into_iter().map(|(n, t)| (n, t.dtype(), t.shape().to_vec(), t.data().to_vec())).collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn write_all(path: &Path, tensors: &[(String, Dtype, Vec<usize>, Vec<u8>)]) {
+    let views: Vec<(String, safetensors::tensor::TensorView)> =
+        tensors.iter().map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
+fn edit(dir: &Path, f: impl FnOnce(&mut Vec<(String, Dtype, Vec<usize>, Vec<u8>)>)) {
+    let path = dir.join("model.safetensors");
+    let mut tensors = read_all(&path);
+    f(&mut tensors);
+    write_all(&path, &tensors);
+}
+
+fn step_once(policy: &mut Policy) -> Vec<f32> {
+    let frame = vec![90u8; 224 * 224 * 3];
+    let cams = [Some(Frame::packed(&frame, 224, 224, PixelFormat::Rgb8)), None, None];
+    let state = vec![0.1; policy.info().state_dim];
+    let noise: Vec<f32> = (0..policy.noise_len()).map(|i| (i % 7) as f32 / 3.0 - 1.0).collect();
+    let mut actions = vec![0.0; policy.actions_len()];
+    policy.step(&Observation { cameras: &cams, state: &state, noise: Some(&noise) }, &mut actions).unwrap();
+    actions
+}
+
+#[test]
+fn half_precision_checkpoints_load_and_agree() {
+    let dir = tiny();
+    let mut reference = open(dir.path()).unwrap();
+    reference.set_prompt("fold the towel").unwrap();
+    let want = step_once(&mut reference);
+    for (dtype, convert) in [(Dtype::BF16, (|v: f32| bf16::from_f32(v).to_le_bytes()) as fn(f32) -> [u8; 2]), (Dtype::F16, |v: f32| f16::from_f32(v).to_le_bytes())] {
+        let half = tiny();
+        edit(half.path(), |ts| {
+            for t in ts.iter_mut() {
+                t.3 = t.3.chunks_exact(4).flat_map(|b| convert(f32::from_le_bytes(b.try_into().unwrap()))).collect();
+                t.1 = dtype;
+            }
+        });
+        let mut policy = open(half.path()).unwrap();
+        policy.set_prompt("fold the towel").unwrap();
+        let got = step_once(&mut policy);
+        let cos = got.iter().zip(&want).map(|(a, b)| a * b).sum::<f32>() / (got.iter().map(|a| a * a).sum::<f32>().sqrt() * want.iter().map(|b| b * b).sum::<f32>().sqrt());
+        assert!(cos > 0.999, "{dtype:?} checkpoint diverges: cosine {cos}");
+    }
+}
+
+#[test]
+fn prefixed_and_sharded_checkpoints_give_identical_actions() {
+    let dir = tiny();
+    let mut base = open(dir.path()).unwrap();
+    base.set_prompt("wipe the table").unwrap();
+    let want = step_once(&mut base);
+
+    // lerobot fine-tunes prefix every key with `model.`.
+    let prefixed = tiny();
+    edit(prefixed.path(), |ts| ts.iter_mut().for_each(|t| t.0 = format!("model.{}", t.0)));
+    let mut p = open(prefixed.path()).unwrap();
+    p.set_prompt("wipe the table").unwrap();
+    assert_eq!(step_once(&mut p), want);
+
+    // Sharded: two files and an index, as transformers writes them.
+    let sharded = tiny();
+    let tensors = read_all(&sharded.path().join("model.safetensors"));
+    std::fs::remove_file(sharded.path().join("model.safetensors")).unwrap();
+    let (a, b) = tensors.split_at(tensors.len() / 2);
+    write_all(&sharded.path().join("model-00001-of-00002.safetensors"), a);
+    write_all(&sharded.path().join("model-00002-of-00002.safetensors"), b);
+    let map: serde_json::Map<String, serde_json::Value> = a
+        .iter()
+        .map(|t| (t.0.clone(), "model-00001-of-00002.safetensors".into()))
+        .chain(b.iter().map(|t| (t.0.clone(), "model-00002-of-00002.safetensors".into())))
+        .collect();
+    std::fs::write(sharded.path().join("model.safetensors.index.json"), serde_json::json!({"metadata": {}, "weight_map": map}).to_string()).unwrap();
+    let mut s = open(sharded.path()).unwrap();
+    s.set_prompt("wipe the table").unwrap();
+    assert_eq!(step_once(&mut s), want);
+}
+
+#[test]
+fn missing_path_and_garbage_files_are_refused() {
+    let e = open_err(Path::new("/nonexistent/flashrt/checkpoint"));
+    assert!(e.contains("/nonexistent/flashrt/checkpoint"), "{e}");
+
+    let dir = tiny();
+    let model = dir.path().join("model.safetensors");
+    std::fs::write(&model, b"this is not a safetensors file at all").unwrap();
+    let e = open_err(dir.path());
+    assert!(e.contains("model.safetensors") && e.contains("not a readable safetensors file"), "{e}");
+
+    let empty = tempfile::tempdir().unwrap();
+    let e = open_err(empty.path());
+    assert!(e.contains("neither model.safetensors"), "{e}");
+}
+
+#[test]
+fn truncated_file_is_refused() {
+    let dir = tiny();
+    let model = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&model).unwrap();
+    std::fs::write(&model, &bytes[..bytes.len() - 1000]).unwrap();
+    let e = open_err(dir.path());
+    assert!(e.contains("model.safetensors") && e.contains("truncated"), "{e}");
+}
+
+#[test]
+fn header_offsets_past_the_end_are_refused() {
+    let dir = tiny();
+    let model = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&model).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    // Point the last tensor's end past the data.
+    let (name, last_end) = header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter_map(|(k, v)| v.get("data_offsets").map(|o| (k.clone(), o[1].as_u64().unwrap())))
+        .max_by_key(|(_, end)| *end)
+        .unwrap();
+    header[&name]["data_offsets"][1] = (last_end + 4096).into();
+    let mut text = serde_json::to_vec(&header).unwrap();
+    text.resize(text.len().next_multiple_of(8), b' ');
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&text);
+    out.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(&model, out).unwrap();
+    let e = open_err(dir.path());
+    assert!(e.contains("model.safetensors") && e.contains(&name), "error should name {name}: {e}");
+}
+
+#[test]
+fn unsupported_dtype_is_refused_naming_the_tensor() {
+    let dir = tiny();
+    edit(dir.path(), |ts| {
+        let t = ts.iter_mut().find(|t| t.0 == "action_in_proj.bias").unwrap();
+        t.1 = Dtype::I32;
+    });
+    let e = open_err(dir.path());
+    assert!(e.contains("action_in_proj.bias") && e.contains("unsupported dtype"), "{e}");
+}
+
+#[test]
+fn missing_extra_and_misshaped_tensors_are_all_listed() {
+    let dir = tiny();
+    edit(dir.path(), |ts| {
+        ts.retain(|t| t.0 != "time_mlp_in.bias" && t.0 != "action_out_proj.bias");
+        let t = ts.iter_mut().find(|t| t.0 == "time_mlp_out.bias").unwrap();
+        t.2 = vec![16, 2];
+        ts.push(("some.unknown.tensor".into(), Dtype::F32, vec![2], vec![0; 8]));
+    });
+    let e = open_err(dir.path());
+    for needle in ["missing tensor time_mlp_in.bias", "missing tensor action_out_proj.bias", "tensor time_mlp_out.bias: expected shape [32], found [16, 2]", "unexpected tensor some.unknown.tensor", "4 problem(s)"] {
+        assert!(e.contains(needle), "error lacks {needle:?}: {e}");
+    }
+}
+
+#[test]
+fn bad_observations_name_the_field_and_leave_the_policy_usable() {
+    let dir = tiny();
+    let mut policy = open(dir.path()).unwrap();
+    let mut actions = vec![0.0; policy.actions_len()];
+    let frame = vec![10u8; 224 * 224 * 3];
+    let good_cams = [Some(Frame::packed(&frame, 224, 224, PixelFormat::Rgb8)), None, None];
+    let state = vec![0.0; policy.info().state_dim];
+
+    // No prompt yet.
+    let e = policy.step(&Observation { cameras: &good_cams, state: &state, noise: None }, &mut actions).unwrap_err();
+    assert!(e.to_string().contains("prompt"), "{e}");
+    policy.set_prompt("pick").unwrap();
+    let reference = step_once(&mut policy);
+
+    let nan_state = {
+        let mut s = state.clone();
+        s[3] = f32::NAN;
+        s
+    };
+    let short = vec![0u8; 100];
+    let huge = vec![0u8; 4000 * 10 * 3];
+    let two_cams = [Some(Frame::packed(&frame, 224, 224, PixelFormat::Rgb8)), None];
+    let small_cam = [Some(Frame::packed(&short, 224, 224, PixelFormat::Rgb8)), None, None];
+    let huge_cam = [None, Some(Frame::packed(&huge, 4000, 10, PixelFormat::Rgb8)), None];
+    let bad_stride = [Some(Frame { data: &frame, width: 224, height: 224, stride: 100, format: PixelFormat::Rgb8 }), None, None];
+    let no_cams = [None, None, None];
+    let bad_noise = vec![0.0; 3];
+    let cases: Vec<(&str, Observation, usize)> = vec![
+        ("observation.state[3]", Observation { cameras: &good_cams, state: &nan_state, noise: None }, actions.len()),
+        ("observation.state", Observation { cameras: &good_cams, state: &state[1..], noise: None }, actions.len()),
+        ("observation.cameras", Observation { cameras: &two_cams, state: &state, noise: None }, actions.len()),
+        ("observation.cameras", Observation { cameras: &no_cams, state: &state, noise: None }, actions.len()),
+        ("observation.cameras[0]", Observation { cameras: &small_cam, state: &state, noise: None }, actions.len()),
+        ("observation.cameras[1]", Observation { cameras: &huge_cam, state: &state, noise: None }, actions.len()),
+        ("observation.cameras[0]", Observation { cameras: &bad_stride, state: &state, noise: None }, actions.len()),
+        ("observation.noise", Observation { cameras: &good_cams, state: &state, noise: Some(&bad_noise) }, actions.len()),
+        ("actions", Observation { cameras: &good_cams, state: &state, noise: None }, actions.len() - 1),
+    ];
+    for (field, obs, len) in cases {
+        let mut out = vec![f32::NAN; len];
+        match policy.step(&obs, &mut out) {
+            Err(Error::InvalidArgument { field: f, message }) => assert_eq!(f, field, "{message}"),
+            other => panic!("expected an invalid {field}, got {other:?}"),
+        }
+        assert!(out.iter().all(|v| v.is_nan()), "a failed step must not write actions");
+    }
+    // Still usable, and unaffected by the failures.
+    assert_eq!(step_once(&mut policy), reference);
+
+    let e = policy.set_prompt_tokens(&[2, 5000]).unwrap_err().to_string();
+    assert!(e.contains("prompt_tokens[1]"), "{e}");
+}

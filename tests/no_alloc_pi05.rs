@@ -1,0 +1,102 @@
+//! The hot-path contract: after the first (warm-up) step, `Policy::step` performs no heap
+//! allocation — over 100+ steps with changing frames (sizes, pixel formats, missing cameras),
+//! states, noise and prompt lengths. A counting global allocator sees every allocation of the
+//! process while armed.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use flashrt::image::{Frame, PixelFormat};
+use flashrt::synth::{SynthSize, synthesize};
+use flashrt::{Observation, Policy, PolicyConfig};
+
+struct Counting;
+
+static ARMED: AtomicBool = AtomicBool::new(false);
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if ARMED.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if ARMED.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Runs `f` with the counter armed; returns how many allocations it made.
+fn count<R>(f: impl FnOnce() -> R) -> (R, usize) {
+    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    ARMED.store(true, Ordering::SeqCst);
+    let r = f();
+    ARMED.store(false, Ordering::SeqCst);
+    (r, ALLOCATIONS.load(Ordering::SeqCst) - before)
+}
+
+#[test]
+fn step_does_not_allocate_after_warm_up() {
+    let dir = tempfile::tempdir().unwrap();
+    synthesize(dir.path(), SynthSize::Tiny, 11, &|_| {}).unwrap();
+    let mut config = PolicyConfig::new(dir.path());
+    config.max_frame_width = 640;
+    config.max_frame_height = 480;
+    let mut policy = Policy::open(&config).unwrap();
+    let info = policy.info();
+    let mut actions = vec![0.0; policy.actions_len()];
+
+    // Inputs prepared up front (the test's own buffers must not be counted).
+    let sizes = [(224, 224, PixelFormat::Rgb8), (640, 480, PixelFormat::Bgr8), (300, 200, PixelFormat::Rgba8), (96, 128, PixelFormat::Rgb8)];
+    let frames: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, (w, h, f))| (0..w * h * f.bytes_per_pixel()).map(|p| (p * 31 + i * 7) as u8).collect()).collect();
+    let states: Vec<Vec<f32>> = (0..7).map(|i| (0..info.state_dim).map(|d| ((i * 13 + d * 5) % 17) as f32 / 4.0 - 2.0).collect()).collect();
+    let noises: Vec<Vec<f32>> = (0..3).map(|i| (0..policy.noise_len()).map(|j| ((i + j * 7) % 11) as f32 / 5.0 - 1.0).collect()).collect();
+    let tasks = ["pick up the cup", "stack the red block on the blue block and then push the tower to the left edge", "open drawer"];
+
+    policy.set_prompt(tasks[0]).unwrap();
+    let frame = |i: usize| {
+        let (w, h, f) = sizes[i % sizes.len()];
+        Frame::packed(&frames[i % sizes.len()], w, h, f)
+    };
+    let cameras_for = |i: usize| -> [Option<Frame>; 3] { [Some(frame(i)), (i % 3 != 0).then(|| frame(i + 1)), (i % 5 == 0).then(|| frame(i + 2))] };
+
+    // Warm-up step (may allocate, e.g. lazily initialised thread-locals).
+    let cams = cameras_for(0);
+    policy.step(&Observation { cameras: &cams, state: &states[0], noise: None }, &mut actions).unwrap();
+
+    let mut total = 0;
+    let mut prompt_lengths = std::collections::BTreeSet::new();
+    for i in 1..=120 {
+        if i % 40 == 0 {
+            policy.set_prompt(tasks[(i / 40) % tasks.len()]).unwrap(); // not the hot path
+        }
+        let cams = cameras_for(i);
+        let noise = (i % 2 == 0).then(|| noises[i % noises.len()].as_slice());
+        let obs = Observation { cameras: &cams, state: &states[i % states.len()], noise };
+        let (result, n) = count(|| policy.step(&obs, &mut actions));
+        let info = result.unwrap();
+        prompt_lengths.insert(info.prompt_tokens);
+        total += n;
+        assert!(actions.iter().all(|a| a.is_finite()));
+    }
+    assert_eq!(total, 0, "step allocated {total} times over 120 steps");
+    assert!(prompt_lengths.len() >= 3, "prompt lengths should vary, saw {prompt_lengths:?}");
+
+    // The counter works: an allocation while armed is seen.
+    let (_, n) = count(|| std::hint::black_box(vec![1u8; 64]));
+    assert_eq!(n, 1);
+}
