@@ -1,0 +1,555 @@
+//! Node configuration: a TOML file (see `ros2_bridge/examples/flashrt_ros2.toml`) with command-line
+//! flags layered on top. Every field has a default except the checkpoint and the camera topics;
+//! [`Config::check`] rejects inconsistent settings before any DDS entity exists.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: {message}")]
+    File { path: PathBuf, message: String },
+    #[error("invalid {field}: {message}")]
+    Invalid { field: &'static str, message: String },
+}
+
+fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { field, message: message.into() }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub node: NodeConfig,
+    pub policy: PolicySection,
+    /// One entry per policy camera, in the policy's camera order (`flashrt inspect` lists it).
+    pub cameras: Vec<CameraConfig>,
+    pub joint_states: JointStatesConfig,
+    pub prompt: PromptConfig,
+    pub output: OutputConfig,
+    pub timing: TimingConfig,
+    pub inputs: InputChecks,
+    pub qos: QosConfig,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeConfig {
+    pub name: String,
+    /// Namespace for relative topic names (`/` or `/robot1`).
+    pub namespace: String,
+    /// DDS domain; default `$ROS_DOMAIN_ID`, else 0.
+    pub domain_id: Option<u16>,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig { name: "flashrt".into(), namespace: "/".into(), domain_id: None }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicySection {
+    /// Checkpoint directory (lerobot layout) or `.safetensors` file.
+    pub checkpoint: PathBuf,
+    /// `tokenizer.json`; default: the one beside the checkpoint.
+    pub tokenizer: Option<PathBuf>,
+    /// `auto`, `cpu` or `cuda`.
+    pub backend: String,
+    pub device: usize,
+    pub seed: u64,
+    pub denoise_steps: Option<usize>,
+    /// Largest accepted frame; the node's frame buffers are sized for it at start.
+    pub max_frame_width: u32,
+    pub max_frame_height: u32,
+    /// Task text used until one arrives on the prompt topic.
+    pub prompt: Option<String>,
+}
+
+impl Default for PolicySection {
+    fn default() -> Self {
+        PolicySection {
+            checkpoint: PathBuf::new(),
+            tokenizer: None,
+            backend: "auto".into(),
+            device: 0,
+            seed: 0,
+            denoise_steps: None,
+            max_frame_width: 640,
+            max_frame_height: 480,
+            prompt: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CameraConfig {
+    pub topic: String,
+    /// When set, frames of any other size are rejected.
+    pub width: Option<u32>,
+    pub height: Option<u32>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JointStatesConfig {
+    pub topic: String,
+    /// Joint names in the policy's state order. When set, state values are picked from
+    /// `JointState` by name (any order, extra joints ignored) and a missing name rejects the
+    /// message; when empty, `position` is taken in order and must have the policy's state width.
+    pub names: Vec<String>,
+}
+
+impl Default for JointStatesConfig {
+    fn default() -> Self {
+        JointStatesConfig { topic: "joint_states".into(), names: Vec::new() }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PromptConfig {
+    pub topic: String,
+}
+
+impl Default for PromptConfig {
+    fn default() -> Self {
+        PromptConfig { topic: "prompt".into() }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutputConfig {
+    pub trajectory_topic: String,
+    pub action_chunk_topic: String,
+    pub health_topic: String,
+    /// `JointTrajectory.joint_names`, one per action column; default `joint_0`, `joint_1`, ...
+    pub joint_names: Vec<String>,
+    /// `header.frame_id` of the trajectory.
+    pub frame_id: String,
+}
+
+impl Default for OutputConfig {
+    fn default() -> Self {
+        OutputConfig {
+            trajectory_topic: "joint_trajectory".into(),
+            action_chunk_topic: "action_chunk".into(),
+            health_topic: "~/health".into(),
+            joint_names: Vec::new(),
+            frame_id: String::new(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimingConfig {
+    /// Rate at which the robot executes actions: trajectory points are `1 / control_rate_hz` apart.
+    pub control_rate_hz: f64,
+    /// Time between inferences (each publishes a fresh chunk).
+    pub replan_period_s: f64,
+}
+
+impl Default for TimingConfig {
+    fn default() -> Self {
+        TimingConfig { control_rate_hz: 50.0, replan_period_s: 0.5 }
+    }
+}
+
+/// What a tick does when a camera has no usable frame (never published, too old, or its latest
+/// frame was rejected).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum MissingCamera {
+    /// Skip the tick: no action chunk is published.
+    #[default]
+    Skip,
+    /// Run with that camera masked (the policy sees it as absent, as lerobot does).
+    Mask,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InputChecks {
+    /// Frames received longer ago than this are not used.
+    pub max_frame_age_s: f64,
+    /// A joint state received longer ago than this skips the tick.
+    pub max_state_age_s: f64,
+    pub missing_camera: MissingCamera,
+    /// Each kind of warning is logged at most once per interval (with a count of the suppressed).
+    pub warn_interval_s: f64,
+}
+
+impl Default for InputChecks {
+    fn default() -> Self {
+        InputChecks { max_frame_age_s: 0.5, max_state_age_s: 0.5, missing_camera: MissingCamera::Skip, warn_interval_s: 5.0 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Reliability {
+    BestEffort,
+    Reliable,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    Volatile,
+    TransientLocal,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Qos {
+    pub reliability: Reliability,
+    pub durability: Durability,
+    /// Keep-last depth.
+    pub depth: usize,
+}
+
+impl Qos {
+    /// ROS 2's `SensorDataQoS`: best effort, volatile, keep last (depth 1 here: only the latest
+    /// frame matters). A best-effort reader also matches reliable writers.
+    pub const SENSOR_DATA: Qos = Qos { reliability: Reliability::BestEffort, durability: Durability::Volatile, depth: 1 };
+    /// ROS 2's default QoS: reliable, volatile, keep last 10.
+    pub const RELIABLE: Qos = Qos { reliability: Reliability::Reliable, durability: Durability::Volatile, depth: 10 };
+
+    pub fn profile(self) -> ros2_client::QosProfile {
+        use ros2_client::qos::{Durability as D, History, WhenFull};
+        let p = ros2_client::QosProfile::subscription_default().history(History::KeepLast { depth: self.depth.max(1) });
+        let p = match self.reliability {
+            Reliability::BestEffort => p.reliability_best_effort(),
+            // A full send window drops the sample rather than stall the publisher thread: the next
+            // chunk supersedes it anyway.
+            Reliability::Reliable => p.reliability_reliable(WhenFull::Fail),
+        };
+        p.durability(match self.durability {
+            Durability::Volatile => D::Volatile,
+            Durability::TransientLocal => D::TransientLocal,
+        })
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QosConfig {
+    pub images: Qos,
+    pub joint_states: Qos,
+    pub prompt: Qos,
+    pub outputs: Qos,
+}
+
+impl Default for QosConfig {
+    fn default() -> Self {
+        QosConfig { images: Qos::SENSOR_DATA, joint_states: Qos::SENSOR_DATA, prompt: Qos::RELIABLE, outputs: Qos::RELIABLE }
+    }
+}
+
+/// Command line. Flags override the file.
+#[derive(Debug, Default, Parser)]
+#[command(name = "flashrt-ros2", version, about = "FlashRT policy as a ROS 2 node: cameras + joint states in, action trajectories out")]
+pub struct Cli {
+    /// TOML configuration file.
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// Checkpoint directory or .safetensors file.
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// auto, cpu or cuda.
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// Camera image topics in the policy's camera order (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub camera_topics: Option<Vec<String>>,
+    #[arg(long)]
+    pub joint_states_topic: Option<String>,
+    #[arg(long)]
+    pub prompt_topic: Option<String>,
+    /// Initial task text.
+    #[arg(long)]
+    pub prompt: Option<String>,
+    #[arg(long)]
+    pub trajectory_topic: Option<String>,
+    #[arg(long)]
+    pub action_chunk_topic: Option<String>,
+    #[arg(long)]
+    pub health_topic: Option<String>,
+    /// Published joint names, one per action column (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub joint_names: Option<Vec<String>>,
+    #[arg(long)]
+    pub control_rate: Option<f64>,
+    /// Seconds between inferences.
+    #[arg(long)]
+    pub replan_period: Option<f64>,
+    #[arg(long)]
+    pub missing_camera: Option<MissingCamera>,
+    /// Reliability of the image subscriptions.
+    #[arg(long)]
+    pub image_qos: Option<Reliability>,
+    #[arg(long)]
+    pub domain_id: Option<u16>,
+    #[arg(long)]
+    pub namespace: Option<String>,
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// Stop after this many seconds (0: run until SIGINT/SIGTERM).
+    #[arg(long, default_value_t = 0.0)]
+    pub run_for: f64,
+    /// Print the effective configuration and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+impl Config {
+    pub fn from_toml(text: &str, path: &std::path::Path) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::File { path: path.into(), message: e.to_string() })
+    }
+
+    /// The file named by `--config` (if any) with the flags applied.
+    pub fn load(cli: &Cli) -> Result<Config, ConfigError> {
+        let mut config = match &cli.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File { path: path.clone(), message: e.to_string() })?;
+                Config::from_toml(&text, path)?
+            }
+            None => Config::default(),
+        };
+        config.apply(cli);
+        Ok(config)
+    }
+
+    fn apply(&mut self, cli: &Cli) {
+        fn set<T: Clone>(field: &mut T, value: &Option<T>) {
+            if let Some(v) = value {
+                *field = v.clone();
+            }
+        }
+        set(&mut self.policy.checkpoint, &cli.checkpoint);
+        if cli.tokenizer.is_some() {
+            self.policy.tokenizer = cli.tokenizer.clone();
+        }
+        set(&mut self.policy.backend, &cli.backend);
+        if cli.prompt.is_some() {
+            self.policy.prompt = cli.prompt.clone();
+        }
+        if let Some(topics) = &cli.camera_topics {
+            // Keep per-camera size checks from the file when only the topics are remapped.
+            self.cameras.resize_with(topics.len(), CameraConfig::default);
+            for (camera, topic) in self.cameras.iter_mut().zip(topics) {
+                camera.topic = topic.clone();
+            }
+        }
+        set(&mut self.joint_states.topic, &cli.joint_states_topic);
+        set(&mut self.prompt.topic, &cli.prompt_topic);
+        set(&mut self.output.trajectory_topic, &cli.trajectory_topic);
+        set(&mut self.output.action_chunk_topic, &cli.action_chunk_topic);
+        set(&mut self.output.health_topic, &cli.health_topic);
+        set(&mut self.output.joint_names, &cli.joint_names);
+        set(&mut self.timing.control_rate_hz, &cli.control_rate);
+        set(&mut self.timing.replan_period_s, &cli.replan_period);
+        set(&mut self.inputs.missing_camera, &cli.missing_camera);
+        if let Some(r) = cli.image_qos {
+            self.qos.images.reliability = r;
+        }
+        if cli.domain_id.is_some() {
+            self.node.domain_id = cli.domain_id;
+        }
+        set(&mut self.node.namespace, &cli.namespace);
+        set(&mut self.node.name, &cli.node_name);
+    }
+
+    /// The DDS domain: configured, else `$ROS_DOMAIN_ID` (as every ROS 2 node reads it), else 0.
+    pub fn domain_id(&self) -> Result<u16, ConfigError> {
+        if let Some(d) = self.node.domain_id {
+            return Ok(d);
+        }
+        match std::env::var("ROS_DOMAIN_ID") {
+            Ok(v) if !v.trim().is_empty() => v.trim().parse().map_err(|_| invalid("ROS_DOMAIN_ID", format!("{v:?} is not a domain id"))),
+            _ => Ok(0),
+        }
+    }
+
+    /// Checks that need no policy: timing, sizes, names.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if self.policy.checkpoint.as_os_str().is_empty() {
+            return Err(invalid("policy.checkpoint", "not set (config file or --checkpoint)"));
+        }
+        let positive =
+            |field, v: f64| if v.is_finite() && v > 0.0 { Ok(()) } else { Err(invalid(field, format!("{v} must be a positive number"))) };
+        positive("timing.control_rate_hz", self.timing.control_rate_hz)?;
+        positive("timing.replan_period_s", self.timing.replan_period_s)?;
+        positive("inputs.max_frame_age_s", self.inputs.max_frame_age_s)?;
+        positive("inputs.max_state_age_s", self.inputs.max_state_age_s)?;
+        positive("inputs.warn_interval_s", self.inputs.warn_interval_s)?;
+        if self.policy.max_frame_width == 0 || self.policy.max_frame_height == 0 {
+            return Err(invalid("policy.max_frame_width/height", "must be positive"));
+        }
+        if self.cameras.is_empty() {
+            return Err(invalid("cameras", "no camera topics configured ([[cameras]] in the file or --camera-topics)"));
+        }
+        for c in &self.cameras {
+            if c.topic.is_empty() {
+                return Err(invalid("cameras.topic", "empty topic name"));
+            }
+            if c.width.is_some() != c.height.is_some() {
+                return Err(invalid("cameras.width/height", format!("{}: give both or neither", c.topic)));
+            }
+            if c.width.is_some_and(|w| w > self.policy.max_frame_width) || c.height.is_some_and(|h| h > self.policy.max_frame_height) {
+                return Err(invalid("cameras.width/height", format!("{}: larger than policy.max_frame_width/height", c.topic)));
+            }
+        }
+        let mut names = self.joint_states.names.clone();
+        names.sort();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            return Err(invalid("joint_states.names", "a name appears twice"));
+        }
+        Ok(())
+    }
+
+    /// Checks against the opened policy: camera count, state and action widths.
+    pub fn check_policy(&self, info: &flashrt::PolicyInfo) -> Result<(), ConfigError> {
+        if self.cameras.len() != info.cameras.len() {
+            return Err(invalid(
+                "cameras",
+                format!(
+                    "{} topics configured, the policy has {} cameras in this order: {}",
+                    self.cameras.len(),
+                    info.cameras.len(),
+                    info.cameras.join(", ")
+                ),
+            ));
+        }
+        if self.cameras.len() > crate::inputs::MAX_CAMERAS {
+            return Err(invalid("cameras", format!("at most {} cameras are supported", crate::inputs::MAX_CAMERAS)));
+        }
+        if !self.joint_states.names.is_empty() && self.joint_states.names.len() != info.state_dim {
+            return Err(invalid(
+                "joint_states.names",
+                format!("{} names for a policy state of {} values", self.joint_states.names.len(), info.state_dim),
+            ));
+        }
+        if !self.output.joint_names.is_empty() && self.output.joint_names.len() != info.action_dim {
+            return Err(invalid(
+                "output.joint_names",
+                format!("{} names for {} action columns", self.output.joint_names.len(), info.action_dim),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Published joint names: configured, else `joint_0 .. joint_{n-1}`.
+    pub fn joint_names(&self, action_dim: usize) -> Vec<String> {
+        if self.output.joint_names.is_empty() {
+            (0..action_dim).map(|i| format!("joint_{i}")).collect()
+        } else {
+            self.output.joint_names.clone()
+        }
+    }
+
+    pub fn control_period(&self) -> Duration {
+        Duration::from_secs_f64(1.0 / self.timing.control_rate_hz)
+    }
+
+    pub fn replan_period(&self) -> Duration {
+        Duration::from_secs_f64(self.timing.replan_period_s)
+    }
+
+    pub fn backend(&self) -> Result<flashrt::BackendKind, ConfigError> {
+        match self.policy.backend.as_str() {
+            "auto" => Ok(flashrt::BackendKind::Auto),
+            "cpu" => Ok(flashrt::BackendKind::Cpu),
+            "cuda" => Ok(flashrt::BackendKind::Cuda),
+            other => Err(invalid("policy.backend", format!("{other:?}: expected auto, cpu or cuda"))),
+        }
+    }
+
+    pub fn policy_config(&self) -> Result<flashrt::PolicyConfig, ConfigError> {
+        let mut c = flashrt::PolicyConfig::new(&self.policy.checkpoint);
+        c.backend = self.backend()?;
+        c.device = self.policy.device;
+        c.seed = self.policy.seed;
+        c.tokenizer = self.policy.tokenizer.clone();
+        c.denoise_steps = self.policy.denoise_steps;
+        c.max_frame_width = self.policy.max_frame_width as usize;
+        c.max_frame_height = self.policy.max_frame_height as usize;
+        c.deadline = Some(self.replan_period());
+        Ok(c)
+    }
+}
+
+/// Resolves a topic name the way rcl does for the forms used here: absolute (`/a/b`) as given,
+/// private (`~/x`) under the node's name, relative (`a/b`) under the namespace.
+pub fn resolve_topic(namespace: &str, node: &str, topic: &str) -> String {
+    let ns = namespace.trim_end_matches('/');
+    if topic.starts_with('/') {
+        topic.to_string()
+    } else if let Some(private) = topic.strip_prefix("~/") {
+        format!("{ns}/{node}/{private}")
+    } else {
+        format!("{ns}/{topic}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_resolution() {
+        assert_eq!(resolve_topic("/", "flashrt", "joint_states"), "/joint_states");
+        assert_eq!(resolve_topic("/robot1", "flashrt", "joint_states"), "/robot1/joint_states");
+        assert_eq!(resolve_topic("/robot1", "flashrt", "/joint_states"), "/joint_states");
+        assert_eq!(resolve_topic("/robot1", "flashrt", "~/health"), "/robot1/flashrt/health");
+        assert_eq!(resolve_topic("/", "flashrt", "~/health"), "/flashrt/health");
+    }
+
+    #[test]
+    fn example_config_parses_and_flags_override() {
+        let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/flashrt_ros2.toml"));
+        let mut config = Config::from_toml(&std::fs::read_to_string(path).unwrap(), path).unwrap();
+        config.check().unwrap();
+        assert_eq!(config.cameras.len(), 3);
+        let cli = Cli::parse_from([
+            "flashrt-ros2",
+            "--camera-topics",
+            "/a/image,/b/image,/c/image",
+            "--domain-id",
+            "7",
+            "--missing-camera",
+            "mask",
+            "--image-qos",
+            "reliable",
+        ]);
+        config.apply(&cli);
+        assert_eq!(config.cameras.iter().map(|c| c.topic.as_str()).collect::<Vec<_>>(), ["/a/image", "/b/image", "/c/image"]);
+        assert_eq!(config.domain_id().unwrap(), 7);
+        assert_eq!(config.inputs.missing_camera, MissingCamera::Mask);
+        assert_eq!(config.qos.images.reliability, Reliability::Reliable);
+        config.check().unwrap();
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        let path = std::path::Path::new("x.toml");
+        let e = Config::from_toml("[timing]\ncontrol_rate = 5\n", path).unwrap_err().to_string();
+        assert!(e.contains("control_rate"), "{e}");
+        let mut c = Config::from_toml("[policy]\ncheckpoint = \"x\"\n[[cameras]]\ntopic = \"a\"\n", path).unwrap();
+        c.check().unwrap();
+        c.timing.replan_period_s = 0.0;
+        assert!(c.check().unwrap_err().to_string().contains("timing.replan_period_s"));
+        c.timing.replan_period_s = 0.1;
+        c.cameras[0].width = Some(10);
+        assert!(c.check().unwrap_err().to_string().contains("both or neither"));
+    }
+}

@@ -1,0 +1,193 @@
+//! ROS 2 messages as serde structs, laid out field for field like the `.msg` files so that the CDR
+//! (XCDR1, little endian) encoding that RustDDS writes is the one `rmw_fastrtps` / `rmw_cyclonedds`
+//! write for Humble and Jazzy. Field order is the wire format: never reorder fields here.
+//!
+//! Each type carries its ROS 2 package and name ([`RosMessage`]); the DDS type name on the wire is
+//! `<package>::msg::dds_::<Name>_` (ros2-client derives it from these).
+//!
+//! Sources (identical in Humble and Jazzy): `builtin_interfaces/msg/{Time,Duration}.msg`,
+//! `std_msgs/msg/{Header,String,MultiArrayDimension,MultiArrayLayout,Float32MultiArray}.msg`,
+//! `sensor_msgs/msg/{Image,JointState}.msg`, `trajectory_msgs/msg/{JointTrajectory,
+//! JointTrajectoryPoint}.msg`.
+
+use ros2_client::MessageTypeName;
+use serde::{Deserialize, Serialize};
+
+/// A message type with its ROS 2 name.
+pub trait RosMessage {
+    const PACKAGE: &'static str;
+    const NAME: &'static str;
+
+    fn type_name() -> MessageTypeName {
+        MessageTypeName::new(Self::PACKAGE, Self::NAME)
+    }
+}
+
+macro_rules! ros_message {
+    ($ty:ident, $package:literal, $name:literal) => {
+        impl RosMessage for $ty {
+            const PACKAGE: &'static str = $package;
+            const NAME: &'static str = $name;
+        }
+    };
+}
+
+/// `builtin_interfaces/Time`: seconds and nanoseconds since the epoch of the node's clock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Time {
+    pub sec: i32,
+    pub nanosec: u32,
+}
+ros_message!(Time, "builtin_interfaces", "Time");
+
+impl Time {
+    /// Wall-clock time (ROS time without simulation). A clock before 1970 reads as zero.
+    pub fn now() -> Time {
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        Time::from_nanos(since.as_nanos() as i64)
+    }
+
+    pub fn from_nanos(nanos: i64) -> Time {
+        Time { sec: nanos.div_euclid(1_000_000_000) as i32, nanosec: nanos.rem_euclid(1_000_000_000) as u32 }
+    }
+
+    pub fn to_nanos(self) -> i64 {
+        self.sec as i64 * 1_000_000_000 + self.nanosec as i64
+    }
+}
+
+/// `builtin_interfaces/Duration`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Duration {
+    pub sec: i32,
+    pub nanosec: u32,
+}
+ros_message!(Duration, "builtin_interfaces", "Duration");
+
+impl From<std::time::Duration> for Duration {
+    fn from(d: std::time::Duration) -> Duration {
+        Duration { sec: d.as_secs().min(i32::MAX as u64) as i32, nanosec: d.subsec_nanos() }
+    }
+}
+
+/// `std_msgs/Header`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Header {
+    pub stamp: Time,
+    pub frame_id: String,
+}
+ros_message!(Header, "std_msgs", "Header");
+
+/// `std_msgs/String`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StringMsg {
+    pub data: String,
+}
+ros_message!(StringMsg, "std_msgs", "String");
+
+/// `sensor_msgs/Image`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Image {
+    pub header: Header,
+    pub height: u32,
+    pub width: u32,
+    /// Pixel encoding (`sensor_msgs/image_encodings.hpp` names: `rgb8`, `bgr8`, `rgba8`, ...).
+    pub encoding: String,
+    pub is_bigendian: u8,
+    /// Row length in bytes.
+    pub step: u32,
+    /// `uint8[]`: encoded as a byte string (same wire bytes as a sequence of octets) so that a
+    /// camera frame is copied in one piece rather than visited byte by byte.
+    #[serde(with = "octets")]
+    pub data: Vec<u8>,
+}
+ros_message!(Image, "sensor_msgs", "Image");
+
+/// `sensor_msgs/JointState`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JointState {
+    pub header: Header,
+    pub name: Vec<String>,
+    pub position: Vec<f64>,
+    pub velocity: Vec<f64>,
+    pub effort: Vec<f64>,
+}
+ros_message!(JointState, "sensor_msgs", "JointState");
+
+/// `std_msgs/MultiArrayDimension`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MultiArrayDimension {
+    pub label: String,
+    pub size: u32,
+    pub stride: u32,
+}
+ros_message!(MultiArrayDimension, "std_msgs", "MultiArrayDimension");
+
+/// `std_msgs/MultiArrayLayout`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MultiArrayLayout {
+    pub dim: Vec<MultiArrayDimension>,
+    pub data_offset: u32,
+}
+ros_message!(MultiArrayLayout, "std_msgs", "MultiArrayLayout");
+
+/// `std_msgs/Float32MultiArray`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Float32MultiArray {
+    pub layout: MultiArrayLayout,
+    pub data: Vec<f32>,
+}
+ros_message!(Float32MultiArray, "std_msgs", "Float32MultiArray");
+
+/// `trajectory_msgs/JointTrajectoryPoint`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JointTrajectoryPoint {
+    pub positions: Vec<f64>,
+    pub velocities: Vec<f64>,
+    pub accelerations: Vec<f64>,
+    pub effort: Vec<f64>,
+    pub time_from_start: Duration,
+}
+ros_message!(JointTrajectoryPoint, "trajectory_msgs", "JointTrajectoryPoint");
+
+/// `trajectory_msgs/JointTrajectory`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct JointTrajectory {
+    pub header: Header,
+    pub joint_names: Vec<String>,
+    pub points: Vec<JointTrajectoryPoint>,
+}
+ros_message!(JointTrajectory, "trajectory_msgs", "JointTrajectory");
+
+/// `uint8[]` through serde's byte-string methods, which the CDR (de)serializer implements as a
+/// 4-byte length followed by the raw bytes: the wire format of a sequence of octets.
+mod octets {
+    use serde::de::{Deserializer, Error, Visitor};
+    use serde::ser::Serializer;
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(bytes)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        d.deserialize_byte_buf(OctetsVisitor)
+    }
+
+    struct OctetsVisitor;
+
+    impl<'de> Visitor<'de> for OctetsVisitor {
+        type Value = Vec<u8>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a sequence of octets")
+        }
+
+        fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+            Ok(v.to_vec())
+        }
+
+        fn visit_byte_buf<E: Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+            Ok(v)
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! The ROS 2 side: one DDS participant and node, the subscriptions, the publishers, and the three
+//! threads that share [`Shared`]:
+//!
+//! - the calling thread receives: it waits on the subscriptions (mio), validates each message and
+//!   copies it into its slot;
+//! - `flashrt-infer` runs [`Inference::run_loop`];
+//! - `flashrt-publish` publishes each new chunk (trajectory + array) and the 1 Hz health report.
+//!
+//! ros2-client / RustDDS allocate on both ends: every received sample is decoded into an owned
+//! message (`Vec`s and `String`s), and every `publish` takes an owned message and serializes it
+//! into a fresh buffer. Those allocations stay on the receive and publisher threads.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ros2_client::dds::rustdds::mio1::{Events, Interest, Poll, Token};
+use ros2_client::{Context, ContextOptions, Name, Node, NodeName, NodeOptions, Publisher, Subscription};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::config::{Config, ConfigError, Qos, resolve_topic};
+use crate::infer::Inference;
+use crate::inputs::Reject;
+use crate::msg::{Float32MultiArray, Image, JointState, JointTrajectory, RosMessage, StringMsg};
+use crate::output::ChunkFormat;
+use crate::shared::{InputCounters, Shared, lock};
+use crate::warn::{Suppressed, Warnings};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("policy: {0}")]
+    Policy(#[from] flashrt::Error),
+    #[error("ROS 2 / DDS: {0}")]
+    Ros(String),
+}
+
+fn dds_err<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> NodeError + '_ {
+    move |e| NodeError::Ros(format!("{what}: {e:?}"))
+}
+
+/// Opens the policy, joins the DDS domain and runs until `should_stop` returns true or `run_for`
+/// has passed. Returns the final health report.
+pub fn run(config: &Config, run_for: Option<Duration>, should_stop: impl Fn() -> bool) -> Result<serde_json::Value, NodeError> {
+    config.check()?;
+    let domain_id = config.domain_id()?;
+    let policy = flashrt::Policy::open(&config.policy_config()?)?;
+    let info = policy.info();
+    config.check_policy(&info)?;
+    log::info!(
+        "policy {} on {} ({}): cameras [{}], state {}, action {} x {}",
+        info.model,
+        info.backend,
+        info.device,
+        info.cameras.join(", "),
+        info.state_dim,
+        info.horizon,
+        info.action_dim
+    );
+    let actions_len = policy.actions_len();
+    let inference = Inference::new(policy, config)?;
+    let max_frame = (config.policy.max_frame_width as usize, config.policy.max_frame_height as usize);
+    let shared = Arc::new(Shared::new(config.cameras.len(), max_frame, info.state_dim, actions_len));
+
+    let context = Context::with_options(ContextOptions::new().domain_id(domain_id)).map_err(dds_err("DDS participant"))?;
+    let node_name = NodeName::new(&config.node.namespace, &config.node.name).map_err(dds_err("node name"))?;
+    let fq_name = node_name.fully_qualified_name();
+    // Parameters come from the file and flags; the node serves no parameter services and does
+    // not log to /rosout (it logs to stderr).
+    let mut node =
+        context.new_node(node_name, NodeOptions::new().enable_rosout(false).start_parameter_services(false)).map_err(dds_err("node"))?;
+    let mut dds = Ros { node: &mut node, namespace: &config.node.namespace, name: &config.node.name };
+
+    let camera_topics: Vec<String> = config.cameras.iter().map(|c| dds.resolve(&c.topic)).collect();
+    let mut camera_subs = Vec::new();
+    for topic in &camera_topics {
+        camera_subs.push(dds.subscribe::<Image>(topic, config.qos.images)?);
+    }
+    let mut state_sub = dds.subscribe::<JointState>(&dds.resolve(&config.joint_states.topic), config.qos.joint_states)?;
+    let mut prompt_sub = dds.subscribe::<StringMsg>(&dds.resolve(&config.prompt.topic), config.qos.prompt)?;
+    let outputs = Outputs {
+        trajectory: dds.publish(&dds.resolve(&config.output.trajectory_topic), config.qos.outputs)?,
+        array: dds.publish(&dds.resolve(&config.output.action_chunk_topic), config.qos.outputs)?,
+        health: dds.publish(&dds.resolve(&config.output.health_topic), config.qos.outputs)?,
+        format: ChunkFormat {
+            joint_names: config.joint_names(info.action_dim),
+            horizon: info.horizon,
+            action_dim: info.action_dim,
+            period: config.control_period(),
+            frame_id: config.output.frame_id.clone(),
+        },
+        node: fq_name.clone(),
+        camera_topics: camera_topics.clone(),
+    };
+    log::info!(
+        "{fq_name} on domain {domain_id}: cameras [{}], joint states {}, prompt {}, publishing {}, {}, {}",
+        camera_topics.join(", "),
+        dds.resolve(&config.joint_states.topic),
+        dds.resolve(&config.prompt.topic),
+        dds.resolve(&config.output.trajectory_topic),
+        dds.resolve(&config.output.action_chunk_topic),
+        dds.resolve(&config.output.health_topic)
+    );
+
+    let poll = Poll::new().map_err(dds_err("mio poll"))?;
+    let n = camera_subs.len();
+    for (i, sub) in camera_subs.iter_mut().enumerate() {
+        poll.registry().register(sub, Token(i), Interest::READABLE).map_err(dds_err("register"))?;
+    }
+    poll.registry().register(&mut state_sub, Token(n), Interest::READABLE).map_err(dds_err("register"))?;
+    poll.registry().register(&mut prompt_sub, Token(n + 1), Interest::READABLE).map_err(dds_err("register"))?;
+
+    let infer_thread = {
+        let shared = Arc::clone(&shared);
+        let period = config.replan_period();
+        thread::Builder::new().name("flashrt-infer".into()).spawn(move || inference.run_loop(&shared, period)).map_err(dds_err("thread"))?
+    };
+    let publish_thread = {
+        let shared = Arc::clone(&shared);
+        thread::Builder::new().name("flashrt-publish".into()).spawn(move || outputs.run(&shared, actions_len)).map_err(dds_err("thread"))?
+    };
+
+    let receiver = Receiver {
+        shared: &shared,
+        config,
+        warnings: Warnings::new(RECEIVE_WARNINGS_PER_INPUT * (n + 2), Duration::from_secs_f64(config.inputs.warn_interval_s)),
+    };
+    let result = receiver.run(poll, &camera_subs, &state_sub, &prompt_sub, run_for, should_stop);
+    shared.stop();
+    let infer_ok = infer_thread.join().is_ok();
+    let publish_ok = publish_thread.join().is_ok();
+    result?;
+    if !(infer_ok && publish_ok) {
+        return Err(NodeError::Ros("a node thread panicked".into()));
+    }
+    Ok(shared.health.report(&fq_name, &camera_topics, &shared.camera_ages(Instant::now())))
+}
+
+struct Ros<'a> {
+    node: &'a mut Node,
+    namespace: &'a str,
+    name: &'a str,
+}
+
+impl Ros<'_> {
+    fn resolve(&self, topic: &str) -> String {
+        resolve_topic(self.namespace, self.name, topic)
+    }
+
+    fn topic<M: RosMessage>(&mut self, resolved: &str, qos: Qos) -> Result<ros2_client::dds::rustdds::Topic, NodeError> {
+        let name = Name::parse(resolved).map_err(|e| NodeError::Ros(format!("topic name {resolved:?}: {e:?}")))?;
+        self.node.create_topic(&name, M::type_name(), &qos.profile()).map_err(|e| NodeError::Ros(format!("topic {resolved}: {e:?}")))
+    }
+
+    fn subscribe<M: RosMessage + 'static>(&mut self, resolved: &str, qos: Qos) -> Result<Subscription<M>, NodeError> {
+        let topic = self.topic::<M>(resolved, qos)?;
+        self.node.create_subscription(&topic, None).map_err(|e| NodeError::Ros(format!("subscription {resolved}: {e:?}")))
+    }
+
+    fn publish<M: RosMessage + Serialize>(&mut self, resolved: &str, qos: Qos) -> Result<Publisher<M>, NodeError> {
+        let topic = self.topic::<M>(resolved, qos)?;
+        self.node.create_publisher(&topic, None).map_err(|e| NodeError::Ros(format!("publisher {resolved}: {e:?}")))
+    }
+}
+
+/// Warning kinds per input: its rejections, then "malformed".
+const RECEIVE_WARNINGS_PER_INPUT: usize = 5;
+const MALFORMED: usize = 4;
+
+struct Receiver<'a> {
+    shared: &'a Shared,
+    config: &'a Config,
+    warnings: Warnings,
+}
+
+impl Receiver<'_> {
+    fn run(
+        mut self,
+        mut poll: Poll,
+        cameras: &[Subscription<Image>],
+        state: &Subscription<JointState>,
+        prompt: &Subscription<StringMsg>,
+        run_for: Option<Duration>,
+        should_stop: impl Fn() -> bool,
+    ) -> Result<(), NodeError> {
+        let deadline = run_for.map(|d| Instant::now() + d);
+        let n = cameras.len();
+        let mut events = Events::with_capacity(n + 2);
+        let names = &self.config.joint_states.names;
+        while !should_stop() && deadline.is_none_or(|d| Instant::now() < d) {
+            // A bounded wait, so that stop requests and the deadline are seen.
+            match poll.poll(&mut events, Some(Duration::from_millis(100))) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(NodeError::Ros(format!("mio poll: {e}"))),
+            }
+            for event in events.iter() {
+                let Token(i) = event.token();
+                let now = Instant::now();
+                let (shared, config) = (self.shared, self.config);
+                if i < n {
+                    let expected = config.cameras[i].width.zip(config.cameras[i].height);
+                    self.drain(
+                        &cameras[i],
+                        &shared.health.cameras[i],
+                        i,
+                        |img| lock(&shared.frames[i]).store(img, expected, now),
+                        |r, img| {
+                            format!(
+                                "camera {i} ({}): frame dropped ({}x{} {:?}, step {}, {} bytes): {}",
+                                config.cameras[i].topic,
+                                img.width,
+                                img.height,
+                                img.encoding,
+                                img.step,
+                                img.data.len(),
+                                r.describe()
+                            )
+                        },
+                    );
+                } else if i == n {
+                    self.drain(
+                        state,
+                        &shared.health.state,
+                        n,
+                        |js| lock(&shared.state).store(js, names, now),
+                        |r, js| format!("joint state dropped ({} names, {} positions): {}", js.name.len(), js.position.len(), r.describe()),
+                    );
+                } else {
+                    self.drain(
+                        prompt,
+                        &shared.health.prompt,
+                        n + 1,
+                        |msg: &StringMsg| {
+                            *lock(&shared.prompt) = Some(msg.data.clone());
+                            Ok::<(), std::convert::Infallible>(())
+                        },
+                        |r, _| r.describe().into(),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes every sample waiting on `sub` (readiness events are edge-triggered) and hands it to
+    /// `store`; `describe` words a rejection, only when the rate limit lets it be logged.
+    fn drain<M: DeserializeOwned + 'static, R: Reject>(
+        &mut self,
+        sub: &Subscription<M>,
+        counters: &InputCounters,
+        input: usize,
+        mut store: impl FnMut(&M) -> Result<(), R>,
+        describe: impl Fn(R, &M) -> String,
+    ) {
+        let now = Instant::now();
+        let base = input * RECEIVE_WARNINGS_PER_INPUT;
+        loop {
+            match sub.take() {
+                Ok(Some((msg, _info))) => {
+                    counters.received.fetch_add(1, Relaxed);
+                    if let Err(r) = store(&msg) {
+                        counters.rejected.fetch_add(1, Relaxed);
+                        self.warnings.warn(base + r.index(), now, |n| log::warn!("{}{}", describe(r, &msg), Suppressed(n)));
+                    }
+                }
+                Ok(None) => break,
+                // RustDDS advances past a sample it cannot decode, so the loop still ends.
+                Err(e) => {
+                    counters.malformed.fetch_add(1, Relaxed);
+                    self.warnings
+                        .warn(base + MALFORMED, now, |n| log::warn!("input {input}: undecodable message dropped: {e}{}", Suppressed(n)));
+                }
+            }
+        }
+    }
+}
+
+struct Outputs {
+    trajectory: Publisher<JointTrajectory>,
+    array: Publisher<Float32MultiArray>,
+    health: Publisher<StringMsg>,
+    format: ChunkFormat,
+    node: String,
+    camera_topics: Vec<String>,
+}
+
+impl Outputs {
+    /// Publishes each new chunk once, and the health report every second, until stopped.
+    fn run(self, shared: &Shared, actions_len: usize) {
+        let mut actions = vec![0.0; actions_len];
+        let mut seen = 0;
+        let mut next_health = Instant::now() + Duration::from_secs(1);
+        loop {
+            let mut out = lock(&shared.output);
+            while out.seq == seen && !shared.stopping() && Instant::now() < next_health {
+                let wait = next_health.saturating_duration_since(Instant::now());
+                out = shared.output_ready.wait_timeout(out, wait).unwrap_or_else(|e| e.into_inner()).0;
+            }
+            if shared.stopping() {
+                return;
+            }
+            let fresh = (out.seq != seen).then(|| {
+                actions.copy_from_slice(&out.actions);
+                seen = out.seq;
+                out.stamp
+            });
+            drop(out);
+            if let Some(stamp) = fresh {
+                let trajectory = self.trajectory.publish(self.format.trajectory(&actions, stamp)).map_err(|e| e.to_string());
+                let array = self.array.publish(self.format.array(&actions));
+                match trajectory.and(array.map_err(|e| e.to_string())) {
+                    Ok(()) => _ = shared.health.published.fetch_add(1, Relaxed),
+                    Err(e) => log::warn!("publishing the action chunk failed: {e}"),
+                }
+            }
+            if Instant::now() >= next_health {
+                next_health += Duration::from_secs(1);
+                let report = shared.health.report(&self.node, &self.camera_topics, &shared.camera_ages(Instant::now()));
+                if let Err(e) = self.health.publish(StringMsg { data: report.to_string() }) {
+                    log::warn!("publishing health failed: {e}");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! State shared by the node's threads: the input slots, the pending prompt, the latest action
+//! chunk, and the health counters. Locks are held only for a copy.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use flashrt::LatencyStats;
+use serde_json::{Value, json};
+
+use crate::inputs::{FrameSlot, StateSlot};
+use crate::msg::Time;
+
+/// Why a tick published nothing. The order is the health report's; never reorder silently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Skip {
+    /// No prompt set yet (config or prompt topic).
+    NoPrompt,
+    /// No valid joint state held (never received, or the latest was rejected).
+    NoState,
+    StaleState,
+    /// A camera has no valid frame and `missing_camera = skip`.
+    CameraMissing(usize),
+    CameraStale(usize),
+    /// Every camera masked: the policy needs at least one frame.
+    NoCamera,
+    /// The policy rejected the observation (logged with its message).
+    PolicyError,
+}
+
+impl Skip {
+    pub const COUNT: usize = 7;
+    const NAMES: [&'static str; Skip::COUNT] =
+        ["no_prompt", "no_state", "stale_state", "camera_missing", "camera_stale", "no_camera", "policy_error"];
+
+    pub fn index(self) -> usize {
+        match self {
+            Skip::NoPrompt => 0,
+            Skip::NoState => 1,
+            Skip::StaleState => 2,
+            Skip::CameraMissing(_) => 3,
+            Skip::CameraStale(_) => 4,
+            Skip::NoCamera => 5,
+            Skip::PolicyError => 6,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        Skip::NAMES[self.index()]
+    }
+}
+
+/// Messages seen on one input topic.
+#[derive(Default)]
+pub struct InputCounters {
+    pub received: AtomicU64,
+    /// Decoded, but failed validation (encoding, size, NaN, names, ...).
+    pub rejected: AtomicU64,
+    /// Could not be decoded as the topic's type.
+    pub malformed: AtomicU64,
+}
+
+impl InputCounters {
+    fn report(&self) -> Value {
+        json!({ "received": self.received.load(Relaxed), "rejected": self.rejected.load(Relaxed), "malformed": self.malformed.load(Relaxed) })
+    }
+}
+
+const LAST_NONE: usize = 0;
+const LAST_RAN: usize = 1;
+const LAST_MASKED: usize = 2;
+const LAST_SKIPPED: usize = 3;
+
+pub struct Health {
+    started: Instant,
+    pub cameras: Vec<InputCounters>,
+    pub state: InputCounters,
+    pub prompt: InputCounters,
+    pub steps: AtomicU64,
+    /// Steps run with at least one camera masked.
+    pub masked_steps: AtomicU64,
+    pub skipped: [AtomicU64; Skip::COUNT],
+    /// Ticks that started later than a replan period after the previous one.
+    pub overruns: AtomicU64,
+    pub published: AtomicU64,
+    last: AtomicUsize,
+    last_latency_ns: AtomicU64,
+    latency: Mutex<LatencyStats>,
+}
+
+impl Health {
+    pub fn new(cameras: usize) -> Health {
+        Health {
+            started: Instant::now(),
+            cameras: (0..cameras).map(|_| InputCounters::default()).collect(),
+            state: InputCounters::default(),
+            prompt: InputCounters::default(),
+            steps: AtomicU64::new(0),
+            masked_steps: AtomicU64::new(0),
+            skipped: Default::default(),
+            overruns: AtomicU64::new(0),
+            published: AtomicU64::new(0),
+            last: AtomicUsize::new(LAST_NONE),
+            last_latency_ns: AtomicU64::new(0),
+            latency: Mutex::new(LatencyStats::new()),
+        }
+    }
+
+    pub fn record_step(&self, latency: Duration, deadline_missed: bool, masked: bool) {
+        self.steps.fetch_add(1, Relaxed);
+        self.masked_steps.fetch_add(masked as u64, Relaxed);
+        self.last.store(if masked { LAST_MASKED } else { LAST_RAN }, Relaxed);
+        self.last_latency_ns.store(latency.as_nanos() as u64, Relaxed);
+        lock(&self.latency).record(latency, deadline_missed);
+    }
+
+    pub fn record_skip(&self, skip: Skip) {
+        self.skipped[skip.index()].fetch_add(1, Relaxed);
+        self.last.store(LAST_SKIPPED + skip.index(), Relaxed);
+    }
+
+    /// The 1 Hz report (allocates; runs on the publisher thread). `camera_ages` are the held
+    /// frames' ages, `None` for an empty slot.
+    pub fn report(&self, node: &str, topics: &[String], camera_ages: &[Option<Duration>]) -> Value {
+        let s = lock(&self.latency).summary();
+        let last = self.last.load(Relaxed);
+        let (status, last_skip) = match last {
+            LAST_NONE => ("waiting", None),
+            LAST_RAN => ("ok", None),
+            LAST_MASKED => ("degraded", None),
+            skip => ("degraded", Skip::NAMES.get(skip - LAST_SKIPPED).copied()),
+        };
+        // Two decimals: ten microseconds is below anything the report is read for.
+        let round = |ms: f64| (ms * 100.0).round() / 100.0;
+        let ms = |d: Option<Duration>| d.map(|d| round(d.as_secs_f64() * 1e3));
+        let cameras: Vec<Value> = self
+            .cameras
+            .iter()
+            .zip(topics)
+            .zip(camera_ages)
+            .map(|((c, topic), age)| {
+                let mut v = c.report();
+                v["topic"] = json!(topic);
+                v["age_ms"] = json!(ms(*age));
+                v
+            })
+            .collect();
+        let skipped: serde_json::Map<String, Value> =
+            Skip::NAMES.iter().zip(&self.skipped).map(|(n, c)| (n.to_string(), json!(c.load(Relaxed)))).collect();
+        json!({
+            "node": node,
+            "status": status,
+            "last_skip": last_skip,
+            "uptime_s": (self.started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
+            "steps": self.steps.load(Relaxed),
+            "masked_steps": self.masked_steps.load(Relaxed),
+            "published": self.published.load(Relaxed),
+            "overruns": self.overruns.load(Relaxed),
+            "skipped": skipped,
+            "latency_ms": {
+                "last": ms(Some(Duration::from_nanos(self.last_latency_ns.load(Relaxed)))),
+                "p50": round(s.p50_ms), "p90": round(s.p90_ms), "p99": round(s.p99_ms), "max": round(s.max_ms),
+                "deadline_misses": s.deadline_misses,
+            },
+            "cameras": cameras,
+            "joint_states": self.state.report(),
+            "prompt": self.prompt.report(),
+        })
+    }
+}
+
+/// The newest action chunk, handed from the inference thread to the publisher thread.
+pub struct Output {
+    pub actions: Vec<f32>,
+    /// Wall-clock time of the observation the chunk was computed from.
+    pub stamp: Time,
+    /// Incremented per chunk; the publisher publishes each sequence number once.
+    pub seq: u64,
+}
+
+pub struct Shared {
+    pub frames: Vec<Mutex<FrameSlot>>,
+    pub state: Mutex<StateSlot>,
+    /// A prompt received on the topic and not yet handed to the policy.
+    pub prompt: Mutex<Option<String>>,
+    pub output: Mutex<Output>,
+    pub output_ready: Condvar,
+    pub health: Health,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    pub fn new(cameras: usize, max_frame: (usize, usize), state_dim: usize, actions_len: usize) -> Shared {
+        Shared {
+            frames: (0..cameras).map(|_| Mutex::new(FrameSlot::new(max_frame.0, max_frame.1))).collect(),
+            state: Mutex::new(StateSlot::new(state_dim)),
+            prompt: Mutex::new(None),
+            output: Mutex::new(Output { actions: vec![0.0; actions_len], stamp: Time::default(), seq: 0 }),
+            output_ready: Condvar::new(),
+            health: Health::new(cameras),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Relaxed);
+        // Taking the lock orders the flag before the publisher's next check of it.
+        drop(lock(&self.output));
+        self.output_ready.notify_all();
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Relaxed)
+    }
+
+    pub fn camera_ages(&self, now: Instant) -> Vec<Option<Duration>> {
+        self.frames.iter().map(|f| lock(f).age(now)).collect()
+    }
+}
+
+/// Locks, ignoring poisoning: every critical section here is a plain copy that leaves the data
+/// consistent, so a panic elsewhere must not take the node's other threads down with it.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_names_status_and_counts() {
+        let h = Health::new(2);
+        let topics = ["/a".to_string(), "/b".to_string()];
+        let r = h.report("/flashrt", &topics, &[None, Some(Duration::from_millis(12))]);
+        assert_eq!(r["status"], "waiting");
+        assert_eq!(r["cameras"][1]["age_ms"], 12.0);
+        assert!(r["cameras"][0]["age_ms"].is_null());
+        h.record_skip(Skip::CameraStale(1));
+        h.record_skip(Skip::CameraStale(0));
+        let r = h.report("/flashrt", &topics, &[None, None]);
+        assert_eq!((r["status"].as_str(), r["last_skip"].as_str()), (Some("degraded"), Some("camera_stale")));
+        assert_eq!(r["skipped"]["camera_stale"], 2);
+        h.record_step(Duration::from_millis(3), false, false);
+        let r = h.report("/flashrt", &topics, &[None, None]);
+        assert_eq!(r["status"], "ok");
+        assert_eq!(r["steps"], 1);
+        assert_eq!(r["latency_ms"]["last"], 3.0);
+    }
+}
