@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use flashrt::image::{Frame, PixelFormat};
-use flashrt::{Observation, Policy, PolicyConfig};
+use flashrt::{BackendKind, Observation, Policy, PolicyConfig};
 use safetensors::SafeTensors;
 
 const TOL: f32 = 1e-4;
@@ -40,7 +40,8 @@ impl Golden {
 
     /// Valid prompt token ids of prompt `p` (the int64 tokens up to the mask's length).
     fn tokens(&self, p: &str) -> Vec<i32> {
-        let ids: Vec<i64> = self.raw(&format!("input.{p}.tokens")).1.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect();
+        let ids: Vec<i64> =
+            self.raw(&format!("input.{p}.tokens")).1.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect();
         let mask = self.raw(&format!("input.{p}.token_mask")).1;
         ids.iter().zip(&mask).filter(|(_, m)| **m != 0).map(|(id, _)| *id as i32).collect()
     }
@@ -60,6 +61,9 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 fn open(dir: &Path, steps: Option<usize>) -> Policy {
     let mut config = PolicyConfig::new(dir);
     config.denoise_steps = steps;
+    // The f32 reference tolerance holds for the CPU backend; `Auto` would pick CUDA (bf16) on a
+    // GPU machine. CUDA parity has its own tiers (tests/cuda_pi05.rs).
+    config.backend = BackendKind::Cpu;
     Policy::open(&config).expect("fixture opens")
 }
 
@@ -215,7 +219,14 @@ fn perturbing_any_used_weight_breaks_parity() {
         "model.paligemma_with_expert.paligemma.model.language_model.norm.weight",
     ];
     let last_layer = "model.paligemma_with_expert.paligemma.model.language_model.layers.1.";
-    let after_last_kv = ["self_attn.q_proj.weight", "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "post_attention_layernorm.weight"];
+    let after_last_kv = [
+        "self_attn.q_proj.weight",
+        "self_attn.o_proj.weight",
+        "mlp.gate_proj.weight",
+        "mlp.up_proj.weight",
+        "mlp.down_proj.weight",
+        "post_attention_layernorm.weight",
+    ];
 
     let golden = Golden::load();
     let bytes = std::fs::read(fixture_dir().join("model.safetensors")).unwrap();

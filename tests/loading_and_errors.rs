@@ -65,7 +65,10 @@ fn half_precision_checkpoints_load_and_agree() {
     let mut reference = open(dir.path()).unwrap();
     reference.set_prompt("fold the towel").unwrap();
     let want = step_once(&mut reference);
-    for (dtype, convert) in [(Dtype::BF16, (|v: f32| bf16::from_f32(v).to_le_bytes()) as fn(f32) -> [u8; 2]), (Dtype::F16, |v: f32| f16::from_f32(v).to_le_bytes())] {
+    for (dtype, convert) in [
+        (Dtype::BF16, (|v: f32| bf16::from_f32(v).to_le_bytes()) as fn(f32) -> [u8; 2]),
+        (Dtype::F16, |v: f32| f16::from_f32(v).to_le_bytes()),
+    ] {
         let half = tiny();
         edit(half.path(), |ts| {
             for t in ts.iter_mut() {
@@ -76,7 +79,8 @@ fn half_precision_checkpoints_load_and_agree() {
         let mut policy = open(half.path()).unwrap();
         policy.set_prompt("fold the towel").unwrap();
         let got = step_once(&mut policy);
-        let cos = got.iter().zip(&want).map(|(a, b)| a * b).sum::<f32>() / (got.iter().map(|a| a * a).sum::<f32>().sqrt() * want.iter().map(|b| b * b).sum::<f32>().sqrt());
+        let cos = got.iter().zip(&want).map(|(a, b)| a * b).sum::<f32>()
+            / (got.iter().map(|a| a * a).sum::<f32>().sqrt() * want.iter().map(|b| b * b).sum::<f32>().sqrt());
         assert!(cos > 0.999, "{dtype:?} checkpoint diverges: cosine {cos}");
     }
 }
@@ -107,7 +111,8 @@ fn prefixed_and_sharded_checkpoints_give_identical_actions() {
         .map(|t| (t.0.clone(), "model-00001-of-00002.safetensors".into()))
         .chain(b.iter().map(|t| (t.0.clone(), "model-00002-of-00002.safetensors".into())))
         .collect();
-    std::fs::write(sharded.path().join("model.safetensors.index.json"), serde_json::json!({"metadata": {}, "weight_map": map}).to_string()).unwrap();
+    std::fs::write(sharded.path().join("model.safetensors.index.json"), serde_json::json!({"metadata": {}, "weight_map": map}).to_string())
+        .unwrap();
     let mut s = open(sharded.path()).unwrap();
     s.set_prompt("wipe the table").unwrap();
     assert_eq!(step_once(&mut s), want);
@@ -186,7 +191,13 @@ fn missing_extra_and_misshaped_tensors_are_all_listed() {
         ts.push(("some.unknown.tensor".into(), Dtype::F32, vec![2], vec![0; 8]));
     });
     let e = open_err(dir.path());
-    for needle in ["missing tensor time_mlp_in.bias", "missing tensor action_out_proj.bias", "tensor time_mlp_out.bias: expected shape [32], found [16, 2]", "unexpected tensor some.unknown.tensor", "4 problem(s)"] {
+    for needle in [
+        "missing tensor time_mlp_in.bias",
+        "missing tensor action_out_proj.bias",
+        "tensor time_mlp_out.bias: expected shape [32], found [16, 2]",
+        "unexpected tensor some.unknown.tensor",
+        "4 problem(s)",
+    ] {
         assert!(e.contains(needle), "error lacks {needle:?}: {e}");
     }
 }

@@ -61,8 +61,10 @@ fn step_does_not_allocate_after_warm_up() {
     let mut actions = vec![0.0; policy.actions_len()];
 
     // Inputs prepared up front (the test's own buffers must not be counted).
-    let sizes = [(224, 224, PixelFormat::Rgb8), (640, 480, PixelFormat::Bgr8), (300, 200, PixelFormat::Rgba8), (96, 128, PixelFormat::Rgb8)];
-    let frames: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, (w, h, f))| (0..w * h * f.bytes_per_pixel()).map(|p| (p * 31 + i * 7) as u8).collect()).collect();
+    let sizes =
+        [(224, 224, PixelFormat::Rgb8), (640, 480, PixelFormat::Bgr8), (300, 200, PixelFormat::Rgba8), (96, 128, PixelFormat::Rgb8)];
+    let frames: Vec<Vec<u8>> =
+        sizes.iter().enumerate().map(|(i, (w, h, f))| (0..w * h * f.bytes_per_pixel()).map(|p| (p * 31 + i * 7) as u8).collect()).collect();
     let states: Vec<Vec<f32>> = (0..7).map(|i| (0..info.state_dim).map(|d| ((i * 13 + d * 5) % 17) as f32 / 4.0 - 2.0).collect()).collect();
     let noises: Vec<Vec<f32>> = (0..3).map(|i| (0..policy.noise_len()).map(|j| ((i + j * 7) % 11) as f32 / 5.0 - 1.0).collect()).collect();
     let tasks = ["pick up the cup", "stack the red block on the blue block and then push the tower to the left edge", "open drawer"];
@@ -72,7 +74,8 @@ fn step_does_not_allocate_after_warm_up() {
         let (w, h, f) = sizes[i % sizes.len()];
         Frame::packed(&frames[i % sizes.len()], w, h, f)
     };
-    let cameras_for = |i: usize| -> [Option<Frame>; 3] { [Some(frame(i)), (i % 3 != 0).then(|| frame(i + 1)), (i % 5 == 0).then(|| frame(i + 2))] };
+    let cameras_for =
+        |i: usize| -> [Option<Frame>; 3] { [Some(frame(i)), (i % 3 != 0).then(|| frame(i + 1)), (i % 5 == 0).then(|| frame(i + 2))] };
 
     // Warm-up step (may allocate, e.g. lazily initialised thread-locals).
     let cams = cameras_for(0);

@@ -37,7 +37,8 @@ impl SyntheticInputs {
     pub fn step(&self, policy: &mut Policy, i: usize, actions: &mut [f32]) -> Result<crate::policy::StepInfo> {
         let cams = self.present.len();
         let v = i % self.states.len();
-        let frame = |c: usize| self.present[c].then(|| Frame::packed(&self.frames[v * cams + c], self.width, self.height, PixelFormat::Rgb8));
+        let frame =
+            |c: usize| self.present[c].then(|| Frame::packed(&self.frames[v * cams + c], self.width, self.height, PixelFormat::Rgb8));
         // At most 8 camera slots on the stack: no allocation in the timed loop.
         let slots: [Option<Frame>; 8] = std::array::from_fn(|c| if c < cams { frame(c) } else { None });
         policy.step(&Observation { cameras: &slots[..cams], state: &self.states[v], noise: None }, actions)

@@ -110,10 +110,7 @@ impl Checkpoint {
             } else if single.exists() {
                 vec![single]
             } else {
-                return Err(Error::checkpoint(
-                    path,
-                    "directory holds neither model.safetensors nor model.safetensors.index.json",
-                ));
+                return Err(Error::checkpoint(path, "directory holds neither model.safetensors nor model.safetensors.index.json"));
             }
         } else {
             vec![path.to_path_buf()]
@@ -157,19 +154,11 @@ impl Checkpoint {
             let (begin, end) = info.data_offsets;
             let numel: usize = info.shape.iter().product();
             if end - begin != numel * dtype.size() {
-                problems.push(format!(
-                    "{name}: {} bytes for shape {:?} of {dtype:?}",
-                    end - begin,
-                    info.shape
-                ));
+                problems.push(format!("{name}: {} bytes for shape {:?} of {dtype:?}", end - begin, info.shape));
                 continue;
             }
             if data_start + end > map.len() {
-                problems.push(format!(
-                    "{name}: data ends at byte {} but the file has {} bytes (truncated?)",
-                    data_start + end,
-                    map.len()
-                ));
+                problems.push(format!("{name}: data ends at byte {} but the file has {} bytes (truncated?)", data_start + end, map.len()));
                 continue;
             }
             let key = normalize_name(&name).to_string();
@@ -200,12 +189,7 @@ impl Checkpoint {
 
     pub fn get(&self, name: &str) -> Option<TensorRef<'_>> {
         let (key, entry) = self.tensors.get_key_value(name)?;
-        Some(TensorRef {
-            name: key,
-            dtype: entry.dtype,
-            shape: &entry.shape,
-            bytes: &self.files[entry.file].1[entry.start..entry.end],
-        })
+        Some(TensorRef { name: key, dtype: entry.dtype, shape: &entry.shape, bytes: &self.files[entry.file].1[entry.start..entry.end] })
     }
 
     pub fn shape(&self, name: &str) -> Option<&[usize]> {
@@ -250,8 +234,7 @@ fn shard_files(index: &Path) -> Result<Vec<PathBuf>> {
         weight_map: BTreeMap<String, String>,
     }
     let text = std::fs::read_to_string(index).map_err(|source| Error::Io { path: index.into(), source })?;
-    let parsed: Index =
-        serde_json::from_str(&text).map_err(|e| Error::checkpoint(index, format!("bad shard index: {e}")))?;
+    let parsed: Index = serde_json::from_str(&text).map_err(|e| Error::checkpoint(index, format!("bad shard index: {e}")))?;
     let dir = index.parent().unwrap_or(Path::new("."));
     let mut files: Vec<PathBuf> = parsed.weight_map.values().map(|f| dir.join(f)).collect();
     files.sort();

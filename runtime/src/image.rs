@@ -79,7 +79,14 @@ impl<'a> Frame<'a> {
         if self.data.len() < needed {
             return Err(Error::invalid(
                 field,
-                format!("{} bytes given, {}x{} {:?} with stride {} needs {needed}", self.data.len(), self.width, self.height, self.format, self.stride),
+                format!(
+                    "{} bytes given, {}x{} {:?} with stride {} needs {needed}",
+                    self.data.len(),
+                    self.width,
+                    self.height,
+                    self.format,
+                    self.stride
+                ),
             ));
         }
         Ok(())

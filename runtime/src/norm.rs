@@ -151,7 +151,11 @@ impl NormStats {
         };
         let stats = NormStats { state: feature("observation.state", modes.state)?, action: feature("action", modes.action)?, source };
         if stats.state.is_none() && stats.action.is_none() {
-            log::warn!("lerobot processor files {files:?} hold no {:?}/{:?} statistics for observation.state or action", modes.state, modes.action);
+            log::warn!(
+                "lerobot processor files {files:?} hold no {:?}/{:?} statistics for observation.state or action",
+                modes.state,
+                modes.action
+            );
         }
         Ok(stats)
     }
@@ -186,7 +190,10 @@ impl NormStats {
 
 fn check_lengths(path: &Path, feature: &str, s: &FeatureStats) -> Result<()> {
     if s.center.len() != s.spread.len() || s.center.is_empty() {
-        return Err(Error::checkpoint(path, format!("{feature}: statistics of different lengths ({} vs {})", s.center.len(), s.spread.len())));
+        return Err(Error::checkpoint(
+            path,
+            format!("{feature}: statistics of different lengths ({} vs {})", s.center.len(), s.spread.len()),
+        ));
     }
     if let Some(i) = s.center.iter().chain(&s.spread).position(|v| !v.is_finite()) {
         return Err(Error::checkpoint(path, format!("{feature}: non-finite statistic at index {}", i % s.center.len())));
@@ -218,7 +225,11 @@ mod tests {
     fn openpi_file_is_read_and_checked() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("norm_stats.json");
-        std::fs::write(&path, r#"{"norm_stats": {"state": {"q01": [0, 1], "q99": [1, 3], "mean": [0, 0]}, "actions": {"q01": [0], "q99": [2]}}}"#).unwrap();
+        std::fs::write(
+            &path,
+            r#"{"norm_stats": {"state": {"q01": [0, 1], "q99": [1, 3], "mean": [0, 0]}, "actions": {"q01": [0], "q99": [2]}}}"#,
+        )
+        .unwrap();
         let s = NormStats::find(dir.path(), Modes::default()).unwrap();
         assert_eq!(s.state.as_ref().unwrap().dim(), 2);
         assert_eq!(s.action.as_ref().unwrap().dim(), 1);

@@ -129,7 +129,16 @@ pub enum Op {
     },
     /// Rotary embedding (split-half) of the q heads in place and of k, written together with v into
     /// rows `cache_row..` of the layer's K/V cache. `qkv` is `[rows, (heads + 2)·head_dim]`.
-    RopeQkv { qkv: View, heads: usize, head_dim: usize, positions: BufId, position_offset: usize, k_cache: View, v_cache: View, cache_row: usize },
+    RopeQkv {
+        qkv: View,
+        heads: usize,
+        head_dim: usize,
+        positions: BufId,
+        position_offset: usize,
+        k_cache: View,
+        v_cache: View,
+        cache_row: usize,
+    },
     /// Softmax attention. `q` is `[rows, heads·head_dim]`, `k`/`v` are `[keys, kv_heads·head_dim]`.
     /// Rows are split into `groups` equal blocks that see only their own block of keys (the
     /// cameras of the vision tower); `key_valid` (f32, 1 = valid) masks keys when present.
@@ -177,9 +186,7 @@ impl Op {
     pub fn flops(&self) -> u64 {
         match self {
             Op::Gemm { a, out, .. } => 2 * (a.rows * a.cols * out.cols) as u64,
-            Op::Attention { q, k, heads, head_dim, groups, .. } => {
-                4 * (q.rows * (k.rows / groups) * heads * head_dim) as u64
-            }
+            Op::Attention { q, k, heads, head_dim, groups, .. } => 4 * (q.rows * (k.rows / groups) * heads * head_dim) as u64,
             _ => 0,
         }
     }

@@ -49,43 +49,22 @@ pub fn discretize_state(x: f32) -> i32 {
     if x.is_nan() {
         return BIN_MAX;
     }
-    (x * 128.0)
-        .floor()
-        .clamp((BIN_MIN - 128) as f32, (BIN_MAX - 128) as f32) as i32
-        + 128
+    (x * 128.0).floor().clamp((BIN_MIN - 128) as f32, (BIN_MAX - 128) as f32) as i32 + 128
 }
 
 /// Writes caller-supplied token ids as the prompt, for callers that tokenize themselves: `tokens`
 /// and `mask` (same length, the prompt capacity) get the ids, then padding. Returns the number of
 /// valid tokens. Every id must index the embedding (`0..vocab_size`). Does not allocate unless it
 /// fails.
-pub fn raw_tokens(
-    ids: &[i32],
-    vocab_size: usize,
-    tokens: &mut [i32],
-    mask: &mut [bool],
-) -> Result<usize> {
+pub fn raw_tokens(ids: &[i32], vocab_size: usize, tokens: &mut [i32], mask: &mut [bool]) -> Result<usize> {
     check_buffers(tokens.len(), tokens, mask)?;
     if ids.len() > tokens.len() {
-        return Err(Error::invalid(
-            "prompt_tokens",
-            format!(
-                "{} tokens exceed the prompt capacity {}",
-                ids.len(),
-                tokens.len()
-            ),
-        ));
+        return Err(Error::invalid("prompt_tokens", format!("{} tokens exceed the prompt capacity {}", ids.len(), tokens.len())));
     }
-    if let Some(i) = ids
-        .iter()
-        .position(|&id| !usize::try_from(id).is_ok_and(|id| id < vocab_size))
-    {
+    if let Some(i) = ids.iter().position(|&id| !usize::try_from(id).is_ok_and(|id| id < vocab_size)) {
         return Err(Error::invalid(
             format!("prompt_tokens[{i}]"),
-            format!(
-                "token id {} is outside the vocabulary 0..{vocab_size}",
-                ids[i]
-            ),
+            format!("token id {} is outside the vocabulary 0..{vocab_size}", ids[i]),
         ));
     }
     tokens[..ids.len()].copy_from_slice(ids);
@@ -129,65 +108,33 @@ impl PromptTokenizer {
             return Err(Error::invalid("prompt_capacity", "must be at least 1"));
         }
         if state_dim == 0 {
-            return Err(Error::invalid(
-                "state_dim",
-                "Pi0.5 prompts need at least one state dim",
-            ));
+            return Err(Error::invalid("state_dim", "Pi0.5 prompts need at least one state dim"));
         }
-        let mut tokenizer = Tokenizer::from_bytes(json)
-            .map_err(|e| Error::Tokenizer(format!("cannot parse tokenizer JSON: {e}")))?;
+        let mut tokenizer = Tokenizer::from_bytes(json).map_err(|e| Error::Tokenizer(format!("cannot parse tokenizer JSON: {e}")))?;
         // A tokenizer.json may carry truncation or padding settings; pieces must be tokenized
         // whole, and the prompt is truncated and padded here.
-        tokenizer
-            .with_truncation(None)
-            .map_err(|e| Error::Tokenizer(format!("cannot disable truncation: {e}")))?;
+        tokenizer.with_truncation(None).map_err(|e| Error::Tokenizer(format!("cannot disable truncation: {e}")))?;
         tokenizer.with_padding(None);
 
         let vocab_size = tokenizer.get_vocab_size(true);
         if i32::try_from(vocab_size).is_err() {
-            return Err(Error::Tokenizer(format!(
-                "vocabulary of {vocab_size} tokens does not fit i32 ids"
-            )));
+            return Err(Error::Tokenizer(format!("vocabulary of {vocab_size} tokens does not fit i32 ids")));
         }
-        let bos = tokenizer
-            .token_to_id(BOS_TOKEN)
-            .ok_or_else(|| Error::Tokenizer(format!("no {BOS_TOKEN} token in the vocabulary")))?
-            as i32;
+        let bos =
+            tokenizer.token_to_id(BOS_TOKEN).ok_or_else(|| Error::Tokenizer(format!("no {BOS_TOKEN} token in the vocabulary")))? as i32;
 
         // Pieces are taken in the context of a real prompt (the empty task, as set below); the
         // previous bin is "0" for positions after the first.
         let after_label = prompt_text("", &[]);
         let after_bin = prompt_text("", &[0]);
         let (first, middle, last) = if state_dim == 1 {
-            (
-                BinPieces::build(&tokenizer, &after_label, TAIL)?,
-                BinPieces::default(),
-                BinPieces::default(),
-            )
+            (BinPieces::build(&tokenizer, &after_label, TAIL)?, BinPieces::default(), BinPieces::default())
         } else {
-            let middle = if state_dim >= 3 {
-                BinPieces::build(&tokenizer, &after_bin, "")?
-            } else {
-                BinPieces::default()
-            };
-            (
-                BinPieces::build(&tokenizer, &after_label, "")?,
-                middle,
-                BinPieces::build(&tokenizer, &after_bin, TAIL)?,
-            )
+            let middle = if state_dim >= 3 { BinPieces::build(&tokenizer, &after_bin, "")? } else { BinPieces::default() };
+            (BinPieces::build(&tokenizer, &after_label, "")?, middle, BinPieces::build(&tokenizer, &after_bin, TAIL)?)
         };
 
-        let mut this = PromptTokenizer {
-            tokenizer,
-            capacity,
-            state_dim,
-            vocab_size,
-            bos,
-            task_ids: Vec::new(),
-            first,
-            middle,
-            last,
-        };
+        let mut this = PromptTokenizer { tokenizer, capacity, state_dim, vocab_size, bos, task_ids: Vec::new(), first, middle, last };
         this.task_ids = this.tokenize_task("")?;
         for bins in verification_states(state_dim) {
             this.verify(&this.task_ids, "", &bins)?;
@@ -247,30 +194,16 @@ impl PromptTokenizer {
 
     fn check_bins(&self, bins: &[i32]) -> Result<()> {
         if bins.len() != self.state_dim {
-            return Err(Error::invalid(
-                "state_bins",
-                format!(
-                    "{} bins given, the prompt has {} state dims",
-                    bins.len(),
-                    self.state_dim
-                ),
-            ));
+            return Err(Error::invalid("state_bins", format!("{} bins given, the prompt has {} state dims", bins.len(), self.state_dim)));
         }
         if let Some(i) = bins.iter().position(|b| !(BIN_MIN..=BIN_MAX).contains(b)) {
-            return Err(Error::invalid(
-                format!("state_bins[{i}]"),
-                format!("{} is outside {BIN_MIN}..={BIN_MAX}", bins[i]),
-            ));
+            return Err(Error::invalid(format!("state_bins[{i}]"), format!("{} is outside {BIN_MIN}..={BIN_MAX}", bins[i])));
         }
         Ok(())
     }
 
     /// The prompt's pieces in order: BOS and task prefix, then one piece per bin.
-    fn pieces<'a>(
-        &'a self,
-        task_ids: &'a [i32],
-        bins: &'a [i32],
-    ) -> impl Iterator<Item = &'a [i32]> {
+    fn pieces<'a>(&'a self, task_ids: &'a [i32], bins: &'a [i32]) -> impl Iterator<Item = &'a [i32]> {
         let n = bins.len();
         std::iter::once(task_ids).chain(bins.iter().enumerate().map(move |(i, &bin)| {
             let table = if i == 0 {
@@ -300,11 +233,7 @@ impl PromptTokenizer {
         if got == expected {
             return Ok(());
         }
-        let at = expected
-            .iter()
-            .zip(&got)
-            .take_while(|(e, g)| e == g)
-            .count();
+        let at = expected.iter().zip(&got).take_while(|(e, g)| e == g).count();
         Err(Error::Tokenizer(format!(
             "the prompt cannot be assembled piecewise for task {cleaned:?} and state bins {bins:?}: \
              tokenizing the full prompt {text:?} gives ids {expected:?}, the pieces give {got:?} \
@@ -326,10 +255,7 @@ impl BinPieces {
     /// Tokenizes `" {bin}{suffix}"` for every bin, each as the continuation of `context`.
     fn build(tokenizer: &Tokenizer, context: &str, suffix: &str) -> Result<Self> {
         let context_ids = encode(tokenizer, context)?;
-        let mut pieces = BinPieces {
-            ids: Vec::new(),
-            starts: Vec::with_capacity(NUM_BINS + 1),
-        };
+        let mut pieces = BinPieces { ids: Vec::new(), starts: Vec::with_capacity(NUM_BINS + 1) };
         pieces.starts.push(0);
         for bin in BIN_MIN..=BIN_MAX {
             let text = format!("{context} {bin}{suffix}");
@@ -362,8 +288,7 @@ pub fn format_prompt(task: &str, bins: &[i32]) -> String {
 /// The reference's `text.strip().replace("_", " ").replace("\n", " ")`. Python's `str.strip`
 /// also strips U+001C..U+001F (information separators), which Rust's `trim` keeps.
 fn clean_task(task: &str) -> String {
-    task.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
-        .replace(['_', '\n'], " ")
+    task.trim_matches(|c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)).replace(['_', '\n'], " ")
 }
 
 /// The prompt up to the tail: `"Task: {cleaned}, State: {b0} {b1} …"`.
@@ -377,9 +302,7 @@ fn prompt_text(cleaned: &str, bins: &[i32]) -> String {
 
 /// Token ids of `text` without special tokens.
 fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<i32>> {
-    let encoding = tokenizer
-        .encode_fast(text, false)
-        .map_err(|e| Error::Tokenizer(format!("cannot tokenize {text:?}: {e}")))?;
+    let encoding = tokenizer.encode_fast(text, false).map_err(|e| Error::Tokenizer(format!("cannot tokenize {text:?}: {e}")))?;
     // Ids fit i32: the vocabulary size was checked at load.
     Ok(encoding.get_ids().iter().map(|&id| id as i32).collect())
 }
@@ -387,17 +310,11 @@ fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<i32>> {
 /// States checked at load: every bin value at every position (neighbours varying), the extremes,
 /// and seeded random states for more neighbour pairs.
 fn verification_states(state_dim: usize) -> Vec<Vec<i32>> {
-    let mut states: Vec<Vec<i32>> = (0..NUM_BINS)
-        .map(|k| (0..state_dim).map(|i| spread_bin(k, i)).collect())
-        .collect();
+    let mut states: Vec<Vec<i32>> = (0..NUM_BINS).map(|k| (0..state_dim).map(|i| spread_bin(k, i)).collect()).collect();
     states.push(vec![BIN_MIN; state_dim]);
     states.push(vec![BIN_MAX; state_dim]);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x5eed);
-    states.extend((0..64).map(|_| {
-        (0..state_dim)
-            .map(|_| rng.random_range(BIN_MIN..=BIN_MAX))
-            .collect()
-    }));
+    states.extend((0..64).map(|_| (0..state_dim).map(|_| rng.random_range(BIN_MIN..=BIN_MAX)).collect()));
     states
 }
 
@@ -410,10 +327,7 @@ fn spread_bin(k: usize, i: usize) -> i32 {
 fn check_buffers(capacity: usize, tokens: &[i32], mask: &[bool]) -> Result<()> {
     for (field, len) in [("token_buffer", tokens.len()), ("mask_buffer", mask.len())] {
         if len != capacity {
-            return Err(Error::invalid(
-                field,
-                format!("length {len}, expected the prompt capacity {capacity}"),
-            ));
+            return Err(Error::invalid(field, format!("length {len}, expected the prompt capacity {capacity}")));
         }
     }
     Ok(())
@@ -433,14 +347,8 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
     use serde_json::Value;
 
-    const TOKENIZER: &str = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/data/tokenizer/tokenizer.json"
-    );
-    const EXPECTED: &str = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/data/tokenizer/expected.json"
-    );
+    const TOKENIZER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/tokenizer/tokenizer.json");
+    const EXPECTED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/tokenizer/expected.json");
 
     fn load(capacity: usize, state_dim: usize) -> PromptTokenizer {
         PromptTokenizer::from_file(Path::new(TOKENIZER), capacity, state_dim).unwrap()
@@ -455,12 +363,7 @@ mod tests {
     }
 
     fn ids(value: &Value) -> Vec<i32> {
-        value
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_i64().unwrap() as i32)
-            .collect()
+        value.as_array().unwrap().iter().map(|v| v.as_i64().unwrap() as i32).collect()
     }
 
     fn tokenizer_json() -> Value {
@@ -548,22 +451,13 @@ mod tests {
             let bins = ids(&case["state_bins"]);
             let full = ids(&case["ids"]);
             let text = format_prompt(task, &bins);
-            assert_eq!(
-                text,
-                case["prompt"].as_str().unwrap(),
-                "prompt text of task {task:?}"
-            );
+            assert_eq!(text, case["prompt"].as_str().unwrap(), "prompt text of task {task:?}");
 
             // Padded and truncated to 200, as lerobot's tokenizer step does.
             let mut prompt = load(DEFAULT_CAPACITY, bins.len());
             prompt.set_task(task).unwrap();
             let (tokens, mask, len) = assemble(&prompt, &bins);
-            let padded_mask: Vec<bool> = case["padded_mask"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|m| m.as_i64() == Some(1))
-                .collect();
+            let padded_mask: Vec<bool> = case["padded_mask"].as_array().unwrap().iter().map(|m| m.as_i64() == Some(1)).collect();
             assert_eq!(tokens, ids(&case["padded_ids"]), "ids of {text:?}");
             assert_eq!(mask, padded_mask, "mask of {text:?}");
             assert_eq!(len, full.len().min(DEFAULT_CAPACITY), "length of {text:?}");
@@ -572,11 +466,7 @@ mod tests {
             let mut prompt = load(full.len() + 3, bins.len());
             prompt.set_task(task).unwrap();
             let (tokens, _, len) = assemble(&prompt, &bins);
-            assert_eq!(
-                (&tokens[..len], len),
-                (full.as_slice(), full.len()),
-                "ids of {text:?}"
-            );
+            assert_eq!((&tokens[..len], len), (full.as_slice(), full.len()), "ids of {text:?}");
         }
     }
 
@@ -612,9 +502,7 @@ mod tests {
             let mut prompt = load(512, state_dim);
             for _ in 0..12 {
                 let n_words = rng.random_range(0..12);
-                let task: Vec<&str> = (0..n_words)
-                    .map(|_| words[rng.random_range(0..words.len())])
-                    .collect();
+                let task: Vec<&str> = (0..n_words).map(|_| words[rng.random_range(0..words.len())]).collect();
                 let task = task.join(" ");
                 prompt.set_task(&task).unwrap();
                 for _ in 0..30 {
@@ -626,13 +514,7 @@ mod tests {
                         })
                         .collect();
                     let text = format_prompt(&task, &bins);
-                    let full: Vec<i32> = reference
-                        .encode(text.as_str(), true)
-                        .unwrap()
-                        .get_ids()
-                        .iter()
-                        .map(|&id| id as i32)
-                        .collect();
+                    let full: Vec<i32> = reference.encode(text.as_str(), true).unwrap().get_ids().iter().map(|&id| id as i32).collect();
                     let (tokens, mask, len) = assemble(&prompt, &bins);
                     assert_eq!(&tokens[..len], full.as_slice(), "{text:?}");
                     assert!(tokens[len..].iter().all(|&t| t == PAD_ID));
@@ -672,17 +554,11 @@ mod tests {
         let corrupt = dir.path().join("tokenizer.json");
         std::fs::write(&corrupt, b"{\"model\": ").unwrap();
         let message = expect_tokenizer_error(PromptTokenizer::from_file(&corrupt, 200, 8));
-        assert!(
-            message.contains(&corrupt.display().to_string()),
-            "{message}"
-        );
+        assert!(message.contains(&corrupt.display().to_string()), "{message}");
 
         expect_tokenizer_error(PromptTokenizer::from_bytes(b"not json", 200, 8));
-        let no_bos = std::fs::read_to_string(TOKENIZER)
-            .unwrap()
-            .replace("<bos>", "<start>");
-        let message =
-            expect_tokenizer_error(PromptTokenizer::from_bytes(no_bos.as_bytes(), 200, 8));
+        let no_bos = std::fs::read_to_string(TOKENIZER).unwrap().replace("<bos>", "<start>");
+        let message = expect_tokenizer_error(PromptTokenizer::from_bytes(no_bos.as_bytes(), 200, 8));
         assert!(message.contains("<bos>"), "{message}");
     }
 
@@ -695,31 +571,12 @@ mod tests {
         let prompt = load(32, 3);
         let mut tokens = [5; 32];
         let mut mask = [true; 32];
-        expect_invalid(
-            prompt.assemble(&[1, 2], &mut tokens, &mut mask),
-            "state_bins",
-        );
-        expect_invalid(
-            prompt.assemble(&[1, 256, 2], &mut tokens, &mut mask),
-            "state_bins[1]",
-        );
-        expect_invalid(
-            prompt.assemble(&[-2, 0, 2], &mut tokens, &mut mask),
-            "state_bins[0]",
-        );
-        expect_invalid(
-            prompt.assemble(&[1, 2, 3], &mut tokens[..31], &mut mask),
-            "token_buffer",
-        );
-        expect_invalid(
-            prompt.assemble(&[1, 2, 3], &mut tokens, &mut [false; 33]),
-            "mask_buffer",
-        );
-        assert_eq!(
-            (tokens, mask),
-            ([5; 32], [true; 32]),
-            "outputs written on error"
-        );
+        expect_invalid(prompt.assemble(&[1, 2], &mut tokens, &mut mask), "state_bins");
+        expect_invalid(prompt.assemble(&[1, 256, 2], &mut tokens, &mut mask), "state_bins[1]");
+        expect_invalid(prompt.assemble(&[-2, 0, 2], &mut tokens, &mut mask), "state_bins[0]");
+        expect_invalid(prompt.assemble(&[1, 2, 3], &mut tokens[..31], &mut mask), "token_buffer");
+        expect_invalid(prompt.assemble(&[1, 2, 3], &mut tokens, &mut [false; 33]), "mask_buffer");
+        assert_eq!((tokens, mask), ([5; 32], [true; 32]), "outputs written on error");
     }
 
     #[test]
@@ -732,29 +589,14 @@ mod tests {
     fn raw_token_ids_are_validated() {
         let mut tokens = [9; 6];
         let mut mask = [false; 6];
-        assert_eq!(
-            raw_tokens(&[2, 17, 1023], 1024, &mut tokens, &mut mask).unwrap(),
-            3
-        );
+        assert_eq!(raw_tokens(&[2, 17, 1023], 1024, &mut tokens, &mut mask).unwrap(), 3);
         assert_eq!(tokens, [2, 17, 1023, PAD_ID, PAD_ID, PAD_ID]);
         assert_eq!(mask, [true, true, true, false, false, false]);
 
-        expect_invalid(
-            raw_tokens(&[2, 1024], 1024, &mut tokens, &mut mask),
-            "prompt_tokens[1]",
-        );
-        expect_invalid(
-            raw_tokens(&[-1], 1024, &mut tokens, &mut mask),
-            "prompt_tokens[0]",
-        );
-        expect_invalid(
-            raw_tokens(&[1; 7], 1024, &mut tokens, &mut mask),
-            "prompt_tokens",
-        );
-        expect_invalid(
-            raw_tokens(&[1], 1024, &mut tokens, &mut [false; 5]),
-            "mask_buffer",
-        );
+        expect_invalid(raw_tokens(&[2, 1024], 1024, &mut tokens, &mut mask), "prompt_tokens[1]");
+        expect_invalid(raw_tokens(&[-1], 1024, &mut tokens, &mut mask), "prompt_tokens[0]");
+        expect_invalid(raw_tokens(&[1; 7], 1024, &mut tokens, &mut mask), "prompt_tokens");
+        expect_invalid(raw_tokens(&[1], 1024, &mut tokens, &mut [false; 5]), "mask_buffer");
     }
 
     /// Puts `left + right` first in the merge list (applied before any other merge) and adds the
@@ -765,10 +607,7 @@ mod tests {
         let merged = format!("{left}{right}");
         let next_id = model["vocab"].as_object().unwrap().len();
         model["vocab"][merged.as_str()] = next_id.into();
-        model["merges"]
-            .as_array_mut()
-            .unwrap()
-            .insert(0, serde_json::json!([left, right]));
+        model["merges"].as_array_mut().unwrap().insert(0, serde_json::json!([left, right]));
         serde_json::to_vec(&json).unwrap()
     }
 
@@ -779,23 +618,12 @@ mod tests {
         // space follows a bin, so the same tokenizer is fine.
         let json = with_merge("7", "▁");
         let message = expect_tokenizer_error(PromptTokenizer::from_bytes(&json, 200, 4));
-        assert!(
-            message.contains("state bins [") && message.contains("first difference"),
-            "{message}"
-        );
+        assert!(message.contains("state bins [") && message.contains("first difference"), "{message}");
         let single = PromptTokenizer::from_bytes(&json, 200, 1).unwrap();
         let (tokens, _, len) = assemble(&single, &[17]);
         let reference = Tokenizer::from_bytes(&json).unwrap();
-        let full = reference
-            .encode("Task: , State: 17;\nAction: ", true)
-            .unwrap();
-        assert_eq!(
-            &tokens[..len],
-            full.get_ids()
-                .iter()
-                .map(|&id| id as i32)
-                .collect::<Vec<_>>()
-        );
+        let full = reference.encode("Task: , State: 17;\nAction: ", true).unwrap();
+        assert_eq!(&tokens[..len], full.get_ids().iter().map(|&id| id as i32).collect::<Vec<_>>());
 
         // ":▁" joins the "State:" label with the space before the first bin: no piece boundary.
         let json = with_merge(":", "▁");

@@ -35,7 +35,13 @@ pub enum SynthSize {
 impl SynthSize {
     pub fn config(self) -> Config {
         let embedding_tensor = "paligemma_with_expert.paligemma.lm_head.weight".to_string();
-        let common = |c: Config| Config { cameras: CAMERAS.map(String::from).to_vec(), state_dim: Some(STATE_DIM), robot_action_dim: Some(ACTION_DIM), embedding_tensor, ..c };
+        let common = |c: Config| Config {
+            cameras: CAMERAS.map(String::from).to_vec(),
+            state_dim: Some(STATE_DIM),
+            robot_action_dim: Some(ACTION_DIM),
+            embedding_tensor,
+            ..c
+        };
         match self {
             SynthSize::Tiny => common(Config {
                 vision_width: 144,
@@ -191,7 +197,9 @@ fn write_stats(out: &Path, seed: u64) -> Result<()> {
         .iter()
         .map(|(n, d, dim)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![*dim], d).expect("sizes match")))
         .collect();
-    for file in ["policy_preprocessor_step_3_normalizer_processor.safetensors", "policy_postprocessor_step_0_unnormalizer_processor.safetensors"] {
+    for file in
+        ["policy_preprocessor_step_3_normalizer_processor.safetensors", "policy_postprocessor_step_0_unnormalizer_processor.safetensors"]
+    {
         let path = out.join(file);
         safetensors::serialize_to_file(views.iter().map(|(n, v)| (n.as_str(), v)), None, &path)
             .map_err(|e| Error::checkpoint(&path, format!("writing statistics: {e}")))?;

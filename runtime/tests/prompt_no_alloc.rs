@@ -39,10 +39,7 @@ static GLOBAL: CountingAlloc = CountingAlloc;
 #[test]
 fn assemble_does_not_allocate() {
     const STATE_DIM: usize = 14;
-    let path = Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/data/tokenizer/tokenizer.json"
-    ));
+    let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/tokenizer/tokenizer.json"));
     let mut prompt = PromptTokenizer::from_file(path, 200, STATE_DIM).unwrap();
     prompt.set_task("pick the café cup").unwrap();
     let mut tokens = [0i32; 200];
@@ -61,12 +58,6 @@ fn assemble_does_not_allocate() {
     }
     let allocations = ALLOCATIONS.with(Cell::get) - before;
 
-    assert_eq!(
-        allocations, 0,
-        "assemble allocated {allocations} times in 1000 calls"
-    );
-    assert!(
-        total > 1000 * 20,
-        "prompts unexpectedly short: {total} tokens in total"
-    );
+    assert_eq!(allocations, 0, "assemble allocated {allocations} times in 1000 calls");
+    assert!(total > 1000 * 20, "prompts unexpectedly short: {total} tokens in total");
 }

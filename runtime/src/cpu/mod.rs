@@ -20,7 +20,11 @@ enum Weight {
     Packed(PackedMatrix),
     Vector(Vec<f32>),
     /// Rows gathered from the checkpoint mapping on use (the table can be 2 GB in f32).
-    Embedding { name: String, width: usize, vocab: usize },
+    Embedding {
+        name: String,
+        width: usize,
+        vocab: usize,
+    },
 }
 
 enum Buffer {
@@ -87,17 +91,7 @@ impl CpuBackend {
         }
         // Positions never exceed the number of sequence slots (cumsum of validity).
         let half = head_dim / 2;
-        let mut rope_cos = vec![0.0; rope_positions * half];
-        let mut rope_sin = vec![0.0; rope_positions * half];
-        for pos in 0..rope_positions {
-            for j in 0..half {
-                // transformers' Gemma rotary: inv_freq in f32, angle = pos · inv_freq in f32.
-                let inv_freq = (1.0 / 10000f64.powf(2.0 * j as f64 / head_dim as f64)) as f32;
-                let angle = (pos as f32 * inv_freq) as f64;
-                rope_cos[pos * half + j] = angle.cos() as f32;
-                rope_sin[pos * half + j] = angle.sin() as f32;
-            }
-        }
+        let (rope_cos, rope_sin) = rope_tables(rope_positions, head_dim);
         CpuBackend {
             plan,
             buffers,
@@ -185,9 +179,7 @@ impl CpuBackend {
 
     /// Lends out the destination buffer so the op can read other buffers while writing it.
     fn with_out<R>(&mut self, id: BufId, f: impl FnOnce(&Self, &mut [f32]) -> R) -> R {
-        let Buffer::F32(mut out) = self.take(id) else {
-            unreachable!("buffer {} is not f32", self.plan.buffers[id.0].name)
-        };
+        let Buffer::F32(mut out) = self.take(id) else { unreachable!("buffer {} is not f32", self.plan.buffers[id.0].name) };
         let r = f(self, &mut out);
         self.buffers[id.0] = Buffer::F32(out);
         r
@@ -200,7 +192,8 @@ impl CpuBackend {
                     self.i32(frame_info)[camera * FRAME_INFO_FIELDS..][..FRAME_INFO_FIELDS].try_into().expect("4 fields");
                 let Buffer::U8(staged) = self.take(frames) else { unreachable!("frames are u8") };
                 let format = PixelFormat::from_code(info[3] as u32).unwrap_or(PixelFormat::Rgb8);
-                let frame = (info[0] != 0).then(|| (&staged[camera * frame_stride..][..frame_stride], info[1] as usize, info[2] as usize, format));
+                let frame =
+                    (info[0] != 0).then(|| (&staged[camera * frame_stride..][..frame_stride], info[1] as usize, info[2] as usize, format));
                 image::patchify(frame, size, patch, &mut self.f32_mut(out.buf)[out.offset..], out.stride);
                 self.buffers[frames.0] = Buffer::U8(staged);
             }
@@ -210,7 +203,14 @@ impl CpuBackend {
                     let Weight::Packed(pw) = &this.weights[w.0] else { unreachable!("gemm weight is packed") };
                     debug_assert!(pw.k == a.cols && pw.n == out.cols, "gemm shapes");
                     let src = this.f32(a.buf);
-                    gemm(src, Strided { offset: a.offset, rows: a.rows, stride: a.stride }, pw, dst, Strided { offset: out.offset, rows: out.rows, stride: out.stride }, accumulate);
+                    gemm(
+                        src,
+                        Strided { offset: a.offset, rows: a.rows, stride: a.stride },
+                        pw,
+                        dst,
+                        Strided { offset: out.offset, rows: out.rows, stride: out.stride },
+                        accumulate,
+                    );
                     if let Some(b) = bias {
                         let b = this.vector(b);
                         for_rows(dst, out, |row| row.iter_mut().zip(b).for_each(|(o, b)| *o += b));
@@ -305,7 +305,7 @@ impl CpuBackend {
                     self.i32_mut(positions)[slot] = count - 1;
                 }
             }
-                Op::RopeQkv { qkv, heads, head_dim, positions, position_offset, k_cache, v_cache, cache_row } => {
+            Op::RopeQkv { qkv, heads, head_dim, positions, position_offset, k_cache, v_cache, cache_row } => {
                 let half = head_dim / 2;
                 debug_assert_eq!(half, self.rope_half, "one RoPE table per plan");
                 let Buffer::F32(mut kc) = self.take(k_cache.buf) else { unreachable!("k cache is f32") };
@@ -379,7 +379,19 @@ impl CpuBackend {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn attention(&mut self, q: View, k: View, v: View, out: View, heads: usize, kv_heads: usize, head_dim: usize, groups: usize, key_valid: Option<BufId>, query_valid: Option<BufId>) {
+    fn attention(
+        &mut self,
+        q: View,
+        k: View,
+        v: View,
+        out: View,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        groups: usize,
+        key_valid: Option<BufId>,
+        query_valid: Option<BufId>,
+    ) {
         let mut scratch = std::mem::take(&mut self.scores);
         let attend = self.attend;
         let per_kv = heads / kv_heads;
@@ -532,6 +544,24 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + tail
+}
+
+/// `cos` and `sin` of every RoPE angle for positions `0..positions`, `[pos][head_dim / 2]`; the
+/// CUDA backend uploads the same tables.
+pub fn rope_tables(positions: usize, head_dim: usize) -> (Vec<f32>, Vec<f32>) {
+    let half = head_dim / 2;
+    let mut cos = vec![0.0; positions * half];
+    let mut sin = vec![0.0; positions * half];
+    for pos in 0..positions {
+        for j in 0..half {
+            // transformers' Gemma rotary: inv_freq in f32, angle = pos · inv_freq in f32.
+            let inv_freq = (1.0 / 10000f64.powf(2.0 * j as f64 / head_dim as f64)) as f32;
+            let angle = (pos as f32 * inv_freq) as f64;
+            cos[pos * half + j] = angle.cos() as f32;
+            sin[pos * half + j] = angle.sin() as f32;
+        }
+    }
+    (cos, sin)
 }
 
 /// Applies `f` to each row of `view` inside `buf`.

@@ -75,14 +75,23 @@ impl Config {
     /// Derives every size from the checkpoint's tensors; `json` is lerobot's `config.json` if any.
     pub fn from_checkpoint(ckpt: &Checkpoint, json: Option<&LerobotConfig>) -> Result<Config> {
         let shape = |name: &str| -> Result<&[usize]> {
-            ckpt.shape(name).ok_or_else(|| Error::checkpoint(ckpt.path(), format!("missing tensor {name} (needed to derive the model size)")))
+            ckpt.shape(name)
+                .ok_or_else(|| Error::checkpoint(ckpt.path(), format!("missing tensor {name} (needed to derive the model size)")))
         };
         let dim = |name: &str, axis: usize| -> Result<usize> {
             let s = shape(name)?;
-            s.get(axis).copied().ok_or_else(|| Error::checkpoint(ckpt.path(), format!("tensor {name} has shape {s:?}, expected at least {} dims", axis + 1)))
+            s.get(axis).copied().ok_or_else(|| {
+                Error::checkpoint(ckpt.path(), format!("tensor {name} has shape {s:?}, expected at least {} dims", axis + 1))
+            })
         };
         let count_layers = |prefix: &str| {
-            (0..).take_while(|i| ckpt.shape(&format!("{prefix}{i}.input_layernorm.weight")).is_some() || ckpt.shape(&format!("{prefix}{i}.layer_norm1.weight")).is_some() || ckpt.shape(&format!("{prefix}{i}.input_layernorm.dense.weight")).is_some()).count()
+            (0..)
+                .take_while(|i| {
+                    ckpt.shape(&format!("{prefix}{i}.input_layernorm.weight")).is_some()
+                        || ckpt.shape(&format!("{prefix}{i}.layer_norm1.weight")).is_some()
+                        || ckpt.shape(&format!("{prefix}{i}.input_layernorm.dense.weight")).is_some()
+                })
+                .count()
         };
 
         let patch_w = format!("{VT}embeddings.patch_embedding.weight");
@@ -99,15 +108,23 @@ impl Config {
             None => {
                 return Err(Error::checkpoint(
                     ckpt.path(),
-                    format!("cannot derive the SigLIP head count from width {vision_width} (not a multiple of {SIGLIP_HEAD_DIM}); set vision_num_heads in config.json"),
+                    format!(
+                        "cannot derive the SigLIP head count from width {vision_width} (not a multiple of {SIGLIP_HEAD_DIM}); set vision_num_heads in config.json"
+                    ),
                 ));
             }
         };
 
-        let embedding_tensor = [format!("{P}language_model.embed_tokens.weight"), "paligemma_with_expert.paligemma.lm_head.weight".to_string()]
-            .into_iter()
-            .find(|n| ckpt.shape(n).is_some())
-            .ok_or_else(|| Error::checkpoint(ckpt.path(), "missing token embedding: neither paligemma.lm_head.weight nor language_model.embed_tokens.weight"))?;
+        let embedding_tensor =
+            [format!("{P}language_model.embed_tokens.weight"), "paligemma_with_expert.paligemma.lm_head.weight".to_string()]
+                .into_iter()
+                .find(|n| ckpt.shape(n).is_some())
+                .ok_or_else(|| {
+                    Error::checkpoint(
+                        ckpt.path(),
+                        "missing token embedding: neither paligemma.lm_head.weight nor language_model.embed_tokens.weight",
+                    )
+                })?;
 
         let lm_q = format!("{LM}layers.0.self_attn.q_proj.weight");
         let lm_width = dim(&lm_q, 1)?;
@@ -149,13 +166,22 @@ impl Config {
             embedding_tensor,
         };
         if config.lm_layers != config.expert_layers {
-            return Err(Error::checkpoint(ckpt.path(), format!("the prefix LM has {} layers and the expert {}; Pi0.5 pairs them one to one", config.lm_layers, config.expert_layers)));
+            return Err(Error::checkpoint(
+                ckpt.path(),
+                format!(
+                    "the prefix LM has {} layers and the expert {}; Pi0.5 pairs them one to one",
+                    config.lm_layers, config.expert_layers
+                ),
+            ));
         }
         if config.heads * config.head_dim == 0 || config.vision_width % config.vision_heads != 0 {
             return Err(Error::checkpoint(ckpt.path(), format!("inconsistent attention sizes: {config:?}")));
         }
         if let Some(a) = config.robot_action_dim.filter(|&a| a > action_dim) {
-            return Err(Error::checkpoint(ckpt.path(), format!("config.json action dim {a} exceeds the model's action width {action_dim}")));
+            return Err(Error::checkpoint(
+                ckpt.path(),
+                format!("config.json action dim {a} exceeds the model's action width {action_dim}"),
+            ));
         }
         Ok(config)
     }
@@ -188,7 +214,12 @@ impl Config {
         e.tensor(format!("{P}multi_modal_projector.linear.bias"), &[l]);
         e.tensor(self.embedding_tensor.clone(), &[self.vocab, l]);
         // The tied copy of the embedding may be present too; the final LM norm is unused at inference.
-        for name in [format!("{P}language_model.embed_tokens.weight"), "paligemma_with_expert.paligemma.lm_head.weight".into(), format!("{LM}norm.weight"), format!("{EX}lm_head.weight")] {
+        for name in [
+            format!("{P}language_model.embed_tokens.weight"),
+            "paligemma_with_expert.paligemma.lm_head.weight".into(),
+            format!("{LM}norm.weight"),
+            format!("{EX}lm_head.weight"),
+        ] {
             if name != self.embedding_tensor {
                 e.ignore(name);
             }
@@ -447,7 +478,12 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
             out: patches.rows(cam * tpi, tpi),
         });
     }
-    let patch_w = add(&mut plan, "vision.patch_embedding".into(), matrix(vw, patch_dim), WeightData::Dense(ld.get(&format!("{VT}embeddings.patch_embedding.weight"))));
+    let patch_w = add(
+        &mut plan,
+        "vision.patch_embedding".into(),
+        matrix(vw, patch_dim),
+        WeightData::Dense(ld.get(&format!("{VT}embeddings.patch_embedding.weight"))),
+    );
     // The conv bias is folded into the position table: one add instead of two.
     let mut table = ld.get(&format!("{VT}embeddings.position_embedding.weight"));
     let conv_bias = ld.get(&format!("{VT}embeddings.patch_embedding.bias"));
@@ -459,7 +495,9 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
     plan.push(Op::AddTable { x: vx, table: pos_table, table_rows: tpi });
     for i in 0..c.vision_layers {
         let p = format!("{VT}encoder.layers.{i}.");
-        let mut vec = |plan: &mut Plan, name: &str| add(plan, format!("vision.{i}.{name}"), WeightRole::Vector, WeightData::Dense(ld.get(&format!("{p}{name}"))));
+        let mut vec = |plan: &mut Plan, name: &str| {
+            add(plan, format!("vision.{i}.{name}"), WeightRole::Vector, WeightData::Dense(ld.get(&format!("{p}{name}"))))
+        };
         let ln1 = (vec(&mut plan, "layer_norm1.weight"), vec(&mut plan, "layer_norm1.bias"));
         let ln2 = (vec(&mut plan, "layer_norm2.weight"), vec(&mut plan, "layer_norm2.bias"));
         let o_b = vec(&mut plan, "self_attn.out_proj.bias");
@@ -469,9 +507,16 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
         let qkv_w = add(&mut plan, format!("vision.{i}.qkv"), matrix(3 * vw, vw), WeightData::Dense(ld.stacked(&qkv_names, None)));
         let qkv_bias: Vec<String> = ["q", "k", "v"].iter().map(|n| format!("{p}self_attn.{n}_proj.bias")).collect();
         let qkv_b = add(&mut plan, format!("vision.{i}.qkv_bias"), WeightRole::Vector, WeightData::Dense(ld.stacked(&qkv_bias, None)));
-        let o_w = add(&mut plan, format!("vision.{i}.out_proj"), matrix(vw, vw), WeightData::Dense(ld.get(&format!("{p}self_attn.out_proj.weight"))));
-        let fc1 = add(&mut plan, format!("vision.{i}.fc1"), matrix(c.vision_mlp, vw), WeightData::Dense(ld.get(&format!("{p}mlp.fc1.weight"))));
-        let fc2 = add(&mut plan, format!("vision.{i}.fc2"), matrix(vw, c.vision_mlp), WeightData::Dense(ld.get(&format!("{p}mlp.fc2.weight"))));
+        let o_w = add(
+            &mut plan,
+            format!("vision.{i}.out_proj"),
+            matrix(vw, vw),
+            WeightData::Dense(ld.get(&format!("{p}self_attn.out_proj.weight"))),
+        );
+        let fc1 =
+            add(&mut plan, format!("vision.{i}.fc1"), matrix(c.vision_mlp, vw), WeightData::Dense(ld.get(&format!("{p}mlp.fc1.weight"))));
+        let fc2 =
+            add(&mut plan, format!("vision.{i}.fc2"), matrix(vw, c.vision_mlp), WeightData::Dense(ld.get(&format!("{p}mlp.fc2.weight"))));
 
         plan.push(Op::LayerNorm { x: vx, out: vh, gamma: ln1.0, beta: ln1.1, eps: EPS });
         plan.push(Op::Gemm { a: vh, w: qkv_w, bias: Some(qkv_b), out: vqkv, accumulate: false });
@@ -494,8 +539,18 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
         plan.push(Op::Gemm { a: vmlp, w: fc2, bias: Some(fc2_b), out: vx, accumulate: true });
     }
     let post = (
-        add(&mut plan, "vision.post_layernorm.weight".into(), WeightRole::Vector, WeightData::Dense(ld.get(&format!("{VT}post_layernorm.weight")))),
-        add(&mut plan, "vision.post_layernorm.bias".into(), WeightRole::Vector, WeightData::Dense(ld.get(&format!("{VT}post_layernorm.bias")))),
+        add(
+            &mut plan,
+            "vision.post_layernorm.weight".into(),
+            WeightRole::Vector,
+            WeightData::Dense(ld.get(&format!("{VT}post_layernorm.weight"))),
+        ),
+        add(
+            &mut plan,
+            "vision.post_layernorm.bias".into(),
+            WeightRole::Vector,
+            WeightData::Dense(ld.get(&format!("{VT}post_layernorm.bias"))),
+        ),
     );
     plan.push(Op::LayerNorm { x: vx, out: vout, gamma: post.0, beta: post.1, eps: EPS });
 
@@ -511,34 +566,73 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
     let caches: Vec<(View, View)> = (0..c.lm_layers.max(c.expert_layers))
         .map(|i| (plan.matrix(format!("k_cache.{i}"), kv_rows, hd), plan.matrix(format!("v_cache.{i}"), kv_rows, hd)))
         .collect();
-    let proj_w = add(&mut plan, "projector".into(), matrix(lw, vw), WeightData::Dense(ld.get(&format!("{P}multi_modal_projector.linear.weight"))));
-    let proj_b = add(&mut plan, "projector.bias".into(), WeightRole::Vector, WeightData::Dense(ld.get(&format!("{P}multi_modal_projector.linear.bias"))));
-    let emb = add(&mut plan, "embed_tokens".into(), WeightRole::Embedding { vocab: c.vocab, width: lw }, WeightData::Checkpoint(c.embedding_tensor.clone()));
+    let proj_w =
+        add(&mut plan, "projector".into(), matrix(lw, vw), WeightData::Dense(ld.get(&format!("{P}multi_modal_projector.linear.weight"))));
+    let proj_b = add(
+        &mut plan,
+        "projector.bias".into(),
+        WeightRole::Vector,
+        WeightData::Dense(ld.get(&format!("{P}multi_modal_projector.linear.bias"))),
+    );
+    let emb = add(
+        &mut plan,
+        "embed_tokens".into(),
+        WeightRole::Embedding { vocab: c.vocab, width: lw },
+        WeightData::Checkpoint(c.embedding_tensor.clone()),
+    );
     plan.push(Op::Gemm { a: vout, w: proj_w, bias: Some(proj_b), out: embed.rows(0, vrows), accumulate: false });
     plan.push(Op::Embed { tokens: io.tokens, table: emb, scale: (lw as f32).sqrt(), out: embed.rows(vrows, c.prompt_len) });
     plan.push(Op::Copy { src: embed, dst: x });
-    for i in 0..c.lm_layers {
+    for (i, &(k_cache, v_cache)) in caches.iter().enumerate().take(c.lm_layers) {
         let p = format!("{LM}layers.{i}.");
         let in_norm: Vec<f32> = ld.get(&format!("{p}input_layernorm.weight")).iter().map(|w| 1.0 + w).collect();
-        let (k_cache, v_cache) = caches[i];
         let last = i + 1 == c.lm_layers;
         // The last layer only feeds the K/V cache: its queries, attention and MLP are never used.
         let proj: &[&str] = if last { &["k", "v"] } else { &["q", "k", "v"] };
         let names: Vec<String> = proj.iter().map(|n| format!("{p}self_attn.{n}_proj.weight")).collect();
         let q_heads = if last { 0 } else { nh };
-        let qkv_w = add(&mut plan, format!("lm.{i}.qkv*(1+input_norm)"), matrix((q_heads + 2) * hd, lw), WeightData::Dense(ld.stacked(&names, Some(&in_norm))));
+        let qkv_w = add(
+            &mut plan,
+            format!("lm.{i}.qkv*(1+input_norm)"),
+            matrix((q_heads + 2) * hd, lw),
+            WeightData::Dense(ld.stacked(&names, Some(&in_norm))),
+        );
         let qkv_view = qkv.cols(0, (q_heads + 2) * hd);
         plan.push(Op::RmsNorm { x, out: h, eps: EPS });
         plan.push(Op::Gemm { a: h, w: qkv_w, bias: None, out: qkv_view, accumulate: false });
-        plan.push(Op::RopeQkv { qkv: qkv_view, heads: q_heads, head_dim: hd, positions, position_offset: 0, k_cache, v_cache, cache_row: 0 });
+        plan.push(Op::RopeQkv {
+            qkv: qkv_view,
+            heads: q_heads,
+            head_dim: hd,
+            positions,
+            position_offset: 0,
+            k_cache,
+            v_cache,
+            cache_row: 0,
+        });
         if last {
             break;
         }
         let post_norm: Vec<f32> = ld.get(&format!("{p}post_attention_layernorm.weight")).iter().map(|w| 1.0 + w).collect();
-        let o_w = add(&mut plan, format!("lm.{i}.o_proj"), matrix(lw, nh * hd), WeightData::Dense(ld.get(&format!("{p}self_attn.o_proj.weight"))));
+        let o_w = add(
+            &mut plan,
+            format!("lm.{i}.o_proj"),
+            matrix(lw, nh * hd),
+            WeightData::Dense(ld.get(&format!("{p}self_attn.o_proj.weight"))),
+        );
         let gu_names = [format!("{p}mlp.gate_proj.weight"), format!("{p}mlp.up_proj.weight")];
-        let gu_w = add(&mut plan, format!("lm.{i}.gate_up*(1+post_norm)"), matrix(2 * c.lm_mlp, lw), WeightData::Dense(ld.stacked(&gu_names, Some(&post_norm))));
-        let down = add(&mut plan, format!("lm.{i}.down_proj"), matrix(lw, c.lm_mlp), WeightData::Dense(ld.get(&format!("{p}mlp.down_proj.weight"))));
+        let gu_w = add(
+            &mut plan,
+            format!("lm.{i}.gate_up*(1+post_norm)"),
+            matrix(2 * c.lm_mlp, lw),
+            WeightData::Dense(ld.stacked(&gu_names, Some(&post_norm))),
+        );
+        let down = add(
+            &mut plan,
+            format!("lm.{i}.down_proj"),
+            matrix(lw, c.lm_mlp),
+            WeightData::Dense(ld.get(&format!("{p}mlp.down_proj.weight"))),
+        );
         plan.push(Op::Attention {
             q: qkv.cols(0, nh * hd),
             k: k_cache.rows(0, prefix),
@@ -571,8 +665,18 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
     let steps = c.denoise_steps;
     let dt = -1.0 / steps as f32;
     // x ← x + dt·(W h + b) is one accumulating GEMM with dt folded into W and b.
-    let out_w = add(&mut plan, "action_out_proj*dt".into(), matrix(ad, ew), WeightData::Dense(ld.get("action_out_proj.weight").iter().map(|w| w * dt).collect()));
-    let out_b = add(&mut plan, "action_out_proj.bias*dt".into(), WeightRole::Vector, WeightData::Dense(ld.get("action_out_proj.bias").iter().map(|b| b * dt).collect()));
+    let out_w = add(
+        &mut plan,
+        "action_out_proj*dt".into(),
+        matrix(ad, ew),
+        WeightData::Dense(ld.get("action_out_proj.weight").iter().map(|w| w * dt).collect()),
+    );
+    let out_b = add(
+        &mut plan,
+        "action_out_proj.bias*dt".into(),
+        WeightRole::Vector,
+        WeightData::Dense(ld.get("action_out_proj.bias").iter().map(|b| b * dt).collect()),
+    );
     let mut layer_w = Vec::with_capacity(c.expert_layers);
     let mut dense = Vec::with_capacity(c.expert_layers);
     for i in 0..c.expert_layers {
@@ -581,9 +685,19 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
         let gu_names = [format!("{p}mlp.gate_proj.weight"), format!("{p}mlp.up_proj.weight")];
         layer_w.push((
             add(&mut plan, format!("expert.{i}.qkv"), matrix((nh + 2) * hd, ew), WeightData::Dense(ld.stacked(&qkv_names, None))),
-            add(&mut plan, format!("expert.{i}.o_proj"), matrix(ew, nh * hd), WeightData::Dense(ld.get(&format!("{p}self_attn.o_proj.weight")))),
+            add(
+                &mut plan,
+                format!("expert.{i}.o_proj"),
+                matrix(ew, nh * hd),
+                WeightData::Dense(ld.get(&format!("{p}self_attn.o_proj.weight"))),
+            ),
             add(&mut plan, format!("expert.{i}.gate_up"), matrix(2 * c.expert_mlp, ew), WeightData::Dense(ld.stacked(&gu_names, None))),
-            add(&mut plan, format!("expert.{i}.down_proj"), matrix(ew, c.expert_mlp), WeightData::Dense(ld.get(&format!("{p}mlp.down_proj.weight")))),
+            add(
+                &mut plan,
+                format!("expert.{i}.down_proj"),
+                matrix(ew, c.expert_mlp),
+                WeightData::Dense(ld.get(&format!("{p}mlp.down_proj.weight"))),
+            ),
         ));
         let norm = |n: &str| (ld.get(&format!("{p}{n}.dense.weight")), ld.get(&format!("{p}{n}.dense.bias")));
         dense.push([norm("input_layernorm"), norm("post_attention_layernorm")]);
@@ -608,11 +722,25 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
             let (k_cache, v_cache) = caches[i];
             let [attn_mod, mlp_mod] = [0, 1].map(|n| {
                 let (w, b) = &dense[i][n];
-                add(&mut plan, format!("expert.{i}.{}_mod@t={t}", ["attn", "mlp"][n]), WeightRole::Vector, WeightData::Dense(linear(w, b, &cond)))
+                add(
+                    &mut plan,
+                    format!("expert.{i}.{}_mod@t={t}", ["attn", "mlp"][n]),
+                    WeightRole::Vector,
+                    WeightData::Dense(linear(w, b, &cond)),
+                )
             });
             plan.push(Op::AdaRmsNorm { x: eh, out: en, modulation: attn_mod, eps: EPS });
             plan.push(Op::Gemm { a: en, w: qkv_w, bias: None, out: eqkv, accumulate: false });
-            plan.push(Op::RopeQkv { qkv: eqkv, heads: nh, head_dim: hd, positions, position_offset: prefix, k_cache, v_cache, cache_row: prefix });
+            plan.push(Op::RopeQkv {
+                qkv: eqkv,
+                heads: nh,
+                head_dim: hd,
+                positions,
+                position_offset: prefix,
+                k_cache,
+                v_cache,
+                cache_row: prefix,
+            });
             plan.push(Op::Attention {
                 q: eqkv.cols(0, nh * hd),
                 k: k_cache,
@@ -633,7 +761,12 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
             plan.push(Op::Gemm { a: emlp, w: down_w, bias: None, out: etmp, accumulate: false });
             plan.push(Op::GatedResidual { x: eh, y: etmp, modulation: mlp_mod });
         }
-        let final_mod = add(&mut plan, format!("expert.norm_mod@t={t}"), WeightRole::Vector, WeightData::Dense(linear(&final_dense.0, &final_dense.1, &cond)));
+        let final_mod = add(
+            &mut plan,
+            format!("expert.norm_mod@t={t}"),
+            WeightRole::Vector,
+            WeightData::Dense(linear(&final_dense.0, &final_dense.1, &cond)),
+        );
         plan.push(Op::AdaRmsNorm { x: eh, out: en, modulation: final_mod, eps: EPS });
         plan.push(Op::Gemm { a: en, w: out_w, bias: Some(out_b), out: xt, accumulate: true });
     }
