@@ -1,0 +1,91 @@
+//! The `flashrt` binary end to end: synth → inspect → run (synthetic and file observations) →
+//! bench JSON, and a clear error for a bad checkpoint.
+
+use std::path::Path;
+use std::process::Command;
+
+fn flashrt(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_flashrt")).args(args).env("RUST_LOG", "warn").output().expect("flashrt runs");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn synth_inspect_run_and_bench() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("tiny");
+    let (ok, stdout, stderr) = flashrt(&["synth", "--model", "pi05", "--size", "tiny", "--out", path(&ckpt), "--seed", "9"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("wrote a Tiny Pi0.5 checkpoint"));
+
+    let (ok, stdout, stderr) = flashrt(&["inspect", "--checkpoint", path(&ckpt)]);
+    assert!(ok, "{stderr}");
+    for needle in ["model pi05", "3 cameras", "state 8 -> actions 50x7", "phase vision", "phase denoise step 9", "folded at load"] {
+        assert!(stdout.contains(needle), "inspect output lacks {needle:?}:\n{stdout}");
+    }
+
+    let (ok, stdout, stderr) = flashrt(&["run", "--checkpoint", path(&ckpt), "--steps", "3", "--prompt", "stack the cups"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("3 steps: p50"), "{stdout}");
+
+    // An observation file: cameras 0 and 1 at 320x240, camera 2 missing, a state of 8.
+    let frame: Vec<u8> = (0..320 * 240 * 3).map(|i| (i % 251) as u8).collect();
+    let state: Vec<u8> = [0.1f32, -0.2, 0.3, 0.0, 0.5, -0.6, 0.7, 0.05].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let obs = dir.path().join("obs.safetensors");
+    let views = vec![
+        ("image.0", safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![240, 320, 3], &frame).unwrap()),
+        ("image.1", safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![240, 320, 3], &frame).unwrap()),
+        ("state", safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![8], &state).unwrap()),
+    ];
+    safetensors::serialize_to_file(views, None, &obs).unwrap();
+    let (ok, stdout, stderr) = flashrt(&["run", "--checkpoint", path(&ckpt), "--steps", "2", "--observation", path(&obs)]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("first action row"), "{stdout}");
+
+    let json = dir.path().join("bench.json");
+    for _ in 0..2 {
+        let (ok, _, stderr) = flashrt(&["bench", "--checkpoint", path(&ckpt), "--iterations", "5", "--warmup", "1", "--out", path(&json)]);
+        assert!(ok, "{stderr}");
+    }
+    let results: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(results.len(), 2, "bench appends to the result list");
+    for key in [
+        "workload",
+        "model",
+        "device",
+        "backend",
+        "precision",
+        "views",
+        "prompt_tokens",
+        "steps",
+        "horizon",
+        "iterations",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "max_ms",
+        "cold_start_s",
+        "device_mem_mib",
+        "commit",
+        "command",
+        "date",
+    ] {
+        assert!(results[0].get(key).is_some(), "bench JSON lacks {key}");
+    }
+    let r = &results[1];
+    assert_eq!(r["iterations"], 5);
+    assert!(r["p50_ms"].as_f64().unwrap() > 0.0 && r["p50_ms"].as_f64() <= r["max_ms"].as_f64());
+}
+
+#[test]
+fn bad_checkpoint_is_a_clear_error_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("model.safetensors"), b"garbage").unwrap();
+    let (ok, _, stderr) = flashrt(&["inspect", "--checkpoint", path(dir.path())]);
+    assert!(!ok);
+    assert!(stderr.contains("error: checkpoint") && stderr.contains("model.safetensors"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
