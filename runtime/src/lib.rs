@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod bench;
+pub mod board;
 pub mod checkpoint;
 pub mod cpu;
 pub mod error;
@@ -15,6 +16,7 @@ pub mod norm;
 pub mod plan;
 pub mod policy;
 pub mod prompt;
+pub mod realtime;
 pub mod stats;
 pub mod synth;
 
