@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use flashrt::bench::{self, SyntheticInputs};
 use flashrt::image::{Frame, PixelFormat};
+use flashrt::realtime::{self, RealtimeConfig};
 use flashrt::synth::{self, SynthSize};
 use flashrt::{BackendKind, Observation, Policy, PolicyConfig, Result};
 
@@ -28,6 +29,8 @@ enum Command {
     Run {
         #[command(flatten)]
         open: OpenArgs,
+        #[command(flatten)]
+        realtime: RealtimeArgs,
         #[arg(long, default_value_t = 100)]
         steps: usize,
         /// Control rate in Hz (0: as fast as possible).
@@ -45,6 +48,8 @@ enum Command {
     Bench {
         #[command(flatten)]
         open: OpenArgs,
+        #[command(flatten)]
+        realtime: RealtimeArgs,
         #[arg(long, default_value_t = 1000)]
         iterations: usize,
         #[arg(long, default_value_t = 10)]
@@ -111,6 +116,26 @@ struct OpenArgs {
     state_dim: Option<usize>,
 }
 
+/// Real-time setup of the stepping thread, applied after open (see `flashrt::realtime`).
+#[derive(Args)]
+struct RealtimeArgs {
+    /// mlockall(MCL_CURRENT | MCL_FUTURE): needs CAP_IPC_LOCK or a large RLIMIT_MEMLOCK.
+    #[arg(long)]
+    mlock: bool,
+    /// Run the stepping thread SCHED_FIFO at this priority (1-99): needs CAP_SYS_NICE or RLIMIT_RTPRIO.
+    #[arg(long)]
+    fifo_priority: Option<i32>,
+    /// Pin the stepping thread to these CPUs (e.g. `--cpus 4,5`).
+    #[arg(long, value_delimiter = ',')]
+    cpus: Vec<usize>,
+}
+
+impl RealtimeArgs {
+    fn apply(&self) -> Result<()> {
+        realtime::apply(&RealtimeConfig { lock_memory: self.mlock, fifo_priority: self.fifo_priority, cpus: self.cpus.clone() })
+    }
+}
+
 impl OpenArgs {
     fn config(&self) -> PolicyConfig {
         let mut c = PolicyConfig::new(&self.checkpoint);
@@ -134,11 +159,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo { steps } => demo(steps),
-        Command::Run { open, steps, rate, prompt, observation } => {
-            Policy::open(&open.config()).and_then(|mut p| run(&mut p, steps, rate, &prompt, observation.as_deref()))
-        }
-        Command::Bench { open, iterations, warmup, views, prompt_tokens, workload, out } => {
-            bench_command(&open, started, iterations, warmup, views, prompt_tokens, &workload, out.as_deref())
+        Command::Run { open, realtime, steps, rate, prompt, observation } => Policy::open(&open.config()).and_then(|mut p| {
+            realtime.apply()?;
+            run(&mut p, steps, rate, &prompt, observation.as_deref())
+        }),
+        Command::Bench { open, realtime, iterations, warmup, views, prompt_tokens, workload, out } => {
+            bench_command(&open, &realtime, started, iterations, warmup, views, prompt_tokens, &workload, out.as_deref())
         }
         Command::Inspect { open } => Policy::open(&open.config()).map(|p| inspect(&p)),
         Command::Synth { model: Model::Pi05, size, out, seed } => synth_command(&out, size, seed),
@@ -256,8 +282,19 @@ fn run(policy: &mut Policy, steps: usize, rate: f64, prompt: &str, observation: 
 }
 
 #[allow(clippy::too_many_arguments)]
-fn bench_command(open: &OpenArgs, started: Instant, iterations: usize, warmup: usize, views: usize, prompt_tokens: usize, workload: &str, out: Option<&Path>) -> Result<()> {
+fn bench_command(
+    open: &OpenArgs,
+    realtime: &RealtimeArgs,
+    started: Instant,
+    iterations: usize,
+    warmup: usize,
+    views: usize,
+    prompt_tokens: usize,
+    workload: &str,
+    out: Option<&Path>,
+) -> Result<()> {
     let mut policy = Policy::open(&open.config())?;
+    realtime.apply()?;
     let info = policy.info();
     // Random prompt ids of the requested length, BOS first.
     let ids: Vec<i32> = std::iter::once(2).chain((1..prompt_tokens).map(|i| 4 + (i as i32 * 7919) % 1000)).collect();
