@@ -44,15 +44,7 @@ impl Time {
     /// Wall-clock time (ROS time without simulation). A clock before 1970 reads as zero.
     pub fn now() -> Time {
         let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        Time::from_nanos(since.as_nanos() as i64)
-    }
-
-    pub fn from_nanos(nanos: i64) -> Time {
-        Time { sec: nanos.div_euclid(1_000_000_000) as i32, nanosec: nanos.rem_euclid(1_000_000_000) as u32 }
-    }
-
-    pub fn to_nanos(self) -> i64 {
-        self.sec as i64 * 1_000_000_000 + self.nanosec as i64
+        Time { sec: since.as_secs().min(i32::MAX as u64) as i32, nanosec: since.subsec_nanos() }
     }
 }
 

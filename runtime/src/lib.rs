@@ -9,6 +9,7 @@ pub mod bench;
 pub mod board;
 pub mod checkpoint;
 pub mod cpu;
+pub mod cuda;
 pub mod error;
 pub mod image;
 pub mod models;

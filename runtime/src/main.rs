@@ -71,6 +71,15 @@ enum Command {
         #[command(flatten)]
         open: OpenArgs,
     },
+    /// Compile every CUDA kernel ahead of time with NVRTC (no GPU needed) into DIR, named as the
+    /// kernel cache names them: copy DIR into the target's `$XDG_CACHE_HOME/flashrt/kernels`.
+    Kernels {
+        /// GPU architecture: sm_87 (Orin), sm_90 (H100/H200), sm_110 (Thor), ...
+        #[arg(long)]
+        arch: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Write a random Pi0.5 checkpoint in the lerobot layout.
     Synth {
         #[arg(long, value_enum, default_value_t = Model::Pi05)]
@@ -168,6 +177,7 @@ fn main() -> ExitCode {
         }
         Command::Inspect { open } => Policy::open(&open.config()).map(|p| inspect(&p)),
         Command::Synth { model: Model::Pi05, size, out, seed } => synth_command(&out, size, seed),
+        Command::Kernels { arch, out } => flashrt::cuda::write_kernels(&arch, &out).map(|paths| paths.iter().for_each(|p| println!("{}", p.display()))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

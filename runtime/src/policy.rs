@@ -217,20 +217,29 @@ impl Policy {
             }
         };
 
-        let backend = match config.backend {
+        // Probe before building anything: asking for CUDA where it cannot run fails fast, with why.
+        let use_cuda = match config.backend {
+            BackendKind::Cpu => false,
             BackendKind::Cuda => {
-                return Err(Error::Backend("the CUDA backend is not part of this build yet; use backend cpu or auto".into()));
+                crate::cuda::probe(config.device).map_err(|why| Error::Backend(format!("CUDA backend requested but unavailable: {why}")))?;
+                true
             }
-            BackendKind::Auto => {
-                log::info!("backend auto: using the CPU backend (no CUDA backend in this build)");
-                "cpu"
-            }
-            BackendKind::Cpu => "cpu",
+            BackendKind::Auto => match crate::cuda::probe(config.device) {
+                Ok(name) => {
+                    log::info!("backend auto: CUDA on {name}");
+                    true
+                }
+                Err(why) => {
+                    log::info!("backend auto: CPU ({why})");
+                    false
+                }
+            },
         };
-        if !matches!(config.precision, Precision::Auto | Precision::F32) {
-            return Err(Error::invalid("config.precision", format!("{:?} needs the CUDA backend; the CPU backend computes in f32", config.precision)));
+        match (use_cuda, config.precision) {
+            (_, Precision::Auto) | (false, Precision::F32) | (true, Precision::Bf16) => {}
+            (true, p) => return Err(Error::invalid("config.precision", format!("{p:?} is not available on the CUDA backend (it computes in bf16)"))),
+            (false, p) => return Err(Error::invalid("config.precision", format!("{p:?} needs the CUDA backend; the CPU backend computes in f32"))),
         }
-        debug_assert_eq!(backend, "cpu");
 
         let opts = BuildOptions {
             cameras,
@@ -246,7 +255,11 @@ impl Policy {
         );
         let Model { config: model_config, plan, weights, io, cameras, out_action_dim } = pi05::build(&ckpt, model_config, &opts, &|n| bar.inc(n as u64))?;
         bar.finish_and_clear();
-        let backend: Box<dyn Backend> = Box::new(CpuBackend::new(plan, weights, ckpt));
+        let backend: Box<dyn Backend> = if use_cuda {
+            crate::cuda::open(plan, weights, ckpt, config.device, config.kernel_cache_dir.clone())?
+        } else {
+            Box::new(CpuBackend::new(plan, weights, ckpt))
+        };
         log::info!("opened {} in {:.2?}", config.checkpoint.display(), started.elapsed());
 
         Ok(Policy {

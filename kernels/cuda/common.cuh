@@ -1,0 +1,63 @@
+// Shared device helpers. No CUDA toolkit header is included: NVRTC ships none, and a deployment
+// box may have NVRTC without a toolkit. bf16 travels as raw bits and is converted by hand.
+#pragma once
+
+// A bf16 value as its 16 raw bits (the upper half of an IEEE f32).
+struct bf16 {
+    unsigned short bits;
+};
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(bf16 v) { return __uint_as_float(((unsigned)v.bits) << 16); }
+
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+// Round to nearest, ties to even, as PyTorch's float -> bfloat16 cast; NaN stays a quiet NaN.
+template <> __device__ __forceinline__ bf16 from_float<bf16>(float v) {
+    unsigned u = __float_as_uint(v);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        return bf16{(unsigned short)((u >> 16) | 0x40u)};
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return bf16{(unsigned short)(u >> 16)};
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32); every thread gets the total.
+// `scratch` holds 32 floats of shared memory; the leading barrier lets callers reuse it.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    v = warp_sum(v);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < (int)(blockDim.x >> 5) ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+    const float k = 0.7978845608f;  // sqrt(2 / pi)
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+// Instantiates `KERNEL(NAME, TIN, TOUT)` for the four f32/bf16 input/output combinations,
+// named `<name>_<in>_<out>` (the Rust launchers build the same names).
+#define FOR_IN_OUT(KERNEL, NAME)            \
+    KERNEL(NAME##_f32_f32, float, float)    \
+    KERNEL(NAME##_f32_bf16, float, bf16)    \
+    KERNEL(NAME##_bf16_f32, bf16, float)    \
+    KERNEL(NAME##_bf16_bf16, bf16, bf16)
+
+// Instantiates `KERNEL(NAME, T)` for f32 and bf16, named `<name>_<t>`.
+#define FOR_TYPE(KERNEL, NAME)  \
+    KERNEL(NAME##_f32, float)   \
+    KERNEL(NAME##_bf16, bf16)

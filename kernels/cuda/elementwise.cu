@@ -1,0 +1,82 @@
+// Element-wise ops over strided row-major matrices. Launch shape: grid (ceil(cols / block), rows),
+// one thread per element.
+#include "common.cuh"
+
+#define ELEMENT_INDEX                                              \
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;           \
+    const int r = blockIdx.y;                                      \
+    if (c >= cols || r >= rows) return;
+
+template <typename Tin, typename Tout>
+__device__ void copy(Tout* dst, int dst_stride, const Tin* src, int src_stride, int rows, int cols) {
+    ELEMENT_INDEX
+    dst[(long)r * dst_stride + c] = from_float<Tout>(to_float(src[(long)r * src_stride + c]));
+}
+#define COPY(NAME, TIN, TOUT)                                                                     \
+    extern "C" __global__ void NAME(TOUT* dst, int dst_stride, const TIN* src, int src_stride,   \
+                                    int rows, int cols) {                                         \
+        copy<TIN, TOUT>(dst, dst_stride, src, src_stride, rows, cols);                            \
+    }
+FOR_IN_OUT(COPY, copy)
+
+// x += table, the table's rows repeating every `table_rows` rows (position embeddings per camera).
+extern "C" __global__ void add_table_f32(float* x, int x_stride, const float* table, int table_rows, int rows,
+                                         int cols) {
+    ELEMENT_INDEX
+    x[(long)r * x_stride + c] += table[(long)(r % table_rows) * cols + c];
+}
+
+template <typename T>
+__device__ void gelu_tanh_inplace(T* x, int stride, int rows, int cols) {
+    ELEMENT_INDEX
+    T* p = x + (long)r * stride + c;
+    *p = from_float<T>(gelu_tanh(to_float(*p)));
+}
+#define GELU_TANH(NAME, T)                                                                 \
+    extern "C" __global__ void NAME(T* x, int stride, int rows, int cols) {                \
+        gelu_tanh_inplace<T>(x, stride, rows, cols);                                       \
+    }
+FOR_TYPE(GELU_TANH, gelu_tanh)
+
+// out = gelu_tanh(gate) * up, with gate_up = [gate | up] column halves of `cols` each (GeGLU).
+template <typename Tin, typename Tout>
+__device__ void gelu_tanh_mul(Tout* out, int out_stride, const Tin* gate_up, int gu_stride, int rows, int cols) {
+    ELEMENT_INDEX
+    const Tin* g = gate_up + (long)r * gu_stride;
+    out[(long)r * out_stride + c] = from_float<Tout>(gelu_tanh(to_float(g[c])) * to_float(g[cols + c]));
+}
+#define GELU_TANH_MUL(NAME, TIN, TOUT)                                                             \
+    extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* gate_up, int gu_stride,  \
+                                    int rows, int cols) {                                          \
+        gelu_tanh_mul<TIN, TOUT>(out, out_stride, gate_up, gu_stride, rows, cols);                 \
+    }
+FOR_IN_OUT(GELU_TANH_MUL, gelu_tanh_mul)
+
+// out[r, c] = x[r, c] * scale[c] + offset[c] (action unnormalisation), out f32.
+template <typename Tin>
+__device__ void affine(float* out, int out_stride, const Tin* x, int x_stride, const float* scale,
+                       const float* offset, int rows, int cols) {
+    ELEMENT_INDEX
+    out[(long)r * out_stride + c] = to_float(x[(long)r * x_stride + c]) * scale[c] + offset[c];
+}
+#define AFFINE(NAME, TIN)                                                                          \
+    extern "C" __global__ void NAME(float* out, int out_stride, const TIN* x, int x_stride,        \
+                                    const float* scale, const float* offset, int rows, int cols) { \
+        affine<TIN>(out, out_stride, x, x_stride, scale, offset, rows, cols);                      \
+    }
+FOR_TYPE(AFFINE, affine)
+
+// out[r] = table[clamp(tokens[r], 0, vocab - 1)] * scale, table bf16 [vocab, cols].
+template <typename Tout>
+__device__ void embed(Tout* out, int out_stride, const int* tokens, const bf16* table, int vocab, float scale,
+                      int rows, int cols) {
+    ELEMENT_INDEX
+    const int id = min(max(tokens[r], 0), vocab - 1);
+    out[(long)r * out_stride + c] = from_float<Tout>(to_float(table[(long)id * cols + c]) * scale);
+}
+#define EMBED(NAME, TOUT)                                                                           \
+    extern "C" __global__ void NAME(TOUT* out, int out_stride, const int* tokens, const bf16* table, \
+                                    int vocab, float scale, int rows, int cols) {                   \
+        embed<TOUT>(out, out_stride, tokens, table, vocab, scale, rows, cols);                      \
+    }
+FOR_TYPE(EMBED, embed_bf16)

@@ -1,0 +1,569 @@
+//! Loaded modules and typed launchers. A launcher checks shapes, picks the kernel instantiation
+//! for the operands' element types and enqueues it on `stream`; it never allocates device memory.
+
+use std::ffi::{CString, c_void};
+
+use cudarc::driver::result;
+use cudarc::driver::sys::{CUfunction, CUmodule, CUstream};
+
+use crate::compile::Cubin;
+use crate::{KernelError, Result};
+
+/// A device address (`CUdeviceptr`).
+pub type DevPtr = u64;
+
+/// Element type of an activation buffer on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dtype {
+    F32,
+    Bf16,
+}
+
+impl Dtype {
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::Bf16 => 2,
+        }
+    }
+
+    fn suffix(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
+        }
+    }
+}
+
+/// A strided row-major matrix on the device: element `(r, c)` at `ptr + (r · stride + c) · size`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mat {
+    pub ptr: DevPtr,
+    pub rows: usize,
+    pub cols: usize,
+    pub stride: usize,
+    pub dtype: Dtype,
+}
+
+/// Arguments of [`Kernels::rope_qkv`] besides the stream.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeArgs {
+    /// `[rows, (heads + 2) · head_dim]`: q heads, then k, then v.
+    pub qkv: Mat,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// i32 positions; row `r` uses `positions[position_offset + r]`.
+    pub positions: DevPtr,
+    pub position_offset: usize,
+    pub k_cache: Mat,
+    pub v_cache: Mat,
+    pub cache_row: usize,
+    /// f32 `[position][head_dim / 2]` tables.
+    pub cos: DevPtr,
+    pub sin: DevPtr,
+}
+
+/// Kernel argument as the C signature takes it; `params` points at these while launching.
+#[derive(Clone, Copy)]
+enum Arg {
+    P(u64),
+    I(i32),
+    L(i64),
+    F(f32),
+}
+
+impl Arg {
+    fn as_param(&self) -> *mut c_void {
+        match self {
+            Arg::P(v) => v as *const u64 as *mut c_void,
+            Arg::I(v) => v as *const i32 as *mut c_void,
+            Arg::L(v) => v as *const i64 as *mut c_void,
+            Arg::F(v) => v as *const f32 as *mut c_void,
+        }
+    }
+}
+
+const IN_OUT: [&str; 5] = ["layer_norm", "rms_norm", "gated_residual_rms_norm", "copy", "gelu_tanh_mul"];
+const TYPED: [&str; 6] = ["gated_residual", "gelu_tanh", "affine", "embed_bf16", "rope_qkv", "image_patches_u8"];
+const SINGLE: [&str; 3] = ["add_table_f32", "positions_scan_1024", "softmax_rows_masked_f32_bf16"];
+
+/// Every kernel the launchers use, as the macros in `cuda/*.cu` instantiate them.
+pub fn kernel_names() -> Vec<String> {
+    let types = ["f32", "bf16"];
+    let mut names: Vec<String> = SINGLE.iter().map(|s| s.to_string()).collect();
+    for base in IN_OUT {
+        for a in types {
+            for b in types {
+                names.push(format!("{base}_{a}_{b}"));
+            }
+        }
+    }
+    for base in TYPED {
+        for t in types {
+            names.push(format!("{base}_{t}"));
+        }
+    }
+    names
+}
+
+fn i32_of(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v)
+        .map_err(|_| KernelError::Cuda { context: what.into(), message: format!("{v} exceeds the 32-bit range of the kernel argument") })
+}
+
+fn shape_error(what: &str, message: String) -> KernelError {
+    KernelError::Cuda { context: what.into(), message }
+}
+
+/// Loaded modules with every kernel of [`kernel_names`] resolved. Owns the modules; the CUDA
+/// context they were loaded into must be current when launching and when dropping.
+pub struct Kernels {
+    modules: Vec<CUmodule>,
+    /// Sorted by name for lookup.
+    functions: Vec<(String, CUfunction)>,
+}
+
+// SAFETY: module and function handles are plain driver handles, valid in any thread that makes
+// their context current; `Kernels` has no interior mutability.
+unsafe impl Send for Kernels {}
+
+impl Kernels {
+    /// Loads the cubins into the current context and resolves every kernel.
+    pub fn load(cubins: &[Cubin]) -> Result<Kernels> {
+        let mut kernels = Kernels { modules: Vec::with_capacity(cubins.len()), functions: Vec::new() };
+        for cubin in cubins {
+            // SAFETY: `image` is a complete cubin produced by NVRTC (or read back from the cache);
+            // the driver copies it during the call.
+            let module = unsafe { result::module::load_data(cubin.image.as_ptr() as *const c_void) }
+                .map_err(|e| KernelError::cuda(format!("loading the {} module ({})", cubin.source, cubin.arch), e))?;
+            kernels.modules.push(module);
+        }
+        for name in kernel_names() {
+            let cname = CString::new(name.as_str()).expect("kernel names have no NUL");
+            let found = kernels.modules.iter().find_map(|&m| {
+                // SAFETY: `m` is a loaded module; a missing name returns an error, not UB.
+                unsafe { result::module::get_function(m, cname.clone()) }.ok()
+            });
+            let f = found.ok_or_else(|| KernelError::MissingKernel(name.clone()))?;
+            kernels.functions.push((name, f));
+        }
+        kernels.functions.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(kernels)
+    }
+
+    fn function(&self, name: &str) -> Result<CUfunction> {
+        self.functions
+            .binary_search_by(|(n, _)| n.as_str().cmp(name))
+            .map(|i| self.functions[i].1)
+            .map_err(|_| KernelError::MissingKernel(name.into()))
+    }
+
+    /// # Safety
+    /// The arguments must match the kernel's C signature and point to live device memory.
+    unsafe fn launch<const N: usize>(&self, name: &str, grid: (u32, u32, u32), block: u32, stream: CUstream, args: [Arg; N]) -> Result<()> {
+        let f = self.function(name)?;
+        let mut params: [*mut c_void; N] = std::array::from_fn(|i| args[i].as_param());
+        // SAFETY: `params` points into `args`, alive until the driver has copied them.
+        unsafe { result::launch_kernel(f, grid, (block, 1, 1), 0, stream, &mut params) }
+            .map_err(|e| KernelError::cuda(format!("launching {name}"), e))
+    }
+
+    /// One thread per element: grid `(ceil(cols / 256), rows)`.
+    fn elementwise_grid(rows: usize, cols: usize, what: &str) -> Result<(u32, u32, u32)> {
+        if rows > 65_535 {
+            return Err(shape_error(what, format!("{rows} rows exceed the grid's y limit")));
+        }
+        Ok((cols.div_ceil(256).max(1) as u32, rows.max(1) as u32, 1))
+    }
+
+    /// One block per row: enough warps to cover the row once, at most 256 threads.
+    fn row_block(cols: usize) -> u32 {
+        cols.div_ceil(32).clamp(1, 8) as u32 * 32
+    }
+
+    fn same_shape(what: &str, a: &Mat, b: &Mat) -> Result<()> {
+        if (a.rows, a.cols) != (b.rows, b.cols) {
+            return Err(shape_error(what, format!("{}x{} vs {}x{}", a.rows, a.cols, b.rows, b.cols)));
+        }
+        Ok(())
+    }
+
+    /// `dst = src` (same shape), converting the element type.
+    ///
+    /// # Safety
+    /// Both matrices must lie in live device memory of this context.
+    pub unsafe fn copy(&self, dst: Mat, src: Mat, stream: CUstream) -> Result<()> {
+        Self::same_shape("copy", &dst, &src)?;
+        let name = format!("copy_{}_{}", src.dtype.suffix(), dst.dtype.suffix());
+        let grid = Self::elementwise_grid(dst.rows, dst.cols, &name)?;
+        let args = [
+            Arg::P(dst.ptr),
+            Arg::I(i32_of(dst.stride, "copy")?),
+            Arg::P(src.ptr),
+            Arg::I(i32_of(src.stride, "copy")?),
+            Arg::I(dst.rows as i32),
+            Arg::I(i32_of(dst.cols, "copy")?),
+        ];
+        // SAFETY: matches `copy_*` in elementwise.cu; memory validity is the caller's contract.
+        unsafe { self.launch(&name, grid, 256, stream, args) }
+    }
+
+    /// `x += table`, the f32 table's rows repeating every `table_rows` rows.
+    ///
+    /// # Safety
+    /// `x` (f32) and `table` (`table_rows × x.cols` f32) must be live device memory.
+    pub unsafe fn add_table(&self, x: Mat, table: DevPtr, table_rows: usize, stream: CUstream) -> Result<()> {
+        if x.dtype != Dtype::F32 || table_rows == 0 {
+            return Err(shape_error("add_table", format!("needs an f32 residual and table rows > 0, got {:?} and {table_rows}", x.dtype)));
+        }
+        let grid = Self::elementwise_grid(x.rows, x.cols, "add_table")?;
+        let args = [
+            Arg::P(x.ptr),
+            Arg::I(i32_of(x.stride, "add_table")?),
+            Arg::P(table),
+            Arg::I(i32_of(table_rows, "add_table")?),
+            Arg::I(x.rows as i32),
+            Arg::I(i32_of(x.cols, "add_table")?),
+        ];
+        // SAFETY: matches `add_table_f32`.
+        unsafe { self.launch("add_table_f32", grid, 256, stream, args) }
+    }
+
+    /// Row-wise LayerNorm with f32 `gamma`/`beta` of `x.cols`.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    pub unsafe fn layer_norm(&self, out: Mat, x: Mat, gamma: DevPtr, beta: DevPtr, eps: f32, stream: CUstream) -> Result<()> {
+        Self::same_shape("layer_norm", &out, &x)?;
+        let name = format!("layer_norm_{}_{}", x.dtype.suffix(), out.dtype.suffix());
+        let args = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, &name)?),
+            Arg::P(x.ptr),
+            Arg::I(i32_of(x.stride, &name)?),
+            Arg::P(gamma),
+            Arg::P(beta),
+            Arg::I(i32_of(x.cols, &name)?),
+            Arg::F(eps),
+        ];
+        // SAFETY: matches `layer_norm_*` in norm.cu.
+        unsafe { self.launch(&name, (x.rows as u32, 1, 1), Self::row_block(x.cols), stream, args) }
+    }
+
+    /// Row-wise RMS norm; with `modulation` (`[scale | shift | gate]`, 3 · cols f32) the adaRMS
+    /// form `rms(x) · (1 + scale) + shift`.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    pub unsafe fn rms_norm(&self, out: Mat, x: Mat, modulation: Option<DevPtr>, eps: f32, stream: CUstream) -> Result<()> {
+        Self::same_shape("rms_norm", &out, &x)?;
+        let name = format!("rms_norm_{}_{}", x.dtype.suffix(), out.dtype.suffix());
+        let args = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, &name)?),
+            Arg::P(x.ptr),
+            Arg::I(i32_of(x.stride, &name)?),
+            Arg::P(modulation.unwrap_or(0)),
+            Arg::I(i32_of(x.cols, &name)?),
+            Arg::F(eps),
+        ];
+        // SAFETY: matches `rms_norm_*` in norm.cu (a null modulation means plain RMS).
+        unsafe { self.launch(&name, (x.rows as u32, 1, 1), Self::row_block(x.cols), stream, args) }
+    }
+
+    /// `x += y ⊙ gate`, gate = the third third of `modulation` (3 · cols f32); `x` is f32.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    pub unsafe fn gated_residual(&self, x: Mat, y: Mat, modulation: DevPtr, stream: CUstream) -> Result<()> {
+        Self::same_shape("gated_residual", &x, &y)?;
+        if x.dtype != Dtype::F32 {
+            return Err(shape_error("gated_residual", "the residual stream must be f32".into()));
+        }
+        let name = format!("gated_residual_{}", y.dtype.suffix());
+        let grid = Self::elementwise_grid(x.rows, x.cols, &name)?;
+        let args = [
+            Arg::P(x.ptr),
+            Arg::I(i32_of(x.stride, &name)?),
+            Arg::P(y.ptr),
+            Arg::I(i32_of(y.stride, &name)?),
+            Arg::P(modulation),
+            Arg::I(x.rows as i32),
+            Arg::I(i32_of(x.cols, &name)?),
+        ];
+        // SAFETY: matches `gated_residual_*` in norm.cu.
+        unsafe { self.launch(&name, grid, 256, stream, args) }
+    }
+
+    /// `x += y ⊙ gate(gate_modulation)`, then `out = rms(x) · (1 + scale) + shift` with
+    /// `norm_modulation`, in one pass per row.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    #[allow(clippy::too_many_arguments)] // mirrors the kernel's signature: two matrices in, two modulations
+    pub unsafe fn gated_residual_rms_norm(
+        &self,
+        out: Mat,
+        x: Mat,
+        y: Mat,
+        gate_modulation: DevPtr,
+        norm_modulation: DevPtr,
+        eps: f32,
+        stream: CUstream,
+    ) -> Result<()> {
+        Self::same_shape("gated_residual_rms_norm", &x, &y)?;
+        Self::same_shape("gated_residual_rms_norm", &x, &out)?;
+        if x.dtype != Dtype::F32 {
+            return Err(shape_error("gated_residual_rms_norm", "the residual stream must be f32".into()));
+        }
+        let name = format!("gated_residual_rms_norm_{}_{}", y.dtype.suffix(), out.dtype.suffix());
+        let args = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, &name)?),
+            Arg::P(x.ptr),
+            Arg::I(i32_of(x.stride, &name)?),
+            Arg::P(y.ptr),
+            Arg::I(i32_of(y.stride, &name)?),
+            Arg::P(gate_modulation),
+            Arg::P(norm_modulation),
+            Arg::I(i32_of(x.cols, &name)?),
+            Arg::F(eps),
+        ];
+        // SAFETY: matches `gated_residual_rms_norm_*` in norm.cu.
+        unsafe { self.launch(&name, (x.rows as u32, 1, 1), Self::row_block(x.cols), stream, args) }
+    }
+
+    /// In place `x = gelu_tanh(x)`.
+    ///
+    /// # Safety
+    /// `x` must be live device memory.
+    pub unsafe fn gelu_tanh(&self, x: Mat, stream: CUstream) -> Result<()> {
+        let name = format!("gelu_tanh_{}", x.dtype.suffix());
+        let grid = Self::elementwise_grid(x.rows, x.cols, &name)?;
+        let args = [Arg::P(x.ptr), Arg::I(i32_of(x.stride, &name)?), Arg::I(x.rows as i32), Arg::I(i32_of(x.cols, &name)?)];
+        // SAFETY: matches `gelu_tanh_*` in elementwise.cu.
+        unsafe { self.launch(&name, grid, 256, stream, args) }
+    }
+
+    /// `out = gelu_tanh(gate) ⊙ up` with `gate_up = [gate | up]`, each `out.cols` wide.
+    ///
+    /// # Safety
+    /// Both matrices must be live device memory.
+    pub unsafe fn gelu_tanh_mul(&self, out: Mat, gate_up: Mat, stream: CUstream) -> Result<()> {
+        if gate_up.rows != out.rows || gate_up.cols != 2 * out.cols {
+            return Err(shape_error(
+                "gelu_tanh_mul",
+                format!("gate_up {}x{} for out {}x{}", gate_up.rows, gate_up.cols, out.rows, out.cols),
+            ));
+        }
+        let name = format!("gelu_tanh_mul_{}_{}", gate_up.dtype.suffix(), out.dtype.suffix());
+        let grid = Self::elementwise_grid(out.rows, out.cols, &name)?;
+        let args = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, &name)?),
+            Arg::P(gate_up.ptr),
+            Arg::I(i32_of(gate_up.stride, &name)?),
+            Arg::I(out.rows as i32),
+            Arg::I(i32_of(out.cols, &name)?),
+        ];
+        // SAFETY: matches `gelu_tanh_mul_*` in elementwise.cu.
+        unsafe { self.launch(&name, grid, 256, stream, args) }
+    }
+
+    /// `out = x ⊙ scale + offset` per column (f32 vectors of `out.cols`); `out` is f32.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    pub unsafe fn affine(&self, out: Mat, x: Mat, scale: DevPtr, offset: DevPtr, stream: CUstream) -> Result<()> {
+        Self::same_shape("affine", &out, &x)?;
+        if out.dtype != Dtype::F32 {
+            return Err(shape_error("affine", "the output must be f32".into()));
+        }
+        let name = format!("affine_{}", x.dtype.suffix());
+        let grid = Self::elementwise_grid(out.rows, out.cols, &name)?;
+        let args = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, &name)?),
+            Arg::P(x.ptr),
+            Arg::I(i32_of(x.stride, &name)?),
+            Arg::P(scale),
+            Arg::P(offset),
+            Arg::I(out.rows as i32),
+            Arg::I(i32_of(out.cols, &name)?),
+        ];
+        // SAFETY: matches `affine_*` in elementwise.cu.
+        unsafe { self.launch(&name, grid, 256, stream, args) }
+    }
+
+    /// `out[r] = table[clamp(tokens[r])] · scale` from a bf16 `[vocab, out.cols]` table.
+    ///
+    /// # Safety
+    /// `tokens` (`out.rows` i32) and the table must be live device memory.
+    pub unsafe fn embed(&self, out: Mat, tokens: DevPtr, table: DevPtr, vocab: usize, scale: f32, stream: CUstream) -> Result<()> {
+        let name = format!("embed_bf16_{}", out.dtype.suffix());
+        let grid = Self::elementwise_grid(out.rows, out.cols, &name)?;
+        let args = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, &name)?),
+            Arg::P(tokens),
+            Arg::P(table),
+            Arg::I(i32_of(vocab, &name)?),
+            Arg::F(scale),
+            Arg::I(out.rows as i32),
+            Arg::I(i32_of(out.cols, &name)?),
+        ];
+        // SAFETY: matches `embed_bf16_*` in elementwise.cu.
+        unsafe { self.launch(&name, grid, 256, stream, args) }
+    }
+
+    /// Validity flags (f32) and RoPE positions (i32) of the `cameras · tokens_per_image +
+    /// prompt_len + suffix` slots, from the frame info and the prompt token mask.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated lengths.
+    #[allow(clippy::too_many_arguments)] // the op's own fields, one to one
+    pub unsafe fn positions(
+        &self,
+        valid: DevPtr,
+        positions: DevPtr,
+        frame_info: DevPtr,
+        cameras: usize,
+        tokens_per_image: usize,
+        token_mask: DevPtr,
+        prompt_len: usize,
+        suffix: usize,
+        stream: CUstream,
+    ) -> Result<()> {
+        let name = "positions_scan_1024";
+        let args = [
+            Arg::P(valid),
+            Arg::P(positions),
+            Arg::P(frame_info),
+            Arg::I(i32_of(cameras, name)?),
+            Arg::I(i32_of(tokens_per_image, name)?),
+            Arg::P(token_mask),
+            Arg::I(i32_of(prompt_len, name)?),
+            Arg::I(i32_of(suffix, name)?),
+        ];
+        // SAFETY: matches `positions_scan_1024` in attention.cu (one block of 1024 threads).
+        unsafe { self.launch(name, (1, 1, 1), 1024, stream, args) }
+    }
+
+    /// Rotary embedding of q (in place) and k, k and v written into the caches.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory; the caches must have `cache_row + qkv.rows` rows
+    /// and the tables a row for every position the buffer holds.
+    pub unsafe fn rope_qkv(&self, a: &RopeArgs, stream: CUstream) -> Result<()> {
+        let name = format!("rope_qkv_{}", a.qkv.dtype.suffix());
+        if a.k_cache.dtype != a.qkv.dtype
+            || a.v_cache.dtype != a.qkv.dtype
+            || a.qkv.cols < (a.heads + 2) * a.head_dim
+            || a.head_dim % 2 != 0
+        {
+            return Err(shape_error(
+                &name,
+                format!("qkv {:?} / caches {:?} {:?} do not fit {} heads of {}", a.qkv, a.k_cache, a.v_cache, a.heads, a.head_dim),
+            ));
+        }
+        let args = [
+            Arg::P(a.qkv.ptr),
+            Arg::I(i32_of(a.qkv.stride, &name)?),
+            Arg::I(i32_of(a.heads, &name)?),
+            Arg::I(i32_of(a.head_dim, &name)?),
+            Arg::P(a.positions),
+            Arg::I(i32_of(a.position_offset, &name)?),
+            Arg::P(a.k_cache.ptr),
+            Arg::I(i32_of(a.k_cache.stride, &name)?),
+            Arg::P(a.v_cache.ptr),
+            Arg::I(i32_of(a.v_cache.stride, &name)?),
+            Arg::I(i32_of(a.cache_row, &name)?),
+            Arg::P(a.cos),
+            Arg::P(a.sin),
+        ];
+        let threads = ((a.heads + 1) * a.head_dim / 2).max(a.head_dim);
+        // SAFETY: matches `rope_qkv_*` in attention.cu.
+        unsafe { self.launch(&name, (a.qkv.rows as u32, 1, 1), threads.div_ceil(32).clamp(1, 8) as u32 * 32, stream, args) }
+    }
+
+    /// `p = softmax(s)` per row over valid keys: `s` f32 and `p` bf16, both dense
+    /// `[heads · queries, keys]`; `key_valid` (f32 flags of the keys) masks keys, `query_valid`
+    /// (f32 flags of the queries) zeroes the rows of invalid queries.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    #[allow(clippy::too_many_arguments)] // two matrices, their shape and two optional masks
+    pub unsafe fn softmax_rows(
+        &self,
+        p: DevPtr,
+        s: DevPtr,
+        rows: usize,
+        queries: usize,
+        keys: usize,
+        key_valid: Option<DevPtr>,
+        query_valid: Option<DevPtr>,
+        stream: CUstream,
+    ) -> Result<()> {
+        let name = "softmax_rows_masked_f32_bf16";
+        if queries == 0 || rows % queries != 0 {
+            return Err(shape_error(name, format!("{rows} rows are not whole heads of {queries} queries")));
+        }
+        let args = [
+            Arg::P(p),
+            Arg::P(s),
+            Arg::I(i32_of(rows, name)?),
+            Arg::I(i32_of(queries, name)?),
+            Arg::I(i32_of(keys, name)?),
+            Arg::P(key_valid.unwrap_or(0)),
+            Arg::P(query_valid.unwrap_or(0)),
+        ];
+        // SAFETY: matches the kernel in attention.cu: one warp per row, 8 rows per block.
+        unsafe { self.launch(name, (rows.div_ceil(8) as u32, 1, 1), 256, stream, args) }
+    }
+
+    /// Resize-with-pad, normalise and patchify camera `camera` of the staged u8 frames into `out`
+    /// (`[(size / patch)², 3 · patch²]`).
+    ///
+    /// # Safety
+    /// `frames` must be device-accessible (device or mapped pinned host memory) holding
+    /// `frame_stride` bytes per camera; `frame_info` 4 i32 per camera.
+    #[allow(clippy::too_many_arguments)] // the op's own fields, one to one
+    pub unsafe fn image_patches(
+        &self,
+        out: Mat,
+        frames: DevPtr,
+        frame_stride: usize,
+        frame_info: DevPtr,
+        camera: usize,
+        size: usize,
+        patch: usize,
+        stream: CUstream,
+    ) -> Result<()> {
+        let name = format!("image_patches_u8_{}", out.dtype.suffix());
+        if patch == 0 || size % patch != 0 || out.rows != (size / patch).pow(2) || out.cols != 3 * patch * patch {
+            return Err(shape_error(&name, format!("{}x{} output for size {size}, patch {patch}", out.rows, out.cols)));
+        }
+        let args = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, &name)?),
+            Arg::P(frames),
+            Arg::L(frame_stride as i64),
+            Arg::P(frame_info),
+            Arg::I(i32_of(camera, &name)?),
+            Arg::I(i32_of(size, &name)?),
+            Arg::I(i32_of(patch, &name)?),
+        ];
+        // SAFETY: matches `image_patches_u8_*` in image.cu (one thread per output pixel).
+        unsafe { self.launch(&name, ((size * size).div_ceil(256) as u32, 1, 1), 256, stream, args) }
+    }
+}
+
+impl Drop for Kernels {
+    fn drop(&mut self) {
+        for &m in &self.modules {
+            // SAFETY: each module was loaded by `load` and is unloaded once; failures at teardown
+            // (e.g. a context already destroyed) leave nothing to recover.
+            let _ = unsafe { result::module::unload(m) };
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! Every kernel compiles with NVRTC for the architectures FlashRT ships to: sm_87 (Jetson Orin),
+//! sm_90 (H100/H200) and, with CUDA 13, sm_110 (Jetson Thor). No GPU needed: NVRTC alone (from
+//! PyPI in CI, see kernels/ci.sh) produces the cubins. Without NVRTC on the library path the
+//! test skips with a message, unless FRT_REQUIRE_ALL=1 (CI), where it fails.
+
+use flashrt_kernels::{SOURCES, kernel_names, load_or_compile, nvrtc_available, nvrtc_version, supported_archs, write_cubins};
+
+fn required() -> bool {
+    std::env::var("FRT_REQUIRE_ALL").is_ok_and(|v| v == "1")
+}
+
+/// The architectures this build's CUDA flavour must cover (NVRTC 12.6 predates sm_110).
+fn targets() -> &'static [&'static str] {
+    if cfg!(feature = "cuda-13") { &["sm_87", "sm_90", "sm_110"] } else { &["sm_87", "sm_90"] }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn every_kernel_compiles_for_every_target() {
+    if !nvrtc_available() {
+        assert!(!required(), "FRT_REQUIRE_ALL=1 but libnvrtc is not on the library path (see kernels/ci.sh)");
+        eprintln!("SKIPPED every_kernel_compiles_for_every_target: libnvrtc not found; add its directory to LD_LIBRARY_PATH");
+        return;
+    }
+    let version = nvrtc_version().unwrap();
+    let supported = supported_archs().unwrap();
+    eprintln!("NVRTC {}.{} supports {supported:?}", version.0, version.1);
+    let cache = tempfile::tempdir().unwrap();
+    for arch in targets() {
+        let number: i32 = arch[3..].parse().unwrap();
+        assert!(supported.contains(&number), "NVRTC {}.{} cannot compile for {arch}", version.0, version.1);
+        let started = std::time::Instant::now();
+        let cubins = load_or_compile(arch, Some(cache.path())).unwrap_or_else(|e| panic!("{e}"));
+        eprintln!("{arch}: {} modules compiled in {:.2?}", cubins.len(), started.elapsed());
+        // Every kernel a launcher can ask for is defined (as an unmangled ELF symbol) in a module.
+        for name in kernel_names() {
+            let symbol = [name.as_bytes(), b"\0"].concat();
+            let holders = cubins.iter().filter(|c| contains(&c.image, &symbol)).count();
+            assert_eq!(holders, 1, "{arch}: kernel {name} is defined in {holders} modules, expected 1");
+        }
+    }
+    // A second open reads the cache instead of compiling, and returns the same bytes.
+    let arch = targets()[1];
+    let first = load_or_compile(arch, Some(cache.path())).unwrap();
+    assert_eq!(
+        std::fs::read_dir(cache.path()).unwrap().count(),
+        SOURCES.len() * targets().len(),
+        "one cache file per source and architecture"
+    );
+    let again = load_or_compile(arch, Some(cache.path())).unwrap();
+    assert!(first.iter().zip(&again).all(|(a, b)| a.image == b.image));
+    // Ahead-of-time output uses the cache's file names, so it can seed a cache on the target.
+    let aot = tempfile::tempdir().unwrap();
+    let written = write_cubins(arch, aot.path()).unwrap();
+    for path in written {
+        assert!(cache.path().join(path.file_name().unwrap()).is_file(), "{} is not a cache name", path.display());
+    }
+}

@@ -1,0 +1,1042 @@
+//! The CUDA backend: executes the same [`Plan`] as the CPU backend, in bf16 with f32
+//! accumulation, as ONE captured CUDA graph per step.
+//!
+//! At open: kernels are compiled (or read from the cubin cache) for the device, weights are
+//! uploaded once through pinned staging (GEMM matrices and the embedding in bf16, vectors in f32),
+//! every activation gets a fixed place in one device arena, each plan op is lowered to kernel
+//! launches and cuBLASLt products whose descriptors and algorithms are chosen here, the lowered
+//! step runs once eagerly (warm-up: lazy module loads, cuBLASLt kernel selection) and is then
+//! captured into a graph: H2D of the small host inputs, every op, D2H of the actions.
+//! `run` is one graph launch and one stream synchronisation: no allocation, no driver call that
+//! depends on the data.
+//!
+//! Element types: a plan buffer lives in bf16 when it feeds a GEMM, attention or an element-wise
+//! op between GEMMs, and in f32 when it is a residual stream (accumulated into), a host buffer or
+//! a flag vector. A buffer that is both (the action state `x_t`: accumulated by the Euler step,
+//! read by `action_in_proj`) stays f32 and is converted into a bf16 shadow before the GEMM.
+//!
+//! Camera frames are not copied: the preprocessing kernel reads the caller's staged u8 pixels
+//! straight from mapped pinned memory, so only the pixels it samples cross the bus, whatever the
+//! configured maximum frame size.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys};
+use flashrt_kernels::{DevPtr, Dtype, Kernels, Mat, RopeArgs};
+
+use super::device::{BlasLt, Context, DeviceMemory, Pinned, Stream, check};
+use super::gemm::{Matmul, MatmulSpec, Operand, WORKSPACE_BYTES};
+use crate::backend::Backend;
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::models::pi05::WeightData;
+use crate::plan::{BufId, BufType, HostIo, Op, Plan, View, WeightId, WeightRole};
+
+/// Open-time options of the CUDA backend.
+#[derive(Clone, Debug, Default)]
+pub struct CudaOptions {
+    pub device: usize,
+    /// Kernel cache directory; default `$XDG_CACHE_HOME/flashrt/kernels`.
+    pub kernel_cache_dir: Option<PathBuf>,
+}
+
+/// Element type of a buffer on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Elem {
+    F32,
+    Bf16,
+    I32,
+    U8,
+}
+
+impl Elem {
+    fn size(self) -> usize {
+        match self {
+            Elem::F32 | Elem::I32 => 4,
+            Elem::Bf16 => 2,
+            Elem::U8 => 1,
+        }
+    }
+
+    fn dtype(self) -> Option<Dtype> {
+        match self {
+            Elem::F32 => Some(Dtype::F32),
+            Elem::Bf16 => Some(Dtype::Bf16),
+            Elem::I32 | Elem::U8 => None,
+        }
+    }
+}
+
+impl From<Dtype> for Elem {
+    fn from(d: Dtype) -> Elem {
+        match d {
+            Dtype::F32 => Elem::F32,
+            Dtype::Bf16 => Elem::Bf16,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct DeviceBuf {
+    ptr: DevPtr,
+    elem: Elem,
+    len: usize,
+}
+
+/// One enqueued operation of the lowered step.
+enum Step {
+    HtoD {
+        dst: DevPtr,
+        src: *const u8,
+        bytes: usize,
+    },
+    DtoH {
+        dst: *mut u8,
+        src: DevPtr,
+        bytes: usize,
+    },
+    Gemm(usize),
+    Copy {
+        dst: Mat,
+        src: Mat,
+    },
+    ImagePatches {
+        out: Mat,
+        frames: DevPtr,
+        frame_stride: usize,
+        frame_info: DevPtr,
+        camera: usize,
+        size: usize,
+        patch: usize,
+    },
+    AddTable {
+        x: Mat,
+        table: DevPtr,
+        table_rows: usize,
+    },
+    LayerNorm {
+        out: Mat,
+        x: Mat,
+        gamma: DevPtr,
+        beta: DevPtr,
+        eps: f32,
+    },
+    RmsNorm {
+        out: Mat,
+        x: Mat,
+        modulation: Option<DevPtr>,
+        eps: f32,
+    },
+    GatedResidual {
+        x: Mat,
+        y: Mat,
+        modulation: DevPtr,
+    },
+    GatedResidualRmsNorm {
+        out: Mat,
+        x: Mat,
+        y: Mat,
+        gate: DevPtr,
+        norm: DevPtr,
+        eps: f32,
+    },
+    GeluTanh {
+        x: Mat,
+    },
+    GeluTanhMul {
+        out: Mat,
+        gate_up: Mat,
+    },
+    Embed {
+        out: Mat,
+        tokens: DevPtr,
+        table: DevPtr,
+        vocab: usize,
+        scale: f32,
+    },
+    Positions {
+        valid: DevPtr,
+        positions: DevPtr,
+        frame_info: DevPtr,
+        cameras: usize,
+        tokens_per_image: usize,
+        token_mask: DevPtr,
+        prompt_len: usize,
+        suffix: usize,
+    },
+    Rope(RopeArgs),
+    Softmax {
+        p: DevPtr,
+        s: DevPtr,
+        rows: usize,
+        queries: usize,
+        keys: usize,
+        key_valid: Option<DevPtr>,
+        query_valid: Option<DevPtr>,
+    },
+    Affine {
+        out: Mat,
+        x: Mat,
+        scale: DevPtr,
+        offset: DevPtr,
+    },
+}
+
+/// Chooses each buffer's element type from how the plan uses it (see the module docs).
+fn element_types(plan: &Plan) -> Vec<Elem> {
+    let n = plan.buffers.len();
+    let (mut wants_bf16, mut needs_f32) = (vec![false; n], vec![false; n]);
+    for (i, b) in plan.buffers.iter().enumerate() {
+        needs_f32[i] = b.host != HostIo::Internal;
+    }
+    for op in &plan.ops {
+        match *op {
+            Op::Gemm { a, out, accumulate, .. } => {
+                wants_bf16[a.buf.0] = true;
+                needs_f32[out.buf.0] |= accumulate;
+            }
+            Op::Attention { q, k, v, .. } => [q, k, v].iter().for_each(|v| wants_bf16[v.buf.0] = true),
+            Op::RopeQkv { qkv, k_cache, v_cache, .. } => [qkv, k_cache, v_cache].iter().for_each(|v| wants_bf16[v.buf.0] = true),
+            Op::GeluTanh { x } => wants_bf16[x.buf.0] = true,
+            Op::GeluTanhMul { gate_up, out } => [gate_up, out].iter().for_each(|v| wants_bf16[v.buf.0] = true),
+            Op::ImagePatches { out, .. } => wants_bf16[out.buf.0] = true,
+            Op::GatedResidual { x, .. } | Op::AddTable { x, .. } => needs_f32[x.buf.0] = true,
+            Op::Positions { valid, .. } => needs_f32[valid.0] = true,
+            _ => {}
+        }
+    }
+    plan.buffers
+        .iter()
+        .enumerate()
+        .map(|(i, b)| match b.ty {
+            BufType::F32 if wants_bf16[i] && !needs_f32[i] => Elem::Bf16,
+            BufType::F32 => Elem::F32,
+            BufType::I32 => Elem::I32,
+            BufType::U8 => Elem::U8,
+        })
+        .collect()
+}
+
+/// Byte offsets of sub-allocations in one arena, each 256-byte aligned.
+#[derive(Default)]
+struct Layout {
+    bytes: usize,
+}
+
+impl Layout {
+    fn take(&mut self, bytes: usize) -> usize {
+        let at = self.bytes.next_multiple_of(256);
+        self.bytes = at + bytes;
+        at
+    }
+}
+
+/// Scratch regions shared by ops that run one after another.
+struct Scratch {
+    /// f32 attention scores `[heads, rows, keys]` of the largest attention (per group).
+    scores: DevPtr,
+    /// bf16 probabilities, same shape.
+    probs: DevPtr,
+    /// bf16 copy of an f32 GEMM input.
+    shadow: DevPtr,
+    workspace: DevPtr,
+    rope_cos: DevPtr,
+    rope_sin: DevPtr,
+}
+
+pub struct CudaBackend {
+    plan: Plan,
+    device_name: String,
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    stream: Stream,
+    lt: BlasLt,
+    steps: Vec<Step>,
+    matmuls: Vec<Matmul>,
+    kernels: Kernels,
+    bufs: Vec<DeviceBuf>,
+    /// Pinned host copies of the plan's host-I/O buffers (`None` for internal buffers).
+    host: Vec<Option<Pinned>>,
+    workspace: DevPtr,
+    arena: DeviceMemory,
+    weights: DeviceMemory,
+    /// Declared last: dropped after every resource that lives in the context.
+    ctx: Context,
+}
+
+// SAFETY: the backend exclusively owns every handle and pointer it holds (driver handles, pinned
+// host memory, the graph). Driver objects may be used from any thread with the context current,
+// which every entry point that calls the driver ensures; host views go through `&mut self`.
+unsafe impl Send for CudaBackend {}
+
+/// Bytes of one pinned staging buffer for the weight upload (two alternate).
+const STAGE_BYTES: usize = 64 << 20;
+
+impl CudaBackend {
+    pub fn new(plan: Plan, weights: Vec<WeightData>, checkpoint: Arc<Checkpoint>, opts: &CudaOptions) -> Result<CudaBackend> {
+        let device_name = super::probe(opts.device).map_err(Error::Backend)?;
+        let ctx = Context::new(opts.device)?;
+        let arch = ctx.arch()?;
+        let cache = opts.kernel_cache_dir.clone().or_else(flashrt_kernels::default_cache_dir);
+        let started = std::time::Instant::now();
+        let cubins = flashrt_kernels::load_or_compile(&arch, cache.as_deref()).map_err(|e| Error::Backend(e.to_string()))?;
+        let kernels = Kernels::load(&cubins).map_err(|e| Error::Backend(e.to_string()))?;
+        log::info!("CUDA backend on {device_name} ({arch}): kernels ready in {:.2?}", started.elapsed());
+
+        let stream = Stream::new()?;
+        let lt = BlasLt::new()?;
+
+        // Arena: every non-frame buffer, then the scratch regions.
+        let elems = element_types(&plan);
+        let mut layout = Layout::default();
+        let offsets: Vec<Option<usize>> = plan
+            .buffers
+            .iter()
+            .zip(&elems)
+            .map(|(b, e)| (!(b.ty == BufType::U8 && b.host == HostIo::Input)).then(|| layout.take(b.len * e.size())))
+            .collect();
+        let (mut score_len, mut shadow_len, mut rope_positions, mut head_dim) = (0, 0, 0, 2);
+        for op in &plan.ops {
+            match *op {
+                Op::Attention { q, k, heads, groups, .. } => score_len = score_len.max(heads * (q.rows / groups) * (k.rows / groups)),
+                Op::Gemm { a, .. } if elems[a.buf.0] == Elem::F32 => shadow_len = shadow_len.max(a.rows * a.cols),
+                Op::RopeQkv { k_cache, head_dim: hd, .. } => {
+                    rope_positions = rope_positions.max(k_cache.rows);
+                    head_dim = hd;
+                }
+                _ => {}
+            }
+        }
+        let half = head_dim / 2;
+        let scratch_at = [
+            layout.take(score_len * 4),
+            layout.take(score_len * 2),
+            layout.take(shadow_len * 2),
+            layout.take(WORKSPACE_BYTES),
+            layout.take(rope_positions * half * 4),
+            layout.take(rope_positions * half * 4),
+        ];
+        let arena = DeviceMemory::new(layout.bytes, "activations")?;
+        // SAFETY: zeroes the whole fresh allocation, so the warm-up never reads garbage.
+        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(arena.ptr, 0, arena.bytes) }.result())?;
+        let at = |off: usize| arena.ptr + off as u64;
+        let scratch = Scratch {
+            scores: at(scratch_at[0]),
+            probs: at(scratch_at[1]),
+            shadow: at(scratch_at[2]),
+            workspace: at(scratch_at[3]),
+            rope_cos: at(scratch_at[4]),
+            rope_sin: at(scratch_at[5]),
+        };
+        let (cos, sin) = crate::cpu::rope_tables(rope_positions, head_dim);
+        // SAFETY: both regions were sized for these tables above.
+        unsafe {
+            check("uploading RoPE tables", result::memcpy_htod_sync(scratch.rope_cos, &cos))?;
+            check("uploading RoPE tables", result::memcpy_htod_sync(scratch.rope_sin, &sin))?;
+        }
+
+        let mut host: Vec<Option<Pinned>> = Vec::with_capacity(plan.buffers.len());
+        let mut bufs = Vec::with_capacity(plan.buffers.len());
+        for ((b, &elem), off) in plan.buffers.iter().zip(&elems).zip(&offsets) {
+            let pinned = match b.host {
+                HostIo::Internal => None,
+                _ => Some(Pinned::new(b.len * elem.size(), &b.name)?),
+            };
+            let ptr = match (off, &pinned) {
+                (Some(off), _) => at(*off),
+                (None, Some(p)) => p.device,
+                (None, None) => unreachable!("only host frames live outside the arena"),
+            };
+            bufs.push(DeviceBuf { ptr, elem, len: b.len });
+            host.push(pinned);
+        }
+
+        let uploaded = upload_weights(&plan, weights, &checkpoint, &elems, stream.0)?;
+        let mut backend = CudaBackend {
+            device_name: format!("{device_name} ({arch})"),
+            stream,
+            lt,
+            graph: std::ptr::null_mut(),
+            exec: std::ptr::null_mut(),
+            steps: Vec::new(),
+            matmuls: Vec::new(),
+            kernels,
+            bufs,
+            host,
+            workspace: scratch.workspace,
+            arena,
+            weights: uploaded.memory,
+            ctx,
+            plan,
+        };
+        let (steps, matmuls) =
+            Lowering { backend: &backend, weights: &uploaded.ptrs, scratch: &scratch, steps: Vec::new(), matmuls: Vec::new() }.lower()?;
+        backend.steps = steps;
+        backend.matmuls = matmuls;
+        let started = std::time::Instant::now();
+        backend.issue_all()?;
+        // SAFETY: the stream belongs to this backend.
+        check("warm-up", unsafe { result::stream::synchronize(backend.stream.0) })?;
+        backend.capture()?;
+        log::info!(
+            "CUDA graph of {} ops ({} launches, {} GEMMs) captured in {:.2?}; {:.1} MiB weights, {:.1} MiB activations",
+            backend.plan.ops.len(),
+            backend.steps.len(),
+            backend.matmuls.len(),
+            started.elapsed(),
+            backend.weights.bytes as f64 / (1 << 20) as f64,
+            backend.arena.bytes as f64 / (1 << 20) as f64
+        );
+        Ok(backend)
+    }
+
+    /// Enqueues every step on the stream (eagerly, or into the graph under capture).
+    fn issue_all(&self) -> Result<()> {
+        for step in &self.steps {
+            // SAFETY: every pointer in a step was resolved at lowering time into this backend's
+            // arena, weights or pinned buffers, all alive as long as `self`.
+            unsafe { self.issue(step) }?;
+        }
+        Ok(())
+    }
+
+    unsafe fn issue(&self, step: &Step) -> Result<()> {
+        let k = &self.kernels;
+        let s = self.stream.0;
+        // SAFETY (whole block): see `issue_all`.
+        let r = unsafe {
+            match *step {
+                Step::HtoD { dst, src, bytes } => {
+                    return check("H2D copy", sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes, s).result());
+                }
+                Step::DtoH { dst, src, bytes } => {
+                    return check("D2H copy", sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes, s).result());
+                }
+                Step::Gemm(i) => return self.matmuls[i].launch(self.lt.0, self.workspace, s).map_err(Error::Backend),
+                Step::Copy { dst, src } => k.copy(dst, src, s),
+                Step::ImagePatches { out, frames, frame_stride, frame_info, camera, size, patch } => {
+                    k.image_patches(out, frames, frame_stride, frame_info, camera, size, patch, s)
+                }
+                Step::AddTable { x, table, table_rows } => k.add_table(x, table, table_rows, s),
+                Step::LayerNorm { out, x, gamma, beta, eps } => k.layer_norm(out, x, gamma, beta, eps, s),
+                Step::RmsNorm { out, x, modulation, eps } => k.rms_norm(out, x, modulation, eps, s),
+                Step::GatedResidual { x, y, modulation } => k.gated_residual(x, y, modulation, s),
+                Step::GatedResidualRmsNorm { out, x, y, gate, norm, eps } => k.gated_residual_rms_norm(out, x, y, gate, norm, eps, s),
+                Step::GeluTanh { x } => k.gelu_tanh(x, s),
+                Step::GeluTanhMul { out, gate_up } => k.gelu_tanh_mul(out, gate_up, s),
+                Step::Embed { out, tokens, table, vocab, scale } => k.embed(out, tokens, table, vocab, scale, s),
+                Step::Positions { valid, positions, frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix } => {
+                    k.positions(valid, positions, frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix, s)
+                }
+                Step::Rope(ref args) => k.rope_qkv(args, s),
+                Step::Softmax { p, s: scores, rows, queries, keys, key_valid, query_valid } => {
+                    k.softmax_rows(p, scores, rows, queries, keys, key_valid, query_valid, s)
+                }
+                Step::Affine { out, x, scale, offset } => k.affine(out, x, scale, offset, s),
+            }
+        };
+        r.map_err(|e| Error::Backend(e.to_string()))
+    }
+
+    /// Captures the whole lowered step into one graph and instantiates it.
+    fn capture(&mut self) -> Result<()> {
+        // Relaxed: cuBLASLt may query function attributes while the stream is capturing.
+        // SAFETY: the stream belongs to this backend and is idle (synchronised after warm-up).
+        check("cuStreamBeginCapture", unsafe {
+            result::stream::begin_capture(self.stream.0, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        })?;
+        let issued = self.issue_all();
+        // SAFETY: ends the capture begun above, also when an issue failed.
+        let graph = unsafe { result::stream::end_capture(self.stream.0) };
+        issued?;
+        self.graph = check("cuStreamEndCapture", graph)?;
+        // SAFETY: `graph` is the valid graph just captured; the exec is uploaded once, here.
+        unsafe {
+            self.exec = check("cuGraphInstantiate", result::graph::instantiate(self.graph, sys::CUgraphInstantiate_flags(0)))?;
+            check("cuGraphUpload", result::graph::upload(self.exec, self.stream.0))?;
+            check("graph upload", result::stream::synchronize(self.stream.0))
+        }
+    }
+
+    fn host_buffer(&self, id: BufId) -> &Pinned {
+        self.host[id.0].as_ref().unwrap_or_else(|| unreachable!("buffer {} is not a host buffer", self.plan.buffers[id.0].name))
+    }
+
+    fn host_buffer_mut(&mut self, id: BufId) -> &mut Pinned {
+        let name = &self.plan.buffers[id.0].name;
+        self.host[id.0].as_mut().unwrap_or_else(|| unreachable!("buffer {name} is not a host buffer"))
+    }
+}
+
+/// Uploaded weights: one device allocation and each (weight, element type) pair's address.
+struct UploadedWeights {
+    memory: DeviceMemory,
+    ptrs: HashMap<(usize, Elem), DevPtr>,
+}
+
+/// Which element type each use of a weight needs: GEMM matrices and the embedding in bf16,
+/// biases in the type of their GEMM's output, every other vector in f32.
+fn weight_uses(plan: &Plan, elems: &[Elem]) -> Vec<(usize, Elem)> {
+    let mut uses = Vec::new();
+    for op in &plan.ops {
+        match *op {
+            Op::Gemm { w, bias, out, .. } => {
+                uses.push((w.0, Elem::Bf16));
+                if let Some(b) = bias {
+                    uses.push((b.0, elems[out.buf.0]));
+                }
+            }
+            Op::Embed { table, .. } => uses.push((table.0, Elem::Bf16)),
+            Op::AddTable { table, .. } => uses.push((table.0, Elem::F32)),
+            Op::LayerNorm { gamma, beta, .. } => uses.extend([(gamma.0, Elem::F32), (beta.0, Elem::F32)]),
+            Op::AdaRmsNorm { modulation, .. } | Op::GatedResidual { modulation, .. } => uses.push((modulation.0, Elem::F32)),
+            Op::Affine { scale, offset, .. } => uses.extend([(scale.0, Elem::F32), (offset.0, Elem::F32)]),
+            _ => {}
+        }
+    }
+    uses.sort_unstable_by_key(|&(w, e)| (w, e.size()));
+    uses.dedup();
+    uses
+}
+
+/// Runs `f` over `0..n` split into contiguous ranges across the host's cores (weights are
+/// converted at open; on a 16-core host this keeps bf16 conversion off the cold-start path).
+fn parallel_ranges(n: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
+    let threads = if n < (1 << 20) { 1 } else { std::thread::available_parallelism().map_or(1, |t| t.get()).min(16) };
+    let per = n.div_ceil(threads);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let range = (t * per).min(n)..((t + 1) * per).min(n);
+            let f = &f;
+            s.spawn(move || f(range));
+        }
+    });
+}
+
+/// Converts and uploads every used weight through two alternating pinned staging buffers.
+fn upload_weights(plan: &Plan, data: Vec<WeightData>, ckpt: &Checkpoint, elems: &[Elem], stream: sys::CUstream) -> Result<UploadedWeights> {
+    let uses = weight_uses(plan, elems);
+    let numel = |w: usize| match (&plan.weights[w].role, &data[w]) {
+        (WeightRole::Matrix { n, k }, _) => n * k,
+        (WeightRole::Embedding { vocab, width }, _) => vocab * width,
+        (WeightRole::Vector, WeightData::Dense(v)) => v.len(),
+        (WeightRole::Vector, WeightData::Checkpoint(name)) => ckpt.get(name).map_or(0, |t| t.numel()),
+    };
+    let mut layout = Layout::default();
+    let offsets: Vec<usize> = uses.iter().map(|&(w, e)| layout.take(numel(w) * e.size())).collect();
+    let memory = DeviceMemory::new(layout.bytes, "weights")?;
+    let mut stages = [Pinned::new(STAGE_BYTES, "weight staging")?, Pinned::new(STAGE_BYTES, "weight staging")?];
+    let events = [(); 2].map(|_| result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING));
+    let events = [check("cuEventCreate", events[0])?, check("cuEventCreate", events[1])?];
+    let mut used = [false; 2];
+    let mut scratch_f32: Vec<f32> = Vec::new();
+    let mut turn = 0;
+    let mut ptrs = HashMap::with_capacity(uses.len());
+    let started = std::time::Instant::now();
+    let upload = (|| -> Result<()> {
+        for (&(w, elem), &off) in uses.iter().zip(&offsets) {
+            let total = numel(w);
+            let dst = memory.ptr + off as u64;
+            ptrs.insert((w, elem), dst);
+            let per_chunk = STAGE_BYTES / elem.size();
+            for start in (0..total).step_by(per_chunk) {
+                let count = per_chunk.min(total - start);
+                let slot = turn % 2;
+                turn += 1;
+                if used[slot] {
+                    // SAFETY: the event was recorded after the previous copy out of this stage.
+                    check("cuEventSynchronize", unsafe { result::event::synchronize(events[slot]) })?;
+                }
+                let values: &[f32] = match &data[w] {
+                    WeightData::Dense(v) => &v[start..start + count],
+                    WeightData::Checkpoint(name) => {
+                        let t =
+                            ckpt.get(name).ok_or_else(|| Error::Backend(format!("weight tensor {name} vanished from the checkpoint")))?;
+                        scratch_f32.resize(count, 0.0);
+                        let chunks = SyncSlice(scratch_f32.as_mut_ptr());
+                        parallel_ranges(count, |r| {
+                            // SAFETY: ranges are disjoint, inside `scratch_f32`.
+                            let out = unsafe { std::slice::from_raw_parts_mut(chunks.at(r.start), r.len()) };
+                            t.read_f32_into(start + r.start, out);
+                        });
+                        &scratch_f32
+                    }
+                };
+                let stage = &mut stages[slot];
+                match elem {
+                    Elem::Bf16 => {
+                        let out = SyncSlice(stage.as_mut_slice::<u16>().as_mut_ptr());
+                        parallel_ranges(count, |r| {
+                            // SAFETY: disjoint ranges inside the stage (count ≤ its capacity).
+                            let o = unsafe { std::slice::from_raw_parts_mut(out.at(r.start), r.len()) };
+                            o.iter_mut().zip(&values[r]).for_each(|(o, v)| *o = half::bf16::from_f32(*v).to_bits());
+                        });
+                    }
+                    _ => stage.as_mut_slice::<f32>()[..count].copy_from_slice(values),
+                }
+                // SAFETY: the stage holds `count` converted values; the event marks when the copy
+                // has read them, before the stage is refilled.
+                unsafe {
+                    check(
+                        "weight upload",
+                        sys::cuMemcpyHtoDAsync_v2(
+                            dst + (start * elem.size()) as u64,
+                            stage.host as *const c_void,
+                            count * elem.size(),
+                            stream,
+                        )
+                        .result(),
+                    )?;
+                    check("cuEventRecord", result::event::record(events[slot], stream))?;
+                }
+                used[slot] = true;
+            }
+        }
+        // SAFETY: the stream belongs to the caller's backend.
+        check("weight upload", unsafe { result::stream::synchronize(stream) })
+    })();
+    for e in events {
+        // SAFETY: created above, destroyed once after the stream is idle (or failed).
+        let _ = unsafe { result::event::destroy(e) };
+    }
+    upload?;
+    log::info!("uploaded {:.1} MiB of weights in {:.2?}", memory.bytes as f64 / (1 << 20) as f64, started.elapsed());
+    Ok(UploadedWeights { memory, ptrs })
+}
+
+/// A raw pointer that scoped threads may share; each thread writes a disjoint range.
+#[derive(Clone, Copy)]
+struct SyncSlice<T>(*mut T);
+// SAFETY: used only to hand disjoint sub-ranges of one buffer to scoped threads.
+unsafe impl<T> Sync for SyncSlice<T> {}
+unsafe impl<T> Send for SyncSlice<T> {}
+impl<T> SyncSlice<T> {
+    fn at(self, i: usize) -> *mut T {
+        // SAFETY: callers stay within the buffer this pointer was taken from.
+        unsafe { self.0.add(i) }
+    }
+}
+
+/// Turns plan ops into steps with resolved device addresses.
+struct Lowering<'a> {
+    backend: &'a CudaBackend,
+    weights: &'a HashMap<(usize, Elem), DevPtr>,
+    scratch: &'a Scratch,
+    steps: Vec<Step>,
+    matmuls: Vec<Matmul>,
+}
+
+impl Lowering<'_> {
+    fn buf(&self, id: BufId) -> DeviceBuf {
+        self.backend.bufs[id.0]
+    }
+
+    fn ptr(&self, id: BufId) -> DevPtr {
+        self.buf(id).ptr
+    }
+
+    fn mat(&self, v: View) -> Result<Mat> {
+        let b = self.buf(v.buf);
+        let dtype = b.elem.dtype().ok_or_else(|| self.error(format!("buffer {} is not a float buffer", self.name(v.buf))))?;
+        debug_assert!(v.end() <= b.len, "view past the end of {}", self.name(v.buf));
+        Ok(Mat { ptr: b.ptr + (v.offset * b.elem.size()) as u64, rows: v.rows, cols: v.cols, stride: v.stride, dtype })
+    }
+
+    fn name(&self, id: BufId) -> &str {
+        &self.backend.plan.buffers[id.0].name
+    }
+
+    fn weight(&self, id: WeightId, elem: Elem) -> DevPtr {
+        self.weights[&(id.0, elem)]
+    }
+
+    fn error(&self, message: String) -> Error {
+        Error::Backend(format!("lowering the plan for CUDA: {message}"))
+    }
+
+    fn lower(mut self) -> Result<(Vec<Step>, Vec<Matmul>)> {
+        let plan = &self.backend.plan;
+        for (i, b) in plan.buffers.iter().enumerate() {
+            let buf = self.backend.bufs[i];
+            if b.host == HostIo::Input && buf.elem != Elem::U8 {
+                let pinned = self.backend.host_buffer(BufId(i));
+                self.steps.push(Step::HtoD { dst: buf.ptr, src: pinned.host, bytes: pinned.bytes });
+            }
+        }
+        let mut ops = plan.ops.iter().peekable();
+        while let Some(op) = ops.next() {
+            // Fusion: a gated residual followed by the adaRMS norm of the same stream.
+            if let (Op::GatedResidual { x, y, modulation }, Some(Op::AdaRmsNorm { x: nx, out, modulation: norm, eps })) = (op, ops.peek()) {
+                if x == nx {
+                    let step = Step::GatedResidualRmsNorm {
+                        out: self.mat(*out)?,
+                        x: self.mat(*x)?,
+                        y: self.mat(*y)?,
+                        gate: self.weight(*modulation, Elem::F32),
+                        norm: self.weight(*norm, Elem::F32),
+                        eps: *eps,
+                    };
+                    self.steps.push(step);
+                    ops.next();
+                    continue;
+                }
+            }
+            self.lower_op(op)?;
+        }
+        for (i, b) in plan.buffers.iter().enumerate() {
+            if b.host == HostIo::Output {
+                let buf = self.backend.bufs[i];
+                let pinned = self.backend.host_buffer(BufId(i));
+                self.steps.push(Step::DtoH { dst: pinned.host, src: buf.ptr, bytes: pinned.bytes });
+            }
+        }
+        Ok((self.steps, self.matmuls))
+    }
+
+    fn lower_op(&mut self, op: &Op) -> Result<()> {
+        let step = match *op {
+            Op::ImagePatches { camera, frames, frame_stride, frame_info, size, patch, out } => Step::ImagePatches {
+                out: self.mat(out)?,
+                frames: self.ptr(frames),
+                frame_stride,
+                frame_info: self.ptr(frame_info),
+                camera,
+                size,
+                patch,
+            },
+            Op::Gemm { a, w, bias, out, accumulate } => return self.gemm(a, w, bias, out, accumulate),
+            Op::AddTable { x, table, table_rows } => Step::AddTable { x: self.mat(x)?, table: self.weight(table, Elem::F32), table_rows },
+            Op::LayerNorm { x, out, gamma, beta, eps } => Step::LayerNorm {
+                out: self.mat(out)?,
+                x: self.mat(x)?,
+                gamma: self.weight(gamma, Elem::F32),
+                beta: self.weight(beta, Elem::F32),
+                eps,
+            },
+            Op::RmsNorm { x, out, eps } => Step::RmsNorm { out: self.mat(out)?, x: self.mat(x)?, modulation: None, eps },
+            Op::AdaRmsNorm { x, out, modulation, eps } => {
+                Step::RmsNorm { out: self.mat(out)?, x: self.mat(x)?, modulation: Some(self.weight(modulation, Elem::F32)), eps }
+            }
+            Op::GatedResidual { x, y, modulation } => {
+                Step::GatedResidual { x: self.mat(x)?, y: self.mat(y)?, modulation: self.weight(modulation, Elem::F32) }
+            }
+            Op::GeluTanh { x } => Step::GeluTanh { x: self.mat(x)? },
+            Op::GeluTanhMul { gate_up, out } => Step::GeluTanhMul { out: self.mat(out)?, gate_up: self.mat(gate_up)? },
+            Op::Embed { tokens, table, scale, out } => {
+                let WeightRole::Embedding { vocab, width } = self.backend.plan.weights[table.0].role else {
+                    return Err(self.error(format!("embed table {} is not an embedding", self.backend.plan.weights[table.0].name)));
+                };
+                if width != out.cols {
+                    return Err(self.error(format!("embedding width {width} for a {}-wide output", out.cols)));
+                }
+                Step::Embed { out: self.mat(out)?, tokens: self.ptr(tokens), table: self.weight(table, Elem::Bf16), vocab, scale }
+            }
+            Op::Positions { frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix, valid, positions } => Step::Positions {
+                valid: self.ptr(valid),
+                positions: self.ptr(positions),
+                frame_info: self.ptr(frame_info),
+                cameras,
+                tokens_per_image,
+                token_mask: self.ptr(token_mask),
+                prompt_len,
+                suffix,
+            },
+            Op::RopeQkv { qkv, heads, head_dim, positions, position_offset, k_cache, v_cache, cache_row } => Step::Rope(RopeArgs {
+                qkv: self.mat(qkv)?,
+                heads,
+                head_dim,
+                positions: self.ptr(positions),
+                position_offset,
+                k_cache: self.mat(k_cache)?,
+                v_cache: self.mat(v_cache)?,
+                cache_row,
+                cos: self.scratch.rope_cos,
+                sin: self.scratch.rope_sin,
+            }),
+            Op::Attention { q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid } => {
+                return self.attention(q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid);
+            }
+            Op::Copy { src, dst } => Step::Copy { dst: self.mat(dst)?, src: self.mat(src)? },
+            Op::Affine { x, scale, offset, out } => Step::Affine {
+                out: self.mat(out)?,
+                x: self.mat(x)?,
+                scale: self.weight(scale, Elem::F32),
+                offset: self.weight(offset, Elem::F32),
+            },
+        };
+        self.steps.push(step);
+        Ok(())
+    }
+
+    /// Adds a product; if cuBLASLt has no batched algorithm for it, one product per batch entry.
+    fn matmul(&mut self, spec: MatmulSpec) -> Result<()> {
+        let lt = self.backend.lt.0;
+        match Matmul::new(lt, spec) {
+            Ok(m) => {
+                self.steps.push(Step::Gemm(self.matmuls.len()));
+                self.matmuls.push(m);
+            }
+            Err(why) if spec.batch > 1 => {
+                log::warn!("{why}; issuing the {} batch entries one by one", spec.batch);
+                for i in 0..spec.batch {
+                    let m = Matmul::new(lt, spec.entry(i)).map_err(|e| self.error(e))?;
+                    self.steps.push(Step::Gemm(self.matmuls.len()));
+                    self.matmuls.push(m);
+                }
+            }
+            Err(why) => return Err(self.error(why)),
+        }
+        Ok(())
+    }
+
+    /// `out (+)= a · wᵀ (+ bias)`: see the column-major mapping in `gemm.rs`.
+    fn gemm(&mut self, a: View, w: WeightId, bias: Option<WeightId>, out: View, accumulate: bool) -> Result<()> {
+        let WeightRole::Matrix { n, k } = self.backend.plan.weights[w.0].role else {
+            return Err(self.error(format!("GEMM weight {} is not a matrix", self.backend.plan.weights[w.0].name)));
+        };
+        if a.cols != k || out.cols != n || a.rows != out.rows {
+            return Err(self.error(format!("GEMM {}x{} · [{n}, {k}]ᵀ into {}x{}", a.rows, a.cols, out.rows, out.cols)));
+        }
+        let mut a_mat = self.mat(a)?;
+        if a_mat.dtype == Dtype::F32 {
+            let shadow = Mat { ptr: self.scratch.shadow, rows: a.rows, cols: a.cols, stride: a.cols, dtype: Dtype::Bf16 };
+            self.steps.push(Step::Copy { dst: shadow, src: a_mat });
+            a_mat = shadow;
+        }
+        let d = self.mat(out)?;
+        let spec = MatmulSpec {
+            a: Operand { ptr: self.weight(w, Elem::Bf16), dtype: Dtype::Bf16, rows: k, cols: n, ld: k, transpose: true, batch_stride: 0 },
+            b: Operand { ptr: a_mat.ptr, dtype: Dtype::Bf16, rows: k, cols: a.rows, ld: a_mat.stride, transpose: false, batch_stride: 0 },
+            d: Operand { ptr: d.ptr, dtype: d.dtype, rows: n, cols: out.rows, ld: d.stride, transpose: false, batch_stride: 0 },
+            batch: 1,
+            alpha: 1.0,
+            beta: if accumulate { 1.0 } else { 0.0 },
+            bias: bias.map(|b| self.weight(b, Elem::from(d.dtype))),
+        };
+        self.matmul(spec)
+    }
+
+    /// Softmax attention as two batched cuBLASLt products around the masked softmax kernel, one
+    /// group (camera) at a time: `S_h = Q_h Kᵀ / √d` (f32), `P = softmax(S)` (bf16),
+    /// `O_h = P_h V` written into head h's columns of `out`. Heads batch with stride `head_dim`;
+    /// with one K/V head (multi-query) K and V are broadcast (batch stride 0). Queries marked
+    /// invalid get zero probabilities, hence a zero output row, as on the CPU.
+    #[allow(clippy::too_many_arguments)] // the op's own fields, one to one
+    fn attention(
+        &mut self,
+        q: View,
+        k: View,
+        v: View,
+        out: View,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        groups: usize,
+        key_valid: Option<BufId>,
+        query_valid: Option<BufId>,
+    ) -> Result<()> {
+        let kv_stride = if kv_heads == heads {
+            head_dim
+        } else if kv_heads == 1 {
+            0
+        } else {
+            return Err(
+                self.error(format!("{heads} query heads over {kv_heads} K/V heads: only multi-head and multi-query attention are lowered"))
+            );
+        };
+        let (qs, ks, vs) = (self.mat(q)?, self.mat(k)?, self.mat(v)?);
+        if [qs.dtype, ks.dtype, vs.dtype] != [Dtype::Bf16; 3] {
+            return Err(self.error(format!("attention operands must be bf16, got {:?}/{:?}/{:?}", qs.dtype, ks.dtype, vs.dtype)));
+        }
+        let (rows, keys) = (q.rows / groups, k.rows / groups);
+        for g in 0..groups {
+            let (qg, kg, vg, og) = (
+                self.mat(q.rows(g * rows, rows))?,
+                self.mat(k.rows(g * keys, keys))?,
+                self.mat(v.rows(g * keys, keys))?,
+                self.mat(out.rows(g * rows, rows))?,
+            );
+            let (scores, probs) = (self.scratch.scores, self.scratch.probs);
+            self.matmul(MatmulSpec {
+                a: Operand {
+                    ptr: kg.ptr,
+                    dtype: Dtype::Bf16,
+                    rows: head_dim,
+                    cols: keys,
+                    ld: kg.stride,
+                    transpose: true,
+                    batch_stride: kv_stride,
+                },
+                b: Operand {
+                    ptr: qg.ptr,
+                    dtype: Dtype::Bf16,
+                    rows: head_dim,
+                    cols: rows,
+                    ld: qg.stride,
+                    transpose: false,
+                    batch_stride: head_dim,
+                },
+                d: Operand {
+                    ptr: scores,
+                    dtype: Dtype::F32,
+                    rows: keys,
+                    cols: rows,
+                    ld: keys,
+                    transpose: false,
+                    batch_stride: rows * keys,
+                },
+                batch: heads,
+                alpha: 1.0 / (head_dim as f32).sqrt(),
+                beta: 0.0,
+                bias: None,
+            })?;
+            let key_valid = key_valid.map(|b| self.ptr(b) + (g * keys * 4) as u64);
+            let query_valid = query_valid.map(|b| self.ptr(b) + (g * rows * 4) as u64);
+            self.steps.push(Step::Softmax { p: probs, s: scores, rows: heads * rows, queries: rows, keys, key_valid, query_valid });
+            self.matmul(MatmulSpec {
+                a: Operand {
+                    ptr: vg.ptr,
+                    dtype: Dtype::Bf16,
+                    rows: head_dim,
+                    cols: keys,
+                    ld: vg.stride,
+                    transpose: false,
+                    batch_stride: kv_stride,
+                },
+                b: Operand {
+                    ptr: probs,
+                    dtype: Dtype::Bf16,
+                    rows: keys,
+                    cols: rows,
+                    ld: keys,
+                    transpose: false,
+                    batch_stride: rows * keys,
+                },
+                d: Operand {
+                    ptr: og.ptr,
+                    dtype: og.dtype,
+                    rows: head_dim,
+                    cols: rows,
+                    ld: og.stride,
+                    transpose: false,
+                    batch_stride: head_dim,
+                },
+                batch: heads,
+                alpha: 1.0,
+                beta: 0.0,
+                bias: None,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn device_name(&self) -> String {
+        self.device_name.clone()
+    }
+
+    fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    fn memory_bytes(&self) -> usize {
+        self.arena.bytes + self.weights.bytes
+    }
+
+    fn input_u8(&mut self, id: BufId) -> &mut [u8] {
+        self.host_buffer_mut(id).as_mut_slice()
+    }
+
+    fn input_i32(&mut self, id: BufId) -> &mut [i32] {
+        self.host_buffer_mut(id).as_mut_slice()
+    }
+
+    fn input_f32(&mut self, id: BufId) -> &mut [f32] {
+        self.host_buffer_mut(id).as_mut_slice()
+    }
+
+    fn run(&mut self) -> Result<()> {
+        self.ctx.make_current()?;
+        // SAFETY: the graph and stream belong to this backend; host inputs are not touched by
+        // the host while the graph runs (`&mut self` until the synchronisation returns).
+        unsafe {
+            check("cuGraphLaunch", result::graph::launch(self.exec, self.stream.0))?;
+            check("step", result::stream::synchronize(self.stream.0))
+        }
+    }
+
+    fn output_f32(&self, id: BufId) -> &[f32] {
+        self.host_buffer(id).as_slice()
+    }
+
+    fn read_buffer(&self, name: &str) -> Option<Vec<f32>> {
+        let id = self.plan.find_buffer(name)?;
+        let b = self.bufs[id.0];
+        self.ctx.make_current().ok()?;
+        // SAFETY: the buffer holds `len` elements of `elem`; the stream is idle between steps.
+        unsafe {
+            match b.elem {
+                Elem::F32 => {
+                    let mut out = vec![0f32; b.len];
+                    result::memcpy_dtoh_sync(&mut out, b.ptr).ok()?;
+                    Some(out)
+                }
+                Elem::Bf16 => {
+                    let mut raw = vec![0u16; b.len];
+                    result::memcpy_dtoh_sync(&mut raw, b.ptr).ok()?;
+                    Some(raw.into_iter().map(|v| half::bf16::from_bits(v).to_f32()).collect())
+                }
+                Elem::I32 | Elem::U8 => None,
+            }
+        }
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // Teardown order: the graph here; stream, handle, matmuls, kernels and memory as fields
+        // (declared before `ctx`), the context last.
+        if self.ctx.make_current().is_err() {
+            return;
+        }
+        // SAFETY: each handle was created by this backend and is destroyed once; null handles
+        // (a constructor that failed before capture) are skipped.
+        unsafe {
+            let _ = result::stream::synchronize(self.stream.0);
+            if !self.exec.is_null() {
+                let _ = result::graph::exec_destroy(self.exec);
+            }
+            if !self.graph.is_null() {
+                let _ = result::graph::destroy(self.graph);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn residual_streams_stay_f32_and_gemm_inputs_go_bf16() {
+        let mut plan = Plan::default();
+        let x = plan.matrix("x", 4, 8);
+        let h = plan.matrix("h", 4, 8);
+        let y = plan.matrix("y", 4, 8);
+        let w = plan.weight("w", WeightRole::Matrix { n: 8, k: 8 });
+        plan.push(Op::RmsNorm { x, out: h, eps: 1e-6 });
+        plan.push(Op::Gemm { a: h, w, bias: None, out: x, accumulate: true });
+        // `x` is also a GEMM input: it stays f32 (accumulated) and is converted before use.
+        plan.push(Op::Gemm { a: x, w, bias: None, out: y, accumulate: false });
+        let elems = element_types(&plan);
+        assert_eq!(elems, vec![Elem::F32, Elem::Bf16, Elem::F32]);
+    }
+}

@@ -1,0 +1,184 @@
+//! Owned driver resources: the device's primary context, device allocations and pinned host
+//! memory. Each releases itself on drop; the backend drops them before the context.
+
+use std::ffi::c_void;
+
+use cudarc::driver::result::{self, DriverError};
+use cudarc::driver::sys;
+use flashrt_kernels::DevPtr;
+
+use crate::error::{Error, Result};
+
+/// Maps a driver error to the runtime's error, naming the failed call.
+pub fn check<T>(what: &str, r: std::result::Result<T, DriverError>) -> Result<T> {
+    r.map_err(|e| Error::Backend(format!("CUDA {what}: {e:?}")))
+}
+
+/// Why CUDA cannot run here, or the name of device `ordinal`. Never panics: cudarc panics when a
+/// library is missing, so every library is probed before the first call into it.
+pub fn probe(ordinal: usize) -> std::result::Result<String, String> {
+    // SAFETY: only attempts to dlopen the libraries by their usual names.
+    if !unsafe { sys::is_culib_present() } {
+        return Err("no CUDA driver: libcuda.so is not on the library path".into());
+    }
+    result::init().map_err(|e| format!("the CUDA driver did not initialise: {e:?}"))?;
+    let count = result::device::get_count().map_err(|e| format!("cannot count CUDA devices: {e:?}"))?;
+    if ordinal >= count.max(0) as usize {
+        return Err(format!("CUDA device {ordinal} requested, {count} present"));
+    }
+    // SAFETY: as above.
+    if !unsafe { cudarc::cublaslt::sys::is_culib_present() } {
+        return Err("cuBLASLt (libcublasLt) is not on the library path".into());
+    }
+    let dev = result::device::get(ordinal as i32).map_err(|e| format!("CUDA device {ordinal}: {e:?}"))?;
+    result::device::get_name(dev).map_err(|e| format!("CUDA device {ordinal} name: {e:?}"))
+}
+
+/// The device's primary context, retained for the backend's lifetime.
+pub struct Context {
+    pub device: sys::CUdevice,
+    pub ctx: sys::CUcontext,
+}
+
+impl Context {
+    /// Retains device `ordinal`'s primary context and makes it current. Call [`probe`] first.
+    pub fn new(ordinal: usize) -> Result<Context> {
+        let device = check("cuDeviceGet", result::device::get(ordinal as i32))?;
+        // SAFETY: the driver is initialised (probe) and `device` is valid.
+        let ctx = check("cuDevicePrimaryCtxRetain", unsafe { result::primary_ctx::retain(device) })?;
+        let context = Context { device, ctx };
+        context.make_current()?;
+        Ok(context)
+    }
+
+    /// Binds the context to the calling thread (cheap; the backend may move between threads).
+    pub fn make_current(&self) -> Result<()> {
+        // SAFETY: the context is retained for as long as `self` lives.
+        check("cuCtxSetCurrent", unsafe { result::ctx::set_current(self.ctx) })
+    }
+
+    /// `"sm_XY"` of the device, the architecture the kernels are compiled for.
+    pub fn arch(&self) -> Result<String> {
+        let attr = |a| {
+            // SAFETY: `device` is valid; the attribute is a plain integer query.
+            check("cuDeviceGetAttribute", unsafe { result::device::get_attribute(self.device, a) })
+        };
+        let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        Ok(format!("sm_{major}{minor}"))
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: balances the retain in `new`; nothing can be done about a failure at teardown.
+        let _ = unsafe { result::primary_ctx::release(self.device) };
+    }
+}
+
+/// A non-blocking stream (graph capture needs one that is not the legacy default stream).
+pub struct Stream(pub sys::CUstream);
+
+impl Stream {
+    pub fn new() -> Result<Stream> {
+        Ok(Stream(check("cuStreamCreate", result::stream::create(result::stream::StreamKind::NonBlocking))?))
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once after its work has finished.
+        unsafe {
+            let _ = result::stream::synchronize(self.0);
+            let _ = result::stream::destroy(self.0);
+        }
+    }
+}
+
+/// A cuBLASLt handle.
+pub struct BlasLt(pub cudarc::cublaslt::sys::cublasLtHandle_t);
+
+impl BlasLt {
+    pub fn new() -> Result<BlasLt> {
+        Ok(BlasLt(cudarc::cublaslt::result::create_handle().map_err(|e| Error::Backend(format!("cuBLASLt handle: {e:?}")))?))
+    }
+}
+
+impl Drop for BlasLt {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once.
+        let _ = unsafe { cudarc::cublaslt::result::destroy_handle(self.0) };
+    }
+}
+
+/// One device allocation.
+pub struct DeviceMemory {
+    pub ptr: DevPtr,
+    pub bytes: usize,
+}
+
+impl DeviceMemory {
+    pub fn new(bytes: usize, what: &str) -> Result<DeviceMemory> {
+        // SAFETY: plain allocation in the current context; contents are initialised by the caller.
+        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }
+            .map_err(|e| Error::Backend(format!("allocating {bytes} bytes of device memory for {what}: {e:?}")))?;
+        Ok(DeviceMemory { ptr, bytes })
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new`, freed once, with the owning context current (backend drop).
+        let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}
+
+/// Element types viewed through [`Pinned`] memory: plain data, valid for any bit pattern.
+pub trait HostElem: Copy {}
+impl HostElem for u8 {}
+impl HostElem for u16 {}
+impl HostElem for i32 {}
+impl HostElem for f32 {}
+
+/// Page-locked host memory, mapped into the device's address space so kernels can read it
+/// directly (camera frames) and copies from it can be captured in a graph.
+pub struct Pinned {
+    pub host: *mut u8,
+    pub device: DevPtr,
+    pub bytes: usize,
+}
+
+impl Pinned {
+    pub fn new(bytes: usize, what: &str) -> Result<Pinned> {
+        // SAFETY: plain pinned allocation; it is zeroed below before any use.
+        let host = unsafe { result::malloc_host(bytes.max(1), sys::CU_MEMHOSTALLOC_DEVICEMAP) }
+            .map_err(|e| Error::Backend(format!("allocating {bytes} bytes of pinned host memory for {what}: {e:?}")))?
+            as *mut u8;
+        // SAFETY: `host` points to `bytes` writable bytes.
+        unsafe { std::ptr::write_bytes(host, 0, bytes) };
+        let mut device: DevPtr = 0;
+        // SAFETY: `host` was allocated with DEVICEMAP in the current context.
+        let mapped = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, host as *mut c_void, 0) }.result();
+        let pinned = Pinned { host, device, bytes };
+        check("cuMemHostGetDevicePointer", mapped)?;
+        Ok(pinned)
+    }
+
+    pub fn as_mut_slice<T: HostElem>(&mut self) -> &mut [T] {
+        // SAFETY: the allocation is `bytes` long, page-aligned (so aligned for T) and zeroed, and
+        // `HostElem` types are plain data valid for any bit pattern.
+        unsafe { std::slice::from_raw_parts_mut(self.host as *mut T, self.bytes / std::mem::size_of::<T>()) }
+    }
+
+    pub fn as_slice<T: HostElem>(&self) -> &[T] {
+        // SAFETY: as in `as_mut_slice`.
+        unsafe { std::slice::from_raw_parts(self.host as *const T, self.bytes / std::mem::size_of::<T>()) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new`, freed once.
+        let _ = unsafe { result::free_host(self.host as *mut c_void) };
+    }
+}

@@ -1,0 +1,231 @@
+//! cuBLASLt matrix products with descriptors, layouts and the algorithm chosen once at open.
+//!
+//! Everything is stated in cuBLAS's column-major terms. A row-major `[rows, cols]` matrix with
+//! row stride `ld` is, to cuBLAS, a column-major `cols × rows` matrix with leading dimension `ld`,
+//! so the plan's `out[M,N] = a[M,K] · w[N,K]ᵀ` becomes `outᵀ (N×M) = op_T(W: K×N) · aᵀ (K×M)`.
+
+use std::ffi::c_void;
+
+use cudarc::cublaslt::result as lt;
+use cudarc::cublaslt::sys;
+use flashrt_kernels::{DevPtr, Dtype};
+
+/// The cuBLASLt workspace every product may use (NVIDIA recommends 32 MiB on Hopper).
+pub const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// One operand in column-major terms: the stored matrix is `rows × cols` with leading dimension
+/// `ld`; `transpose` applies `op_T` to it.
+#[derive(Clone, Copy, Debug)]
+pub struct Operand {
+    pub ptr: DevPtr,
+    pub dtype: Dtype,
+    pub rows: usize,
+    pub cols: usize,
+    pub ld: usize,
+    pub transpose: bool,
+    /// Elements from one batch entry to the next (0 broadcasts one matrix to every entry).
+    pub batch_stride: usize,
+}
+
+/// `d = alpha · op(a) · op(b) + beta · d (+ bias)`, `batch` times.
+#[derive(Clone, Copy, Debug)]
+pub struct MatmulSpec {
+    pub a: Operand,
+    pub b: Operand,
+    /// The output, also the accumulator when `beta` is 1 (C and D are the same matrix).
+    pub d: Operand,
+    pub batch: usize,
+    pub alpha: f32,
+    pub beta: f32,
+    /// One value per output row (per output feature of the row-major view), D's element type.
+    pub bias: Option<DevPtr>,
+}
+
+impl MatmulSpec {
+    /// The same product for batch entry `i` alone (used when cuBLASLt rejects a batched form).
+    pub fn entry(&self, i: usize) -> MatmulSpec {
+        let at = |o: Operand| Operand { ptr: o.ptr + (i * o.batch_stride * o.dtype.size()) as u64, batch_stride: 0, ..o };
+        MatmulSpec { a: at(self.a), b: at(self.b), d: at(self.d), batch: 1, ..*self }
+    }
+}
+
+/// A ready-to-launch product: descriptors and the heuristic's algorithm, owned.
+pub struct Matmul {
+    spec: MatmulSpec,
+    desc: sys::cublasLtMatmulDesc_t,
+    layouts: [sys::cublasLtMatrixLayout_t; 3],
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+fn data_type(d: Dtype) -> sys::cudaDataType {
+    match d {
+        Dtype::F32 => sys::cudaDataType::CUDA_R_32F,
+        Dtype::Bf16 => sys::cudaDataType::CUDA_R_16BF,
+    }
+}
+
+/// Largest power of two (≤ 256) dividing every byte offset a kernel may form from this operand:
+/// the base address, the leading dimension and the batch stride.
+fn alignment(o: &Operand) -> u32 {
+    let size = o.dtype.size() as u64;
+    let mut bytes = o.ptr | (o.ld as u64 * size) | 256;
+    if o.batch_stride > 0 {
+        bytes |= o.batch_stride as u64 * size;
+    }
+    1 << bytes.trailing_zeros().min(8)
+}
+
+fn cublas(what: &str) -> impl FnOnce(lt::CublasError) -> String + '_ {
+    move |e| format!("cuBLASLt {what}: {e:?}")
+}
+
+impl Matmul {
+    /// Builds descriptors and asks the heuristic for the best algorithm for exactly this shape,
+    /// these alignments and the shared workspace.
+    pub fn new(handle: sys::cublasLtHandle_t, spec: MatmulSpec) -> Result<Matmul, String> {
+        let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)
+            .map_err(cublas("matmul descriptor"))?;
+        // Partially built descriptors are released by Drop on every early return below.
+        let mut mm = Matmul { spec, desc, layouts: [std::ptr::null_mut(); 3], algo: unsafe { std::mem::zeroed() } };
+        // SAFETY: every attribute value below has the type cuBLASLt documents for it (int32 for
+        // transposes and batch counts, uint32 for epilogue and alignments, int64 strides, uint64
+        // workspace, a device pointer for the bias), passed by address with its exact size.
+        unsafe {
+            let set_desc = |attr, value: *const c_void, size| {
+                lt::set_matmul_desc_attribute(desc, attr, value, size).map_err(cublas("descriptor attribute"))
+            };
+            for (attr, op) in [
+                (sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, &spec.a),
+                (sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, &spec.b),
+            ] {
+                let t: i32 = op.transpose as i32; // CUBLAS_OP_N = 0, CUBLAS_OP_T = 1
+                set_desc(attr, &t as *const i32 as *const c_void, 4)?;
+            }
+            if let Some(bias) = spec.bias.as_ref() {
+                let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS as u32;
+                set_desc(sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue as *const u32 as *const c_void, 4)?;
+                set_desc(sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias as *const u64 as *const c_void, 8)?;
+            }
+            for (i, op) in [spec.a, spec.b, spec.d].iter().enumerate() {
+                let layout = lt::create_matrix_layout(data_type(op.dtype), op.rows as u64, op.cols as u64, op.ld as i64)
+                    .map_err(cublas("matrix layout"))?;
+                mm.layouts[i] = layout;
+                if spec.batch > 1 {
+                    let count = spec.batch as i32;
+                    let stride = op.batch_stride as i64;
+                    lt::set_matrix_layout_attribute(
+                        layout,
+                        sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                        &count as *const i32 as *const c_void,
+                        4,
+                    )
+                    .map_err(cublas("batch count"))?;
+                    lt::set_matrix_layout_attribute(
+                        layout,
+                        sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                        &stride as *const i64 as *const c_void,
+                        8,
+                    )
+                    .map_err(cublas("batch stride"))?;
+                }
+            }
+            let pref = lt::create_matmul_pref().map_err(cublas("preference"))?;
+            let workspace = WORKSPACE_BYTES as u64;
+            let prefs = [
+                (sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(&spec.a)),
+                (sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(&spec.b)),
+                (sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(&spec.d)),
+                (sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(&spec.d)),
+            ];
+            let mut set = lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &workspace as *const u64 as *const c_void,
+                8,
+            );
+            for (attr, value) in prefs {
+                set = set.and_then(|_| lt::set_matmul_pref_attribute(pref, attr, &value as *const u32 as *const c_void, 4));
+            }
+            let [a, b, d] = mm.layouts;
+            let heuristic = set.and_then(|_| lt::get_matmul_algo_heuristic(handle, desc, a, b, d, d, pref));
+            let _ = lt::destroy_matmul_pref(pref);
+            mm.algo = heuristic.map_err(|e| format!("cuBLASLt found no algorithm for {spec:?}: {e:?}"))?.algo;
+        }
+        Ok(mm)
+    }
+
+    /// Enqueues the product on `stream`.
+    ///
+    /// # Safety
+    /// The operands' memory, `workspace` (`WORKSPACE_BYTES`) and the handle must be live, and
+    /// the context current.
+    pub unsafe fn launch(
+        &self,
+        handle: sys::cublasLtHandle_t,
+        workspace: DevPtr,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<(), String> {
+        let s = &self.spec;
+        let [a, b, d] = self.layouts;
+        // SAFETY: descriptors were built for exactly these pointers; alpha/beta are host scalars
+        // read during the call (also under graph capture, where they become kernel parameters).
+        unsafe {
+            lt::matmul(
+                handle,
+                self.desc,
+                &s.alpha as *const f32 as *const c_void,
+                &s.beta as *const f32 as *const c_void,
+                s.a.ptr as *const c_void,
+                a,
+                s.b.ptr as *const c_void,
+                b,
+                s.d.ptr as *const c_void,
+                d,
+                s.d.ptr as *mut c_void,
+                d,
+                &self.algo,
+                workspace as *mut c_void,
+                WORKSPACE_BYTES,
+                stream as sys::cudaStream_t,
+            )
+        }
+        .map_err(|e| {
+            format!(
+                "cuBLASLt matmul {}x{}x{} (batch {}): {e:?}",
+                s.d.rows,
+                s.d.cols,
+                if s.a.transpose { s.a.rows } else { s.a.cols },
+                s.batch
+            )
+        })
+    }
+}
+
+impl Drop for Matmul {
+    fn drop(&mut self) {
+        // SAFETY: each handle was created in `new` and is destroyed once; null layouts (a
+        // constructor that failed midway) are skipped.
+        unsafe {
+            for layout in self.layouts {
+                if !layout.is_null() {
+                    let _ = lt::destroy_matrix_layout(layout);
+                }
+            }
+            let _ = lt::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alignment_is_the_weakest_of_base_ld_and_stride() {
+        let o = Operand { ptr: 0x1000, dtype: Dtype::Bf16, rows: 8, cols: 8, ld: 588, transpose: false, batch_stride: 0 };
+        assert_eq!(alignment(&o), 8); // 588 · 2 = 1176 = 8 · 147
+        assert_eq!(alignment(&Operand { ld: 2048, ..o }), 256);
+        assert_eq!(alignment(&Operand { ld: 2048, ptr: 0x1000 + 144, ..o }), 16);
+        assert_eq!(alignment(&Operand { ld: 2048, batch_stride: 72, ..o }), 16);
+    }
+}

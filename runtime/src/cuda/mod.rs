@@ -1,0 +1,68 @@
+//! The CUDA backend (features `cuda-12` / `cuda-13`). Without either feature this module only
+//! answers that CUDA is unavailable, so backend selection needs no conditional code.
+
+#[cfg(feature = "cuda")]
+mod backend;
+#[cfg(feature = "cuda")]
+mod device;
+#[cfg(feature = "cuda")]
+mod gemm;
+
+#[cfg(feature = "cuda")]
+pub use backend::{CudaBackend, CudaOptions};
+
+/// The name of CUDA device `ordinal`, or why CUDA cannot run here (no driver, no device, no
+/// cuBLASLt, or a build without CUDA). Never panics.
+#[cfg(feature = "cuda")]
+pub fn probe(ordinal: usize) -> Result<String, String> {
+    device::probe(ordinal)
+}
+
+#[cfg(not(feature = "cuda"))]
+pub fn probe(_ordinal: usize) -> Result<String, String> {
+    Err("this build has no CUDA support (build flashrt with feature cuda-12 or cuda-13)".into())
+}
+
+/// Bytes of device memory in use on the device of the calling thread's current context (as
+/// `cuMemGetInfo` reports: every process's allocations), or `None` without a current context.
+/// Tests use it to show that device memory stays constant across steps.
+#[cfg(feature = "cuda")]
+pub fn used_device_memory() -> Option<usize> {
+    let (free, total) = cudarc::driver::result::mem_get_info().ok()?;
+    Some(total - free)
+}
+
+/// Opens the CUDA backend for `plan`.
+pub fn open(
+    plan: crate::plan::Plan,
+    weights: Vec<crate::models::pi05::WeightData>,
+    checkpoint: std::sync::Arc<crate::checkpoint::Checkpoint>,
+    device: usize,
+    kernel_cache_dir: Option<std::path::PathBuf>,
+) -> crate::Result<Box<dyn crate::backend::Backend>> {
+    #[cfg(feature = "cuda")]
+    {
+        let opts = CudaOptions { device, kernel_cache_dir };
+        Ok(Box::new(CudaBackend::new(plan, weights, checkpoint, &opts)?))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (plan, weights, checkpoint, kernel_cache_dir);
+        Err(crate::Error::Backend(probe(device).unwrap_err()))
+    }
+}
+
+/// Ahead-of-time kernels: compiles every kernel for `arch` (e.g. "sm_87") with NVRTC into `out`
+/// under the kernel cache's file names (`flashrt kernels --arch sm_87 --out DIR`); copy them into
+/// the target's cache directory (or point `kernel_cache_dir` at them) to skip NVRTC at open.
+pub fn write_kernels(arch: &str, out: &std::path::Path) -> crate::Result<Vec<std::path::PathBuf>> {
+    #[cfg(feature = "cuda")]
+    {
+        flashrt_kernels::write_cubins(arch, out).map_err(|e| crate::Error::Backend(e.to_string()))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (arch, out);
+        Err(crate::Error::Backend(probe(0).unwrap_err()))
+    }
+}

@@ -1,0 +1,740 @@
+//! CUDA backend checks on a GPU machine (DESIGN.md §6; driven by tools/device/cuda_checks.sh):
+//!
+//! - `every_op_matches_cpu`: each plan op, alone in a small plan with random shapes and inputs,
+//!   against the CPU backend's op: normalized MSE `mse(gpu, cpu) / mse(cpu, 0)` ≤ 1e-5 (bf16 tier);
+//! - `tiny_fixture_matches_cpu`: the committed tiny Pi0.5 on CUDA vs the CPU backend, cosine ≥
+//!   0.9999 and max-abs ≤ 1e-2 on the actions, over prompts of different lengths, a resized frame
+//!   and a missing camera, replaying the one captured graph;
+//! - `step_allocates_nothing_and_device_memory_is_constant`: ≥ 1000 steps with changing inputs,
+//!   zero heap allocations (counting allocator) and unchanged device memory;
+//! - `full_size_matches_lerobot`: with `FRT_FULL_PARITY_DIR` (made by tools/device/
+//!   full_parity.py): a random full-size checkpoint vs lerobot 0.6.1 f32 on the same weights and
+//!   inputs, cosine ≥ 0.999 and relative L2 ≤ 3e-2.
+//!
+//! Without a CUDA device every test prints SKIPPED and passes, unless FRT_REQUIRE_GPU=1. With
+//! `FRT_RESULTS_DIR` set, each test writes its numbers there as JSON.
+#![cfg(feature = "cuda")]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use flashrt::backend::Backend;
+use flashrt::checkpoint::Checkpoint;
+use flashrt::cpu::CpuBackend;
+use flashrt::cuda::{CudaBackend, CudaOptions};
+use flashrt::image::{Frame, PixelFormat};
+use flashrt::models::pi05::WeightData;
+use flashrt::plan::{BufId, BufType, HostIo, Op, Plan, View, WeightId, WeightRole};
+use flashrt::{BackendKind, Observation, Policy, PolicyConfig};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, StandardNormal};
+use safetensors::SafeTensors;
+use serde_json::json;
+
+// ---- counting allocator (armed only around the measured steps) --------------------------------
+
+struct Counting;
+static ARMED: AtomicBool = AtomicBool::new(false);
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if ARMED.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if ARMED.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+// ---- helpers ----------------------------------------------------------------------------------
+
+/// Whether a CUDA device is usable; prints why not and decides between skip and failure.
+fn gpu_or_skip(test: &str) -> bool {
+    match flashrt::cuda::probe(0) {
+        Ok(name) => {
+            eprintln!("{test}: on {name}");
+            true
+        }
+        Err(why) => {
+            assert!(std::env::var("FRT_REQUIRE_GPU").as_deref() != Ok("1"), "FRT_REQUIRE_GPU=1 but CUDA is unavailable: {why}");
+            eprintln!("SKIPPED {test}: {why}");
+            false
+        }
+    }
+}
+
+fn write_result(file: &str, value: serde_json::Value) {
+    if let Some(dir) = std::env::var_os("FRT_RESULTS_DIR") {
+        let path = Path::new(&dir).join(file);
+        std::fs::write(&path, serde_json::to_string_pretty(&value).unwrap()).unwrap();
+        eprintln!("wrote {}", path.display());
+    }
+}
+
+/// `mse(a, b) / mse(b, 0)`.
+fn nmse(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let err: f64 = got.iter().zip(want).map(|(g, w)| (*g as f64 - *w as f64).powi(2)).sum();
+    let norm: f64 = want.iter().map(|w| (*w as f64).powi(2)).sum();
+    err / norm.max(f64::MIN_POSITIVE)
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+    let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    nmse(got, want).sqrt()
+}
+
+fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn commit() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .or_else(|| std::env::var("FRT_COMMIT").ok())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn fixture_dir() -> PathBuf {
+    std::env::var_os("FRT_FIXTURE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pi05_tiny"))
+}
+
+// ---- (b) every op against the CPU op ----------------------------------------------------------
+
+/// A small plan under construction: host inputs with their data, weights, and the buffers to
+/// compare after one run.
+struct Case {
+    name: String,
+    plan: Plan,
+    weights: Vec<Vec<f32>>,
+    /// Weight indices backed by the checkpoint tensor `embed` (the others are dense).
+    embedding: Option<usize>,
+    inputs: Vec<(BufId, Input)>,
+    compare: Vec<String>,
+    rng: ChaCha8Rng,
+}
+
+enum Input {
+    F32(Vec<f32>),
+    I32(Vec<i32>),
+    U8(Vec<u8>),
+}
+
+impl Case {
+    fn new(name: String, seed: u64) -> Case {
+        Case {
+            name,
+            plan: Plan::default(),
+            weights: Vec::new(),
+            embedding: None,
+            inputs: Vec::new(),
+            compare: Vec::new(),
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        }
+    }
+
+    fn normal(&mut self, n: usize, std: f32) -> Vec<f32> {
+        (0..n).map(|_| StandardNormal.sample(&mut self.rng)).map(|v: f32| v * std).collect()
+    }
+
+    /// A host-written f32 input copied into an internal buffer (whose element type the backend
+    /// then chooses from its uses, as in the real plan).
+    fn input(&mut self, name: &str, rows: usize, cols: usize) -> View {
+        let host = self.plan.host_buffer(format!("{name}.host"), BufType::F32, rows * cols, HostIo::Input);
+        let data = self.normal(rows * cols, 1.0);
+        self.inputs.push((host, Input::F32(data)));
+        let src = View { buf: host, offset: 0, rows, cols, stride: cols };
+        let dst = self.plan.matrix(name, rows, cols);
+        self.plan.push(Op::Copy { src, dst });
+        dst
+    }
+
+    fn host_i32(&mut self, name: &str, data: Vec<i32>) -> BufId {
+        let id = self.plan.host_buffer(name, BufType::I32, data.len(), HostIo::Input);
+        self.inputs.push((id, Input::I32(data)));
+        id
+    }
+
+    fn matrix_weight(&mut self, n: usize, k: usize) -> WeightId {
+        let data = self.normal(n * k, 1.0 / (k as f32).sqrt());
+        self.weights.push(data);
+        self.plan.weight(format!("w{}", self.weights.len()), WeightRole::Matrix { n, k })
+    }
+
+    fn vector_weight(&mut self, data: Vec<f32>) -> WeightId {
+        self.weights.push(data);
+        self.plan.weight(format!("v{}", self.weights.len()), WeightRole::Vector)
+    }
+
+    /// A GEMM reading `a`, which makes the backend keep `a` in bf16 as in the real plan.
+    fn consume(&mut self, a: View) {
+        let w = self.matrix_weight(8, a.cols);
+        let out = self.plan.matrix(format!("{}.consumer", self.name(a.buf)), a.rows, 8);
+        self.plan.push(Op::Gemm { a, w, bias: None, out, accumulate: false });
+        self.compare.push(self.name(out.buf));
+    }
+
+    fn name(&self, id: BufId) -> String {
+        self.plan.buffers[id.0].name.clone()
+    }
+
+    fn check(&mut self, v: View) {
+        self.compare.push(self.name(v.buf));
+    }
+
+    fn weight_data(&self) -> Vec<WeightData> {
+        (0..self.weights.len())
+            .map(|i| {
+                if self.embedding == Some(i) { WeightData::Checkpoint("embed".into()) } else { WeightData::Dense(self.weights[i].clone()) }
+            })
+            .collect()
+    }
+
+    /// Runs the plan on both backends; returns (buffer, nmse) per compared buffer.
+    fn run(&self, ckpt: &Arc<Checkpoint>) -> Vec<(String, f64)> {
+        let mut cpu: Box<dyn Backend> = Box::new(CpuBackend::new(self.plan.clone(), self.weight_data(), ckpt.clone()));
+        let gpu = CudaBackend::new(self.plan.clone(), self.weight_data(), ckpt.clone(), &CudaOptions::default());
+        let mut gpu: Box<dyn Backend> = Box::new(gpu.unwrap_or_else(|e| panic!("{}: CUDA backend: {e}", self.name)));
+        for backend in [&mut cpu, &mut gpu] {
+            for (id, data) in &self.inputs {
+                match data {
+                    Input::F32(v) => backend.input_f32(*id).copy_from_slice(v),
+                    Input::I32(v) => backend.input_i32(*id).copy_from_slice(v),
+                    Input::U8(v) => backend.input_u8(*id).copy_from_slice(v),
+                }
+            }
+            backend.run().unwrap();
+        }
+        self.compare
+            .iter()
+            .map(|name| {
+                let (want, got) = (cpu.read_buffer(name).unwrap(), gpu.read_buffer(name).unwrap());
+                assert!(got.iter().all(|v| v.is_finite()), "{}: {name} has non-finite values", self.name);
+                (name.clone(), nmse(&got, &want))
+            })
+            .collect()
+    }
+}
+
+fn gemm_case(seed: u64) -> Case {
+    let mut c = Case::new(String::new(), seed);
+    let (m, k, n) = (c.rng.random_range(1..300), c.rng.random_range(1..160) * 4, c.rng.random_range(1..100) * 8);
+    c.name = format!("gemm {m}x{k}x{n}");
+    let a = c.input("a", m, k);
+    let w = c.matrix_weight(n, k);
+    let bias_data = c.normal(n, 0.5);
+    let bias = c.vector_weight(bias_data);
+    // f32 output accumulated onto itself, with bias.
+    let acc = c.input("acc", m, n);
+    c.plan.push(Op::Gemm { a, w, bias: Some(bias), out: acc, accumulate: true });
+    c.check(acc);
+    // bf16 output with bias (kept bf16 by its consumer), and no bias.
+    let out = c.plan.matrix("out", m, n);
+    c.plan.push(Op::Gemm { a, w, bias: Some(bias), out, accumulate: false });
+    c.check(out);
+    c.consume(out);
+    c
+}
+
+fn norm_case(seed: u64, kind: usize) -> Case {
+    let mut c = Case::new(String::new(), seed);
+    let (rows, cols) = (c.rng.random_range(1..200), c.rng.random_range(1..80) * 8);
+    let x = c.input("x", rows, cols);
+    for bf16_out in [false, true] {
+        let out = c.plan.matrix(format!("out{}", bf16_out as u8), rows, cols);
+        match kind {
+            0 => {
+                let (g, b) = (c.normal(cols, 0.2).iter().map(|v| 1.0 + v).collect(), c.normal(cols, 0.2));
+                let (gamma, beta) = (c.vector_weight(g), c.vector_weight(b));
+                c.plan.push(Op::LayerNorm { x, out, gamma, beta, eps: 1e-6 });
+            }
+            1 => c.plan.push(Op::RmsNorm { x, out, eps: 1e-6 }),
+            _ => {
+                let m = c.normal(3 * cols, 0.3);
+                let modulation = c.vector_weight(m);
+                c.plan.push(Op::AdaRmsNorm { x, out, modulation, eps: 1e-6 });
+            }
+        }
+        c.check(out);
+        if bf16_out {
+            c.consume(out);
+        }
+    }
+    c.name = format!("{} {rows}x{cols}", ["layer_norm", "rms_norm", "ada_rms_norm"][kind]);
+    c
+}
+
+/// Gated residual alone (y f32), and fused with the next adaRMS norm (y bf16), as the expert does.
+fn residual_case(seed: u64) -> Case {
+    let mut c = Case::new(String::new(), seed);
+    let (rows, cols) = (c.rng.random_range(1..100), c.rng.random_range(1..80) * 8);
+    c.name = format!("gated_residual(+ada_rms_norm) {rows}x{cols}");
+    let x = c.input("x", rows, cols);
+    let y = c.input("y", rows, cols);
+    let m1 = c.normal(3 * cols, 0.5);
+    let gate = c.vector_weight(m1);
+    c.plan.push(Op::GatedResidual { x, y, modulation: gate });
+    let y2 = c.input("y2", rows, cols);
+    c.consume(y2);
+    let m2 = c.normal(3 * cols, 0.5);
+    let (gate2, norm) = (c.vector_weight(m2.clone()), c.vector_weight(m2));
+    c.plan.push(Op::GatedResidual { x, y: y2, modulation: gate2 });
+    let out = c.plan.matrix("h", rows, cols);
+    c.plan.push(Op::AdaRmsNorm { x, out, modulation: norm, eps: 1e-6 });
+    c.consume(out);
+    c.check(x);
+    c.check(out);
+    c
+}
+
+fn elementwise_case(seed: u64) -> Case {
+    let mut c = Case::new(String::new(), seed);
+    let (rows, f) = (c.rng.random_range(1..120), c.rng.random_range(1..100) * 4);
+    c.name = format!("gelu_tanh / gelu_tanh_mul / add_table / affine {rows}x{f}");
+    let x = c.input("x", rows, f);
+    c.plan.push(Op::GeluTanh { x });
+    c.check(x);
+    let gate_up = c.input("gate_up", rows, 2 * f);
+    let out = c.plan.matrix("mlp", rows, f);
+    c.plan.push(Op::GeluTanhMul { gate_up, out });
+    c.check(out);
+    c.consume(out);
+    let table_rows = c.rng.random_range(1..=rows);
+    let t = c.normal(table_rows * f, 1.0);
+    let table = c.vector_weight(t);
+    let r = c.input("r", rows, f);
+    c.plan.push(Op::AddTable { x: r, table, table_rows });
+    c.check(r);
+    let cols = c.rng.random_range(1..=f);
+    let (s, o) = (c.normal(cols, 1.0), c.normal(cols, 1.0));
+    let (scale, offset) = (c.vector_weight(s), c.vector_weight(o));
+    let actions = c.plan.host_buffer("actions", BufType::F32, rows * cols, HostIo::Output);
+    c.plan.push(Op::Affine { x: r.cols(0, cols), scale, offset, out: View { buf: actions, offset: 0, rows, cols, stride: cols } });
+    c.compare.push("actions".into());
+    c
+}
+
+fn embed_case(seed: u64, ckpt_dir: &Path) -> (Case, Arc<Checkpoint>) {
+    let mut c = Case::new(String::new(), seed);
+    let (vocab, width, rows) = (c.rng.random_range(8..600), c.rng.random_range(1..64) * 8, c.rng.random_range(1..200));
+    c.name = format!("embed vocab {vocab} width {width} rows {rows}");
+    let table = c.normal(vocab * width, 1.0);
+    let bytes: Vec<u8> = table.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let path = ckpt_dir.join(format!("embed{seed}.safetensors"));
+    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![vocab, width], &bytes).unwrap();
+    safetensors::serialize_to_file([("embed", view)], None, &path).unwrap();
+    let ckpt = Arc::new(Checkpoint::open(&path).unwrap());
+    // Out-of-range ids are clamped, as on the CPU.
+    let ids: Vec<i32> = (0..rows).map(|i| if i % 17 == 5 { vocab as i32 + 3 } else { c.rng.random_range(0..vocab as i32) }).collect();
+    let tokens = c.host_i32("tokens", ids);
+    c.weights.push(Vec::new());
+    c.embedding = Some(c.weights.len() - 1);
+    let emb = c.plan.weight("embed", WeightRole::Embedding { vocab, width });
+    for consumed in [false, true] {
+        let out = c.plan.matrix(format!("emb{}", consumed as u8), rows, width);
+        c.plan.push(Op::Embed { tokens, table: emb, scale: 3.5, out });
+        c.check(out);
+        if consumed {
+            c.consume(out);
+        }
+    }
+    (c, ckpt)
+}
+
+/// Positions, RoPE with the K/V-cache write, then masked multi-query attention of a prefix and
+/// of a suffix over the whole cache (the Gemma pattern), and grouped multi-head attention (SigLIP).
+fn attention_case(seed: u64) -> Case {
+    let mut c = Case::new(String::new(), seed);
+    let head_dim = [16, 64, 256][c.rng.random_range(0..3)];
+    let (heads, cameras, tpi, prompt, suffix) =
+        (8, c.rng.random_range(1..4), c.rng.random_range(1..40), c.rng.random_range(1..60), c.rng.random_range(1..60));
+    c.name = format!("positions/rope/attention hd {head_dim} cams {cameras}x{tpi} prompt {prompt} suffix {suffix}");
+    let info: Vec<i32> = (0..cameras).flat_map(|i| [(i != 1) as i32, 224, 224, 0]).collect();
+    let frame_info = c.host_i32("frame_info", info);
+    let valid_prompt = c.rng.random_range(1..=prompt);
+    let token_mask = c.host_i32("token_mask", (0..prompt).map(|i| (i < valid_prompt) as i32).collect());
+    let prefix = cameras * tpi + prompt;
+    let slots = prefix + suffix;
+    let valid = c.plan.buffer("valid", BufType::F32, slots);
+    let positions = c.plan.buffer("positions", BufType::I32, slots);
+    c.plan.push(Op::Positions { frame_info, cameras, tokens_per_image: tpi, token_mask, prompt_len: prompt, suffix, valid, positions });
+    c.compare.push("valid".into());
+    let k_cache = c.plan.matrix("k_cache", slots, head_dim);
+    let v_cache = c.plan.matrix("v_cache", slots, head_dim);
+    for (part, rows, offset) in [("prefix", prefix, 0), ("suffix", suffix, prefix)] {
+        let qkv = c.input(&format!("{part}_qkv"), rows, (heads + 2) * head_dim);
+        c.plan.push(Op::RopeQkv { qkv, heads, head_dim, positions, position_offset: offset, k_cache, v_cache, cache_row: offset });
+        let (k, v) = if part == "prefix" { (k_cache.rows(0, prefix), v_cache.rows(0, prefix)) } else { (k_cache, v_cache) };
+        let out = c.plan.matrix(format!("{part}_attn"), rows, heads * head_dim);
+        let query_valid = (part == "prefix").then_some(valid);
+        c.plan.push(Op::Attention {
+            q: qkv.cols(0, heads * head_dim),
+            k,
+            v,
+            out,
+            heads,
+            kv_heads: 1,
+            head_dim,
+            groups: 1,
+            key_valid: Some(valid),
+            query_valid,
+        });
+        c.check(qkv);
+        c.check(out);
+    }
+    c.check(k_cache);
+    c.check(v_cache);
+    // SigLIP-like: per-camera groups, 72-wide heads, one K/V head per query head, no masks.
+    let (vheads, per) = (c.rng.random_range(1..5), c.rng.random_range(1..80));
+    let vqkv = c.input("vision_qkv", cameras * per, 3 * vheads * 72);
+    let w = vheads * 72;
+    let vout = c.plan.matrix("vision_attn", cameras * per, w);
+    c.plan.push(Op::Attention {
+        q: vqkv.cols(0, w),
+        k: vqkv.cols(w, w),
+        v: vqkv.cols(2 * w, w),
+        out: vout,
+        heads: vheads,
+        kv_heads: vheads,
+        head_dim: 72,
+        groups: cameras,
+        key_valid: None,
+        query_valid: None,
+    });
+    c.check(vout);
+    c
+}
+
+fn image_case(seed: u64) -> Case {
+    let mut c = Case::new(String::new(), seed);
+    let (size, patch) = (56, 14);
+    let (max_w, max_h) = (160, 120);
+    let cameras = 4;
+    let stride = max_w * max_h * 4;
+    let mut frames = vec![0u8; cameras * stride];
+    let mut info = Vec::new();
+    let mut desc = Vec::new();
+    for cam in 0..cameras {
+        let format = [PixelFormat::Rgb8, PixelFormat::Bgr8, PixelFormat::Rgba8, PixelFormat::Rgb8][cam];
+        let (w, h) = if cam == 0 { (size, size) } else { (c.rng.random_range(8..=max_w), c.rng.random_range(8..=max_h)) };
+        let present = cam != 3;
+        for b in &mut frames[cam * stride..][..w * h * format.bytes_per_pixel()] {
+            *b = c.rng.random();
+        }
+        info.extend([present as i32, w as i32, h as i32, format as i32]);
+        desc.push(format!("{w}x{h}{}", if present { "" } else { " absent" }));
+    }
+    c.name = format!("image_patches {}", desc.join(", "));
+    let frames_id = c.plan.host_buffer("frames", BufType::U8, frames.len(), HostIo::Input);
+    c.inputs.push((frames_id, Input::U8(frames)));
+    let frame_info = c.host_i32("frame_info", info);
+    let per = (size / patch) * (size / patch);
+    let out = c.plan.matrix("patches", cameras * per, 3 * patch * patch);
+    for camera in 0..cameras {
+        c.plan.push(Op::ImagePatches {
+            camera,
+            frames: frames_id,
+            frame_stride: stride,
+            frame_info,
+            size,
+            patch,
+            out: out.rows(camera * per, per),
+        });
+    }
+    c.check(out);
+    c.consume(out);
+    c
+}
+
+#[test]
+fn every_op_matches_cpu() {
+    if !gpu_or_skip("every_op_matches_cpu") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // Ops that need no checkpoint share a dummy one.
+    let dummy = {
+        let path = tmp.path().join("dummy.safetensors");
+        let bytes = 0f32.to_le_bytes();
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1], &bytes).unwrap();
+        safetensors::serialize_to_file([("dummy", view)], None, &path).unwrap();
+        Arc::new(Checkpoint::open(&path).unwrap())
+    };
+    let mut results = Vec::new();
+    let mut worst = 0f64;
+    for seed in 0..3u64 {
+        let mut cases: Vec<(Case, Arc<Checkpoint>)> = vec![
+            (gemm_case(seed), dummy.clone()),
+            (norm_case(seed, 0), dummy.clone()),
+            (norm_case(seed, 1), dummy.clone()),
+            (norm_case(seed, 2), dummy.clone()),
+            (residual_case(seed), dummy.clone()),
+            (elementwise_case(seed), dummy.clone()),
+            (attention_case(seed), dummy.clone()),
+            (image_case(seed), dummy.clone()),
+        ];
+        cases.push(embed_case(seed, tmp.path()));
+        for (case, ckpt) in &cases {
+            for (buffer, err) in case.run(ckpt) {
+                let flag = if err <= 1e-5 { "ok" } else { "FAIL" };
+                eprintln!("{flag:4} {:70} {buffer:24} nmse {err:.3e}", case.name);
+                worst = worst.max(err);
+                results.push(json!({"case": case.name, "buffer": buffer, "nmse": err, "pass": err <= 1e-5}));
+            }
+        }
+    }
+    write_result(
+        "cuda_ops.json",
+        json!({"check": "every op vs the CPU op (random shapes)", "bound": "nmse <= 1e-5", "worst_nmse": worst, "commit": commit(), "results": results}),
+    );
+    assert!(worst <= 1e-5, "worst normalized MSE {worst:.3e} > 1e-5 (see the table above)");
+}
+
+// ---- (a) tiny fixture: CUDA vs CPU --------------------------------------------------------------
+
+struct Golden(Vec<u8>);
+
+impl Golden {
+    fn load(dir: &Path) -> Golden {
+        Golden(std::fs::read(dir.join("golden.safetensors")).expect("golden.safetensors"))
+    }
+    fn raw(&self, key: &str) -> (Vec<usize>, Vec<u8>) {
+        let st = SafeTensors::deserialize(&self.0).unwrap();
+        let t = st.tensor(key).unwrap_or_else(|e| panic!("{key}: {e}"));
+        (t.shape().to_vec(), t.data().to_vec())
+    }
+    fn f32(&self, key: &str) -> Vec<f32> {
+        self.raw(key).1.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+    }
+    fn tokens(&self, p: &str) -> Vec<i32> {
+        let ids: Vec<i64> =
+            self.raw(&format!("input.{p}.tokens")).1.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())).collect();
+        let mask = self.raw(&format!("input.{p}.token_mask")).1;
+        ids.iter().zip(&mask).filter(|(_, m)| **m != 0).map(|(id, _)| *id as i32).collect()
+    }
+}
+
+fn open(dir: &Path, backend: BackendKind) -> Policy {
+    let mut config = PolicyConfig::new(dir);
+    config.backend = backend;
+    Policy::open(&config).unwrap_or_else(|e| panic!("{backend:?}: {e}"))
+}
+
+#[test]
+fn tiny_fixture_matches_cpu() {
+    if !gpu_or_skip("tiny_fixture_matches_cpu") {
+        return;
+    }
+    let dir = fixture_dir();
+    let golden = Golden::load(&dir);
+    let (base_shape, base) = golden.raw("input.image.base_0_rgb");
+    let (wrist_shape, wrist) = golden.raw("input.image.left_wrist_0_rgb");
+    let noise = golden.f32("input.noise");
+    let mut cpu = open(&dir, BackendKind::Cpu);
+    let mut gpu = open(&dir, BackendKind::Cuda);
+    let state = vec![0.5; cpu.info().state_dim];
+    let mut results = Vec::new();
+    let mut pass = true;
+    // Prompts of different lengths, then a step with only the wrist camera: the same graph
+    // replays every time (lengths and masks are device-side values).
+    for (p, wrist_only) in [("a", false), ("b", false), ("a", true)] {
+        let base_frame = Frame::packed(&base, base_shape[1], base_shape[0], PixelFormat::Rgb8);
+        let cameras =
+            [(!wrist_only).then_some(base_frame), Some(Frame::packed(&wrist, wrist_shape[1], wrist_shape[0], PixelFormat::Rgb8)), None];
+        let mut outs = Vec::new();
+        for policy in [&mut cpu, &mut gpu] {
+            policy.set_prompt_tokens(&golden.tokens(p)).unwrap();
+            let mut actions = vec![0.0; policy.actions_len()];
+            policy.step(&Observation { cameras: &cameras, state: &state, noise: Some(&noise) }, &mut actions).unwrap();
+            outs.push((actions, policy.buffer("x_t").unwrap()));
+        }
+        let [(cpu_actions, cpu_x), (gpu_actions, gpu_x)] = [outs.remove(0), outs.remove(0)];
+        let (cos, err) = (cosine(&gpu_actions, &cpu_actions), max_abs(&gpu_actions, &cpu_actions));
+        let lerobot = (!wrist_only).then(|| max_abs(&gpu_x, &golden.f32(&format!("output.{p}.actions"))));
+        let ok = cos >= 0.9999 && err <= 1e-2;
+        pass &= ok;
+        eprintln!(
+            "prompt {p}{}: actions cosine {cos:.6} max-abs {err:.3e}; x0 cosine {:.6}; vs lerobot x0 max-abs {lerobot:?} {}",
+            if wrist_only { " (wrist camera only)" } else { "" },
+            cosine(&gpu_x, &cpu_x),
+            if ok { "ok" } else { "FAIL" }
+        );
+        results.push(json!({"prompt": p, "wrist_only": wrist_only, "cosine": cos, "max_abs": err, "x0_cosine": cosine(&gpu_x, &cpu_x), "x0_max_abs_vs_lerobot_f32": lerobot, "pass": ok}));
+    }
+    write_result(
+        "cuda_tiny_parity.json",
+        json!({
+            "check": "tiny fixture, CUDA bf16 vs CPU f32 (actions)",
+            "model": "pi05 tiny (tests/data/pi05_tiny)",
+            "device": gpu.info().device,
+            "backend": "cuda",
+            "precision": "bf16",
+            "reference": "flashrt CPU f32",
+            "bound": "cosine >= 0.9999, max_abs <= 1e-2",
+            "results": results,
+            "commit": commit(),
+        }),
+    );
+    assert!(pass, "tiny fixture parity failed (see above)");
+}
+
+// ---- (d) no allocation, constant device memory ----------------------------------------------------
+
+#[test]
+fn step_allocates_nothing_and_device_memory_is_constant() {
+    if !gpu_or_skip("step_allocates_nothing_and_device_memory_is_constant") {
+        return;
+    }
+    const STEPS: usize = 1200;
+    let dir = fixture_dir();
+    let mut config = PolicyConfig::new(&dir);
+    config.backend = BackendKind::Cuda;
+    config.max_frame_width = 640;
+    config.max_frame_height = 480;
+    let mut policy = Policy::open(&config).unwrap();
+    let info = policy.info();
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let sizes =
+        [(224, 224, PixelFormat::Rgb8), (640, 480, PixelFormat::Bgr8), (300, 200, PixelFormat::Rgba8), (96, 128, PixelFormat::Rgb8)];
+    let frames: Vec<Vec<u8>> = sizes.iter().map(|(w, h, f)| (0..w * h * f.bytes_per_pixel()).map(|_| rng.random()).collect()).collect();
+    let states: Vec<Vec<f32>> = (0..5).map(|_| (0..info.state_dim).map(|_| rng.random_range(-2.0..2.0)).collect()).collect();
+    let prompts: Vec<Vec<i32>> =
+        [3usize, 40, 120, 200].iter().map(|&n| std::iter::once(2).chain((1..n).map(|_| rng.random_range(4..1000))).collect()).collect();
+    let frame = |i: usize| {
+        let (w, h, f) = sizes[i % sizes.len()];
+        Frame::packed(&frames[i % sizes.len()], w, h, f)
+    };
+    let cameras_for =
+        |i: usize| -> [Option<Frame>; 3] { [Some(frame(i)), (i % 3 != 0).then(|| frame(i + 1)), (i % 5 == 0).then(|| frame(i + 2))] };
+    let mut actions = vec![0.0; policy.actions_len()];
+    policy.set_prompt_tokens(&prompts[0]).unwrap();
+    policy.step(&Observation { cameras: &cameras_for(0), state: &states[0], noise: None }, &mut actions).unwrap();
+    let memory_before = flashrt::cuda::used_device_memory().expect("the policy's context is current");
+
+    let mut allocations = 0;
+    let started = std::time::Instant::now();
+    for i in 1..=STEPS {
+        if i % 100 == 0 {
+            policy.set_prompt_tokens(&prompts[(i / 100) % prompts.len()]).unwrap(); // not the hot path
+        }
+        let cams = cameras_for(i);
+        let obs = Observation { cameras: &cams, state: &states[i % states.len()], noise: None };
+        let before = ALLOCATIONS.load(Ordering::SeqCst);
+        ARMED.store(true, Ordering::SeqCst);
+        let r = policy.step(&obs, &mut actions);
+        ARMED.store(false, Ordering::SeqCst);
+        allocations += ALLOCATIONS.load(Ordering::SeqCst) - before;
+        r.unwrap();
+        assert!(actions.iter().all(|a| a.is_finite()), "step {i}: non-finite action");
+    }
+    let elapsed = started.elapsed();
+    let memory_after = flashrt::cuda::used_device_memory().unwrap();
+    eprintln!("{STEPS} steps in {elapsed:.2?}: {allocations} allocations; device memory in use {memory_before} -> {memory_after} bytes");
+    write_result(
+        "cuda_no_alloc.json",
+        json!({
+            "check": "zero heap allocations in Policy::step and constant device memory (CUDA backend)",
+            "model": "pi05 tiny (tests/data/pi05_tiny)",
+            "device": info.device,
+            "backend": "cuda",
+            "steps": STEPS,
+            "allocations": allocations,
+            "device_memory_used_before": memory_before,
+            "device_memory_used_after": memory_after,
+            "pass": allocations == 0 && memory_before == memory_after,
+            "commit": commit(),
+        }),
+    );
+    assert_eq!(allocations, 0, "step allocated {allocations} times over {STEPS} steps");
+    assert_eq!(memory_before, memory_after, "device memory changed across steps");
+    // The counter works: an allocation while armed is seen.
+    ARMED.store(true, Ordering::SeqCst);
+    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    std::hint::black_box(vec![1u8; 64]);
+    ARMED.store(false, Ordering::SeqCst);
+    assert_eq!(ALLOCATIONS.load(Ordering::SeqCst) - before, 1);
+}
+
+// ---- (c) full size vs lerobot f32 ---------------------------------------------------------------
+
+#[test]
+fn full_size_matches_lerobot() {
+    let Some(dir) = std::env::var_os("FRT_FULL_PARITY_DIR").map(PathBuf::from) else {
+        eprintln!("SKIPPED full_size_matches_lerobot: FRT_FULL_PARITY_DIR is not set (tools/device/cuda_checks.sh sets it)");
+        return;
+    };
+    if !gpu_or_skip("full_size_matches_lerobot") {
+        return;
+    }
+    let golden = Golden::load(&dir);
+    let mut policy = open(&dir, BackendKind::Cuda);
+    let cams = policy.info().cameras.len();
+    let frames: Vec<(Vec<usize>, Vec<u8>)> = (0..2).map(|c| golden.raw(&format!("input.image{c}"))).collect();
+    let mut cameras: Vec<Option<Frame>> = frames.iter().map(|(s, d)| Some(Frame::packed(d, s[1], s[0], PixelFormat::Rgb8))).collect();
+    cameras.resize(cams, None);
+    let tokens = golden.tokens("p");
+    policy.set_prompt_tokens(&tokens).unwrap();
+    let state = vec![0.0; policy.info().state_dim];
+    let mut actions = vec![0.0; policy.actions_len()];
+    let noise = golden.f32("input.noise");
+    policy.step(&Observation { cameras: &cameras, state: &state, noise: Some(&noise) }, &mut actions).unwrap();
+    let got = policy.buffer("x_t").unwrap();
+    let want = golden.f32("output.actions");
+    let (cos, rl2, err) = (cosine(&got, &want), rel_l2(&got, &want), max_abs(&got, &want));
+    let pass = cos >= 0.999 && rl2 <= 3e-2;
+    eprintln!("full size vs lerobot f32: cosine {cos:.6}, rel-L2 {rl2:.4e}, max-abs {err:.4e} {}", if pass { "ok" } else { "FAIL" });
+    let info = policy.info();
+    write_result(
+        "cuda_full_parity.json",
+        json!({
+            "check": "full-size random checkpoint (std 0.02), CUDA bf16 vs lerobot f32, normalized action chunk x0 [50x32]",
+            "model": "pi05 full size (flashrt synth --size full)",
+            "device": info.device,
+            "backend": "cuda",
+            "precision": "bf16",
+            "views": 2,
+            "prompt_tokens": tokens.len(),
+            "steps": info.denoise_steps,
+            "horizon": info.horizon,
+            "reference": "lerobot-0.6.1 f32",
+            "cosine": cos,
+            "rel_l2": rl2,
+            "max_abs": err,
+            "bound": "cosine >= 0.999, rel_l2 <= 3e-2",
+            "pass": pass,
+            "commit": commit(),
+        }),
+    );
+    assert!(pass, "full-size parity: cosine {cos}, rel-L2 {rl2}");
+}
