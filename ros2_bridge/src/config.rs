@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -20,7 +20,7 @@ fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { field, message: message.into() }
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     pub node: NodeConfig,
@@ -35,7 +35,7 @@ pub struct Config {
     pub qos: QosConfig,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NodeConfig {
     pub name: String,
@@ -51,7 +51,7 @@ impl Default for NodeConfig {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicySection {
     /// Checkpoint directory (lerobot layout) or `.safetensors` file.
@@ -86,7 +86,7 @@ impl Default for PolicySection {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CameraConfig {
     pub topic: String,
@@ -95,7 +95,7 @@ pub struct CameraConfig {
     pub height: Option<u32>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct JointStatesConfig {
     pub topic: String,
@@ -111,7 +111,7 @@ impl Default for JointStatesConfig {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PromptConfig {
     pub topic: String,
@@ -123,7 +123,7 @@ impl Default for PromptConfig {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutputConfig {
     pub trajectory_topic: String,
@@ -147,7 +147,7 @@ impl Default for OutputConfig {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TimingConfig {
     /// Rate at which the robot executes actions: trajectory points are `1 / control_rate_hz` apart.
@@ -164,7 +164,7 @@ impl Default for TimingConfig {
 
 /// What a tick does when a camera has no usable frame (never published, too old, or its latest
 /// frame was rejected).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum MissingCamera {
     /// Skip the tick: no action chunk is published.
@@ -174,7 +174,7 @@ pub enum MissingCamera {
     Mask,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct InputChecks {
     /// Frames received longer ago than this are not used.
@@ -192,21 +192,21 @@ impl Default for InputChecks {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Reliability {
     BestEffort,
     Reliable,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Durability {
     Volatile,
     TransientLocal,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Qos {
     pub reliability: Reliability,
@@ -238,7 +238,7 @@ impl Qos {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct QosConfig {
     pub images: Qos,
@@ -306,12 +306,17 @@ pub struct Cli {
     /// Stop after this many seconds (0: run until SIGINT/SIGTERM).
     #[arg(long, default_value_t = 0.0)]
     pub run_for: f64,
-    /// Print the effective configuration and exit.
+    /// Print the effective configuration (file + flags) as TOML and exit.
     #[arg(long)]
     pub print_config: bool,
 }
 
 impl Config {
+    /// The configuration as a TOML file that `from_toml` reads back.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("every config value has a TOML form")
+    }
+
     pub fn from_toml(text: &str, path: &std::path::Path) -> Result<Config, ConfigError> {
         toml::from_str(text).map_err(|e| ConfigError::File { path: path.into(), message: e.to_string() })
     }
@@ -532,6 +537,8 @@ mod tests {
             "reliable",
         ]);
         config.apply(&cli);
+        let again = Config::from_toml(&config.to_toml(), path).unwrap();
+        assert_eq!(again.to_toml(), config.to_toml(), "TOML round trip");
         assert_eq!(config.cameras.iter().map(|c| c.topic.as_str()).collect::<Vec<_>>(), ["/a/image", "/b/image", "/c/image"]);
         assert_eq!(config.domain_id().unwrap(), 7);
         assert_eq!(config.inputs.missing_camera, MissingCamera::Mask);

@@ -1,5 +1,6 @@
 //! `flashrt-ros2`: run a FlashRT policy as a ROS 2 node. See ros2_bridge/README.md.
 
+use std::io::Write;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -21,7 +22,8 @@ fn main() -> ExitCode {
         }
     };
     if cli.print_config {
-        println!("{config:#?}");
+        // A closed pipe (`| head`) is not an error worth a panic.
+        let _ = std::io::stdout().write_all(config.to_toml().as_bytes());
         return ExitCode::SUCCESS;
     }
     if let Err(e) = ctrlc::set_handler(|| STOP.store(true, Ordering::Relaxed)) {
