@@ -8,13 +8,16 @@
 #   - iproute2 (`ip`)           apt-get install -y iproute2
 #   - util-linux (`unshare`)    present on Debian; `unshare -n` needs root or CAP_SYS_ADMIN
 #   - cargo (the workspace toolchain)
+# The peer runs with $FRT_PYTHON (default python3): point it at a venv's python if cyclonedds is
+# installed there. The interop test also runs in a plain `cargo test --workspace`, re-running
+# itself under `unshare -n`, so install cyclonedds before that step too.
 # Usage: bash ros2_bridge/ci.sh        (from anywhere; FRT_REQUIRE_ALL defaults to 1 here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export FRT_REQUIRE_ALL="${FRT_REQUIRE_ALL:-1}"
 
 missing=()
-python3 -c 'import cyclonedds' 2>/dev/null || missing+=("python3 cyclonedds (pip install -r ros2_bridge/tests/peer/requirements.txt)")
+"${FRT_PYTHON:-python3}" -c 'import cyclonedds' 2>/dev/null || missing+=("python3 cyclonedds (pip install -r ros2_bridge/tests/peer/requirements.txt)")
 command -v ip >/dev/null || missing+=("ip (apt-get install -y iproute2)")
 command -v unshare >/dev/null || missing+=("unshare (util-linux)")
 if ((${#missing[@]})); then
