@@ -1,0 +1,219 @@
+//! `FrtPolicyConfig`: what `frt_policy_open` needs, filled with defaults by
+//! `frt_policy_config_default`.
+
+use std::ffi::{CStr, c_char, c_void};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use flashrt::{BackendKind, PolicyConfig, Precision};
+
+use crate::boundary::guard;
+use crate::logging::{FrtLogCallback, Sink};
+use crate::status::{Failure, FrtStatus};
+
+/// Most camera slots a policy may have through the C ABI (`frt_policy_step` stages the frames in a
+/// fixed array on the stack, so it never allocates).
+pub const FRT_MAX_CAMERAS: usize = 16;
+
+/// Which backend executes the policy (`FrtPolicyConfig.backend`, `FrtPolicyInfo.backend`).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrtBackend {
+    /// CUDA when a driver and GPU are present, else the CPU.
+    Auto = 0,
+    /// The f32 CPU reference backend.
+    Cpu = 1,
+    /// The CUDA backend.
+    Cuda = 2,
+}
+
+/// Numeric precision of weights and activations (`FrtPolicyConfig.precision`).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrtPrecision {
+    /// The backend's best: f32 on the CPU, bf16 on CUDA.
+    Auto = 0,
+    F32 = 1,
+    Bf16 = 2,
+    Fp8 = 3,
+}
+
+/// Severity of a log message; in `FrtPolicyConfig.log_level`, the least severe level delivered.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrtLogLevel {
+    /// No messages.
+    Off = 0,
+    Error = 1,
+    Warn = 2,
+    Info = 3,
+    Debug = 4,
+    Trace = 5,
+}
+
+/// Everything `frt_policy_open` needs. Fill it with `frt_policy_config_default` (after setting
+/// `struct_size`), then set `checkpoint` and whatever else differs. Zero in an optional count
+/// means "from the checkpoint". The library keeps no pointer from this struct after
+/// `frt_policy_open` returns, except `log_callback` and `log_user_data`.
+#[repr(C)]
+pub struct FrtPolicyConfig {
+    /// `sizeof(FrtPolicyConfig)`, set by the caller before any call that takes the struct.
+    pub struct_size: usize,
+    /// Checkpoint directory (lerobot layout) or `.safetensors` file; NUL-terminated. Required.
+    pub checkpoint: *const c_char,
+    /// `tokenizer.json`; NULL: the one beside the checkpoint, if any (without a tokenizer only
+    /// `frt_policy_set_prompt_tokens` works).
+    pub tokenizer: *const c_char,
+    /// Where a GPU backend caches compiled kernels; NULL: `$XDG_CACHE_HOME/flashrt/kernels`.
+    pub kernel_cache_dir: *const c_char,
+    /// An `FrtBackend` value. Default `FRT_BACKEND_AUTO`.
+    pub backend: u32,
+    /// An `FrtPrecision` value. Default `FRT_PRECISION_AUTO`.
+    pub precision: u32,
+    /// GPU ordinal for the CUDA backend. Default 0.
+    pub device: u32,
+    /// Least severe `FrtLogLevel` delivered. Default `FRT_LOG_LEVEL_WARN`.
+    pub log_level: u32,
+    /// Camera slots; 0: the cameras named in the checkpoint's config.json. At most
+    /// `FRT_MAX_CAMERAS`.
+    pub cameras: usize,
+    /// Largest frame `frt_policy_step` accepts, in pixels (staging buffers are sized for it).
+    /// Default 1920 x 1080.
+    pub max_frame_width: usize,
+    pub max_frame_height: usize,
+    /// Prompt token capacity; 0: from the checkpoint (config.json `tokenizer_max_length`).
+    pub prompt_capacity: usize,
+    /// Denoising steps; 0: from the checkpoint (config.json `num_inference_steps`).
+    pub denoise_steps: usize,
+    /// The robot's state width; 0: from the checkpoint. Needed only when the checkpoint states none.
+    pub state_dim: usize,
+    /// Seed of the noise drawn when an observation carries no noise. Default 0.
+    pub seed: u64,
+    /// Steps slower than this many microseconds count as deadline misses in the statistics;
+    /// 0: no deadline.
+    pub deadline_us: u64,
+    /// Receives the policy's log messages at or above `log_level`; NULL: they go to stderr.
+    pub log_callback: FrtLogCallback,
+    /// Passed unchanged to `log_callback`.
+    pub log_user_data: *mut c_void,
+}
+
+/// Fills `*config` with the defaults; `config->struct_size` must be set first.
+///
+/// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT` when `config` is NULL;
+/// `FRT_STATUS_INVALID_ARGUMENT` when `struct_size` is smaller than this library's
+/// `FrtPolicyConfig` (a header older than the library); the struct is untouched then.
+///
+/// Thread safety: safe to call from any thread.
+///
+/// # Safety
+/// `config` must point to a writable `FrtPolicyConfig`, or be NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn frt_policy_config_default(config: *mut FrtPolicyConfig) -> FrtStatus {
+    guard(FrtStatus::Panic, || {
+        if config.is_null() {
+            return FrtStatus::NullArgument;
+        }
+        // SAFETY: non-NULL and points to a config (caller's promise); struct_size is its first field.
+        let size = unsafe { (*config).struct_size };
+        if size < size_of::<FrtPolicyConfig>() {
+            return FrtStatus::InvalidArgument;
+        }
+        let d = PolicyConfig::new("");
+        let defaults = FrtPolicyConfig {
+            struct_size: size,
+            checkpoint: std::ptr::null(),
+            tokenizer: std::ptr::null(),
+            kernel_cache_dir: std::ptr::null(),
+            backend: FrtBackend::Auto as u32,
+            precision: FrtPrecision::Auto as u32,
+            device: d.device as u32,
+            log_level: FrtLogLevel::Warn as u32,
+            cameras: 0,
+            max_frame_width: d.max_frame_width,
+            max_frame_height: d.max_frame_height,
+            prompt_capacity: 0,
+            denoise_steps: 0,
+            state_dim: 0,
+            seed: d.seed,
+            deadline_us: 0,
+            log_callback: None,
+            log_user_data: std::ptr::null_mut(),
+        };
+        // SAFETY: the caller's struct is at least as large as ours (checked above).
+        unsafe { config.write(defaults) };
+        FrtStatus::Ok
+    })
+}
+
+fn path(p: *const c_char) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: a non-NULL path field is a NUL-terminated string (documented contract).
+    (!p.is_null()).then(|| PathBuf::from(std::ffi::OsStr::from_bytes(unsafe { CStr::from_ptr(p) }.to_bytes())))
+}
+
+fn optional(n: usize) -> Option<usize> {
+    (n != 0).then_some(n)
+}
+
+/// Reads and checks a caller's config: the runtime's config and the log sink.
+///
+/// # Safety
+/// `config` points to a readable `FrtPolicyConfig` whose string fields are NUL-terminated or NULL.
+pub(crate) unsafe fn read(config: *const FrtPolicyConfig) -> Result<(PolicyConfig, Sink), Failure> {
+    if config.is_null() {
+        return Err(Failure::null("config"));
+    }
+    // SAFETY: struct_size is the first field of any version of the struct.
+    let size = unsafe { (*config).struct_size };
+    if size < size_of::<FrtPolicyConfig>() {
+        let msg = format!("{size} is below sizeof(FrtPolicyConfig) = {}: set it to sizeof(FrtPolicyConfig)", size_of::<FrtPolicyConfig>());
+        return Err(Failure::invalid("config.struct_size", msg));
+    }
+    // SAFETY: at least our version of the struct is readable (checked above).
+    let c = unsafe { &*config };
+    let checkpoint = path(c.checkpoint).ok_or_else(|| Failure::null("config.checkpoint"))?;
+    let mut out = PolicyConfig::new(checkpoint);
+    out.tokenizer = path(c.tokenizer);
+    out.kernel_cache_dir = path(c.kernel_cache_dir);
+    out.backend = match c.backend {
+        0 => BackendKind::Auto,
+        1 => BackendKind::Cpu,
+        2 => BackendKind::Cuda,
+        n => return Err(Failure::invalid("config.backend", format!("{n} is not an FrtBackend value"))),
+    };
+    out.precision = match c.precision {
+        0 => Precision::Auto,
+        1 => Precision::F32,
+        2 => Precision::Bf16,
+        3 => Precision::Fp8,
+        n => return Err(Failure::invalid("config.precision", format!("{n} is not an FrtPrecision value"))),
+    };
+    let level = match c.log_level {
+        0 => log::LevelFilter::Off,
+        1 => log::LevelFilter::Error,
+        2 => log::LevelFilter::Warn,
+        3 => log::LevelFilter::Info,
+        4 => log::LevelFilter::Debug,
+        5 => log::LevelFilter::Trace,
+        n => return Err(Failure::invalid("config.log_level", format!("{n} is not an FrtLogLevel value"))),
+    };
+    if c.cameras > FRT_MAX_CAMERAS {
+        return Err(Failure::invalid("config.cameras", format!("{} exceeds FRT_MAX_CAMERAS = {FRT_MAX_CAMERAS}", c.cameras)));
+    }
+    for (field, n) in [("config.max_frame_width", c.max_frame_width), ("config.max_frame_height", c.max_frame_height)] {
+        if n == 0 {
+            return Err(Failure::invalid(field, "must be positive"));
+        }
+    }
+    out.device = c.device as usize;
+    out.cameras = optional(c.cameras);
+    out.max_frame_width = c.max_frame_width;
+    out.max_frame_height = c.max_frame_height;
+    out.prompt_len = optional(c.prompt_capacity);
+    out.denoise_steps = optional(c.denoise_steps);
+    out.state_dim = optional(c.state_dim);
+    out.seed = c.seed;
+    out.deadline = (c.deadline_us != 0).then(|| Duration::from_micros(c.deadline_us));
+    Ok((out, Sink::new(level, c.log_callback, c.log_user_data)))
+}

@@ -1,0 +1,645 @@
+//! The policy handle and every call made on it.
+
+use std::cell::RefCell;
+use std::ffi::{CString, c_char};
+use std::fmt::{self, Write as _};
+
+use flashrt::{Frame, Observation, PixelFormat, Policy};
+
+use crate::boundary::guard;
+use crate::config::{self, FRT_MAX_CAMERAS, FrtBackend, FrtPolicyConfig};
+use crate::logging::Sink;
+use crate::status::{Failure, FrtStatus};
+use crate::text::copy_text;
+
+/// An open policy: weights, plan, buffers, prompt, statistics and the last error. Opaque.
+pub struct FrtPolicy {
+    policy: Policy,
+    sink: Sink,
+    /// Message of the last failing call; cleared (never shrunk) by each call that succeeds.
+    last_error: String,
+    /// Made at open so the `const FrtPolicy*` calls read plain data only (safe concurrently).
+    info: Info,
+    explain: String,
+}
+
+struct Info {
+    model: CString,
+    device: CString,
+    /// Owns the strings `camera_ptrs` points into.
+    _camera_names: Vec<CString>,
+    camera_ptrs: Vec<*const c_char>,
+    raw: flashrt::PolicyInfo,
+    max_frame: (usize, usize),
+    actions_len: usize,
+    noise_len: usize,
+}
+
+/// Pixel layout of a frame: interleaved, 8 bits per channel (`FrtFrame.format`).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrtPixelFormat {
+    Rgb8 = 0,
+    Bgr8 = 1,
+    Rgba8 = 2,
+}
+
+/// One camera frame owned by the caller, read during `frt_policy_step` only.
+#[repr(C)]
+pub struct FrtFrame {
+    /// Pixels: `height` rows of `stride` bytes. Must not be NULL when `present`.
+    pub data: *const u8,
+    /// Bytes readable at `data`.
+    pub data_len: usize,
+    /// In pixels; at most the configured `max_frame_width` x `max_frame_height`.
+    pub width: usize,
+    pub height: usize,
+    /// Bytes from one row to the next; 0: tightly packed (`width` x bytes per pixel).
+    pub stride: usize,
+    /// An `FrtPixelFormat` value.
+    pub format: u32,
+    /// false: this camera is missing this tick (the other fields are ignored).
+    pub present: bool,
+}
+
+/// One control tick's inputs.
+#[repr(C)]
+pub struct FrtObservation {
+    /// `sizeof(FrtObservation)`.
+    pub struct_size: usize,
+    /// One frame per camera slot, in the policy's camera order (`FrtPolicyInfo.camera_names`);
+    /// at least one present.
+    pub cameras: *const FrtFrame,
+    /// Must equal `FrtPolicyInfo.cameras`.
+    pub cameras_len: usize,
+    /// Raw (unnormalized) robot state; finite values.
+    pub state: *const f32,
+    /// Must equal `FrtPolicyInfo.state_dim`.
+    pub state_len: usize,
+    /// Optional initial noise, `FrtPolicyInfo.noise_len` finite values (for reproducible runs);
+    /// NULL: drawn from the generator seeded by `FrtPolicyConfig.seed`.
+    pub noise: *const f32,
+    /// Must be `FrtPolicyInfo.noise_len` when `noise` is set, 0 when it is NULL.
+    pub noise_len: usize,
+}
+
+/// What one step did.
+#[repr(C)]
+pub struct FrtStepInfo {
+    /// `sizeof(FrtStepInfo)`, set by the caller.
+    pub struct_size: usize,
+    /// Wall time of the step inside the library.
+    pub latency_ms: f64,
+    /// Valid prompt tokens this step (state tokens included).
+    pub prompt_tokens: usize,
+    /// The step took longer than `FrtPolicyConfig.deadline_us`.
+    pub deadline_missed: bool,
+}
+
+/// What an open policy is. Strings and arrays belong to the policy: valid until `frt_policy_free`.
+#[repr(C)]
+pub struct FrtPolicyInfo {
+    /// `sizeof(FrtPolicyInfo)`, set by the caller.
+    pub struct_size: usize,
+    /// Model kind, e.g. "pi05".
+    pub model: *const c_char,
+    /// The backend in use (never `FRT_BACKEND_AUTO`).
+    pub backend: FrtBackend,
+    /// The device that runs the policy, e.g. "NVIDIA H200" or the CPU model.
+    pub device_name: *const c_char,
+    /// Action values per row of the chunk (the robot's action width).
+    pub action_dim: usize,
+    /// Rows of the action chunk.
+    pub horizon: usize,
+    /// `horizon * action_dim`: the `actions_len` that `frt_policy_step` expects.
+    pub actions_len: usize,
+    /// Values of the robot state (`FrtObservation.state_len`).
+    pub state_dim: usize,
+    /// Length of an optional `FrtObservation.noise`.
+    pub noise_len: usize,
+    /// Camera slots (`FrtObservation.cameras_len`).
+    pub cameras: usize,
+    /// `cameras` camera names (e.g. "observation.images.base_0_rgb"), in slot order.
+    pub camera_names: *const *const c_char,
+    /// Largest frame accepted.
+    pub max_frame_width: usize,
+    pub max_frame_height: usize,
+    pub denoise_steps: usize,
+    /// Prompt token capacity (task and state tokens).
+    pub prompt_capacity: usize,
+    /// Model parameters.
+    pub parameters: u64,
+    /// Bytes of weights and buffers held (device memory for a GPU backend).
+    pub memory_bytes: u64,
+}
+
+/// Step latency statistics: percentiles over the most recent 8192 steps, count, maximum and
+/// deadline misses over all steps since open or `frt_policy_reset_stats`.
+#[repr(C)]
+pub struct FrtLatencyStats {
+    /// `sizeof(FrtLatencyStats)`, set by the caller.
+    pub struct_size: usize,
+    pub count: u64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub deadline_misses: u64,
+}
+
+thread_local! {
+    static OPEN_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Opens a checkpoint: loads and converts the weights, builds the plan and its buffers and warms
+/// the backend. Slow (not for the control loop); call once.
+///
+/// On success `*out` receives the policy, to be released with `frt_policy_free`. On failure `*out`
+/// is untouched and `frt_last_open_error` describes the problem (it is also logged at
+/// `FRT_LOG_LEVEL_ERROR`).
+///
+/// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT` (`config`, `out` or `config->checkpoint` is
+/// NULL); `FRT_STATUS_INVALID_ARGUMENT` (a config field is wrong: `struct_size`, an enum value, a
+/// zero frame size, more than `FRT_MAX_CAMERAS` cameras, a zero/unfit prompt capacity or denoise
+/// count, ...); `FRT_STATUS_IO` (a file is missing or unreadable); `FRT_STATUS_CHECKPOINT` (the
+/// checkpoint is corrupt or inconsistent); `FRT_STATUS_TOKENIZER` (the tokenizer is unusable);
+/// `FRT_STATUS_BACKEND` (the backend or precision cannot run here); `FRT_STATUS_PANIC`.
+///
+/// Thread safety: safe to call from any thread; policies are independent of each other.
+///
+/// # Safety
+/// `config` must point to a readable `FrtPolicyConfig` whose string fields are NUL-terminated or
+/// NULL; `out` must be writable. Either may be NULL (reported as such).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn frt_policy_open(config: *const FrtPolicyConfig, out: *mut *mut FrtPolicy) -> FrtStatus {
+    guard(FrtStatus::Panic, || {
+        let opened = if out.is_null() { Err(Failure::null("out")) } else { unsafe { open(config) } };
+        match opened {
+            Ok(policy) => {
+                // SAFETY: non-NULL, writable by the caller's promise.
+                unsafe { *out = Box::into_raw(Box::new(policy)) };
+                OPEN_ERROR.with_borrow_mut(String::clear);
+                FrtStatus::Ok
+            }
+            Err(f) => {
+                OPEN_ERROR.set(f.message);
+                f.status
+            }
+        }
+    })
+}
+
+/// # Safety
+/// As `frt_policy_open`'s `config`.
+unsafe fn open(config: *const FrtPolicyConfig) -> Result<FrtPolicy, Failure> {
+    // SAFETY: forwarded caller's promise.
+    let (config, sink) = unsafe { config::read(config)? };
+    let _scope = sink.enter();
+    let opened = Policy::open(&config).map_err(Failure::from).and_then(|policy| {
+        let raw = policy.info();
+        if raw.cameras.len() > FRT_MAX_CAMERAS {
+            let msg = format!("the checkpoint has {} cameras, more than FRT_MAX_CAMERAS = {FRT_MAX_CAMERAS}", raw.cameras.len());
+            return Err(Failure::invalid("config.cameras", msg));
+        }
+        let cstring = |s: &str| CString::new(s.replace('\0', " ")).unwrap_or_default();
+        let camera_names: Vec<CString> = raw.cameras.iter().map(|c| cstring(c)).collect();
+        let info = Info {
+            model: cstring(raw.model),
+            device: cstring(&raw.device),
+            camera_ptrs: camera_names.iter().map(|c| c.as_ptr()).collect(),
+            _camera_names: camera_names,
+            max_frame: (config.max_frame_width, config.max_frame_height),
+            actions_len: policy.actions_len(),
+            noise_len: policy.noise_len(),
+            raw,
+        };
+        // Room for typical messages, so a failing step need not allocate for its text.
+        let last_error = String::with_capacity(1024);
+        Ok(FrtPolicy { explain: policy.explain(), policy, sink, last_error, info })
+    });
+    if let Err(f) = &opened {
+        log::error!("frt_policy_open: {}", f.message);
+    }
+    opened
+}
+
+/// Copies the message of the most recent `frt_policy_open` on this thread that failed (empty once
+/// one succeeded), e.g. "checkpoint /data/pi05: tensor ... missing". Text rule as in
+/// `frt_status_message`.
+///
+/// Returns `FRT_STATUS_OK`, `FRT_STATUS_NULL_ARGUMENT`, `FRT_STATUS_BUFFER_TOO_SMALL`.
+///
+/// Thread safety: safe; each thread has its own message.
+///
+/// # Safety
+/// `buf` must be valid for `len` bytes of writing and `written` for one `size_t`, or NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn frt_last_open_error(buf: *mut c_char, len: usize, written: *mut usize) -> FrtStatus {
+    // SAFETY: the caller's promise on buf/len/written.
+    guard(FrtStatus::Panic, || OPEN_ERROR.with_borrow(|m| unsafe { copy_text(m, buf, len, written) }))
+}
+
+/// Releases a policy and everything it holds. NULL is accepted and ignored.
+///
+/// Thread safety: no other call may use `policy` during or after this call.
+///
+/// # Safety
+/// `policy` must come from `frt_policy_open` and not have been freed, or be NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn frt_policy_free(policy: *mut FrtPolicy) {
+    guard((), || {
+        if !policy.is_null() {
+            // SAFETY: made by Box::into_raw in frt_policy_open, freed once (caller's promise).
+            drop(unsafe { Box::from_raw(policy) });
+        }
+    })
+}
+
+/// Describes the policy: model, backend, device, sizes and camera names.
+///
+/// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` when
+/// `info->struct_size` is below `sizeof(FrtPolicyInfo)`.
+///
+/// Thread safety: `const`: may run concurrently with other `const FrtPolicy*` calls.
+///
+/// # Safety
+/// `policy` from `frt_policy_open` or NULL; `info` writable or NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn frt_policy_info(policy: *const FrtPolicy, info: *mut FrtPolicyInfo) -> FrtStatus {
+    guard(FrtStatus::Panic, || {
+        // SAFETY: valid or NULL (caller's promise).
+        let (Some(p), false) = (unsafe { policy.as_ref() }, info.is_null()) else { return FrtStatus::NullArgument };
+        // SAFETY: non-NULL; struct_size is the first field.
+        let size = unsafe { (*info).struct_size };
+        if size < size_of::<FrtPolicyInfo>() {
+            return FrtStatus::InvalidArgument;
+        }
+        let i = &p.info;
+        let r = &i.raw;
+        let out = FrtPolicyInfo {
+            struct_size: size,
+            model: i.model.as_ptr(),
+            backend: if r.backend == "cuda" { FrtBackend::Cuda } else { FrtBackend::Cpu },
+            device_name: i.device.as_ptr(),
+            action_dim: r.action_dim,
+            horizon: r.horizon,
+            actions_len: i.actions_len,
+            state_dim: r.state_dim,
+            noise_len: i.noise_len,
+            cameras: i.camera_ptrs.len(),
+            camera_names: i.camera_ptrs.as_ptr(),
+            max_frame_width: i.max_frame.0,
+            max_frame_height: i.max_frame.1,
+            denoise_steps: r.denoise_steps,
+            prompt_capacity: r.prompt_capacity,
+            parameters: r.parameters as u64,
+            memory_bytes: r.memory_bytes as u64,
+        };
+        // SAFETY: the caller's struct holds at least ours.
+        unsafe { info.write(out) };
+        FrtStatus::Ok
+    })
+}
+
+/// Sets the task text (UTF-8, `len` bytes, no NUL needed). It is tokenized once here; the state is
+/// appended in every step (Pi0.5 prompt format). Needs a tokenizer. May allocate: not for the
+/// control loop's hot path, but fine between chunks.
+///
+/// A prompt longer than the capacity is truncated, as lerobot does.
+///
+/// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` (not UTF-8);
+/// `FRT_STATUS_TOKENIZER` (no tokenizer loaded, or it cannot encode the text); `FRT_STATUS_PANIC`.
+/// On failure the previous prompt stays in effect.
+///
+/// Thread safety: not concurrently with any other call on `policy`.
+///
+/// # Safety
+/// `policy` from `frt_policy_open` or NULL; `text` readable for `len` bytes or NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn frt_policy_set_prompt(policy: *mut FrtPolicy, text: *const c_char, len: usize) -> FrtStatus {
+    // SAFETY: valid or NULL (caller's promise).
+    with_policy(policy, |p| {
+        if text.is_null() {
+            return p.fail(Failure::null("text"));
+        }
+        // SAFETY: len readable bytes (caller's promise).
+        let bytes = unsafe { std::slice::from_raw_parts(text.cast::<u8>(), len) };
+        match std::str::from_utf8(bytes) {
+            Ok(s) => {
+                let result = p.policy.set_prompt(s);
+                p.done(result)
+            }
+            Err(e) => p.fail(Failure::invalid("text", format_args!("not valid UTF-8 ({e})"))),
+        }
+    })
+}
+
+/// Sets the complete prompt as token ids (BOS, task, state and all), used unchanged in every
+/// step; for callers that tokenize themselves.
+///
+/// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` (`len` is 0
+/// or above the prompt capacity, or an id is outside the vocabulary); `FRT_STATUS_PANIC`. On
+/// failure the previous prompt stays in effect.
+///
+/// Thread safety: not concurrently with any other call on `policy`.
+///
+/// # Safety
+/// `policy` from `frt_policy_open` or NULL; `tokens` readable for `len` values or NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn frt_policy_set_prompt_tokens(policy: *mut FrtPolicy, tokens: *const i32, len: usize) -> FrtStatus {
+    with_policy(policy, |p| {
+        if tokens.is_null() {
+            return p.fail(Failure::null("tokens"));
+        }
+        // SAFETY: len readable values (caller's promise).
+        let ids = unsafe { std::slice::from_raw_parts(tokens, len) };
+        let result = p.policy.set_prompt_tokens(ids);
+        p.done(result)
+    })
+}
+
+/// One control tick: frames and state in, the action chunk out. The hot path: no heap allocation
+/// after the first call, no blocking other than the computation itself.
+///
+/// `actions` receives `horizon x action_dim` floats, row-major (row = time step), unnormalized
+/// (robot units); `actions_len` must be `FrtPolicyInfo.actions_len`. `step_info` may be NULL.
+/// Needs a prompt (`frt_policy_set_prompt` or `frt_policy_set_prompt_tokens`).
+///
+/// The whole observation is checked before anything is touched: on failure `actions` and
+/// `step_info` are untouched, the policy stays usable for the next step, and
+/// `frt_policy_last_error` names the field ("observation.cameras[1]", "observation.state[3]", ...).
+///
+/// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT` (`policy`, `observation`, `actions`,
+/// `observation->cameras`, `observation->state`, or the data of a present frame is NULL);
+/// `FRT_STATUS_INVALID_ARGUMENT` (a `struct_size` too small, wrong `cameras_len`, `state_len`,
+/// `noise_len` or `actions_len`, no present frame, an unknown pixel format, a frame that is empty,
+/// larger than the configured maximum, or whose `data_len` or `stride` does not cover its
+/// geometry, a NaN or infinite state or noise value, no prompt set); `FRT_STATUS_BACKEND` (the
+/// device failed); `FRT_STATUS_PANIC`.
+///
+/// Thread safety: not concurrently with any other call on `policy`.
+///
+/// # Safety
+/// `policy` from `frt_policy_open` or NULL; `observation` readable with its arrays valid for the
+/// lengths it states; `actions` writable for `actions_len` floats; `step_info` writable; any of
+/// them may be NULL (reported as such, except `step_info`, which is optional).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn frt_policy_step(
+    policy: *mut FrtPolicy,
+    observation: *const FrtObservation,
+    actions: *mut f32,
+    actions_len: usize,
+    step_info: *mut FrtStepInfo,
+) -> FrtStatus {
+    // SAFETY: forwarded caller's promises.
+    with_policy(policy, |p| unsafe { p.step(observation, actions, actions_len, step_info) })
+}
+
+/// Copies the latency statistics of the steps so far into `*stats`.
+///
+/// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` when
+/// `stats->struct_size` is below `sizeof(FrtLatencyStats)`. Computes percentiles (allocates): call it
+/// between chunks or at the end, not every tick.
+///
+/// Thread safety: `const`: may run concurrently with other `const FrtPolicy*` calls.
+///
+/// # Safety
+/// `policy` from `frt_policy_open` or NULL; `stats` writable or NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn frt_policy_stats(policy: *const FrtPolicy, stats: *mut FrtLatencyStats) -> FrtStatus {
+    guard(FrtStatus::Panic, || {
+        // SAFETY: valid or NULL (caller's promise).
+        let (Some(p), false) = (unsafe { policy.as_ref() }, stats.is_null()) else { return FrtStatus::NullArgument };
+        // SAFETY: non-NULL; struct_size is the first field.
+        let size = unsafe { (*stats).struct_size };
+        if size < size_of::<FrtLatencyStats>() {
+            return FrtStatus::InvalidArgument;
+        }
+        let s = p.policy.stats().summary();
+        let out = FrtLatencyStats {
+            struct_size: size,
+            count: s.count,
+            p50_ms: s.p50_ms,
+            p90_ms: s.p90_ms,
+            p99_ms: s.p99_ms,
+            max_ms: s.max_ms,
+            deadline_misses: s.deadline_misses,
+        };
+        // SAFETY: the caller's struct holds at least ours.
+        unsafe { stats.write(out) };
+        FrtStatus::Ok
+    })
+}
+
+/// Forgets the latency statistics (count, percentiles, maximum, deadline misses), e.g. after
+/// warm-up.
+///
+/// Returns `FRT_STATUS_OK`, `FRT_STATUS_NULL_ARGUMENT`, `FRT_STATUS_PANIC`.
+///
+/// Thread safety: not concurrently with any other call on `policy`.
+///
+/// # Safety
+/// `policy` from `frt_policy_open` or NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn frt_policy_reset_stats(policy: *mut FrtPolicy) -> FrtStatus {
+    with_policy(policy, |p| {
+        p.policy.reset_stats();
+        p.done(Ok(()))
+    })
+}
+
+/// Copies the execution plan as text: every op with its shapes, and which ops were fused or folded
+/// and why. Text rule as in `frt_status_message` (query the length with `buf = NULL, len = 0`).
+///
+/// Returns `FRT_STATUS_OK`, `FRT_STATUS_NULL_ARGUMENT`, `FRT_STATUS_BUFFER_TOO_SMALL`.
+///
+/// Thread safety: `const`: may run concurrently with other `const FrtPolicy*` calls.
+///
+/// # Safety
+/// `policy` from `frt_policy_open` or NULL; `buf` writable for `len` bytes and `written` for one
+/// `size_t`, or NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn frt_policy_explain(policy: *const FrtPolicy, buf: *mut c_char, len: usize, written: *mut usize) -> FrtStatus {
+    // SAFETY: the caller's promises.
+    guard(FrtStatus::Panic, || match unsafe { policy.as_ref() } {
+        Some(p) => unsafe { copy_text(&p.explain, buf, len, written) },
+        None => FrtStatus::NullArgument,
+    })
+}
+
+/// Copies the message of the most recent failed call on `policy` that takes a non-const
+/// `FrtPolicy*` (empty after a call that succeeded), naming the field at fault, e.g. "invalid
+/// observation.state[3]: value NaN is not finite". Text rule as in `frt_status_message`.
+///
+/// Returns `FRT_STATUS_OK`, `FRT_STATUS_NULL_ARGUMENT`, `FRT_STATUS_BUFFER_TOO_SMALL`.
+///
+/// Thread safety: `const`: may run concurrently with other `const FrtPolicy*` calls.
+///
+/// # Safety
+/// `policy` from `frt_policy_open` or NULL; `buf` writable for `len` bytes and `written` for one
+/// `size_t`, or NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn frt_policy_last_error(policy: *const FrtPolicy, buf: *mut c_char, len: usize, written: *mut usize) -> FrtStatus {
+    // SAFETY: the caller's promises.
+    guard(FrtStatus::Panic, || match unsafe { policy.as_ref() } {
+        Some(p) => unsafe { copy_text(&p.last_error, buf, len, written) },
+        None => FrtStatus::NullArgument,
+    })
+}
+
+/// The boundary of a mutating call: NULL check, panic guard, the policy's log sink.
+fn with_policy(policy: *mut FrtPolicy, body: impl FnOnce(&mut FrtPolicy) -> FrtStatus) -> FrtStatus {
+    guard(FrtStatus::Panic, || {
+        // SAFETY: from frt_policy_open or NULL, used by one thread at a time (documented contract).
+        let Some(p) = (unsafe { policy.as_mut() }) else { return FrtStatus::NullArgument };
+        let _scope = p.sink.enter();
+        body(p)
+    })
+}
+
+impl FrtPolicy {
+    /// Records a failure as the last error. Reuses the buffer: a short message does not allocate.
+    fn fail(&mut self, f: Failure) -> FrtStatus {
+        self.record(f.status, format_args!("{}", f.message))
+    }
+
+    fn record(&mut self, status: FrtStatus, message: fmt::Arguments) -> FrtStatus {
+        self.last_error.clear();
+        let _ = self.last_error.write_fmt(message);
+        status
+    }
+
+    /// Ends a call with the runtime's result; success clears the last error without allocating.
+    fn done<T>(&mut self, result: flashrt::Result<T>) -> FrtStatus {
+        match result {
+            Ok(_) => {
+                self.last_error.clear();
+                FrtStatus::Ok
+            }
+            Err(e) => self.record((&e).into(), format_args!("{e}")),
+        }
+    }
+
+    /// # Safety
+    /// As `frt_policy_step`.
+    unsafe fn step(
+        &mut self,
+        observation: *const FrtObservation,
+        actions: *mut f32,
+        actions_len: usize,
+        step_info: *mut FrtStepInfo,
+    ) -> FrtStatus {
+        if observation.is_null() {
+            return self.record(FrtStatus::NullArgument, format_args!("observation is NULL"));
+        }
+        if actions.is_null() {
+            return self.record(FrtStatus::NullArgument, format_args!("actions is NULL"));
+        }
+        // SAFETY: non-NULL; struct_size is the first field.
+        if !step_info.is_null() && unsafe { (*step_info).struct_size } < size_of::<FrtStepInfo>() {
+            return self.record(
+                FrtStatus::InvalidArgument,
+                format_args!("invalid step_info.struct_size: below sizeof(FrtStepInfo) = {}", size_of::<FrtStepInfo>()),
+            );
+        }
+        // SAFETY: non-NULL and readable (caller's promise); struct_size is the first field.
+        if unsafe { (*observation).struct_size } < size_of::<FrtObservation>() {
+            return self.record(
+                FrtStatus::InvalidArgument,
+                format_args!("invalid observation.struct_size: below sizeof(FrtObservation) = {}", size_of::<FrtObservation>()),
+            );
+        }
+        // SAFETY: at least our version of the struct is readable (checked above).
+        let o = unsafe { &*observation };
+        if o.cameras.is_null() {
+            return self.record(FrtStatus::NullArgument, format_args!("observation.cameras is NULL"));
+        }
+        if o.state.is_null() {
+            return self.record(FrtStatus::NullArgument, format_args!("observation.state is NULL"));
+        }
+        if o.cameras_len != self.info.camera_ptrs.len() {
+            return self.record(
+                FrtStatus::InvalidArgument,
+                format_args!(
+                    "invalid observation.cameras_len: {} given, the policy has {} camera slots (mark missing cameras not present)",
+                    o.cameras_len,
+                    self.info.camera_ptrs.len()
+                ),
+            );
+        }
+        if o.noise.is_null() && o.noise_len != 0 {
+            return self
+                .record(FrtStatus::InvalidArgument, format_args!("invalid observation.noise_len: {} while noise is NULL", o.noise_len));
+        }
+        // SAFETY: the caller's arrays, valid for the lengths stated.
+        let (raw, state) =
+            unsafe { (std::slice::from_raw_parts(o.cameras, o.cameras_len), std::slice::from_raw_parts(o.state, o.state_len)) };
+        // SAFETY: as above.
+        let noise = (!o.noise.is_null()).then(|| unsafe { std::slice::from_raw_parts(o.noise, o.noise_len) });
+        // On the stack, so the step does not allocate; cameras_len <= FRT_MAX_CAMERAS (open checks).
+        let mut frames: [Option<Frame>; FRT_MAX_CAMERAS] = [None; FRT_MAX_CAMERAS];
+        for (i, (slot, f)) in frames.iter_mut().zip(raw).enumerate() {
+            if !f.present {
+                continue;
+            }
+            if f.data.is_null() {
+                return self.record(FrtStatus::NullArgument, format_args!("observation.cameras[{i}].data is NULL"));
+            }
+            let Some(format) = PixelFormat::from_code(f.format) else {
+                return self.record(
+                    FrtStatus::InvalidArgument,
+                    format_args!("invalid observation.cameras[{i}].format: {} is not an FrtPixelFormat value", f.format),
+                );
+            };
+            let stride = if f.stride == 0 { f.width.saturating_mul(format.bytes_per_pixel()) } else { f.stride };
+            // The runtime computes (height - 1) * stride: keep that from overflowing.
+            if f.height.saturating_sub(1).checked_mul(stride).is_none() {
+                return self.record(
+                    FrtStatus::InvalidArgument,
+                    format_args!("invalid observation.cameras[{i}].stride: {stride} x height {} overflows", f.height),
+                );
+            }
+            // SAFETY: data_len readable bytes (caller's promise); the runtime checks the geometry
+            // against them before reading.
+            let data = unsafe { std::slice::from_raw_parts(f.data, f.data_len) };
+            *slot = Some(Frame { data, width: f.width, height: f.height, stride, format });
+        }
+        // SAFETY: actions_len writable floats (caller's promise).
+        let actions = unsafe { std::slice::from_raw_parts_mut(actions, actions_len) };
+        let obs = Observation { cameras: &frames[..o.cameras_len], state, noise };
+        match self.policy.step(&obs, actions) {
+            Ok(s) => {
+                if !step_info.is_null() {
+                    // SAFETY: writable, at least our size (checked above).
+                    unsafe {
+                        step_info.write(FrtStepInfo {
+                            struct_size: (*step_info).struct_size,
+                            latency_ms: s.latency.as_secs_f64() * 1e3,
+                            prompt_tokens: s.prompt_tokens,
+                            deadline_missed: s.deadline_missed,
+                        })
+                    };
+                }
+                self.done(Ok(()))
+            }
+            Err(e) => self.done::<()>(Err(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pixel_format_numbers_match_the_runtime() {
+        for (ours, theirs) in [
+            (FrtPixelFormat::Rgb8, PixelFormat::Rgb8),
+            (FrtPixelFormat::Bgr8, PixelFormat::Bgr8),
+            (FrtPixelFormat::Rgba8, PixelFormat::Rgba8),
+        ] {
+            assert_eq!(PixelFormat::from_code(ours as u32), Some(theirs));
+        }
+        assert_eq!(PixelFormat::from_code(3), None);
+    }
+}

@@ -1,0 +1,161 @@
+//! Status codes, their messages and the library version.
+
+use std::ffi::c_char;
+
+use crate::boundary::guard;
+use crate::text::copy_text;
+
+/// Result of every fallible function. The numbers are stable: a value is never renumbered and a
+/// retired value is never reused.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrtStatus {
+    /// Success.
+    Ok = 0,
+    /// A pointer argument (or a pointer field of a struct argument) that must not be NULL was NULL.
+    NullArgument = 1,
+    /// An argument or struct field has a wrong value; the policy's last error names the field.
+    InvalidArgument = 2,
+    /// The caller's text buffer cannot hold the text and its NUL; nothing was written. Query the
+    /// size by passing `buf = NULL, len = 0`.
+    BufferTooSmall = 3,
+    /// A file could not be read (missing checkpoint, unreadable tokenizer, ...).
+    Io = 4,
+    /// The checkpoint (weights, config.json, normalization statistics) is unusable.
+    Checkpoint = 5,
+    /// The tokenizer is missing or unusable.
+    Tokenizer = 6,
+    /// The requested backend cannot run here (no GPU, no driver, unsupported precision).
+    Backend = 7,
+    /// An internal error (a Rust panic) was caught at the ABI boundary. This is a bug in FlashRT;
+    /// free the policy involved, its state may be inconsistent.
+    Panic = 8,
+}
+
+impl FrtStatus {
+    fn from_code(code: u32) -> Option<Self> {
+        use FrtStatus::*;
+        [Ok, NullArgument, InvalidArgument, BufferTooSmall, Io, Checkpoint, Tokenizer, Backend, Panic]
+            .into_iter()
+            .find(|s| *s as u32 == code)
+    }
+
+    fn message(self) -> &'static str {
+        match self {
+            FrtStatus::Ok => "success",
+            FrtStatus::NullArgument => "a required pointer argument was NULL",
+            FrtStatus::InvalidArgument => "an argument has an invalid value",
+            FrtStatus::BufferTooSmall => "the text buffer is too small",
+            FrtStatus::Io => "a file could not be read",
+            FrtStatus::Checkpoint => "the checkpoint is unusable",
+            FrtStatus::Tokenizer => "the tokenizer is missing or unusable",
+            FrtStatus::Backend => "the requested backend is unavailable",
+            FrtStatus::Panic => "internal error: a panic was caught at the ABI boundary",
+        }
+    }
+}
+
+impl From<&flashrt::Error> for FrtStatus {
+    fn from(e: &flashrt::Error) -> Self {
+        match e {
+            flashrt::Error::Io { .. } => FrtStatus::Io,
+            flashrt::Error::Checkpoint { .. } => FrtStatus::Checkpoint,
+            flashrt::Error::Tokenizer(_) => FrtStatus::Tokenizer,
+            flashrt::Error::InvalidArgument { .. } => FrtStatus::InvalidArgument,
+            flashrt::Error::Backend(_) => FrtStatus::Backend,
+        }
+    }
+}
+
+/// A failed call: its status and the message `frt_policy_last_error` / `frt_last_open_error`
+/// report, in the runtime's wording ("invalid {field}: {message}").
+pub(crate) struct Failure {
+    pub status: FrtStatus,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn null(field: &str) -> Failure {
+        Failure { status: FrtStatus::NullArgument, message: format!("{field} is NULL") }
+    }
+
+    pub fn invalid(field: &str, message: impl std::fmt::Display) -> Failure {
+        Failure { status: FrtStatus::InvalidArgument, message: format!("invalid {field}: {message}") }
+    }
+}
+
+impl From<flashrt::Error> for Failure {
+    fn from(e: flashrt::Error) -> Failure {
+        Failure { status: (&e).into(), message: e.to_string() }
+    }
+}
+
+/// Major version of the library this header belongs to.
+pub const FRT_VERSION_MAJOR: u32 = 0;
+/// Minor version.
+pub const FRT_VERSION_MINOR: u32 = 1;
+/// Patch version.
+pub const FRT_VERSION_PATCH: u32 = 0;
+/// The version as one comparable number: MAJOR * 1000000 + MINOR * 1000 + PATCH.
+pub const FRT_VERSION_NUMBER: u32 = FRT_VERSION_MAJOR * 1000000 + FRT_VERSION_MINOR * 1000 + FRT_VERSION_PATCH;
+
+// The literals above are what cbindgen copies into the header; they must follow Cargo.toml.
+const fn parse(s: &str) -> u32 {
+    let (b, mut i, mut v) = (s.as_bytes(), 0, 0);
+    while i < b.len() {
+        v = v * 10 + (b[i] - b'0') as u32;
+        i += 1;
+    }
+    v
+}
+const _: () = assert!(FRT_VERSION_MAJOR == parse(env!("CARGO_PKG_VERSION_MAJOR")), "FRT_VERSION_MAJOR differs from Cargo.toml");
+const _: () = assert!(FRT_VERSION_MINOR == parse(env!("CARGO_PKG_VERSION_MINOR")), "FRT_VERSION_MINOR differs from Cargo.toml");
+const _: () = assert!(FRT_VERSION_PATCH == parse(env!("CARGO_PKG_VERSION_PATCH")), "FRT_VERSION_PATCH differs from Cargo.toml");
+
+/// The library's version, e.g. "0.1.0": a static NUL-terminated string, never NULL. Compare it with
+/// the `FRT_VERSION_*` macros to detect a header/library mismatch.
+///
+/// Thread safety: safe to call from any thread.
+#[unsafe(no_mangle)]
+pub extern "C" fn frt_version() -> *const c_char {
+    const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
+    guard(VERSION.as_ptr().cast(), || VERSION.as_ptr().cast())
+}
+
+/// Copies a short English description of `status` (an `FrtStatus` value) into `buf`.
+///
+/// Text output follows the rule of every text function: on success `buf` holds the text and a
+/// terminating NUL and `*written` is the text length without the NUL. Pass `buf = NULL, len = 0`
+/// to query the length only.
+///
+/// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT` when `written` is NULL or `buf` is NULL with
+/// `len > 0`; `FRT_STATUS_BUFFER_TOO_SMALL` when `len` cannot hold the text and its NUL;
+/// `FRT_STATUS_INVALID_ARGUMENT` when `status` is not an `FrtStatus` value.
+///
+/// Thread safety: safe to call from any thread.
+///
+/// # Safety
+/// `buf` must be valid for `len` bytes of writing and `written` for one `size_t`, or NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn frt_status_message(status: u32, buf: *mut c_char, len: usize, written: *mut usize) -> FrtStatus {
+    guard(FrtStatus::Panic, || match FrtStatus::from_code(status) {
+        // SAFETY: the caller's promise on buf/len/written.
+        Some(s) => unsafe { copy_text(s.message(), buf, len, written) },
+        None => FrtStatus::InvalidArgument,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_has_a_distinct_number_and_message() {
+        let all: Vec<FrtStatus> = (0..100).filter_map(FrtStatus::from_code).collect();
+        assert_eq!(all.len(), 9);
+        for (i, s) in all.iter().enumerate() {
+            assert_eq!(*s as u32, i as u32, "numbers are dense and stable");
+            assert!(!s.message().is_empty());
+        }
+    }
+}

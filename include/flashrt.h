@@ -1,0 +1,743 @@
+/*
+ * flashrt.h - the C API of FlashRT, a real-time inference runtime for vision-language-action robot
+ * policies (Pi0.5). Link libflashrt (pkg-config flashrt, or CMake find_package(flashrt)).
+ *
+ * Typical use:
+ *
+ *   FrtPolicyConfig config;
+ *   config.struct_size = sizeof config;
+ *   frt_policy_config_default(&config);
+ *   config.checkpoint = "/data/pi05";
+ *   FrtPolicy *policy = NULL;
+ *   if (frt_policy_open(&config, &policy) != FRT_STATUS_OK) { frt_last_open_error(...); ... }
+ *   frt_policy_set_prompt(policy, task, strlen(task));
+ *   every control tick: frt_policy_step(policy, &observation, actions, actions_len, NULL);
+ *   frt_policy_free(policy);
+ *
+ * Conventions, the same for every function:
+ * - Every fallible function returns an FrtStatus; numbers are stable. Arguments come receiver
+ *   first, then inputs, then outputs. Outputs are written only when FRT_STATUS_OK is returned.
+ * - Every buffer pointer is followed by its length. A NULL pointer where one is required gives
+ *   FRT_STATUS_NULL_ARGUMENT; nothing else about a NULL is undefined.
+ * - Structs grow by appending fields. Every struct except FrtFrame starts with struct_size: set it
+ *   to sizeof(the struct) before passing the struct to any function, inputs and outputs alike.
+ *   A struct_size below the library's struct gives FRT_STATUS_INVALID_ARGUMENT.
+ * - Text output (status message, last error, plan): on success the buffer holds the text and a
+ *   NUL, and *written the text length without the NUL. If the text and its NUL do not fit,
+ *   FRT_STATUS_BUFFER_TOO_SMALL is returned and nothing is written: call with buf = NULL, len = 0
+ *   to get the length first.
+ * - Text input is UTF-8; paths are NUL-terminated, other text comes with its length.
+ * - Errors never abort the process: a Rust panic is caught and reported as FRT_STATUS_PANIC.
+ *   frt_policy_last_error names the failing field ("observation.state[3]", ...); the message of a
+ *   failed frt_policy_open is in frt_last_open_error.
+ * - Nothing the library returns must be freed by the caller except the policy (frt_policy_free).
+ *
+ * Thread safety: an FrtPolicy* is used by one thread at a time; functions taking a
+ * const FrtPolicy* may run concurrently with each other (but not with a call taking FrtPolicy* on
+ * the same policy). Different policies are independent. Functions without a policy argument are
+ * safe from any thread.
+ */
+
+#ifndef FLASHRT_H
+#define FLASHRT_H
+
+/* Generated with cbindgen:0.29.4 */
+
+/* Generated from ffi/src by cbindgen. Do not edit: FRT_BLESS=1 cargo test -p flashrt-ffi --test header */
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/**
+ * Major version of the library this header belongs to.
+ */
+#define FRT_VERSION_MAJOR 0
+
+/**
+ * Minor version.
+ */
+#define FRT_VERSION_MINOR 1
+
+/**
+ * Patch version.
+ */
+#define FRT_VERSION_PATCH 0
+
+/**
+ * The version as one comparable number: MAJOR * 1000000 + MINOR * 1000 + PATCH.
+ */
+#define FRT_VERSION_NUMBER (((FRT_VERSION_MAJOR * 1000000) + (FRT_VERSION_MINOR * 1000)) + FRT_VERSION_PATCH)
+
+/**
+ * Most camera slots a policy may have through the C ABI (`frt_policy_step` stages the frames in a
+ * fixed array on the stack, so it never allocates).
+ */
+#define FRT_MAX_CAMERAS 16
+
+/**
+ * Result of every fallible function. The numbers are stable: a value is never renumbered and a
+ * retired value is never reused.
+ */
+enum FrtStatus
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Success.
+   */
+  FRT_STATUS_OK = 0,
+  /**
+   * A pointer argument (or a pointer field of a struct argument) that must not be NULL was NULL.
+   */
+  FRT_STATUS_NULL_ARGUMENT = 1,
+  /**
+   * An argument or struct field has a wrong value; the policy's last error names the field.
+   */
+  FRT_STATUS_INVALID_ARGUMENT = 2,
+  /**
+   * The caller's text buffer cannot hold the text and its NUL; nothing was written. Query the
+   * size by passing `buf = NULL, len = 0`.
+   */
+  FRT_STATUS_BUFFER_TOO_SMALL = 3,
+  /**
+   * A file could not be read (missing checkpoint, unreadable tokenizer, ...).
+   */
+  FRT_STATUS_IO = 4,
+  /**
+   * The checkpoint (weights, config.json, normalization statistics) is unusable.
+   */
+  FRT_STATUS_CHECKPOINT = 5,
+  /**
+   * The tokenizer is missing or unusable.
+   */
+  FRT_STATUS_TOKENIZER = 6,
+  /**
+   * The requested backend cannot run here (no GPU, no driver, unsupported precision).
+   */
+  FRT_STATUS_BACKEND = 7,
+  /**
+   * An internal error (a Rust panic) was caught at the ABI boundary. This is a bug in FlashRT;
+   * free the policy involved, its state may be inconsistent.
+   */
+  FRT_STATUS_PANIC = 8,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum FrtStatus FrtStatus;
+#else
+typedef uint32_t FrtStatus;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Severity of a log message; in `FrtPolicyConfig.log_level`, the least severe level delivered.
+ */
+enum FrtLogLevel
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * No messages.
+   */
+  FRT_LOG_LEVEL_OFF = 0,
+  FRT_LOG_LEVEL_ERROR = 1,
+  FRT_LOG_LEVEL_WARN = 2,
+  FRT_LOG_LEVEL_INFO = 3,
+  FRT_LOG_LEVEL_DEBUG = 4,
+  FRT_LOG_LEVEL_TRACE = 5,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum FrtLogLevel FrtLogLevel;
+#else
+typedef uint32_t FrtLogLevel;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Which backend executes the policy (`FrtPolicyConfig.backend`, `FrtPolicyInfo.backend`).
+ */
+enum FrtBackend
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * CUDA when a driver and GPU are present, else the CPU.
+   */
+  FRT_BACKEND_AUTO = 0,
+  /**
+   * The f32 CPU reference backend.
+   */
+  FRT_BACKEND_CPU = 1,
+  /**
+   * The CUDA backend.
+   */
+  FRT_BACKEND_CUDA = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum FrtBackend FrtBackend;
+#else
+typedef uint32_t FrtBackend;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Numeric precision of weights and activations (`FrtPolicyConfig.precision`).
+ */
+enum FrtPrecision
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * The backend's best: f32 on the CPU, bf16 on CUDA.
+   */
+  FRT_PRECISION_AUTO = 0,
+  FRT_PRECISION_F32 = 1,
+  FRT_PRECISION_BF16 = 2,
+  FRT_PRECISION_FP8 = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum FrtPrecision FrtPrecision;
+#else
+typedef uint32_t FrtPrecision;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Pixel layout of a frame: interleaved, 8 bits per channel (`FrtFrame.format`).
+ */
+enum FrtPixelFormat
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  FRT_PIXEL_FORMAT_RGB8 = 0,
+  FRT_PIXEL_FORMAT_BGR8 = 1,
+  FRT_PIXEL_FORMAT_RGBA8 = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum FrtPixelFormat FrtPixelFormat;
+#else
+typedef uint32_t FrtPixelFormat;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * An open policy: weights, plan, buffers, prompt, statistics and the last error. Opaque.
+ */
+typedef struct FrtPolicy FrtPolicy;
+
+/**
+ * Receives one log message: `message` is NUL-terminated, `message_len` bytes long (without the
+ * NUL), truncated to 1023 bytes, and valid only during the call. Called on the thread that made
+ * the `frt_*` call, before that call returns.
+ */
+typedef void (*FrtLogCallback)(void *user_data,
+                               FrtLogLevel level,
+                               const char *message,
+                               size_t message_len);
+
+/**
+ * Everything `frt_policy_open` needs. Fill it with `frt_policy_config_default` (after setting
+ * `struct_size`), then set `checkpoint` and whatever else differs. Zero in an optional count
+ * means "from the checkpoint". The library keeps no pointer from this struct after
+ * `frt_policy_open` returns, except `log_callback` and `log_user_data`.
+ */
+typedef struct FrtPolicyConfig {
+  /**
+   * `sizeof(FrtPolicyConfig)`, set by the caller before any call that takes the struct.
+   */
+  size_t struct_size;
+  /**
+   * Checkpoint directory (lerobot layout) or `.safetensors` file; NUL-terminated. Required.
+   */
+  const char *checkpoint;
+  /**
+   * `tokenizer.json`; NULL: the one beside the checkpoint, if any (without a tokenizer only
+   * `frt_policy_set_prompt_tokens` works).
+   */
+  const char *tokenizer;
+  /**
+   * Where a GPU backend caches compiled kernels; NULL: `$XDG_CACHE_HOME/flashrt/kernels`.
+   */
+  const char *kernel_cache_dir;
+  /**
+   * An `FrtBackend` value. Default `FRT_BACKEND_AUTO`.
+   */
+  uint32_t backend;
+  /**
+   * An `FrtPrecision` value. Default `FRT_PRECISION_AUTO`.
+   */
+  uint32_t precision;
+  /**
+   * GPU ordinal for the CUDA backend. Default 0.
+   */
+  uint32_t device;
+  /**
+   * Least severe `FrtLogLevel` delivered. Default `FRT_LOG_LEVEL_WARN`.
+   */
+  uint32_t log_level;
+  /**
+   * Camera slots; 0: the cameras named in the checkpoint's config.json. At most
+   * `FRT_MAX_CAMERAS`.
+   */
+  size_t cameras;
+  /**
+   * Largest frame `frt_policy_step` accepts, in pixels (staging buffers are sized for it).
+   * Default 1920 x 1080.
+   */
+  size_t max_frame_width;
+  size_t max_frame_height;
+  /**
+   * Prompt token capacity; 0: from the checkpoint (config.json `tokenizer_max_length`).
+   */
+  size_t prompt_capacity;
+  /**
+   * Denoising steps; 0: from the checkpoint (config.json `num_inference_steps`).
+   */
+  size_t denoise_steps;
+  /**
+   * The robot's state width; 0: from the checkpoint. Needed only when the checkpoint states none.
+   */
+  size_t state_dim;
+  /**
+   * Seed of the noise drawn when an observation carries no noise. Default 0.
+   */
+  uint64_t seed;
+  /**
+   * Steps slower than this many microseconds count as deadline misses in the statistics;
+   * 0: no deadline.
+   */
+  uint64_t deadline_us;
+  /**
+   * Receives the policy's log messages at or above `log_level`; NULL: they go to stderr.
+   */
+  FrtLogCallback log_callback;
+  /**
+   * Passed unchanged to `log_callback`.
+   */
+  void *log_user_data;
+} FrtPolicyConfig;
+
+/**
+ * What an open policy is. Strings and arrays belong to the policy: valid until `frt_policy_free`.
+ */
+typedef struct FrtPolicyInfo {
+  /**
+   * `sizeof(FrtPolicyInfo)`, set by the caller.
+   */
+  size_t struct_size;
+  /**
+   * Model kind, e.g. "pi05".
+   */
+  const char *model;
+  /**
+   * The backend in use (never `FRT_BACKEND_AUTO`).
+   */
+  FrtBackend backend;
+  /**
+   * The device that runs the policy, e.g. "NVIDIA H200" or the CPU model.
+   */
+  const char *device_name;
+  /**
+   * Action values per row of the chunk (the robot's action width).
+   */
+  size_t action_dim;
+  /**
+   * Rows of the action chunk.
+   */
+  size_t horizon;
+  /**
+   * `horizon * action_dim`: the `actions_len` that `frt_policy_step` expects.
+   */
+  size_t actions_len;
+  /**
+   * Values of the robot state (`FrtObservation.state_len`).
+   */
+  size_t state_dim;
+  /**
+   * Length of an optional `FrtObservation.noise`.
+   */
+  size_t noise_len;
+  /**
+   * Camera slots (`FrtObservation.cameras_len`).
+   */
+  size_t cameras;
+  /**
+   * `cameras` camera names (e.g. "observation.images.base_0_rgb"), in slot order.
+   */
+  const char *const *camera_names;
+  /**
+   * Largest frame accepted.
+   */
+  size_t max_frame_width;
+  size_t max_frame_height;
+  size_t denoise_steps;
+  /**
+   * Prompt token capacity (task and state tokens).
+   */
+  size_t prompt_capacity;
+  /**
+   * Model parameters.
+   */
+  uint64_t parameters;
+  /**
+   * Bytes of weights and buffers held (device memory for a GPU backend).
+   */
+  uint64_t memory_bytes;
+} FrtPolicyInfo;
+
+/**
+ * One camera frame owned by the caller, read during `frt_policy_step` only.
+ */
+typedef struct FrtFrame {
+  /**
+   * Pixels: `height` rows of `stride` bytes. Must not be NULL when `present`.
+   */
+  const uint8_t *data;
+  /**
+   * Bytes readable at `data`.
+   */
+  size_t data_len;
+  /**
+   * In pixels; at most the configured `max_frame_width` x `max_frame_height`.
+   */
+  size_t width;
+  size_t height;
+  /**
+   * Bytes from one row to the next; 0: tightly packed (`width` x bytes per pixel).
+   */
+  size_t stride;
+  /**
+   * An `FrtPixelFormat` value.
+   */
+  uint32_t format;
+  /**
+   * false: this camera is missing this tick (the other fields are ignored).
+   */
+  bool present;
+} FrtFrame;
+
+/**
+ * One control tick's inputs.
+ */
+typedef struct FrtObservation {
+  /**
+   * `sizeof(FrtObservation)`.
+   */
+  size_t struct_size;
+  /**
+   * One frame per camera slot, in the policy's camera order (`FrtPolicyInfo.camera_names`);
+   * at least one present.
+   */
+  const struct FrtFrame *cameras;
+  /**
+   * Must equal `FrtPolicyInfo.cameras`.
+   */
+  size_t cameras_len;
+  /**
+   * Raw (unnormalized) robot state; finite values.
+   */
+  const float *state;
+  /**
+   * Must equal `FrtPolicyInfo.state_dim`.
+   */
+  size_t state_len;
+  /**
+   * Optional initial noise, `FrtPolicyInfo.noise_len` finite values (for reproducible runs);
+   * NULL: drawn from the generator seeded by `FrtPolicyConfig.seed`.
+   */
+  const float *noise;
+  /**
+   * Must be `FrtPolicyInfo.noise_len` when `noise` is set, 0 when it is NULL.
+   */
+  size_t noise_len;
+} FrtObservation;
+
+/**
+ * What one step did.
+ */
+typedef struct FrtStepInfo {
+  /**
+   * `sizeof(FrtStepInfo)`, set by the caller.
+   */
+  size_t struct_size;
+  /**
+   * Wall time of the step inside the library.
+   */
+  double latency_ms;
+  /**
+   * Valid prompt tokens this step (state tokens included).
+   */
+  size_t prompt_tokens;
+  /**
+   * The step took longer than `FrtPolicyConfig.deadline_us`.
+   */
+  bool deadline_missed;
+} FrtStepInfo;
+
+/**
+ * Step latency statistics: percentiles over the most recent 8192 steps, count, maximum and
+ * deadline misses over all steps since open or `frt_policy_reset_stats`.
+ */
+typedef struct FrtLatencyStats {
+  /**
+   * `sizeof(FrtLatencyStats)`, set by the caller.
+   */
+  size_t struct_size;
+  uint64_t count;
+  double p50_ms;
+  double p90_ms;
+  double p99_ms;
+  double max_ms;
+  uint64_t deadline_misses;
+} FrtLatencyStats;
+
+#ifdef __cplusplus
+extern "C" {
+#endif // __cplusplus
+
+/**
+ * The library's version, e.g. "0.1.0": a static NUL-terminated string, never NULL. Compare it with
+ * the `FRT_VERSION_*` macros to detect a header/library mismatch.
+ *
+ * Thread safety: safe to call from any thread.
+ */
+const char *frt_version(void);
+
+/**
+ * Copies a short English description of `status` (an `FrtStatus` value) into `buf`.
+ *
+ * Text output follows the rule of every text function: on success `buf` holds the text and a
+ * terminating NUL and `*written` is the text length without the NUL. Pass `buf = NULL, len = 0`
+ * to query the length only.
+ *
+ * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT` when `written` is NULL or `buf` is NULL with
+ * `len > 0`; `FRT_STATUS_BUFFER_TOO_SMALL` when `len` cannot hold the text and its NUL;
+ * `FRT_STATUS_INVALID_ARGUMENT` when `status` is not an `FrtStatus` value.
+ *
+ * Thread safety: safe to call from any thread.
+ *
+ * # Safety
+ * `buf` must be valid for `len` bytes of writing and `written` for one `size_t`, or NULL.
+ */
+FrtStatus frt_status_message(uint32_t status, char *buf, size_t len, size_t *written);
+
+/**
+ * Fills `*config` with the defaults; `config->struct_size` must be set first.
+ *
+ * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT` when `config` is NULL;
+ * `FRT_STATUS_INVALID_ARGUMENT` when `struct_size` is smaller than this library's
+ * `FrtPolicyConfig` (a header older than the library); the struct is untouched then.
+ *
+ * Thread safety: safe to call from any thread.
+ *
+ * # Safety
+ * `config` must point to a writable `FrtPolicyConfig`, or be NULL.
+ */
+FrtStatus frt_policy_config_default(struct FrtPolicyConfig *config);
+
+/**
+ * Opens a checkpoint: loads and converts the weights, builds the plan and its buffers and warms
+ * the backend. Slow (not for the control loop); call once.
+ *
+ * On success `*out` receives the policy, to be released with `frt_policy_free`. On failure `*out`
+ * is untouched and `frt_last_open_error` describes the problem (it is also logged at
+ * `FRT_LOG_LEVEL_ERROR`).
+ *
+ * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT` (`config`, `out` or `config->checkpoint` is
+ * NULL); `FRT_STATUS_INVALID_ARGUMENT` (a config field is wrong: `struct_size`, an enum value, a
+ * zero frame size, more than `FRT_MAX_CAMERAS` cameras, a zero/unfit prompt capacity or denoise
+ * count, ...); `FRT_STATUS_IO` (a file is missing or unreadable); `FRT_STATUS_CHECKPOINT` (the
+ * checkpoint is corrupt or inconsistent); `FRT_STATUS_TOKENIZER` (the tokenizer is unusable);
+ * `FRT_STATUS_BACKEND` (the backend or precision cannot run here); `FRT_STATUS_PANIC`.
+ *
+ * Thread safety: safe to call from any thread; policies are independent of each other.
+ *
+ * # Safety
+ * `config` must point to a readable `FrtPolicyConfig` whose string fields are NUL-terminated or
+ * NULL; `out` must be writable. Either may be NULL (reported as such).
+ */
+FrtStatus frt_policy_open(const struct FrtPolicyConfig *config, struct FrtPolicy **out);
+
+/**
+ * Copies the message of the most recent `frt_policy_open` on this thread that failed (empty once
+ * one succeeded), e.g. "checkpoint /data/pi05: tensor ... missing". Text rule as in
+ * `frt_status_message`.
+ *
+ * Returns `FRT_STATUS_OK`, `FRT_STATUS_NULL_ARGUMENT`, `FRT_STATUS_BUFFER_TOO_SMALL`.
+ *
+ * Thread safety: safe; each thread has its own message.
+ *
+ * # Safety
+ * `buf` must be valid for `len` bytes of writing and `written` for one `size_t`, or NULL.
+ */
+FrtStatus frt_last_open_error(char *buf, size_t len, size_t *written);
+
+/**
+ * Releases a policy and everything it holds. NULL is accepted and ignored.
+ *
+ * Thread safety: no other call may use `policy` during or after this call.
+ *
+ * # Safety
+ * `policy` must come from `frt_policy_open` and not have been freed, or be NULL.
+ */
+void frt_policy_free(struct FrtPolicy *policy);
+
+/**
+ * Describes the policy: model, backend, device, sizes and camera names.
+ *
+ * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` when
+ * `info->struct_size` is below `sizeof(FrtPolicyInfo)`.
+ *
+ * Thread safety: `const`: may run concurrently with other `const FrtPolicy*` calls.
+ *
+ * # Safety
+ * `policy` from `frt_policy_open` or NULL; `info` writable or NULL.
+ */
+FrtStatus frt_policy_info(const struct FrtPolicy *policy, struct FrtPolicyInfo *info);
+
+/**
+ * Sets the task text (UTF-8, `len` bytes, no NUL needed). It is tokenized once here; the state is
+ * appended in every step (Pi0.5 prompt format). Needs a tokenizer. May allocate: not for the
+ * control loop's hot path, but fine between chunks.
+ *
+ * A prompt longer than the capacity is truncated, as lerobot does.
+ *
+ * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` (not UTF-8);
+ * `FRT_STATUS_TOKENIZER` (no tokenizer loaded, or it cannot encode the text); `FRT_STATUS_PANIC`.
+ * On failure the previous prompt stays in effect.
+ *
+ * Thread safety: not concurrently with any other call on `policy`.
+ *
+ * # Safety
+ * `policy` from `frt_policy_open` or NULL; `text` readable for `len` bytes or NULL.
+ */
+FrtStatus frt_policy_set_prompt(struct FrtPolicy *policy, const char *text, size_t len);
+
+/**
+ * Sets the complete prompt as token ids (BOS, task, state and all), used unchanged in every
+ * step; for callers that tokenize themselves.
+ *
+ * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` (`len` is 0
+ * or above the prompt capacity, or an id is outside the vocabulary); `FRT_STATUS_PANIC`. On
+ * failure the previous prompt stays in effect.
+ *
+ * Thread safety: not concurrently with any other call on `policy`.
+ *
+ * # Safety
+ * `policy` from `frt_policy_open` or NULL; `tokens` readable for `len` values or NULL.
+ */
+FrtStatus frt_policy_set_prompt_tokens(struct FrtPolicy *policy, const int32_t *tokens, size_t len);
+
+/**
+ * One control tick: frames and state in, the action chunk out. The hot path: no heap allocation
+ * after the first call, no blocking other than the computation itself.
+ *
+ * `actions` receives `horizon x action_dim` floats, row-major (row = time step), unnormalized
+ * (robot units); `actions_len` must be `FrtPolicyInfo.actions_len`. `step_info` may be NULL.
+ * Needs a prompt (`frt_policy_set_prompt` or `frt_policy_set_prompt_tokens`).
+ *
+ * The whole observation is checked before anything is touched: on failure `actions` and
+ * `step_info` are untouched, the policy stays usable for the next step, and
+ * `frt_policy_last_error` names the field ("observation.cameras[1]", "observation.state[3]", ...).
+ *
+ * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT` (`policy`, `observation`, `actions`,
+ * `observation->cameras`, `observation->state`, or the data of a present frame is NULL);
+ * `FRT_STATUS_INVALID_ARGUMENT` (a `struct_size` too small, wrong `cameras_len`, `state_len`,
+ * `noise_len` or `actions_len`, no present frame, an unknown pixel format, a frame that is empty,
+ * larger than the configured maximum, or whose `data_len` or `stride` does not cover its
+ * geometry, a NaN or infinite state or noise value, no prompt set); `FRT_STATUS_BACKEND` (the
+ * device failed); `FRT_STATUS_PANIC`.
+ *
+ * Thread safety: not concurrently with any other call on `policy`.
+ *
+ * # Safety
+ * `policy` from `frt_policy_open` or NULL; `observation` readable with its arrays valid for the
+ * lengths it states; `actions` writable for `actions_len` floats; `step_info` writable; any of
+ * them may be NULL (reported as such, except `step_info`, which is optional).
+ */
+FrtStatus frt_policy_step(struct FrtPolicy *policy,
+                          const struct FrtObservation *observation,
+                          float *actions,
+                          size_t actions_len,
+                          struct FrtStepInfo *step_info);
+
+/**
+ * Copies the latency statistics of the steps so far into `*stats`.
+ *
+ * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` when
+ * `stats->struct_size` is below `sizeof(FrtLatencyStats)`. Computes percentiles (allocates): call it
+ * between chunks or at the end, not every tick.
+ *
+ * Thread safety: `const`: may run concurrently with other `const FrtPolicy*` calls.
+ *
+ * # Safety
+ * `policy` from `frt_policy_open` or NULL; `stats` writable or NULL.
+ */
+FrtStatus frt_policy_stats(const struct FrtPolicy *policy,
+                           struct FrtLatencyStats *stats);
+
+/**
+ * Forgets the latency statistics (count, percentiles, maximum, deadline misses), e.g. after
+ * warm-up.
+ *
+ * Returns `FRT_STATUS_OK`, `FRT_STATUS_NULL_ARGUMENT`, `FRT_STATUS_PANIC`.
+ *
+ * Thread safety: not concurrently with any other call on `policy`.
+ *
+ * # Safety
+ * `policy` from `frt_policy_open` or NULL.
+ */
+FrtStatus frt_policy_reset_stats(struct FrtPolicy *policy);
+
+/**
+ * Copies the execution plan as text: every op with its shapes, and which ops were fused or folded
+ * and why. Text rule as in `frt_status_message` (query the length with `buf = NULL, len = 0`).
+ *
+ * Returns `FRT_STATUS_OK`, `FRT_STATUS_NULL_ARGUMENT`, `FRT_STATUS_BUFFER_TOO_SMALL`.
+ *
+ * Thread safety: `const`: may run concurrently with other `const FrtPolicy*` calls.
+ *
+ * # Safety
+ * `policy` from `frt_policy_open` or NULL; `buf` writable for `len` bytes and `written` for one
+ * `size_t`, or NULL.
+ */
+FrtStatus frt_policy_explain(const struct FrtPolicy *policy,
+                             char *buf,
+                             size_t len,
+                             size_t *written);
+
+/**
+ * Copies the message of the most recent failed call on `policy` that takes a non-const
+ * `FrtPolicy*` (empty after a call that succeeded), naming the field at fault, e.g. "invalid
+ * observation.state[3]: value NaN is not finite". Text rule as in `frt_status_message`.
+ *
+ * Returns `FRT_STATUS_OK`, `FRT_STATUS_NULL_ARGUMENT`, `FRT_STATUS_BUFFER_TOO_SMALL`.
+ *
+ * Thread safety: `const`: may run concurrently with other `const FrtPolicy*` calls.
+ *
+ * # Safety
+ * `policy` from `frt_policy_open` or NULL; `buf` writable for `len` bytes and `written` for one
+ * `size_t`, or NULL.
+ */
+FrtStatus frt_policy_last_error(const struct FrtPolicy *policy,
+                                char *buf,
+                                size_t len,
+                                size_t *written);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
+
+#endif  /* FLASHRT_H */
