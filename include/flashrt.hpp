@@ -1,0 +1,221 @@
+// flashrt.hpp - a header-only C++17 RAII layer over flashrt.h.
+//
+// frt::Policy owns an FrtPolicy (move-only, freed by its destructor); failures throw frt::Error,
+// which carries the FrtStatus and the library's message. For the control loop, Policy::try_step
+// is noexcept and reports failure by status, so a bad tick costs no exception.
+//
+// Thread safety is that of flashrt.h: a Policy is used by one thread at a time; its const member
+// functions may run concurrently with each other.
+#ifndef FLASHRT_HPP
+#define FLASHRT_HPP
+
+#include <flashrt.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace frt {
+
+/// A failed call: its status and the library's message.
+class Error : public std::runtime_error {
+public:
+    Error(FrtStatus status, const std::string &message) : std::runtime_error(message), status_(status) {}
+    FrtStatus status() const noexcept { return status_; }
+
+private:
+    FrtStatus status_;
+};
+
+/// A zeroed struct with struct_size set, as every flashrt.h struct wants it.
+template <class T>
+T sized() noexcept {
+    T t{};
+    t.struct_size = sizeof(T);
+    return t;
+}
+
+namespace detail {
+
+// Reads a text output under the library's text rule: query the length, then copy.
+template <class Read>
+std::string read_text(Read read) {
+    size_t n = 0;
+    if (read(nullptr, 0, &n) != FRT_STATUS_OK) return std::string();
+    std::string text(n + 1, '\0');
+    if (read(&text[0], text.size(), &n) != FRT_STATUS_OK) return std::string();
+    text.resize(n);
+    return text;
+}
+
+}  // namespace detail
+
+/// A short description of a status, e.g. "the checkpoint is unusable".
+inline std::string status_message(FrtStatus status) {
+    return detail::read_text([&](char *buf, size_t len, size_t *written) { return frt_status_message(status, buf, len, written); });
+}
+
+/// The library's version ("0.1.0").
+inline std::string version() { return frt_version(); }
+
+/// FrtPolicyConfig with its defaults, owning the path strings. Set plain fields on `options`.
+struct Config {
+    explicit Config(std::string checkpoint_path) : checkpoint(std::move(checkpoint_path)), options(sized<FrtPolicyConfig>()) {
+        FrtStatus s = frt_policy_config_default(&options);
+        if (s != FRT_STATUS_OK) throw Error(s, "frt_policy_config_default: " + status_message(s));
+    }
+    std::string checkpoint;
+    std::string tokenizer;         // empty: the one beside the checkpoint
+    std::string kernel_cache_dir;  // empty: the default cache
+    FrtPolicyConfig options;       // the string fields here are ignored; the ones above are used
+};
+
+/// An FrtObservation with its own camera array. Build it once, update it every tick: setting
+/// frames and state does not allocate.
+class Observation {
+public:
+    explicit Observation(size_t cameras) : frames_(cameras, FrtFrame{}), raw_(sized<FrtObservation>()) {
+        raw_.cameras = frames_.data();
+        raw_.cameras_len = frames_.size();
+    }
+    Observation(const Observation &) = delete;
+    Observation &operator=(const Observation &) = delete;
+    Observation(Observation &&) noexcept = default;  // the vector's buffer moves along
+    Observation &operator=(Observation &&) noexcept = default;
+
+    /// Camera `i` sees `data` (`height` rows of `stride` bytes; 0: packed) this tick.
+    void set_frame(size_t i, const uint8_t *data, size_t len, size_t width, size_t height, FrtPixelFormat format, size_t stride = 0) {
+        FrtFrame &f = frames_.at(i);
+        f.data = data;
+        f.data_len = len;
+        f.width = width;
+        f.height = height;
+        f.stride = stride;
+        f.format = static_cast<uint32_t>(format);
+        f.present = true;
+    }
+    /// Camera `i` has no frame this tick.
+    void set_missing(size_t i) { frames_.at(i).present = false; }
+    void set_state(const float *state, size_t len) noexcept {
+        raw_.state = state;
+        raw_.state_len = len;
+    }
+    /// Initial noise for a reproducible step; (nullptr, 0): drawn by the policy.
+    void set_noise(const float *noise, size_t len) noexcept {
+        raw_.noise = noise;
+        raw_.noise_len = len;
+    }
+    const FrtObservation &raw() const noexcept { return raw_; }
+
+private:
+    std::vector<FrtFrame> frames_;
+    FrtObservation raw_;
+};
+
+/// FrtPolicyInfo with owned strings.
+struct Info {
+    std::string model;
+    FrtBackend backend;
+    std::string device_name;
+    size_t action_dim, horizon, actions_len, state_dim, noise_len;
+    std::vector<std::string> camera_names;
+    size_t max_frame_width, max_frame_height, denoise_steps, prompt_capacity;
+    uint64_t parameters, memory_bytes;
+};
+
+/// An open policy. Move-only; the destructor frees it.
+class Policy {
+public:
+    /// Opens a checkpoint (slow: call once). Throws Error with frt_last_open_error's message.
+    static Policy open(const Config &config) {
+        FrtPolicyConfig c = config.options;
+        c.checkpoint = config.checkpoint.c_str();
+        c.tokenizer = config.tokenizer.empty() ? nullptr : config.tokenizer.c_str();
+        c.kernel_cache_dir = config.kernel_cache_dir.empty() ? nullptr : config.kernel_cache_dir.c_str();
+        FrtPolicy *p = nullptr;
+        FrtStatus s = frt_policy_open(&c, &p);
+        if (s != FRT_STATUS_OK) {
+            throw Error(s, detail::read_text([](char *buf, size_t len, size_t *written) { return frt_last_open_error(buf, len, written); }));
+        }
+        return Policy(p);
+    }
+
+    Policy(Policy &&other) noexcept : p_(std::exchange(other.p_, nullptr)) {}
+    Policy &operator=(Policy &&other) noexcept {
+        if (this != &other) {
+            frt_policy_free(p_);
+            p_ = std::exchange(other.p_, nullptr);
+        }
+        return *this;
+    }
+    Policy(const Policy &) = delete;
+    Policy &operator=(const Policy &) = delete;
+    ~Policy() { frt_policy_free(p_); }
+
+    Info info() const {
+        FrtPolicyInfo i = sized<FrtPolicyInfo>();
+        check_const(frt_policy_info(p_, &i), "frt_policy_info");
+        Info out{i.model, i.backend, i.device_name, i.action_dim, i.horizon, i.actions_len, i.state_dim, i.noise_len, {},
+                 i.max_frame_width, i.max_frame_height, i.denoise_steps, i.prompt_capacity, i.parameters, i.memory_bytes};
+        out.camera_names.assign(i.camera_names, i.camera_names + i.cameras);
+        return out;
+    }
+
+    /// Sets the task text (tokenized once; may allocate: not per tick).
+    void set_prompt(std::string_view text) { check(frt_policy_set_prompt(p_, text.data(), text.size())); }
+    /// Sets the complete prompt as token ids.
+    void set_prompt_tokens(const std::vector<int32_t> &tokens) {
+        static const int32_t none = 0;  // an empty vector's data() may be NULL: report the length instead
+        check(frt_policy_set_prompt_tokens(p_, tokens.empty() ? &none : tokens.data(), tokens.size()));
+    }
+
+    /// One control tick; throws Error naming the bad field. `actions` holds info().actions_len floats.
+    FrtStepInfo step(const Observation &obs, float *actions, size_t actions_len) {
+        FrtStepInfo info = sized<FrtStepInfo>();
+        check(frt_policy_step(p_, &obs.raw(), actions, actions_len, &info));
+        return info;
+    }
+    /// One control tick without exceptions (the hot-loop form); last_error() explains a failure.
+    FrtStatus try_step(const Observation &obs, float *actions, size_t actions_len, FrtStepInfo *info = nullptr) noexcept {
+        return frt_policy_step(p_, &obs.raw(), actions, actions_len, info);
+    }
+
+    FrtLatencyStats stats() const {
+        FrtLatencyStats s = sized<FrtLatencyStats>();
+        check_const(frt_policy_stats(p_, &s), "frt_policy_stats");
+        return s;
+    }
+    void reset_stats() { check(frt_policy_reset_stats(p_)); }
+
+    /// The execution plan as text.
+    std::string explain() const {
+        return detail::read_text([this](char *buf, size_t len, size_t *written) { return frt_policy_explain(p_, buf, len, written); });
+    }
+    /// The message of the last failed call on this policy ("" after a success).
+    std::string last_error() const {
+        return detail::read_text([this](char *buf, size_t len, size_t *written) { return frt_policy_last_error(p_, buf, len, written); });
+    }
+
+    /// The C handle, for calls this wrapper does not cover. Still owned by this object.
+    FrtPolicy *get() const noexcept { return p_; }
+
+private:
+    explicit Policy(FrtPolicy *p) noexcept : p_(p) {}
+    void check(FrtStatus s) const {
+        if (s != FRT_STATUS_OK) throw Error(s, last_error());
+    }
+    // const calls record no last error: the status text is all there is.
+    static void check_const(FrtStatus s, const char *what) {
+        if (s != FRT_STATUS_OK) throw Error(s, std::string(what) + ": " + status_message(s));
+    }
+
+    FrtPolicy *p_;
+};
+
+}  // namespace frt
+
+#endif  // FLASHRT_HPP
