@@ -1,0 +1,124 @@
+//! The C ABI from C and C++: `tests/c/abi_test.c` (every function and error path, against
+//! libflashrt.so) and `tests/c/hpp_test.cpp` (the RAII wrapper, against libflashrt.a), both under
+//! valgrind memcheck when it is installed; and the export list and soname of libflashrt.so.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// System libraries a program linking the static libflashrt.a needs (`rustc --print
+/// native-static-libs` on Linux); install.sh writes the same list into flashrt.pc and the CMake
+/// package.
+const STATIC_DEPS: &[&str] = &["-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-ldl", "-lc"];
+
+/// `target/<profile>`, where cargo put libflashrt_ffi.{so,a} for this test run.
+fn artifacts() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(Path::parent).expect("test binary in target/<profile>/deps").to_path_buf()
+}
+
+/// The libraries under their installed names in `dir/lib`: libflashrt.so.<version>, the
+/// libflashrt.so link, libflashrt.a. Returns the lib directory.
+fn stage(dir: &Path) -> PathBuf {
+    let lib = dir.join("lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    let so = format!("libflashrt.so.{}", env!("CARGO_PKG_VERSION"));
+    std::fs::copy(artifacts().join("libflashrt_ffi.so"), lib.join(&so)).expect("libflashrt_ffi.so built by cargo");
+    std::os::unix::fs::symlink(&so, lib.join("libflashrt.so")).unwrap();
+    std::os::unix::fs::symlink(artifacts().join("libflashrt_ffi.a"), lib.join("libflashrt.a")).unwrap();
+    lib
+}
+
+fn dynamic_symbols(so: &Path) -> Option<Vec<String>> {
+    let out = common::run(common::tool("nm")?.args(["-D", "--defined-only", "--format=just-symbols"]).arg(so));
+    Some(out.lines().map(str::to_owned).collect())
+}
+
+/// Runs a test program, under valgrind memcheck when available: any invalid access or leak fails.
+fn run_checked(program: &Path, args: &[&Path]) {
+    let mut cmd = match common::tool("valgrind") {
+        Some(mut v) => {
+            v.args([
+                "--error-exitcode=99",
+                "--leak-check=full",
+                "--show-leak-kinds=definite,possible",
+                "--errors-for-leak-kinds=definite,possible",
+                "--quiet",
+            ]);
+            v.arg(program);
+            v
+        }
+        None => Command::new(program),
+    };
+    // The injected panics print their message; a backtrace each would drown the report.
+    let out = common::run(cmd.args(args).env("RUST_BACKTRACE", "0"));
+    eprintln!("{out}");
+}
+
+fn data() -> PathBuf {
+    common::repo().join("tests/data")
+}
+
+fn version_defines() -> Vec<String> {
+    vec![
+        format!("-DEXPECTED_MAJOR={}", env!("CARGO_PKG_VERSION_MAJOR")),
+        format!("-DEXPECTED_MINOR={}", env!("CARGO_PKG_VERSION_MINOR")),
+        format!("-DEXPECTED_PATCH={}", env!("CARGO_PKG_VERSION_PATCH")),
+        format!("-DEXPECTED_VERSION=\"{}\"", env!("CARGO_PKG_VERSION")),
+    ]
+}
+
+#[test]
+fn exports_only_frt_symbols_and_soname_is_exact() {
+    let so = artifacts().join("libflashrt_ffi.so");
+    let Some(symbols) = dynamic_symbols(&so) else { return };
+    let foreign: Vec<&String> = symbols.iter().filter(|s| !s.starts_with("frt_")).collect();
+    assert!(foreign.is_empty(), "libflashrt.so exports non-frt symbols: {foreign:?}");
+    // Every function the header declares is exported.
+    let header = std::fs::read_to_string(common::include_dir().join("flashrt.h")).unwrap();
+    let declared = header.split('(').filter_map(|before| before.rsplit(|c: char| !c.is_alphanumeric() && c != '_').next());
+    for name in declared.filter(|w| w.starts_with("frt_")) {
+        assert!(symbols.iter().any(|s| s == name), "{name} is declared in flashrt.h but not exported");
+    }
+    let Some(mut readelf) = common::tool("readelf") else { return };
+    let dynamic = common::run(readelf.arg("-d").arg(&so));
+    let soname = format!("[libflashrt.so.{}]", env!("CARGO_PKG_VERSION"));
+    assert!(dynamic.contains(&soname), "soname is not {soname}:\n{dynamic}");
+}
+
+#[test]
+fn c_program_covers_every_function_and_error_path() {
+    let Some(mut gcc) = common::tool("gcc") else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let lib = stage(tmp.path());
+    let exe = tmp.path().join("abi_test");
+    gcc.args(["-std=c99", "-g"]).args(common::STRICT).args(version_defines());
+    // Debug libraries carry the panic-injection hook (ffi/src/boundary.rs); release ones do not.
+    let hook = dynamic_symbols(&lib.join("libflashrt.so")).is_some_and(|s| s.iter().any(|s| s == "frt_debug_panic_next_call"));
+    if hook {
+        gcc.arg("-DFRT_PANIC_HOOK");
+    } else {
+        if cfg!(debug_assertions) {
+            panic!("a debug build must export frt_debug_panic_next_call");
+        }
+        eprintln!("SKIP: panic boundary test (release library has no injection hook)");
+    }
+    gcc.arg("-I").arg(common::include_dir()).arg(common::repo().join("tests/c/abi_test.c")).arg("-o").arg(&exe);
+    common::run(gcc.arg("-L").arg(&lib).arg("-lflashrt").arg("-lm").arg(format!("-Wl,-rpath,{}", lib.display())));
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir(&scratch).unwrap();
+    run_checked(&exe, &[&data().join("pi05_tiny"), &data().join("tokenizer/tokenizer.json"), &scratch]);
+}
+
+#[test]
+fn cpp_wrapper_works_with_the_static_library() {
+    let Some(mut gxx) = common::tool("g++") else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let lib = stage(tmp.path());
+    let exe = tmp.path().join("hpp_test");
+    gxx.args(["-std=c++17", "-g"]).args(common::STRICT).arg("-I").arg(common::include_dir());
+    gxx.arg(common::repo().join("tests/c/hpp_test.cpp")).arg("-o").arg(&exe).arg(lib.join("libflashrt.a")).args(STATIC_DEPS);
+    common::run(&mut gxx);
+    run_checked(&exe, &[&data().join("pi05_tiny"), &data().join("tokenizer/tokenizer.json")]);
+}

@@ -1,0 +1,765 @@
+/*
+ * Every function of include/flashrt.h and every error path, from C99, written from the header
+ * alone. Driven by ffi/tests/c_api.rs (under valgrind when present):
+ *
+ *   abi_test CHECKPOINT_DIR TOKENIZER_JSON SCRATCH_DIR
+ *
+ * SCRATCH_DIR receives the broken checkpoints. Compiled with -DEXPECTED_MAJOR/MINOR/PATCH and
+ * -DEXPECTED_VERSION from Cargo.toml, and -DFRT_PANIC_HOOK when the library is a debug build that
+ * exports frt_debug_panic_next_call.
+ */
+#define _POSIX_C_SOURCE 200809L /* mkdir */
+#include <flashrt.h>
+
+#include <sys/stat.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures = 0;
+static int checks = 0;
+
+#define CHECK(cond)                                                                \
+    do {                                                                           \
+        checks++;                                                                  \
+        if (!(cond)) {                                                             \
+            failures++;                                                            \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+        }                                                                          \
+    } while (0)
+
+#define EXPECT_STATUS(call, status) CHECK((call) == (status))
+
+static char message[4096];
+static char *long_message = NULL;
+
+/* Reads a text output the way the header says: query the length, then copy (messages can be long:
+ * a corrupted checkpoint lists every broken tensor). */
+static const char *read_text(FrtStatus (*read)(const FrtPolicy *, char *, size_t, size_t *), const FrtPolicy *policy) {
+    size_t n = 0, again = 0;
+    if (read(policy, NULL, 0, &n) != FRT_STATUS_OK) return "<no message>";
+    free(long_message);
+    long_message = (char *)malloc(n + 1);
+    if (long_message == NULL || read(policy, long_message, n + 1, &again) != FRT_STATUS_OK || again != n) return "<no message>";
+    return long_message;
+}
+
+static FrtStatus read_open_error(const FrtPolicy *unused, char *buf, size_t len, size_t *written) {
+    (void)unused;
+    return frt_last_open_error(buf, len, written);
+}
+
+static const char *last_error(const FrtPolicy *policy) { return read_text(frt_policy_last_error, policy); }
+
+static const char *open_error(void) { return read_text(read_open_error, NULL); }
+
+#define EXPECT_MENTIONS(text, needle)                                                   \
+    do {                                                                                \
+        const char *t_ = (text);                                                        \
+        checks++;                                                                       \
+        if (strstr(t_, (needle)) == NULL) {                                             \
+            failures++;                                                                 \
+            fprintf(stderr, "%s:%d: \"%s\" does not mention \"%s\"\n", __FILE__, __LINE__, t_, (needle)); \
+        }                                                                               \
+    } while (0)
+
+static const char *checkpoint_dir;
+static const char *tokenizer_path;
+static const char *scratch_dir;
+
+/* ---- version, status messages, config defaults ---------------------------------------------- */
+
+static void test_version(void) {
+    char composed[64];
+    CHECK(FRT_VERSION_MAJOR == EXPECTED_MAJOR);
+    CHECK(FRT_VERSION_MINOR == EXPECTED_MINOR);
+    CHECK(FRT_VERSION_PATCH == EXPECTED_PATCH);
+    /* The composed number must carry every part, PATCH included. */
+    CHECK(FRT_VERSION_NUMBER == EXPECTED_MAJOR * 1000000 + EXPECTED_MINOR * 1000 + EXPECTED_PATCH);
+    CHECK(frt_version() != NULL);
+    CHECK(strcmp(frt_version(), EXPECTED_VERSION) == 0);
+    snprintf(composed, sizeof composed, "%d.%d.%d", FRT_VERSION_MAJOR, FRT_VERSION_MINOR, FRT_VERSION_PATCH);
+    CHECK(strcmp(frt_version(), composed) == 0);
+}
+
+static void test_status_message(void) {
+    char buf[256];
+    char tiny[4] = {'x', 'x', 'x', 'x'};
+    size_t n = 12345, need = 0;
+    uint32_t s;
+    for (s = FRT_STATUS_OK; s <= FRT_STATUS_PANIC; s++) {
+        EXPECT_STATUS(frt_status_message(s, NULL, 0, &need), FRT_STATUS_OK);
+        CHECK(need > 0);
+        EXPECT_STATUS(frt_status_message(s, buf, sizeof buf, &n), FRT_STATUS_OK);
+        CHECK(n == need && strlen(buf) == n);
+    }
+    EXPECT_MENTIONS((frt_status_message(FRT_STATUS_PANIC, buf, sizeof buf, &n), buf), "panic");
+    /* Unknown number, NULL outputs, buffer too small (untouched). */
+    n = 777;
+    EXPECT_STATUS(frt_status_message(FRT_STATUS_PANIC + 1, buf, sizeof buf, &n), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_STATUS(frt_status_message(0xFFFFFFFFu, buf, sizeof buf, &n), FRT_STATUS_INVALID_ARGUMENT);
+    CHECK(n == 777);
+    EXPECT_STATUS(frt_status_message(FRT_STATUS_OK, buf, sizeof buf, NULL), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_STATUS(frt_status_message(FRT_STATUS_OK, NULL, 10, &n), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_STATUS(frt_status_message(FRT_STATUS_IO, tiny, sizeof tiny, &n), FRT_STATUS_BUFFER_TOO_SMALL);
+    CHECK(tiny[0] == 'x' && tiny[3] == 'x' && n == 777);
+    /* Exactly text + NUL fits. */
+    EXPECT_STATUS(frt_status_message(FRT_STATUS_IO, NULL, 0, &need), FRT_STATUS_OK);
+    EXPECT_STATUS(frt_status_message(FRT_STATUS_IO, buf, need, &n), FRT_STATUS_BUFFER_TOO_SMALL);
+    EXPECT_STATUS(frt_status_message(FRT_STATUS_IO, buf, need + 1, &n), FRT_STATUS_OK);
+    CHECK(n == need && buf[need] == '\0');
+}
+
+static FrtPolicyConfig base_config(void) {
+    FrtPolicyConfig c;
+    memset(&c, 0xAB, sizeof c);
+    c.struct_size = sizeof c;
+    if (frt_policy_config_default(&c) != FRT_STATUS_OK) abort();
+    c.checkpoint = checkpoint_dir;
+    c.tokenizer = tokenizer_path;
+    c.backend = FRT_BACKEND_CPU;
+    c.max_frame_width = 320;
+    c.max_frame_height = 240;
+    c.log_level = FRT_LOG_LEVEL_OFF;
+    /* Less compute per step: the whole program runs under valgrind. */
+    c.denoise_steps = 2;
+    c.prompt_capacity = 64;
+    return c;
+}
+
+static void test_config_default(void) {
+    FrtPolicyConfig c;
+    memset(&c, 0xAB, sizeof c);
+    EXPECT_STATUS(frt_policy_config_default(NULL), FRT_STATUS_NULL_ARGUMENT);
+    c.struct_size = sizeof c - 1;
+    EXPECT_STATUS(frt_policy_config_default(&c), FRT_STATUS_INVALID_ARGUMENT);
+    CHECK(c.backend == 0xABABABABu); /* untouched */
+    c.struct_size = sizeof c;
+    EXPECT_STATUS(frt_policy_config_default(&c), FRT_STATUS_OK);
+    CHECK(c.struct_size == sizeof c);
+    CHECK(c.checkpoint == NULL && c.tokenizer == NULL && c.kernel_cache_dir == NULL);
+    CHECK(c.backend == FRT_BACKEND_AUTO && c.precision == FRT_PRECISION_AUTO && c.device == 0);
+    CHECK(c.log_level == FRT_LOG_LEVEL_WARN && c.log_callback == NULL && c.log_user_data == NULL);
+    CHECK(c.cameras == 0 && c.prompt_capacity == 0 && c.denoise_steps == 0 && c.state_dim == 0);
+    CHECK(c.max_frame_width == 1920 && c.max_frame_height == 1080);
+    CHECK(c.seed == 0 && c.deadline_us == 0);
+}
+
+/* ---- open: bad configs, missing and corrupted checkpoints ------------------------------------- */
+
+static FrtStatus try_open(const FrtPolicyConfig *c) {
+    FrtPolicy *p = (FrtPolicy *)&failures; /* a sentinel: must stay untouched on failure */
+    FrtStatus s = frt_policy_open(c, &p);
+    if (s == FRT_STATUS_OK) {
+        frt_policy_free(p);
+    } else {
+        CHECK(p == (FrtPolicy *)&failures);
+    }
+    return s;
+}
+
+static void write_file(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (f == NULL || fwrite(data, 1, len, f) != len) {
+        fprintf(stderr, "cannot write %s\n", path);
+        abort();
+    }
+    fclose(f);
+}
+
+/* Copies `name` from the good checkpoint into dir, keeping `keep` bytes (all when keep is -1). */
+static void copy_file(const char *dir, const char *name, long keep) {
+    char src[1024], dst[1024];
+    FILE *f;
+    long len;
+    char *data;
+    snprintf(src, sizeof src, "%s/%s", checkpoint_dir, name);
+    snprintf(dst, sizeof dst, "%s/%s", dir, name);
+    f = fopen(src, "rb");
+    if (f == NULL) abort();
+    fseek(f, 0, SEEK_END);
+    len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    data = (char *)malloc((size_t)len);
+    if (data == NULL || fread(data, 1, (size_t)len, f) != (size_t)len) abort();
+    fclose(f);
+    write_file(dst, data, (size_t)(keep < 0 ? len : keep));
+    free(data);
+}
+
+static void make_dir(const char *dir) {
+    if (mkdir(dir, 0755) != 0) {
+        perror(dir);
+        abort();
+    }
+}
+
+static void make_checkpoint_copy(const char *dir, long model_bytes) {
+    make_dir(dir);
+    copy_file(dir, "config.json", -1);
+    copy_file(dir, "policy_preprocessor.json", -1);
+    copy_file(dir, "policy_preprocessor_step_3_normalizer_processor.safetensors", -1);
+    copy_file(dir, "policy_postprocessor.json", -1);
+    copy_file(dir, "policy_postprocessor_step_0_unnormalizer_processor.safetensors", -1);
+    copy_file(dir, "model.safetensors", model_bytes);
+}
+
+static void test_open_errors(void) {
+    FrtPolicyConfig c = base_config();
+    FrtPolicy *p = NULL;
+    char dir[1024], path[1100];
+    char small[8];
+    size_t n = 0;
+
+    EXPECT_STATUS(frt_policy_open(NULL, &p), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_MENTIONS(open_error(), "config is NULL");
+    EXPECT_STATUS(frt_policy_open(&c, NULL), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_MENTIONS(open_error(), "out is NULL");
+    c.checkpoint = NULL;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_MENTIONS(open_error(), "config.checkpoint");
+    /* The open error text follows the text rule too. */
+    EXPECT_STATUS(frt_last_open_error(small, sizeof small, &n), FRT_STATUS_BUFFER_TOO_SMALL);
+    EXPECT_STATUS(frt_last_open_error(NULL, 0, NULL), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_STATUS(frt_last_open_error(NULL, 5, &n), FRT_STATUS_NULL_ARGUMENT);
+
+    c = base_config();
+    c.struct_size = sizeof c - 8;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(open_error(), "config.struct_size");
+    c = base_config();
+    c.backend = 7;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(open_error(), "config.backend");
+    c = base_config();
+    c.precision = 99;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(open_error(), "config.precision");
+    c = base_config();
+    c.log_level = 6;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(open_error(), "config.log_level");
+    c = base_config();
+    c.cameras = FRT_MAX_CAMERAS + 1;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(open_error(), "config.cameras");
+    c = base_config();
+    c.max_frame_height = 0;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(open_error(), "config.max_frame_height");
+    c = base_config();
+    c.precision = FRT_PRECISION_FP8; /* the CPU backend computes in f32 */
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(open_error(), "config.precision");
+
+    /* No GPU here: the CUDA backend reports itself unavailable (on a GPU machine it may open). */
+    c = base_config();
+    c.backend = FRT_BACKEND_CUDA;
+    {
+        FrtStatus s = try_open(&c);
+        CHECK(s == FRT_STATUS_BACKEND || s == FRT_STATUS_OK);
+        if (s == FRT_STATUS_BACKEND) EXPECT_MENTIONS(open_error(), "backend");
+    }
+
+    /* Missing checkpoint, missing tokenizer. */
+    c = base_config();
+    snprintf(path, sizeof path, "%s/does-not-exist", scratch_dir);
+    c.checkpoint = path;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_IO);
+    EXPECT_MENTIONS(open_error(), "does-not-exist");
+    c = base_config();
+    c.tokenizer = path;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_TOKENIZER);
+    EXPECT_MENTIONS(open_error(), "does-not-exist");
+
+    /* A directory without weights, truncated weights, garbage weights. */
+    snprintf(dir, sizeof dir, "%s/empty", scratch_dir);
+    make_dir(dir);
+    c = base_config();
+    c.checkpoint = dir;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_CHECKPOINT);
+    EXPECT_MENTIONS(open_error(), "model.safetensors");
+
+    snprintf(dir, sizeof dir, "%s/truncated", scratch_dir);
+    make_checkpoint_copy(dir, 100000);
+    c.checkpoint = dir;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_CHECKPOINT);
+    EXPECT_MENTIONS(open_error(), "truncated");
+
+    snprintf(dir, sizeof dir, "%s/garbage", scratch_dir);
+    make_checkpoint_copy(dir, 0);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    write_file(path, "\xff\xff\xff\xff\xff\xff\xff\x7fnot a safetensors file", 30);
+    c.checkpoint = dir;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_CHECKPOINT);
+    EXPECT_MENTIONS(open_error(), "garbage");
+
+    /* A corrupted tokenizer. */
+    snprintf(path, sizeof path, "%s/tokenizer-garbage.json", scratch_dir);
+    write_file(path, "{\"model\": 42", 12);
+    c = base_config();
+    c.tokenizer = path;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_TOKENIZER);
+    EXPECT_MENTIONS(open_error(), "tokenizer");
+
+    /* A successful open clears the thread's open error. */
+    c = base_config();
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_OK);
+    EXPECT_STATUS(frt_last_open_error(message, sizeof message, &n), FRT_STATUS_OK);
+    CHECK(n == 0 && message[0] == '\0');
+}
+
+/* ---- logging ---------------------------------------------------------------------------------- */
+
+struct log_record {
+    int calls;
+    int infos;
+    int warnings;
+    int errors;
+    int bad_text;
+};
+
+static void on_log(void *user_data, FrtLogLevel level, const char *text, size_t len) {
+    struct log_record *r = (struct log_record *)user_data;
+    r->calls++;
+    r->infos += level == FRT_LOG_LEVEL_INFO;
+    r->warnings += level == FRT_LOG_LEVEL_WARN;
+    r->errors += level == FRT_LOG_LEVEL_ERROR;
+    r->bad_text += text == NULL || strlen(text) != len || len == 0;
+}
+
+static void test_log_callback(void) {
+    struct log_record r = {0, 0, 0, 0, 0};
+    FrtPolicyConfig c = base_config();
+    char missing[1100];
+    c.log_level = FRT_LOG_LEVEL_INFO;
+    c.log_callback = on_log;
+    c.log_user_data = &r;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_OK);
+    CHECK(r.infos >= 1 && r.bad_text == 0);
+    /* A failed open is logged as an error. */
+    snprintf(missing, sizeof missing, "%s/does-not-exist", scratch_dir);
+    c.checkpoint = missing;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_IO);
+    CHECK(r.errors == 1);
+    /* Without a tokenizer: a warning at open, and text prompts are refused. */
+    {
+        FrtPolicy *p = NULL;
+        memset(&r, 0, sizeof r);
+        c = base_config();
+        c.tokenizer = NULL;
+        c.log_level = FRT_LOG_LEVEL_WARN;
+        c.log_callback = on_log;
+        c.log_user_data = &r;
+        EXPECT_STATUS(frt_policy_open(&c, &p), FRT_STATUS_OK);
+        CHECK(r.warnings == 1 && r.infos == 0 && r.bad_text == 0);
+        EXPECT_STATUS(frt_policy_set_prompt(p, "wave", 4), FRT_STATUS_TOKENIZER);
+        EXPECT_MENTIONS(last_error(p), "tokenizer");
+        frt_policy_free(p);
+    }
+    /* Above the level: nothing. */
+    memset(&r, 0, sizeof r);
+    c = base_config();
+    c.log_level = FRT_LOG_LEVEL_ERROR;
+    c.log_callback = on_log;
+    c.log_user_data = &r;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_OK);
+    CHECK(r.calls == 0);
+}
+
+/* ---- an open policy ----------------------------------------------------------------------------- */
+
+enum { W = 64, H = 48 };
+static unsigned char rgb[W * H * 3];
+static unsigned char bgr[W * H * 3];
+static unsigned char rgba_padded[H * (W * 4 + 16)];
+static unsigned char big[400 * 240 * 3];
+
+static FrtFrame frame(const unsigned char *data, size_t len, size_t w, size_t h, size_t stride, uint32_t format) {
+    FrtFrame f;
+    memset(&f, 0, sizeof f);
+    f.data = data;
+    f.data_len = len;
+    f.width = w;
+    f.height = h;
+    f.stride = stride;
+    f.format = format;
+    f.present = true;
+    return f;
+}
+
+static void fill_frames(void) {
+    size_t y, x, c;
+    for (y = 0; y < H; y++) {
+        for (x = 0; x < W; x++) {
+            for (c = 0; c < 3; c++) {
+                unsigned char v = (unsigned char)((y * 7 + x * 13 + c * 101) % 251);
+                rgb[(y * W + x) * 3 + c] = v;
+                bgr[(y * W + x) * 3 + (2 - c)] = v;
+                rgba_padded[y * (W * 4 + 16) + x * 4 + c] = v;
+            }
+            rgba_padded[y * (W * 4 + 16) + x * 4 + 3] = 255;
+        }
+    }
+}
+
+static void test_info_explain(FrtPolicy *p) {
+    FrtPolicyInfo info;
+    char small[16];
+    char *plan;
+    size_t need = 0, n = 0, i;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    EXPECT_STATUS(frt_policy_info(NULL, &info), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_STATUS(frt_policy_info(p, NULL), FRT_STATUS_NULL_ARGUMENT);
+    info.struct_size = sizeof info - 1;
+    EXPECT_STATUS(frt_policy_info(p, &info), FRT_STATUS_INVALID_ARGUMENT);
+    CHECK(info.model == NULL);
+    info.struct_size = sizeof info;
+    EXPECT_STATUS(frt_policy_info(p, &info), FRT_STATUS_OK);
+    CHECK(info.struct_size == sizeof info);
+    CHECK(strcmp(info.model, "pi05") == 0);
+    CHECK(info.backend == FRT_BACKEND_CPU);
+    CHECK(info.device_name != NULL && strlen(info.device_name) > 0);
+    CHECK(info.action_dim == 7 && info.horizon == 50 && info.actions_len == 350);
+    CHECK(info.state_dim == 8 && info.noise_len == 50 * 32);
+    CHECK(info.cameras == 3 && info.camera_names != NULL);
+    for (i = 0; i < info.cameras; i++) CHECK(strncmp(info.camera_names[i], "observation.images.", 19) == 0);
+    CHECK(strcmp(info.camera_names[0], "observation.images.base_0_rgb") == 0);
+    CHECK(info.max_frame_width == 320 && info.max_frame_height == 240);
+    CHECK(info.denoise_steps == 2 && info.prompt_capacity == 64);
+    CHECK(info.parameters > 0 && info.memory_bytes > 0);
+
+    EXPECT_STATUS(frt_policy_explain(NULL, NULL, 0, &need), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_STATUS(frt_policy_explain(p, NULL, 0, NULL), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_STATUS(frt_policy_explain(p, NULL, 0, &need), FRT_STATUS_OK);
+    CHECK(need > 100);
+    EXPECT_STATUS(frt_policy_explain(p, small, sizeof small, &n), FRT_STATUS_BUFFER_TOO_SMALL);
+    plan = (char *)malloc(need + 1);
+    EXPECT_STATUS(frt_policy_explain(p, plan, need + 1, &n), FRT_STATUS_OK);
+    CHECK(n == need && strlen(plan) == need);
+    free(plan);
+}
+
+static void test_prompts(FrtPolicy *p) {
+    const char bad_utf8[] = "pick \xff\xfe up";
+    const int32_t tokens[] = {2, 100, 200, 300};
+    const int32_t bad_tokens[] = {2, 5000000};
+    char *long_text;
+    size_t i;
+    size_t n = 0;
+
+    EXPECT_STATUS(frt_policy_set_prompt(NULL, "a", 1), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_STATUS(frt_policy_set_prompt(p, NULL, 1), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_MENTIONS(last_error(p), "text is NULL");
+    EXPECT_STATUS(frt_policy_set_prompt(p, bad_utf8, sizeof bad_utf8 - 1), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(last_error(p), "UTF-8");
+    long_text = (char *)malloc(20000);
+    for (i = 0; i < 20000; i++) long_text[i] = (i % 6 == 5) ? ' ' : (char)('a' + i % 26);
+    /* Longer than the prompt capacity: truncated, as lerobot does. */
+    EXPECT_STATUS(frt_policy_set_prompt(p, long_text, 20000), FRT_STATUS_OK);
+    free(long_text);
+    EXPECT_STATUS(frt_policy_set_prompt(p, "pick up the cube", 16), FRT_STATUS_OK);
+    /* Success clears the last error. */
+    EXPECT_STATUS(frt_policy_last_error(p, message, sizeof message, &n), FRT_STATUS_OK);
+    CHECK(n == 0);
+
+    EXPECT_STATUS(frt_policy_set_prompt_tokens(NULL, tokens, 4), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_STATUS(frt_policy_set_prompt_tokens(p, NULL, 4), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_MENTIONS(last_error(p), "tokens is NULL");
+    EXPECT_STATUS(frt_policy_set_prompt_tokens(p, tokens, 0), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(last_error(p), "prompt_tokens");
+    EXPECT_STATUS(frt_policy_set_prompt_tokens(p, bad_tokens, 2), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(last_error(p), "prompt_tokens[1]");
+    EXPECT_STATUS(frt_policy_set_prompt_tokens(p, tokens, 4), FRT_STATUS_OK);
+}
+
+struct tick {
+    FrtFrame cameras[3];
+    float state[8];
+    float noise[50 * 32];
+    float actions[350];
+    FrtObservation obs;
+    FrtStepInfo info;
+};
+
+static void reset_tick(struct tick *t) {
+    size_t i;
+    memset(t, 0, sizeof *t);
+    t->cameras[0] = frame(rgb, sizeof rgb, W, H, 0, FRT_PIXEL_FORMAT_RGB8);
+    t->cameras[1] = frame(rgb, sizeof rgb, W, H, W * 3, FRT_PIXEL_FORMAT_RGB8);
+    t->cameras[2].present = false;
+    for (i = 0; i < 8; i++) t->state[i] = 0.1f * (float)i - 0.2f;
+    for (i = 0; i < 50 * 32; i++) t->noise[i] = (float)((int)(i * 37 % 101) - 50) / 50.0f;
+    for (i = 0; i < 350; i++) t->actions[i] = -12345.0f; /* poison: unwritten values show */
+    t->obs.struct_size = sizeof t->obs;
+    t->obs.cameras = t->cameras;
+    t->obs.cameras_len = 3;
+    t->obs.state = t->state;
+    t->obs.state_len = 8;
+    t->obs.noise = t->noise;
+    t->obs.noise_len = 50 * 32;
+    t->info.struct_size = sizeof t->info;
+}
+
+static FrtStatus step(FrtPolicy *p, struct tick *t) {
+    return frt_policy_step(p, &t->obs, t->actions, 350, &t->info);
+}
+
+static int poisoned(const struct tick *t) {
+    size_t i;
+    for (i = 0; i < 350; i++)
+        if (t->actions[i] != -12345.0f) return 0;
+    return t->info.latency_ms == 0.0;
+}
+
+/* A bad observation: the expected status, a message naming `field`, outputs untouched. */
+#define EXPECT_STEP_FAILS(p, t, status, field)         \
+    do {                                               \
+        EXPECT_STATUS(step((p), (t)), (status));       \
+        EXPECT_MENTIONS(last_error(p), (field));       \
+        CHECK(poisoned(t));                            \
+        reset_tick(t);                                 \
+    } while (0)
+
+static void test_step_errors(FrtPolicy *p) {
+    static struct tick t;
+    reset_tick(&t);
+    EXPECT_STATUS(frt_policy_step(NULL, &t.obs, t.actions, 350, NULL), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_STATUS(frt_policy_step(p, NULL, t.actions, 350, NULL), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_MENTIONS(last_error(p), "observation is NULL");
+    EXPECT_STATUS(frt_policy_step(p, &t.obs, NULL, 350, NULL), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_MENTIONS(last_error(p), "actions is NULL");
+
+    t.obs.struct_size = 8;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "observation.struct_size");
+    t.info.struct_size = 4;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "step_info.struct_size");
+    t.obs.cameras = NULL;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_NULL_ARGUMENT, "observation.cameras is NULL");
+    t.obs.state = NULL;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_NULL_ARGUMENT, "observation.state is NULL");
+    t.cameras[1].data = NULL;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_NULL_ARGUMENT, "observation.cameras[1].data");
+
+    /* Sizes. */
+    t.obs.cameras_len = 2;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "observation.cameras_len");
+    t.obs.cameras_len = FRT_MAX_CAMERAS + 5;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "observation.cameras_len");
+    t.obs.state_len = 7;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "observation.state");
+    t.obs.noise_len = 10;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "observation.noise");
+    t.obs.noise = NULL;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "observation.noise_len");
+    EXPECT_STATUS(frt_policy_step(p, &t.obs, t.actions, 349, &t.info), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(last_error(p), "actions");
+    CHECK(poisoned(&t));
+
+    /* Frames. */
+    t.cameras[0].present = false;
+    t.cameras[1].present = false;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "observation.cameras");
+    t.cameras[1].format = 3;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "observation.cameras[1].format");
+    t.cameras[1].format = 0xFFFFFFFFu;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "observation.cameras[1].format");
+    t.cameras[0] = frame(big, sizeof big, 400, 240, 0, FRT_PIXEL_FORMAT_RGB8);
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "observation.cameras[0]");
+    t.cameras[0] = frame(big, sizeof big, 320, 241, 0, FRT_PIXEL_FORMAT_RGB8);
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "exceeds");
+    t.cameras[0].data_len = sizeof rgb - 1;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "observation.cameras[0]");
+    t.cameras[0].format = FRT_PIXEL_FORMAT_RGBA8; /* rgb holds too few bytes for RGBA */
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "observation.cameras[0]");
+    t.cameras[0].stride = W * 3 - 1;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "stride");
+    t.cameras[0].stride = (size_t)-1 / 2;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "observation.cameras[0].stride");
+    t.cameras[0].width = 0;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "empty");
+
+    /* Values. */
+    t.state[3] = NAN;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "observation.state[3]");
+    t.state[7] = -INFINITY;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "observation.state[7]");
+    t.noise[100] = NAN;
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "observation.noise");
+
+    /* After all of that the policy still steps, and success clears the message. */
+    EXPECT_STATUS(step(p, &t), FRT_STATUS_OK);
+    CHECK(!poisoned(&t));
+    CHECK(strcmp(last_error(p), "") == 0);
+}
+
+static int same_actions(const struct tick *a, const struct tick *b) {
+    return memcmp(a->actions, b->actions, sizeof a->actions) == 0;
+}
+
+static void test_steps(FrtPolicy *p) {
+    static struct tick a, b;
+    FrtLatencyStats stats;
+    size_t i;
+    int finite = 1;
+
+    /* No prompt yet: a clear error, then usable. */
+    reset_tick(&a);
+    EXPECT_STATUS(step(p, &a), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(last_error(p), "prompt");
+    EXPECT_STATUS(frt_policy_set_prompt(p, "pick up the cube", 16), FRT_STATUS_OK);
+
+    reset_tick(&a);
+    EXPECT_STATUS(step(p, &a), FRT_STATUS_OK);
+    for (i = 0; i < 350; i++) finite &= isfinite(a.actions[i]) && a.actions[i] != -12345.0f;
+    CHECK(finite);
+    CHECK(a.info.latency_ms > 0.0 && a.info.prompt_tokens > 8 && !a.info.deadline_missed);
+
+    /* Same noise, same inputs: same actions. BGR, RGBA with padded rows and a NULL step_info
+     * describe the same pixels: same actions again. */
+    reset_tick(&b);
+    EXPECT_STATUS(step(p, &b), FRT_STATUS_OK);
+    CHECK(same_actions(&a, &b));
+    reset_tick(&b);
+    b.cameras[0] = frame(bgr, sizeof bgr, W, H, 0, FRT_PIXEL_FORMAT_BGR8);
+    b.cameras[1] = frame(rgba_padded, sizeof rgba_padded, W, H, W * 4 + 16, FRT_PIXEL_FORMAT_RGBA8);
+    EXPECT_STATUS(frt_policy_step(p, &b.obs, b.actions, 350, NULL), FRT_STATUS_OK);
+    CHECK(same_actions(&a, &b));
+    /* The state reaches the prompt: a different state, different actions. */
+    reset_tick(&b);
+    b.state[0] = 0.9f;
+    EXPECT_STATUS(step(p, &b), FRT_STATUS_OK);
+    CHECK(!same_actions(&a, &b));
+    /* Drawn noise (NULL): different from the given noise, still finite. */
+    reset_tick(&b);
+    b.obs.noise = NULL;
+    b.obs.noise_len = 0;
+    EXPECT_STATUS(step(p, &b), FRT_STATUS_OK);
+    CHECK(!same_actions(&a, &b) && isfinite(b.actions[0]));
+
+    memset(&stats, 0, sizeof stats);
+    stats.struct_size = sizeof stats;
+    EXPECT_STATUS(frt_policy_stats(NULL, &stats), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_STATUS(frt_policy_stats(p, NULL), FRT_STATUS_NULL_ARGUMENT);
+    stats.struct_size = 8;
+    EXPECT_STATUS(frt_policy_stats(p, &stats), FRT_STATUS_INVALID_ARGUMENT);
+    CHECK(stats.count == 0);
+    stats.struct_size = sizeof stats;
+    EXPECT_STATUS(frt_policy_stats(p, &stats), FRT_STATUS_OK);
+    CHECK(stats.count >= 5);
+    CHECK(stats.p50_ms > 0.0 && stats.p50_ms <= stats.p90_ms && stats.p90_ms <= stats.p99_ms && stats.p99_ms <= stats.max_ms);
+    CHECK(stats.deadline_misses == 0);
+    EXPECT_STATUS(frt_policy_reset_stats(NULL), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_STATUS(frt_policy_reset_stats(p), FRT_STATUS_OK);
+    EXPECT_STATUS(frt_policy_stats(p, &stats), FRT_STATUS_OK);
+    CHECK(stats.count == 0 && stats.max_ms == 0.0);
+}
+
+static void test_deadline(void) {
+    FrtPolicyConfig c = base_config();
+    FrtPolicy *p = NULL;
+    FrtLatencyStats stats;
+    static struct tick t;
+    c.deadline_us = 1; /* every step misses it */
+    EXPECT_STATUS(frt_policy_open(&c, &p), FRT_STATUS_OK);
+    EXPECT_STATUS(frt_policy_set_prompt(p, "stack the cups", 14), FRT_STATUS_OK);
+    reset_tick(&t);
+    EXPECT_STATUS(step(p, &t), FRT_STATUS_OK);
+    CHECK(t.info.deadline_missed);
+    stats.struct_size = sizeof stats;
+    EXPECT_STATUS(frt_policy_stats(p, &stats), FRT_STATUS_OK);
+    CHECK(stats.count == 1 && stats.deadline_misses == 1);
+    frt_policy_free(p);
+}
+
+#ifdef FRT_PANIC_HOOK
+/* Debug builds of the library export this hook (not in the header): the next frt_* call on this
+ * thread panics inside its boundary. Every export must turn that into FRT_STATUS_PANIC (or its
+ * documented fallback) and leave the process running. */
+void frt_debug_panic_next_call(void);
+
+static void test_panic_boundary(FrtPolicy *p) {
+    FrtPolicyConfig c = base_config();
+    FrtPolicy *out = NULL;
+    FrtPolicyInfo info;
+    FrtLatencyStats stats;
+    static struct tick t;
+    const int32_t tokens[] = {2, 100};
+    size_t n = 0;
+    reset_tick(&t);
+    info.struct_size = sizeof info;
+    stats.struct_size = sizeof stats;
+
+#define EXPECT_PANIC(call)                                  \
+    do {                                                    \
+        frt_debug_panic_next_call();                        \
+        EXPECT_STATUS(call, FRT_STATUS_PANIC);              \
+    } while (0)
+    EXPECT_PANIC(frt_status_message(FRT_STATUS_OK, message, sizeof message, &n));
+    EXPECT_PANIC(frt_policy_config_default(&c));
+    EXPECT_PANIC(frt_policy_open(&c, &out));
+    CHECK(out == NULL);
+    EXPECT_PANIC(frt_last_open_error(message, sizeof message, &n));
+    EXPECT_PANIC(frt_policy_info(p, &info));
+    EXPECT_PANIC(frt_policy_set_prompt(p, "x", 1));
+    EXPECT_PANIC(frt_policy_set_prompt_tokens(p, tokens, 2));
+    EXPECT_PANIC(frt_policy_step(p, &t.obs, t.actions, 350, &t.info));
+    CHECK(poisoned(&t));
+    EXPECT_PANIC(frt_policy_stats(p, &stats));
+    EXPECT_PANIC(frt_policy_reset_stats(p));
+    EXPECT_PANIC(frt_policy_explain(p, message, sizeof message, &n));
+    EXPECT_PANIC(frt_policy_last_error(p, message, sizeof message, &n));
+    frt_debug_panic_next_call();
+    CHECK(frt_version() != NULL && strcmp(frt_version(), EXPECTED_VERSION) == 0);
+    frt_debug_panic_next_call();
+    frt_policy_free(NULL); /* void: the panic is swallowed */
+    /* The injected panics fired before touching the policy: it still works. */
+    EXPECT_STATUS(frt_policy_set_prompt(p, "pick up the cube", 16), FRT_STATUS_OK);
+    EXPECT_STATUS(step(p, &t), FRT_STATUS_OK);
+    printf("panic boundary: every export caught an injected panic\n");
+}
+#endif
+
+int main(int argc, char **argv) {
+    FrtPolicyConfig c;
+    FrtPolicy *p = NULL;
+    if (argc != 4) {
+        fprintf(stderr, "usage: %s CHECKPOINT_DIR TOKENIZER_JSON SCRATCH_DIR\n", argv[0]);
+        return 2;
+    }
+    checkpoint_dir = argv[1];
+    tokenizer_path = argv[2];
+    scratch_dir = argv[3];
+    fill_frames();
+
+    test_version();
+    test_status_message();
+    test_config_default();
+    test_open_errors();
+    test_log_callback();
+
+    c = base_config();
+    EXPECT_STATUS(frt_policy_open(&c, &p), FRT_STATUS_OK);
+    if (p == NULL) {
+        fprintf(stderr, "cannot open %s: %s\n", checkpoint_dir, open_error());
+        return 1;
+    }
+    test_info_explain(p);
+    test_steps(p);
+    test_prompts(p);
+    test_step_errors(p);
+#ifdef FRT_PANIC_HOOK
+    test_panic_boundary(p);
+#else
+    printf("panic boundary: not tested (release library without the debug hook)\n");
+#endif
+    frt_policy_free(p);
+    frt_policy_free(NULL);
+    test_deadline();
+    free(long_message);
+
+    printf("abi_test: %d checks, %d failed\n", checks, failures);
+    return failures == 0 ? 0 : 1;
+}
