@@ -164,8 +164,10 @@ impl Case {
         }
     }
 
+    /// Random values that bf16 represents exactly: the GPU's bf16 copy of an input or weight
+    /// then equals the CPU's f32 value, so each comparison measures the op, not input rounding.
     fn normal(&mut self, n: usize, std: f32) -> Vec<f32> {
-        (0..n).map(|_| StandardNormal.sample(&mut self.rng)).map(|v: f32| v * std).collect()
+        (0..n).map(|_| StandardNormal.sample(&mut self.rng)).map(|v: f32| half::bf16::from_f32(v * std).to_f32()).collect()
     }
 
     /// A host-written f32 input copied into an internal buffer (whose element type the backend

@@ -68,9 +68,22 @@ impl TensorRef<'_> {
         }
     }
 
+    /// All elements as f32. Large tensors convert on every core: a full-size checkpoint holds
+    /// 3.4 G values, and their conversion (with the page faults of the mapping and of the new
+    /// vectors) is the bulk of open's host work.
     pub fn to_f32(&self) -> Vec<f32> {
         let mut out = vec![0.0; self.numel()];
-        self.read_f32_into(0, &mut out);
+        let threads = if out.len() < (1 << 22) { 1 } else { std::thread::available_parallelism().map_or(1, |n| n.get()).min(16) };
+        if threads == 1 {
+            self.read_f32_into(0, &mut out);
+            return out;
+        }
+        let per = out.len().div_ceil(threads);
+        std::thread::scope(|s| {
+            for (i, chunk) in out.chunks_mut(per).enumerate() {
+                s.spawn(move || self.read_f32_into(i * per, chunk));
+            }
+        });
         out
     }
 }

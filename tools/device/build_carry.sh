@@ -5,9 +5,11 @@
 # cudarc loads CUDA at run time, so no CUDA toolkit is needed here.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-FEATURES="${FEATURES:-cuda-13}"
-cargo build --release -p flashrt --no-default-features --features "$FEATURES" --bin flashrt
-test_bin=$(cargo test --release -p flashrt --no-default-features --features "$FEATURES" --test cuda_pi05 --no-run --message-format=json \
+# Default features (cuda-13); FEATURES=cuda-12 builds the CUDA 12 flavour instead.
+flavour=()
+[ -n "${FEATURES:-}" ] && flavour=(--no-default-features --features "$FEATURES")
+cargo build --release -p flashrt "${flavour[@]}" --bin flashrt
+test_bin=$(cargo test --release -p flashrt "${flavour[@]}" --test cuda_pi05 --no-run --message-format=json \
     | python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)

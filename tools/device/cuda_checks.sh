@@ -4,12 +4,13 @@
 # .device-carry/ (gitignored); this script only runs them.
 #
 #   bash tools/device/cuda_checks.sh tests        # 5a tiny parity, 5b every op, 5d no-alloc
-#   bash tools/device/cuda_checks.sh full         # synth full size, lerobot f32 reference, 5c
-#   bash tools/device/cuda_checks.sh bench        # pi05-2v (+ 1 and 3 views), cold and warm cache
-#   bash tools/device/cuda_checks.sh tests full bench
+#   bash tools/device/cuda_checks.sh bench        # pi05-2v, cold then warm kernel cache
+#   bash tools/device/cuda_checks.sh views        # 1 and 3 views
+#   bash tools/device/cuda_checks.sh full         # lerobot f32 reference on the same weights, 5c
+# (bench/views/full synthesize the full-size checkpoint first if /tmp/flashrt_full lacks it.)
 #
 # On this workplace's device tool: `run` with carry [".device-carry", ".whl"] and the command
-#   bash tools/device/cuda_checks.sh tests full bench
+#   bash tools/device/cuda_checks.sh tests bench full views
 # Results (JSON) and the log land in $OUT; commit them under bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,34 +31,57 @@ export RUST_LOG="${RUST_LOG:-info}" RUST_BACKTRACE=1
 echo "== commit $FRT_COMMIT; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
 ls "$LD_LIBRARY_PATH" >/dev/null 2>&1 || true
 
+# Every phase runs even when an earlier one fails (one device call should report everything);
+# the exit status says whether all passed.
+status=0
+run() {
+    echo "-- $*"
+    "$@" || { echo "!! FAILED ($?): $*"; status=1; }
+}
+synth_full() {
+    [ -f "$FULL/model.safetensors" ] || run "$BIN/flashrt" synth --size full --seed 1 --out "$FULL"
+}
+# The plan is sized for the camera slots it is opened with (missing cameras are masked, not
+# skipped), so an N-view workload opens N slots: --cameras N.
+bench() { # views workload
+    XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" bench --checkpoint "$FULL" --backend cuda --cameras "$1" --iterations 1000 --views "$1" --workload "$2" --out "$OUT/bench.json"
+}
+
 for phase in "$@"; do
+    SECONDS=0
     case "$phase" in
     tests)
         echo "== tests: every op vs CPU, tiny fixture vs CPU, no allocation"
-        "$BIN/cuda_pi05" --test-threads=1 --nocapture every_op tiny_fixture step_allocates
-        ;;
-    full)
-        echo "== full size: synth, lerobot f32 reference, CUDA parity"
-        [ -f "$FULL/model.safetensors" ] || { time "$BIN/flashrt" synth --size full --seed 1 --out "$FULL"; }
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-        PYTHONPATH=/tmp/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 \
-            python3 tools/device/full_parity.py --ckpt "$FULL" --timing-json "$OUT/lerobot_eager_bf16.json"
-        FRT_FULL_PARITY_DIR="$FULL" "$BIN/cuda_pi05" --test-threads=1 --nocapture full_size
+        run "$BIN/cuda_pi05" --test-threads=1 --nocapture every_op tiny_fixture step_allocates
         ;;
     bench)
-        echo "== bench pi05-2v (cold kernel cache, then warm), 1 and 3 views"
-        [ -f "$FULL/model.safetensors" ] || { time "$BIN/flashrt" synth --size full --seed 1 --out "$FULL"; }
-        # Page cache: the checkpoint was just written or read; cold start measures open, not disk.
+        echo "== bench pi05-2v: cold kernel cache, then warm"
+        synth_full
         rm -rf /tmp/kcache
-        XDG_CACHE_HOME=/tmp/kcache "$BIN/flashrt" bench --checkpoint "$FULL" --backend cuda --iterations 1000 --views 2 --workload pi05-2v-cold-kernel-cache --out "$OUT/bench.json"
-        XDG_CACHE_HOME=/tmp/kcache "$BIN/flashrt" bench --checkpoint "$FULL" --backend cuda --iterations 1000 --views 2 --workload pi05-2v --out "$OUT/bench.json"
-        XDG_CACHE_HOME=/tmp/kcache "$BIN/flashrt" bench --checkpoint "$FULL" --backend cuda --iterations 1000 --views 1 --workload pi05-1v --out "$OUT/bench.json"
-        XDG_CACHE_HOME=/tmp/kcache "$BIN/flashrt" bench --checkpoint "$FULL" --backend cuda --iterations 1000 --views 3 --workload pi05-3v --out "$OUT/bench.json"
+        bench 2 pi05-2v-cold-kernel-cache
+        # Per-phase breakdown (each phase as its own graph, GEMMs alone too) of the warm run.
+        FRT_PROFILE="$OUT/profile_2v.json" bench 2 pi05-2v
+        ;;
+    views)
+        echo "== bench with 1 and 3 views"
+        synth_full
+        bench 1 pi05-1v
+        bench 3 pi05-3v
+        ;;
+    full)
+        echo "== full size: lerobot f32 reference, then CUDA parity"
+        synth_full
+        run python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+        PYTHONPATH=/tmp/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 \
+            run python3 tools/device/full_parity.py --ckpt "$FULL" --timing-json "$OUT/lerobot_eager_bf16.json"
+        FRT_FULL_PARITY_DIR="$FULL" run "$BIN/cuda_pi05" --test-threads=1 --nocapture full_size
         ;;
     *)
-        echo "unknown phase $phase (tests | full | bench)"
-        exit 2
+        echo "unknown phase $phase (tests | bench | views | full)"
+        status=2
         ;;
     esac
+    echo "== $phase: ${SECONDS}s"
 done
-echo "== done"
+echo "== done (status $status)"
+exit $status

@@ -158,29 +158,15 @@ def main():
 
     if args.timing_iters <= 0:
         return
-    # lerobot eager bf16: the model cast to bfloat16 (as `dtype="bfloat16"` does for its weights);
-    # if lerobot's code rejects a plain cast somewhere, bf16 autocast over the f32 model instead.
-    def run_bf16(model, cast_inputs):
-        x = [i.to(torch.bfloat16) for i in imgs] if cast_inputs else imgs
-        n = noise[None].cuda().to(torch.bfloat16 if cast_inputs else torch.float32)
+    # lerobot eager bf16 as lerobot runs it with `dtype="bfloat16"`: PaliGemma + expert in bf16
+    # (vision tower, projector and norms kept f32 by lerobot), the small heads in f32.
+    mode = 'PaliGemmaWithExpertModel.to_bfloat16_for_selected_params("bfloat16")'
+    policy.model.paligemma_with_expert.to_bfloat16_for_selected_params("bfloat16")
+
+    def step():
         with torch.no_grad():
-            return model.sample_actions(x, img_masks, tok, tmask, noise=n.clone())
+            return policy.model.sample_actions(imgs, img_masks, tok, tmask, noise=noise[None].cuda().clone())
 
-    mode = "model.to(bfloat16)"
-    try:
-        model = policy.model.to(torch.bfloat16)
-        step = lambda: run_bf16(model, True)  # noqa: E731
-        step()
-    except Exception as e:  # pragma: no cover - depends on lerobot internals
-        log(f"plain bf16 cast failed ({type(e).__name__}: {e}); timing with torch.autocast(bfloat16)")
-        mode = "torch.autocast(bfloat16) over f32 weights"
-        model = policy.model.to(torch.float32)
-
-        def step():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                return run_bf16(model, False)
-
-        step()
     times = []
     for _ in range(args.timing_iters + 2):
         torch.cuda.synchronize()

@@ -21,13 +21,13 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
 use flashrt_kernels::{DevPtr, Dtype, Kernels, Mat, RopeArgs};
 
-use super::device::{BlasLt, Context, DeviceMemory, Pinned, Stream, check};
+use super::device::{BlasLt, Context, DeviceMemory, Graph, Pinned, Stream, check, time_replays};
 use super::gemm::{Matmul, MatmulSpec, Operand, WORKSPACE_BYTES};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
@@ -250,11 +250,13 @@ struct Scratch {
 pub struct CudaBackend {
     plan: Plan,
     device_name: String,
-    graph: sys::CUgraph,
-    exec: sys::CUgraphExec,
+    /// The whole step; `None` only while opening.
+    graph: Option<Graph>,
     stream: Stream,
     lt: BlasLt,
     steps: Vec<Step>,
+    /// `(phase name, first step)` for each plan phase, in order.
+    phase_steps: Vec<(String, usize)>,
     matmuls: Vec<Matmul>,
     kernels: Kernels,
     bufs: Vec<DeviceBuf>,
@@ -359,9 +361,9 @@ impl CudaBackend {
             device_name: format!("{device_name} ({arch})"),
             stream,
             lt,
-            graph: std::ptr::null_mut(),
-            exec: std::ptr::null_mut(),
+            graph: None,
             steps: Vec::new(),
+            phase_steps: Vec::new(),
             matmuls: Vec::new(),
             kernels,
             bufs,
@@ -372,15 +374,24 @@ impl CudaBackend {
             ctx,
             plan,
         };
-        let (steps, matmuls) =
-            Lowering { backend: &backend, weights: &uploaded.ptrs, scratch: &scratch, steps: Vec::new(), matmuls: Vec::new() }.lower()?;
-        backend.steps = steps;
-        backend.matmuls = matmuls;
+        let lowering = Lowering {
+            backend: &backend,
+            weights: &uploaded.ptrs,
+            scratch: &scratch,
+            steps: Vec::new(),
+            phase_steps: Vec::new(),
+            matmuls: Vec::new(),
+        };
+        let Lowered { steps, phase_steps, matmuls } = lowering.lower()?;
+        (backend.steps, backend.phase_steps, backend.matmuls) = (steps, phase_steps, matmuls);
+        let started = std::time::Instant::now();
+        backend.tune_gemms()?;
+        log::info!("GEMM algorithms timed in {:.2?}", started.elapsed());
         let started = std::time::Instant::now();
         backend.issue_all()?;
-        // SAFETY: the stream belongs to this backend.
-        check("warm-up", unsafe { result::stream::synchronize(backend.stream.0) })?;
-        backend.capture()?;
+        backend.synchronize("warm-up")?;
+        backend.graph = Some(Graph::capture(backend.stream.0, || backend.issue_all())?);
+        backend.synchronize("graph upload")?;
         log::info!(
             "CUDA graph of {} ops ({} launches, {} GEMMs) captured in {:.2?}; {:.1} MiB weights, {:.1} MiB activations",
             backend.plan.ops.len(),
@@ -390,7 +401,90 @@ impl CudaBackend {
             backend.weights.bytes as f64 / (1 << 20) as f64,
             backend.arena.bytes as f64 / (1 << 20) as f64
         );
+        if let Some(path) = std::env::var_os("FRT_PROFILE") {
+            backend.profile_phases(Path::new(&path))?;
+        }
         Ok(backend)
+    }
+
+    fn synchronize(&self, what: &str) -> Result<()> {
+        // SAFETY: the stream belongs to this backend.
+        check(what, unsafe { result::stream::synchronize(self.stream.0) })
+    }
+
+    /// Picks, for every distinct GEMM shape, the fastest of cuBLASLt's candidate algorithms by
+    /// timing graph replays of it (the heuristic's first choice is often not the fastest for the
+    /// small-M products of the denoise loop). Runs before the warm-up: the products overwrite
+    /// only buffers that every step rewrites before reading.
+    fn tune_gemms(&mut self) -> Result<()> {
+        const REPS: usize = 20;
+        let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
+        for (i, m) in self.matmuls.iter().enumerate() {
+            groups.entry(m.shape_key()).or_default().push(i);
+        }
+        let mut improved = 0.0;
+        for members in groups.values() {
+            let first = members[0];
+            if self.matmuls[first].candidates() < 2 {
+                continue;
+            }
+            let mut best = (f32::INFINITY, 0);
+            for c in 0..self.matmuls[first].candidates() {
+                self.matmuls[first].choose(c);
+                let this = &*self;
+                let graph = Graph::capture(this.stream.0, || {
+                    (0..REPS).try_for_each(|_| {
+                        // SAFETY: as in `issue_all`.
+                        unsafe { this.issue(&Step::Gemm(first)) }
+                    })
+                });
+                // A candidate that cannot run here is skipped, not fatal.
+                let Ok(ms) = graph.and_then(|g| time_replays(&g, this.stream.0, 1)) else { continue };
+                if c == 0 {
+                    improved += ms / REPS as f32 * members.len() as f32;
+                }
+                if ms < best.0 {
+                    best = (ms, c);
+                }
+            }
+            if best.0.is_finite() {
+                improved -= best.0 / REPS as f32 * members.len() as f32;
+            }
+            for &m in members {
+                self.matmuls[m].choose(best.1);
+            }
+        }
+        log::info!("GEMM tuning: {} shapes, {:.3} ms per step faster than cuBLASLt's first choices", groups.len(), improved);
+        self.synchronize("GEMM tuning")
+    }
+
+    /// Times every phase of the plan as its own graph (and its GEMMs alone), writes the table to
+    /// `path` as JSON and logs it: the per-phase breakdown behind the benchmark (FRT_PROFILE).
+    fn profile_phases(&self, path: &Path) -> Result<()> {
+        const REPS: usize = 20;
+        let mut rows = Vec::new();
+        for (i, (name, first)) in self.phase_steps.iter().enumerate() {
+            let end = self.phase_steps.get(i + 1).map_or(self.steps.len(), |p| p.1);
+            let range = *first..end;
+            let gemms: Vec<&Step> = self.steps[range.clone()].iter().filter(|s| matches!(s, Step::Gemm(_))).collect();
+            let time = |steps: &[&Step]| -> Result<f32> {
+                // SAFETY: as in `issue_all`.
+                let graph = Graph::capture(self.stream.0, || steps.iter().try_for_each(|s| unsafe { self.issue(s) }))?;
+                time_replays(&graph, self.stream.0, REPS)
+            };
+            let all: Vec<&Step> = self.steps[range.clone()].iter().collect();
+            let (total, gemm) = (time(&all)?, if gemms.is_empty() { 0.0 } else { time(&gemms)? });
+            log::info!(
+                "phase {name:16} {total:8.3} ms: {:4} GEMMs {gemm:8.3} ms alone, {:4} other launches",
+                gemms.len(),
+                range.len() - gemms.len()
+            );
+            rows.push(serde_json::json!({"phase": name, "ms": total, "gemm_ms": gemm, "gemms": gemms.len(), "other_launches": range.len() - gemms.len()}));
+        }
+        let whole = time_replays(self.graph.as_ref().expect("captured"), self.stream.0, REPS)?;
+        log::info!("whole graph {whole:.3} ms per replay");
+        let json = serde_json::json!({"device": self.device_name, "whole_graph_ms": whole, "phases": rows});
+        std::fs::write(path, serde_json::to_string_pretty(&json).expect("json")).map_err(|source| Error::Io { path: path.into(), source })
     }
 
     /// Enqueues every step on the stream (eagerly, or into the graph under capture).
@@ -439,26 +533,6 @@ impl CudaBackend {
             }
         };
         r.map_err(|e| Error::Backend(e.to_string()))
-    }
-
-    /// Captures the whole lowered step into one graph and instantiates it.
-    fn capture(&mut self) -> Result<()> {
-        // Relaxed: cuBLASLt may query function attributes while the stream is capturing.
-        // SAFETY: the stream belongs to this backend and is idle (synchronised after warm-up).
-        check("cuStreamBeginCapture", unsafe {
-            result::stream::begin_capture(self.stream.0, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
-        })?;
-        let issued = self.issue_all();
-        // SAFETY: ends the capture begun above, also when an issue failed.
-        let graph = unsafe { result::stream::end_capture(self.stream.0) };
-        issued?;
-        self.graph = check("cuStreamEndCapture", graph)?;
-        // SAFETY: `graph` is the valid graph just captured; the exec is uploaded once, here.
-        unsafe {
-            self.exec = check("cuGraphInstantiate", result::graph::instantiate(self.graph, sys::CUgraphInstantiate_flags(0)))?;
-            check("cuGraphUpload", result::graph::upload(self.exec, self.stream.0))?;
-            check("graph upload", result::stream::synchronize(self.stream.0))
-        }
     }
 
     fn host_buffer(&self, id: BufId) -> &Pinned {
@@ -620,12 +694,20 @@ impl<T> SyncSlice<T> {
     }
 }
 
+/// The lowered step: launches, where each plan phase starts among them, and the products.
+struct Lowered {
+    steps: Vec<Step>,
+    phase_steps: Vec<(String, usize)>,
+    matmuls: Vec<Matmul>,
+}
+
 /// Turns plan ops into steps with resolved device addresses.
 struct Lowering<'a> {
     backend: &'a CudaBackend,
     weights: &'a HashMap<(usize, Elem), DevPtr>,
     scratch: &'a Scratch,
     steps: Vec<Step>,
+    phase_steps: Vec<(String, usize)>,
     matmuls: Vec<Matmul>,
 }
 
@@ -657,8 +739,9 @@ impl Lowering<'_> {
         Error::Backend(format!("lowering the plan for CUDA: {message}"))
     }
 
-    fn lower(mut self) -> Result<(Vec<Step>, Vec<Matmul>)> {
+    fn lower(mut self) -> Result<Lowered> {
         let plan = &self.backend.plan;
+        let phase_at = |op: usize| plan.phases.iter().find(|p| p.first_op == op);
         for (i, b) in plan.buffers.iter().enumerate() {
             let buf = self.backend.bufs[i];
             if b.host == HostIo::Input && buf.elem != Elem::U8 {
@@ -666,11 +749,18 @@ impl Lowering<'_> {
                 self.steps.push(Step::HtoD { dst: buf.ptr, src: pinned.host, bytes: pinned.bytes });
             }
         }
-        let mut ops = plan.ops.iter().peekable();
-        while let Some(op) = ops.next() {
-            // Fusion: a gated residual followed by the adaRMS norm of the same stream.
-            if let (Op::GatedResidual { x, y, modulation }, Some(Op::AdaRmsNorm { x: nx, out, modulation: norm, eps })) = (op, ops.peek()) {
-                if x == nx {
+        let mut ops = plan.ops.iter().enumerate().peekable();
+        while let Some((i, op)) = ops.next() {
+            if let Some(phase) = phase_at(i) {
+                // The host-to-device copies belong to the first phase.
+                let first = if self.phase_steps.is_empty() { 0 } else { self.steps.len() };
+                self.phase_steps.push((phase.name.clone(), first));
+            }
+            // Fusion: a gated residual followed by the adaRMS norm of the same stream (same phase).
+            if let (Op::GatedResidual { x, y, modulation }, Some((next, Op::AdaRmsNorm { x: nx, out, modulation: norm, eps }))) =
+                (op, ops.peek())
+            {
+                if x == nx && phase_at(*next).is_none() {
                     let step = Step::GatedResidualRmsNorm {
                         out: self.mat(*out)?,
                         x: self.mat(*x)?,
@@ -693,7 +783,7 @@ impl Lowering<'_> {
                 self.steps.push(Step::DtoH { dst: pinned.host, src: buf.ptr, bytes: pinned.bytes });
             }
         }
-        Ok((self.steps, self.matmuls))
+        Ok(Lowered { steps: self.steps, phase_steps: self.phase_steps, matmuls: self.matmuls })
     }
 
     fn lower_op(&mut self, op: &Op) -> Result<()> {
@@ -965,12 +1055,10 @@ impl Backend for CudaBackend {
 
     fn run(&mut self) -> Result<()> {
         self.ctx.make_current()?;
-        // SAFETY: the graph and stream belong to this backend; host inputs are not touched by
-        // the host while the graph runs (`&mut self` until the synchronisation returns).
-        unsafe {
-            check("cuGraphLaunch", result::graph::launch(self.exec, self.stream.0))?;
-            check("step", result::stream::synchronize(self.stream.0))
-        }
+        // Host inputs are not touched while the graph runs: `&mut self` until the sync returns.
+        let graph = self.graph.as_ref().expect("captured at open");
+        graph.launch(self.stream.0)?;
+        self.synchronize("step")
     }
 
     fn output_f32(&self, id: BufId) -> &[f32] {
@@ -1002,21 +1090,10 @@ impl Backend for CudaBackend {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
-        // Teardown order: the graph here; stream, handle, matmuls, kernels and memory as fields
-        // (declared before `ctx`), the context last.
-        if self.ctx.make_current().is_err() {
-            return;
-        }
-        // SAFETY: each handle was created by this backend and is destroyed once; null handles
-        // (a constructor that failed before capture) are skipped.
-        unsafe {
-            let _ = result::stream::synchronize(self.stream.0);
-            if !self.exec.is_null() {
-                let _ = result::graph::exec_destroy(self.exec);
-            }
-            if !self.graph.is_null() {
-                let _ = result::graph::destroy(self.graph);
-            }
+        // The fields release themselves in declaration order (graph, stream, handle, matmuls,
+        // kernels, memory, the context last); they need the context current and the GPU idle.
+        if self.ctx.make_current().is_ok() {
+            let _ = self.synchronize("teardown");
         }
     }
 }

@@ -95,6 +95,90 @@ impl Drop for Stream {
     }
 }
 
+/// An instantiated CUDA graph and the graph it came from.
+pub struct Graph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+
+impl Graph {
+    /// Captures everything `issue` enqueues on `stream` (relaxed mode: cuBLASLt may query
+    /// function attributes while capturing) and instantiates it.
+    pub fn capture(stream: sys::CUstream, issue: impl FnOnce() -> Result<()>) -> Result<Graph> {
+        // SAFETY: the caller owns the idle stream; the capture is ended on every path.
+        unsafe {
+            check("cuStreamBeginCapture", result::stream::begin_capture(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED))?;
+            let issued = issue();
+            let graph = result::stream::end_capture(stream);
+            issued?;
+            let mut g = Graph { graph: check("cuStreamEndCapture", graph)?, exec: std::ptr::null_mut() };
+            g.exec = check("cuGraphInstantiate", result::graph::instantiate(g.graph, sys::CUgraphInstantiate_flags(0)))?;
+            check("cuGraphUpload", result::graph::upload(g.exec, stream))?;
+            Ok(g)
+        }
+    }
+
+    /// Enqueues one replay on `stream`.
+    pub fn launch(&self, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: the exec is valid while `self` lives.
+        check("cuGraphLaunch", unsafe { result::graph::launch(self.exec, stream) })
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: both handles were created in `capture` and are destroyed once.
+        unsafe {
+            if !self.exec.is_null() {
+                let _ = result::graph::exec_destroy(self.exec);
+            }
+            let _ = result::graph::destroy(self.graph);
+        }
+    }
+}
+
+/// A timing event.
+pub struct Event(sys::CUevent);
+
+impl Event {
+    pub fn new() -> Result<Event> {
+        Ok(Event(check("cuEventCreate", result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT))?))
+    }
+
+    pub fn record(&self, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: event and stream are live.
+        check("cuEventRecord", unsafe { result::event::record(self.0, stream) })
+    }
+
+    /// Milliseconds from `start` to `self` (both recorded; waits for `self`).
+    pub fn since(&self, start: &Event) -> Result<f32> {
+        // SAFETY: both events are live and recorded.
+        unsafe {
+            check("cuEventSynchronize", result::event::synchronize(self.0))?;
+            check("cuEventElapsedTime", result::event::elapsed(start.0, self.0))
+        }
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once.
+        let _ = unsafe { result::event::destroy(self.0) };
+    }
+}
+
+/// Mean milliseconds of one replay of `graph` over `reps` replays, after one warm replay.
+pub fn time_replays(graph: &Graph, stream: sys::CUstream, reps: usize) -> Result<f32> {
+    let (start, end) = (Event::new()?, Event::new()?);
+    graph.launch(stream)?;
+    start.record(stream)?;
+    for _ in 0..reps {
+        graph.launch(stream)?;
+    }
+    end.record(stream)?;
+    Ok(end.since(&start)? / reps as f32)
+}
+
 /// A cuBLASLt handle.
 pub struct BlasLt(pub cudarc::cublaslt::sys::cublasLtHandle_t);
 

@@ -49,12 +49,17 @@ impl MatmulSpec {
     }
 }
 
-/// A ready-to-launch product: descriptors and the heuristic's algorithm, owned.
+/// How many of the heuristic's algorithms are kept as candidates for timing at open.
+const CANDIDATES: usize = 8;
+
+/// A ready-to-launch product: descriptors and the heuristic's candidate algorithms, owned; the
+/// first candidate is used until [`Matmul::choose`] picks another (timed at open).
 pub struct Matmul {
     spec: MatmulSpec,
     desc: sys::cublasLtMatmulDesc_t,
     layouts: [sys::cublasLtMatrixLayout_t; 3],
-    algo: sys::cublasLtMatmulAlgo_t,
+    algos: Vec<sys::cublasLtMatmulAlgo_t>,
+    chosen: usize,
 }
 
 fn data_type(d: Dtype) -> sys::cudaDataType {
@@ -86,7 +91,7 @@ impl Matmul {
         let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)
             .map_err(cublas("matmul descriptor"))?;
         // Partially built descriptors are released by Drop on every early return below.
-        let mut mm = Matmul { spec, desc, layouts: [std::ptr::null_mut(); 3], algo: unsafe { std::mem::zeroed() } };
+        let mut mm = Matmul { spec, desc, layouts: [std::ptr::null_mut(); 3], algos: Vec::new(), chosen: 0 };
         // SAFETY: every attribute value below has the type cuBLASLt documents for it (int32 for
         // transposes and batch counts, uint32 for epilogue and alignments, int64 strides, uint64
         // workspace, a device pointer for the bias), passed by address with its exact size.
@@ -147,11 +152,44 @@ impl Matmul {
                 set = set.and_then(|_| lt::set_matmul_pref_attribute(pref, attr, &value as *const u32 as *const c_void, 4));
             }
             let [a, b, d] = mm.layouts;
-            let heuristic = set.and_then(|_| lt::get_matmul_algo_heuristic(handle, desc, a, b, d, d, pref));
+            // SAFETY (zeroed): the heuristic result is a plain C struct that cuBLASLt fills.
+            let mut results: [sys::cublasLtMatmulHeuristicResult_t; CANDIDATES] = std::mem::zeroed();
+            let mut count = 0;
+            let heuristic = set.and_then(|_| {
+                sys::cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, d, d, pref, CANDIDATES as i32, results.as_mut_ptr(), &mut count)
+                    .result()
+            });
             let _ = lt::destroy_matmul_pref(pref);
-            mm.algo = heuristic.map_err(|e| format!("cuBLASLt found no algorithm for {spec:?}: {e:?}"))?.algo;
+            heuristic.map_err(|e| format!("cuBLASLt heuristic for {spec:?}: {e:?}"))?;
+            mm.algos = results[..count.max(0) as usize]
+                .iter()
+                .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= WORKSPACE_BYTES)
+                .map(|r| r.algo)
+                .collect();
+            if mm.algos.is_empty() {
+                return Err(format!("cuBLASLt found no algorithm for {spec:?}"));
+            }
         }
         Ok(mm)
+    }
+
+    /// Number of candidate algorithms.
+    pub fn candidates(&self) -> usize {
+        self.algos.len()
+    }
+
+    /// Uses candidate `i` from now on.
+    pub fn choose(&mut self, i: usize) {
+        assert!(i < self.algos.len(), "candidate {i} of {}", self.algos.len());
+        self.chosen = i;
+    }
+
+    /// Everything the speed of an algorithm depends on (shapes, types, layouts, alignments,
+    /// epilogue, scalars) but not the addresses: products with equal keys share a timing.
+    pub fn shape_key(&self) -> String {
+        let s = &self.spec;
+        let norm = |o: Operand| Operand { ptr: alignment(&o) as u64, ..o };
+        format!("{:?}", MatmulSpec { a: norm(s.a), b: norm(s.b), d: norm(s.d), bias: s.bias.map(|_| 0), ..*s })
     }
 
     /// Enqueues the product on `stream`.
@@ -183,7 +221,7 @@ impl Matmul {
                 d,
                 s.d.ptr as *mut c_void,
                 d,
-                &self.algo,
+                &self.algos[self.chosen],
                 workspace as *mut c_void,
                 WORKSPACE_BYTES,
                 stream as sys::cudaStream_t,
