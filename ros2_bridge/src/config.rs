@@ -33,6 +33,20 @@ pub struct Config {
     pub timing: TimingConfig,
     pub inputs: InputChecks,
     pub qos: QosConfig,
+    pub realtime: RealtimeSection,
+}
+
+/// Real-time setup of the inference thread (`flashrt::realtime`), applied once the policy is
+/// open. Each refusal (missing capability or limit) stops the node with the reason.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RealtimeSection {
+    /// `mlockall`: keep every page of the process in RAM (CAP_IPC_LOCK or RLIMIT_MEMLOCK).
+    pub lock_memory: bool,
+    /// SCHED_FIFO priority 1-99 of the inference thread (CAP_SYS_NICE or RLIMIT_RTPRIO).
+    pub fifo_priority: Option<i32>,
+    /// CPUs the inference thread may run on (e.g. cores isolated with `isolcpus`).
+    pub cpus: Vec<usize>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -303,6 +317,15 @@ pub struct Cli {
     pub namespace: Option<String>,
     #[arg(long)]
     pub node_name: Option<String>,
+    /// Lock the process's memory (mlockall).
+    #[arg(long)]
+    pub mlock: bool,
+    /// SCHED_FIFO priority (1-99) of the inference thread.
+    #[arg(long)]
+    pub fifo_priority: Option<i32>,
+    /// Pin the inference thread to these CPUs (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub cpus: Option<Vec<usize>>,
     /// Stop after this many seconds (0: run until SIGINT/SIGTERM).
     #[arg(long, default_value_t = 0.0)]
     pub run_for: f64,
@@ -372,6 +395,11 @@ impl Config {
         }
         set(&mut self.node.namespace, &cli.namespace);
         set(&mut self.node.name, &cli.node_name);
+        self.realtime.lock_memory |= cli.mlock;
+        if cli.fifo_priority.is_some() {
+            self.realtime.fifo_priority = cli.fifo_priority;
+        }
+        set(&mut self.realtime.cpus, &cli.cpus);
     }
 
     /// The DDS domain: configured, else `$ROS_DOMAIN_ID` (as every ROS 2 node reads it), else 0.
@@ -470,6 +498,11 @@ impl Config {
         Duration::from_secs_f64(self.timing.replan_period_s)
     }
 
+    pub fn realtime(&self) -> flashrt::realtime::RealtimeConfig {
+        let r = &self.realtime;
+        flashrt::realtime::RealtimeConfig { lock_memory: r.lock_memory, fifo_priority: r.fifo_priority, cpus: r.cpus.clone() }
+    }
+
     pub fn backend(&self) -> Result<flashrt::BackendKind, ConfigError> {
         match self.policy.backend.as_str() {
             "auto" => Ok(flashrt::BackendKind::Auto),
@@ -535,6 +568,10 @@ mod tests {
             "mask",
             "--image-qos",
             "reliable",
+            "--fifo-priority",
+            "80",
+            "--cpus",
+            "2,3",
         ]);
         config.apply(&cli);
         let again = Config::from_toml(&config.to_toml(), path).unwrap();
@@ -543,6 +580,7 @@ mod tests {
         assert_eq!(config.domain_id().unwrap(), 7);
         assert_eq!(config.inputs.missing_camera, MissingCamera::Mask);
         assert_eq!(config.qos.images.reliability, Reliability::Reliable);
+        assert_eq!(config.realtime(), flashrt::realtime::RealtimeConfig { lock_memory: false, fifo_priority: Some(80), cpus: vec![2, 3] });
         config.check().unwrap();
     }
 

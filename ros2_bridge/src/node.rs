@@ -10,8 +10,8 @@
 //! message (`Vec`s and `String`s), and every `publish` takes an owned message and serializes it
 //! into a fresh buffer. Those allocations stay on the receive and publisher threads.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,10 @@ pub enum NodeError {
     Policy(#[from] flashrt::Error),
     #[error("ROS 2 / DDS: {0}")]
     Ros(String),
+    #[error("real-time setup of the inference thread: {0}")]
+    Realtime(flashrt::Error),
+    #[error("node thread: {0}")]
+    Thread(String),
 }
 
 fn dds_err<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> NodeError + '_ {
@@ -113,14 +117,36 @@ pub fn run(config: &Config, run_for: Option<Duration>, should_stop: impl Fn() ->
     poll.registry().register(&mut state_sub, Token(n), Interest::READABLE).map_err(dds_err("register"))?;
     poll.registry().register(&mut prompt_sub, Token(n + 1), Interest::READABLE).map_err(dds_err("register"))?;
 
+    // The real-time settings apply to the inference thread itself, so it reports back whether
+    // they took before the node goes on.
+    let (applied_tx, applied_rx) = mpsc::sync_channel(1);
     let infer_thread = {
         let shared = Arc::clone(&shared);
         let period = config.replan_period();
-        thread::Builder::new().name("flashrt-infer".into()).spawn(move || inference.run_loop(&shared, period)).map_err(dds_err("thread"))?
+        let realtime = config.realtime();
+        thread::Builder::new()
+            .name("flashrt-infer".into())
+            .spawn(move || {
+                let applied = flashrt::realtime::apply(&realtime);
+                let ok = applied.is_ok();
+                let _ = applied_tx.send(applied);
+                if ok {
+                    inference.run_loop(&shared, period);
+                }
+            })
+            .map_err(|e| NodeError::Thread(e.to_string()))?
     };
+    if let Err(e) = applied_rx.recv().unwrap_or_else(|_| Err(flashrt::Error::Backend("the inference thread ended early".into()))) {
+        shared.stop();
+        let _ = infer_thread.join();
+        return Err(NodeError::Realtime(e));
+    }
     let publish_thread = {
         let shared = Arc::clone(&shared);
-        thread::Builder::new().name("flashrt-publish".into()).spawn(move || outputs.run(&shared, actions_len)).map_err(dds_err("thread"))?
+        thread::Builder::new()
+            .name("flashrt-publish".into())
+            .spawn(move || outputs.run(&shared, actions_len))
+            .map_err(|e| NodeError::Thread(e.to_string()))?
     };
 
     let receiver = Receiver {
@@ -134,7 +160,7 @@ pub fn run(config: &Config, run_for: Option<Duration>, should_stop: impl Fn() ->
     let publish_ok = publish_thread.join().is_ok();
     result?;
     if !(infer_ok && publish_ok) {
-        return Err(NodeError::Ros("a node thread panicked".into()));
+        return Err(NodeError::Thread("a node thread panicked".into()));
     }
     Ok(shared.health.report(&fq_name, &camera_topics, &shared.camera_ages(Instant::now())))
 }
