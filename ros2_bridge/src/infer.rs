@@ -39,7 +39,8 @@ pub struct Inference {
     max_frame_age: Duration,
     max_state_age: Duration,
     missing_camera: MissingCamera,
-    has_prompt: bool,
+    /// The task in force; `None` until one is set.
+    prompt: Option<String>,
     warnings: Warnings,
 }
 
@@ -47,13 +48,9 @@ impl Inference {
     /// Takes the opened policy; `config.policy.prompt`, when set, is the initial task.
     pub fn new(mut policy: Policy, config: &Config) -> Result<Inference, flashrt::Error> {
         let info = policy.info();
-        let has_prompt = match &config.policy.prompt {
-            Some(text) => {
-                policy.set_prompt(text)?;
-                true
-            }
-            None => false,
-        };
+        if let Some(text) = &config.policy.prompt {
+            policy.set_prompt(text)?;
+        }
         let max = (config.policy.max_frame_width as usize, config.policy.max_frame_height as usize);
         Ok(Inference {
             frames: (0..info.cameras.len()).map(|_| FrameSlot::new(max.0, max.1)).collect(),
@@ -62,7 +59,7 @@ impl Inference {
             max_frame_age: Duration::from_secs_f64(config.inputs.max_frame_age_s),
             max_state_age: Duration::from_secs_f64(config.inputs.max_state_age_s),
             missing_camera: config.inputs.missing_camera,
-            has_prompt,
+            prompt: config.policy.prompt.clone(),
             warnings: Warnings::new(Skip::COUNT + 2, Duration::from_secs_f64(config.inputs.warn_interval_s)),
             policy,
         })
@@ -120,11 +117,14 @@ impl Inference {
     }
 
     fn run(&mut self, shared: &Shared, now: Instant) -> Tick {
-        if let Some(text) = lock(&shared.prompt).take() {
+        // Prompt publishers often repeat the task (latched topics, `ros2 topic pub -r`): only a
+        // different text is tokenized again.
+        let new_prompt = lock(&shared.prompt).take().filter(|text| self.prompt.as_ref() != Some(text));
+        if let Some(text) = new_prompt {
             match self.policy.set_prompt(&text) {
                 Ok(()) => {
-                    self.has_prompt = true;
                     log::info!("prompt set: {text:?}");
+                    self.prompt = Some(text);
                 }
                 Err(e) => {
                     shared.health.prompt.rejected.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -133,7 +133,7 @@ impl Inference {
                 }
             }
         }
-        if !self.has_prompt {
+        if self.prompt.is_none() {
             return Tick::Skipped(Skip::NoPrompt);
         }
 
