@@ -149,9 +149,13 @@ pub fn run(config: &Config, run_for: Option<Duration>, should_stop: impl Fn() ->
             .map_err(|e| NodeError::Thread(e.to_string()))?
     };
 
+    let mut topics = camera_topics.clone();
+    topics.push(dds.resolve(&config.joint_states.topic));
+    topics.push(dds.resolve(&config.prompt.topic));
     let receiver = Receiver {
         shared: &shared,
         config,
+        topics,
         warnings: Warnings::new(RECEIVE_WARNINGS_PER_INPUT * (n + 2), Duration::from_secs_f64(config.inputs.warn_interval_s)),
     };
     let result = receiver.run(poll, &camera_subs, &state_sub, &prompt_sub, run_for, should_stop);
@@ -199,6 +203,8 @@ const MALFORMED: usize = 4;
 struct Receiver<'a> {
     shared: &'a Shared,
     config: &'a Config,
+    /// Resolved input topics, indexed like the inputs: cameras, joint states, prompt.
+    topics: Vec<String>,
     warnings: Warnings,
 }
 
@@ -215,7 +221,8 @@ impl Receiver<'_> {
         let deadline = run_for.map(|d| Instant::now() + d);
         let n = cameras.len();
         let mut events = Events::with_capacity(n + 2);
-        let names = &self.config.joint_states.names;
+        let Receiver { shared, config, topics, warnings } = &mut self;
+        let names = &config.joint_states.names;
         while !should_stop() && deadline.is_none_or(|d| Instant::now() < d) {
             // A bounded wait, so that stop requests and the deadline are seen.
             match poll.poll(&mut events, Some(Duration::from_millis(100))) {
@@ -226,18 +233,18 @@ impl Receiver<'_> {
             for event in events.iter() {
                 let Token(i) = event.token();
                 let now = Instant::now();
-                let (shared, config) = (self.shared, self.config);
                 if i < n {
                     let expected = config.cameras[i].width.zip(config.cameras[i].height);
-                    self.drain(
+                    drain(
                         &cameras[i],
                         &shared.health.cameras[i],
                         i,
+                        &topics[i],
+                        warnings,
                         |img| lock(&shared.frames[i]).store(img, expected, now),
                         |r, img| {
                             format!(
-                                "camera {i} ({}): frame dropped ({}x{} {:?}, step {}, {} bytes): {}",
-                                config.cameras[i].topic,
+                                "camera {i}: frame dropped ({}x{} {:?}, step {}, {} bytes): {}",
                                 img.width,
                                 img.height,
                                 img.encoding,
@@ -248,18 +255,22 @@ impl Receiver<'_> {
                         },
                     );
                 } else if i == n {
-                    self.drain(
+                    drain(
                         state,
                         &shared.health.state,
                         n,
+                        &topics[n],
+                        warnings,
                         |js| lock(&shared.state).store(js, names, now),
                         |r, js| format!("joint state dropped ({} names, {} positions): {}", js.name.len(), js.position.len(), r.describe()),
                     );
                 } else {
-                    self.drain(
+                    drain(
                         prompt,
                         &shared.health.prompt,
                         n + 1,
+                        &topics[n + 1],
+                        warnings,
                         |msg: &StringMsg| {
                             *lock(&shared.prompt) = Some(msg.data.clone());
                             Ok::<(), std::convert::Infallible>(())
@@ -271,35 +282,36 @@ impl Receiver<'_> {
         }
         Ok(())
     }
+}
 
-    /// Takes every sample waiting on `sub` (readiness events are edge-triggered) and hands it to
-    /// `store`; `describe` words a rejection, only when the rate limit lets it be logged.
-    fn drain<M: DeserializeOwned + 'static, R: Reject>(
-        &mut self,
-        sub: &Subscription<M>,
-        counters: &InputCounters,
-        input: usize,
-        mut store: impl FnMut(&M) -> Result<(), R>,
-        describe: impl Fn(R, &M) -> String,
-    ) {
-        let now = Instant::now();
-        let base = input * RECEIVE_WARNINGS_PER_INPUT;
-        loop {
-            match sub.take() {
-                Ok(Some((msg, _info))) => {
-                    counters.received.fetch_add(1, Relaxed);
-                    if let Err(r) = store(&msg) {
-                        counters.rejected.fetch_add(1, Relaxed);
-                        self.warnings.warn(base + r.index(), now, |n| log::warn!("{}{}", describe(r, &msg), Suppressed(n)));
-                    }
+/// Takes every sample waiting on `sub` (readiness events are edge-triggered) and hands it to
+/// `store`; `describe` words a rejection, only when the rate limit lets it be logged. `input`
+/// numbers the input for the warning kinds; `topic` names it in warnings.
+fn drain<M: DeserializeOwned + 'static, R: Reject>(
+    sub: &Subscription<M>,
+    counters: &InputCounters,
+    input: usize,
+    topic: &str,
+    warnings: &mut Warnings,
+    mut store: impl FnMut(&M) -> Result<(), R>,
+    describe: impl Fn(R, &M) -> String,
+) {
+    let now = Instant::now();
+    let base = input * RECEIVE_WARNINGS_PER_INPUT;
+    loop {
+        match sub.take() {
+            Ok(Some((msg, _info))) => {
+                counters.received.fetch_add(1, Relaxed);
+                if let Err(r) = store(&msg) {
+                    counters.rejected.fetch_add(1, Relaxed);
+                    warnings.warn(base + r.index(), now, |n| log::warn!("{topic}: {}{}", describe(r, &msg), Suppressed(n)));
                 }
-                Ok(None) => break,
-                // RustDDS advances past a sample it cannot decode, so the loop still ends.
-                Err(e) => {
-                    counters.malformed.fetch_add(1, Relaxed);
-                    self.warnings
-                        .warn(base + MALFORMED, now, |n| log::warn!("input {input}: undecodable message dropped: {e}{}", Suppressed(n)));
-                }
+            }
+            Ok(None) => break,
+            // RustDDS advances past a sample it cannot decode, so the loop still ends.
+            Err(e) => {
+                counters.malformed.fetch_add(1, Relaxed);
+                warnings.warn(base + MALFORMED, now, |n| log::warn!("{topic}: undecodable message dropped: {e}{}", Suppressed(n)));
             }
         }
     }
