@@ -56,8 +56,13 @@ fn run_checked(program: &Path, args: &[&Path]) {
     eprintln!("{out}");
 }
 
-fn data() -> PathBuf {
-    common::repo().join("tests/data")
+/// A tiny Pi0.5 written by the runtime's synthesizer (lerobot layout, tokenizer.json inside): the
+/// C programs know it only through the header, as a user would.
+fn synthesized(dir: &Path) -> (PathBuf, PathBuf) {
+    let ckpt = dir.join("pi05_tiny");
+    flashrt::synth::synthesize(&ckpt, flashrt::synth::SynthSize::Tiny, 7, &|_| {}).expect("synthesize a tiny checkpoint");
+    let tokenizer = ckpt.join("tokenizer.json");
+    (ckpt, tokenizer)
 }
 
 fn version_defines() -> Vec<String> {
@@ -108,7 +113,8 @@ fn c_program_covers_every_function_and_error_path() {
     common::run(gcc.arg("-L").arg(&lib).arg("-lflashrt").arg("-lm").arg(format!("-Wl,-rpath,{}", lib.display())));
     let scratch = tmp.path().join("scratch");
     std::fs::create_dir(&scratch).unwrap();
-    run_checked(&exe, &[&data().join("pi05_tiny"), &data().join("tokenizer/tokenizer.json"), &scratch]);
+    let (ckpt, tokenizer) = synthesized(tmp.path());
+    run_checked(&exe, &[&ckpt, &tokenizer, &scratch]);
 }
 
 #[test]
@@ -120,5 +126,6 @@ fn cpp_wrapper_works_with_the_static_library() {
     gxx.args(["-std=c++17", "-g"]).args(common::STRICT).arg("-I").arg(common::include_dir());
     gxx.arg(common::repo().join("tests/c/hpp_test.cpp")).arg("-o").arg(&exe).arg(lib.join("libflashrt.a")).args(STATIC_DEPS);
     common::run(&mut gxx);
-    run_checked(&exe, &[&data().join("pi05_tiny"), &data().join("tokenizer/tokenizer.json")]);
+    let (ckpt, tokenizer) = synthesized(tmp.path());
+    run_checked(&exe, &[&ckpt, &tokenizer]);
 }

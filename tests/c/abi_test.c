@@ -4,6 +4,7 @@
  *
  *   abi_test CHECKPOINT_DIR TOKENIZER_JSON SCRATCH_DIR
  *
+ * CHECKPOINT_DIR is a tiny Pi0.5 synthesized by flashrt::synth (3 cameras, state 8, action 7);
  * SCRATCH_DIR receives the broken checkpoints. Compiled with -DEXPECTED_MAJOR/MINOR/PATCH and
  * -DEXPECTED_VERSION from Cargo.toml, and -DFRT_PANIC_HOOK when the library is a debug build that
  * exports frt_debug_panic_next_call.
@@ -198,9 +199,7 @@ static void make_dir(const char *dir) {
 static void make_checkpoint_copy(const char *dir, long model_bytes) {
     make_dir(dir);
     copy_file(dir, "config.json", -1);
-    copy_file(dir, "policy_preprocessor.json", -1);
     copy_file(dir, "policy_preprocessor_step_3_normalizer_processor.safetensors", -1);
-    copy_file(dir, "policy_postprocessor.json", -1);
     copy_file(dir, "policy_postprocessor_step_0_unnormalizer_processor.safetensors", -1);
     copy_file(dir, "model.safetensors", model_bytes);
 }
@@ -343,11 +342,16 @@ static void test_log_callback(void) {
     c.checkpoint = missing;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_IO);
     CHECK(r.errors == 1);
-    /* Without a tokenizer: a warning at open, and text prompts are refused. */
+    /* Without a tokenizer (none given, none beside the checkpoint): a warning at open, and text
+     * prompts are refused. */
     {
         FrtPolicy *p = NULL;
+        char dir[1100];
+        snprintf(dir, sizeof dir, "%s/no-tokenizer", scratch_dir);
+        make_checkpoint_copy(dir, -1);
         memset(&r, 0, sizeof r);
         c = base_config();
+        c.checkpoint = dir;
         c.tokenizer = NULL;
         c.log_level = FRT_LOG_LEVEL_WARN;
         c.log_callback = on_log;
