@@ -65,10 +65,9 @@ impl CpuBackend {
             .iter()
             .zip(weights)
             .map(|(decl, data)| match (decl.role, data) {
-                (WeightRole::Matrix { n, k }, WeightData::Dense(w)) => Weight::Packed(PackedMatrix::pack(&w, n, k)),
                 (WeightRole::Embedding { vocab, width }, WeightData::Checkpoint(name)) => Weight::Embedding { name, width, vocab },
-                (_, WeightData::Dense(v)) => Weight::Vector(v),
-                (role, WeightData::Checkpoint(name)) => unreachable!("{name}: checkpoint-backed weight with role {role:?}"),
+                (WeightRole::Matrix { n, k }, data) => Weight::Packed(PackedMatrix::pack(&data.into_vec(&checkpoint), n, k)),
+                (_, data) => Weight::Vector(data.into_vec(&checkpoint)),
             })
             .collect();
 

@@ -593,11 +593,10 @@ fn parallel_ranges(n: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
 /// Converts and uploads every used weight through two alternating pinned staging buffers.
 fn upload_weights(plan: &Plan, data: Vec<WeightData>, ckpt: &Checkpoint, elems: &[Elem], stream: sys::CUstream) -> Result<UploadedWeights> {
     let uses = weight_uses(plan, elems);
-    let numel = |w: usize| match (&plan.weights[w].role, &data[w]) {
-        (WeightRole::Matrix { n, k }, _) => n * k,
-        (WeightRole::Embedding { vocab, width }, _) => vocab * width,
-        (WeightRole::Vector, WeightData::Dense(v)) => v.len(),
-        (WeightRole::Vector, WeightData::Checkpoint(name)) => ckpt.get(name).map_or(0, |t| t.numel()),
+    let numel = |w: usize| match plan.weights[w].role {
+        WeightRole::Matrix { n, k } => n * k,
+        WeightRole::Embedding { vocab, width } => vocab * width,
+        WeightRole::Vector => data[w].len(ckpt),
     };
     let mut layout = Layout::default();
     let offsets: Vec<usize> = uses.iter().map(|&(w, e)| layout.take(numel(w) * e.size())).collect();
@@ -624,17 +623,16 @@ fn upload_weights(plan: &Plan, data: Vec<WeightData>, ckpt: &Checkpoint, elems: 
                     // SAFETY: the event was recorded after the previous copy out of this stage.
                     check("cuEventSynchronize", unsafe { result::event::synchronize(events[slot]) })?;
                 }
+                // Checkpoint-backed weights are read (and folded) from the mapping chunk by chunk.
                 let values: &[f32] = match &data[w] {
                     WeightData::Dense(v) => &v[start..start + count],
-                    WeightData::Checkpoint(name) => {
-                        let t =
-                            ckpt.get(name).ok_or_else(|| Error::Backend(format!("weight tensor {name} vanished from the checkpoint")))?;
+                    lazy => {
                         scratch_f32.resize(count, 0.0);
                         let chunks = SyncSlice(scratch_f32.as_mut_ptr());
                         parallel_ranges(count, |r| {
                             // SAFETY: ranges are disjoint, inside `scratch_f32`.
                             let out = unsafe { std::slice::from_raw_parts_mut(chunks.at(r.start), r.len()) };
-                            t.read_f32_into(start + r.start, out);
+                            lazy.read_into(ckpt, start + r.start, out);
                         });
                         &scratch_f32
                     }

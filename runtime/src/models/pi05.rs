@@ -317,6 +317,60 @@ pub enum WeightData {
     Dense(Vec<f32>),
     /// Read straight from the checkpoint by name (the token embedding: only gathered rows are used).
     Checkpoint(String),
+    /// The rows of checkpoint tensors stacked in order (`[Σ n_i, k]`, e.g. merged Q/K/V), each
+    /// column scaled by `col_scale` (a folded `(1 + w)` norm weight) when given. Backends read
+    /// it from the mapped file when they convert it (`read_into`), so the 3.4 G values of a
+    /// full-size checkpoint are never all held in host memory as f32.
+    Rows { tensors: Vec<String>, col_scale: Option<Vec<f32>> },
+}
+
+impl WeightData {
+    /// Number of values.
+    pub fn len(&self, ckpt: &Checkpoint) -> usize {
+        let numel = |name: &String| ckpt.get(name).map_or(0, |t| t.numel());
+        match self {
+            WeightData::Dense(v) => v.len(),
+            WeightData::Checkpoint(name) => numel(name),
+            WeightData::Rows { tensors, .. } => tensors.iter().map(numel).sum(),
+        }
+    }
+
+    /// Values `start .. start + out.len()` as f32.
+    pub fn read_into(&self, ckpt: &Checkpoint, start: usize, out: &mut [f32]) {
+        let tensor = |name: &str| ckpt.get(name).unwrap_or_else(|| unreachable!("{name} checked at open"));
+        match self {
+            WeightData::Dense(v) => out.copy_from_slice(&v[start..start + out.len()]),
+            WeightData::Checkpoint(name) => tensor(name).read_f32_into(start, out),
+            WeightData::Rows { tensors, col_scale } => {
+                let (end, mut base) = (start + out.len(), 0);
+                for name in tensors {
+                    let t = tensor(name);
+                    let (lo, hi) = (start.max(base), end.min(base + t.numel()));
+                    if lo < hi {
+                        t.read_f32_into(lo - base, &mut out[lo - start..hi - start]);
+                    }
+                    base += t.numel();
+                }
+                if let Some(scale) = col_scale {
+                    for (i, w) in out.iter_mut().enumerate() {
+                        *w *= scale[(start + i) % scale.len()];
+                    }
+                }
+            }
+        }
+    }
+
+    /// All values as f32 (the CPU backend keeps them).
+    pub fn into_vec(self, ckpt: &Checkpoint) -> Vec<f32> {
+        match self {
+            WeightData::Dense(v) => v,
+            other => {
+                let mut out = vec![0.0; other.len(ckpt)];
+                other.read_into(ckpt, 0, &mut out);
+                out
+            }
+        }
+    }
 }
 
 /// The host-side input/output buffers of the plan that `step` reads and writes.
@@ -368,18 +422,18 @@ impl Loader<'_> {
         t.to_f32()
     }
 
-    /// Rows of several `[n_i, k]` matrices stacked into one `[Σ n_i, k]` matrix, each column
-    /// scaled by `col_scale` (a folded `(1 + w)` norm weight) when given.
-    fn stacked(&self, names: &[String], col_scale: Option<&[f32]>) -> Vec<f32> {
-        let mut out: Vec<f32> = names.iter().flat_map(|n| self.get(n)).collect();
-        if let Some(scale) = col_scale {
-            for row in out.chunks_mut(scale.len()) {
-                for (w, s) in row.iter_mut().zip(scale) {
-                    *w *= s;
-                }
-            }
+    /// Vectors stacked end to end (merged Q/K/V biases).
+    fn stacked(&self, names: &[String]) -> Vec<f32> {
+        names.iter().flat_map(|n| self.get(n)).collect()
+    }
+
+    /// A matrix of checkpoint rows (see [`WeightData::Rows`]), read when a backend converts it.
+    fn rows(&self, names: &[String], col_scale: Option<Vec<f32>>) -> WeightData {
+        for name in names {
+            // Counted now: the bytes are read during the backend's upload right after the plan.
+            (self.progress)(self.ckpt.get(name).map_or(0, |t| t.bytes.len()));
         }
-        out
+        WeightData::Rows { tensors: names.to_vec(), col_scale }
     }
 }
 
@@ -482,7 +536,7 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
         &mut plan,
         "vision.patch_embedding".into(),
         matrix(vw, patch_dim),
-        WeightData::Dense(ld.get(&format!("{VT}embeddings.patch_embedding.weight"))),
+        ld.rows(&[format!("{VT}embeddings.patch_embedding.weight")], None),
     );
     // The conv bias is folded into the position table: one add instead of two.
     let mut table = ld.get(&format!("{VT}embeddings.position_embedding.weight"));
@@ -504,19 +558,12 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
         let fc1_b = vec(&mut plan, "mlp.fc1.bias");
         let fc2_b = vec(&mut plan, "mlp.fc2.bias");
         let qkv_names: Vec<String> = ["q", "k", "v"].iter().map(|n| format!("{p}self_attn.{n}_proj.weight")).collect();
-        let qkv_w = add(&mut plan, format!("vision.{i}.qkv"), matrix(3 * vw, vw), WeightData::Dense(ld.stacked(&qkv_names, None)));
+        let qkv_w = add(&mut plan, format!("vision.{i}.qkv"), matrix(3 * vw, vw), ld.rows(&qkv_names, None));
         let qkv_bias: Vec<String> = ["q", "k", "v"].iter().map(|n| format!("{p}self_attn.{n}_proj.bias")).collect();
-        let qkv_b = add(&mut plan, format!("vision.{i}.qkv_bias"), WeightRole::Vector, WeightData::Dense(ld.stacked(&qkv_bias, None)));
-        let o_w = add(
-            &mut plan,
-            format!("vision.{i}.out_proj"),
-            matrix(vw, vw),
-            WeightData::Dense(ld.get(&format!("{p}self_attn.out_proj.weight"))),
-        );
-        let fc1 =
-            add(&mut plan, format!("vision.{i}.fc1"), matrix(c.vision_mlp, vw), WeightData::Dense(ld.get(&format!("{p}mlp.fc1.weight"))));
-        let fc2 =
-            add(&mut plan, format!("vision.{i}.fc2"), matrix(vw, c.vision_mlp), WeightData::Dense(ld.get(&format!("{p}mlp.fc2.weight"))));
+        let qkv_b = add(&mut plan, format!("vision.{i}.qkv_bias"), WeightRole::Vector, WeightData::Dense(ld.stacked(&qkv_bias)));
+        let o_w = add(&mut plan, format!("vision.{i}.out_proj"), matrix(vw, vw), ld.rows(&[format!("{p}self_attn.out_proj.weight")], None));
+        let fc1 = add(&mut plan, format!("vision.{i}.fc1"), matrix(c.vision_mlp, vw), ld.rows(&[format!("{p}mlp.fc1.weight")], None));
+        let fc2 = add(&mut plan, format!("vision.{i}.fc2"), matrix(vw, c.vision_mlp), ld.rows(&[format!("{p}mlp.fc2.weight")], None));
 
         plan.push(Op::LayerNorm { x: vx, out: vh, gamma: ln1.0, beta: ln1.1, eps: EPS });
         plan.push(Op::Gemm { a: vh, w: qkv_w, bias: Some(qkv_b), out: vqkv, accumulate: false });
@@ -566,8 +613,7 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
     let caches: Vec<(View, View)> = (0..c.lm_layers.max(c.expert_layers))
         .map(|i| (plan.matrix(format!("k_cache.{i}"), kv_rows, hd), plan.matrix(format!("v_cache.{i}"), kv_rows, hd)))
         .collect();
-    let proj_w =
-        add(&mut plan, "projector".into(), matrix(lw, vw), WeightData::Dense(ld.get(&format!("{P}multi_modal_projector.linear.weight"))));
+    let proj_w = add(&mut plan, "projector".into(), matrix(lw, vw), ld.rows(&[format!("{P}multi_modal_projector.linear.weight")], None));
     let proj_b = add(
         &mut plan,
         "projector.bias".into(),
@@ -591,12 +637,7 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
         let proj: &[&str] = if last { &["k", "v"] } else { &["q", "k", "v"] };
         let names: Vec<String> = proj.iter().map(|n| format!("{p}self_attn.{n}_proj.weight")).collect();
         let q_heads = if last { 0 } else { nh };
-        let qkv_w = add(
-            &mut plan,
-            format!("lm.{i}.qkv*(1+input_norm)"),
-            matrix((q_heads + 2) * hd, lw),
-            WeightData::Dense(ld.stacked(&names, Some(&in_norm))),
-        );
+        let qkv_w = add(&mut plan, format!("lm.{i}.qkv*(1+input_norm)"), matrix((q_heads + 2) * hd, lw), ld.rows(&names, Some(in_norm)));
         let qkv_view = qkv.cols(0, (q_heads + 2) * hd);
         plan.push(Op::RmsNorm { x, out: h, eps: EPS });
         plan.push(Op::Gemm { a: h, w: qkv_w, bias: None, out: qkv_view, accumulate: false });
@@ -614,25 +655,10 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
             break;
         }
         let post_norm: Vec<f32> = ld.get(&format!("{p}post_attention_layernorm.weight")).iter().map(|w| 1.0 + w).collect();
-        let o_w = add(
-            &mut plan,
-            format!("lm.{i}.o_proj"),
-            matrix(lw, nh * hd),
-            WeightData::Dense(ld.get(&format!("{p}self_attn.o_proj.weight"))),
-        );
+        let o_w = add(&mut plan, format!("lm.{i}.o_proj"), matrix(lw, nh * hd), ld.rows(&[format!("{p}self_attn.o_proj.weight")], None));
         let gu_names = [format!("{p}mlp.gate_proj.weight"), format!("{p}mlp.up_proj.weight")];
-        let gu_w = add(
-            &mut plan,
-            format!("lm.{i}.gate_up*(1+post_norm)"),
-            matrix(2 * c.lm_mlp, lw),
-            WeightData::Dense(ld.stacked(&gu_names, Some(&post_norm))),
-        );
-        let down = add(
-            &mut plan,
-            format!("lm.{i}.down_proj"),
-            matrix(lw, c.lm_mlp),
-            WeightData::Dense(ld.get(&format!("{p}mlp.down_proj.weight"))),
-        );
+        let gu_w = add(&mut plan, format!("lm.{i}.gate_up*(1+post_norm)"), matrix(2 * c.lm_mlp, lw), ld.rows(&gu_names, Some(post_norm)));
+        let down = add(&mut plan, format!("lm.{i}.down_proj"), matrix(lw, c.lm_mlp), ld.rows(&[format!("{p}mlp.down_proj.weight")], None));
         plan.push(Op::Attention {
             q: qkv.cols(0, nh * hd),
             k: k_cache.rows(0, prefix),
@@ -684,20 +710,10 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
         let qkv_names: Vec<String> = ["q", "k", "v"].iter().map(|n| format!("{p}self_attn.{n}_proj.weight")).collect();
         let gu_names = [format!("{p}mlp.gate_proj.weight"), format!("{p}mlp.up_proj.weight")];
         layer_w.push((
-            add(&mut plan, format!("expert.{i}.qkv"), matrix((nh + 2) * hd, ew), WeightData::Dense(ld.stacked(&qkv_names, None))),
-            add(
-                &mut plan,
-                format!("expert.{i}.o_proj"),
-                matrix(ew, nh * hd),
-                WeightData::Dense(ld.get(&format!("{p}self_attn.o_proj.weight"))),
-            ),
-            add(&mut plan, format!("expert.{i}.gate_up"), matrix(2 * c.expert_mlp, ew), WeightData::Dense(ld.stacked(&gu_names, None))),
-            add(
-                &mut plan,
-                format!("expert.{i}.down_proj"),
-                matrix(ew, c.expert_mlp),
-                WeightData::Dense(ld.get(&format!("{p}mlp.down_proj.weight"))),
-            ),
+            add(&mut plan, format!("expert.{i}.qkv"), matrix((nh + 2) * hd, ew), ld.rows(&qkv_names, None)),
+            add(&mut plan, format!("expert.{i}.o_proj"), matrix(ew, nh * hd), ld.rows(&[format!("{p}self_attn.o_proj.weight")], None)),
+            add(&mut plan, format!("expert.{i}.gate_up"), matrix(2 * c.expert_mlp, ew), ld.rows(&gu_names, None)),
+            add(&mut plan, format!("expert.{i}.down_proj"), matrix(ew, c.expert_mlp), ld.rows(&[format!("{p}mlp.down_proj.weight")], None)),
         ));
         let norm = |n: &str| (ld.get(&format!("{p}{n}.dense.weight")), ld.get(&format!("{p}{n}.dense.bias")));
         dense.push([norm("input_layernorm"), norm("post_attention_layernorm")]);
