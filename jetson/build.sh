@@ -181,8 +181,11 @@ if [ "$have_ffi" = 1 ] && [ -f "$example/CMakeLists.txt" ]; then
   say "cmake: examples/cpp_controller for aarch64"
   cmake_dir="$CARGO_TARGET_DIR/cmake-cpp_controller-$board"
   rm -rf "$cmake_dir"
+  # The binary is packed beside lib/: it finds libflashrt through $ORIGIN, not through this host's
+  # staging directory.
   cmake -S "$example" -B "$cmake_dir" -DCMAKE_TOOLCHAIN_FILE="$root/jetson/aarch64-toolchain.cmake" \
-    -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$stage" > "$cmake_dir.log" 2>&1 || { cat "$cmake_dir.log"; exit 1; }
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$stage" \
+    -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='$ORIGIN/../lib' > "$cmake_dir.log" 2>&1 || { cat "$cmake_dir.log"; exit 1; }
   cmake --build "$cmake_dir" -j 2 >> "$cmake_dir.log" 2>&1 || { cat "$cmake_dir.log"; exit 1; }
   find "$cmake_dir" -maxdepth 1 -type f -perm -u+x -exec install -m 755 {} "$stage/bin/" \;
   mkdir -p "$stage/share/flashrt/examples"
