@@ -412,49 +412,44 @@ impl CudaBackend {
         check(what, unsafe { result::stream::synchronize(self.stream.0) })
     }
 
-    /// Picks, for every distinct GEMM shape, the fastest of cuBLASLt's candidate algorithms by
-    /// timing graph replays of it (the heuristic's first choice is often not the fastest for the
-    /// small-M products of the denoise loop). Runs before the warm-up: the products overwrite
-    /// only buffers that every step rewrites before reading.
+    /// Picks, for every distinct GEMM shape, the fastest of cuBLASLt's candidate algorithms
+    /// (the heuristic's first choice is not always the fastest for the small-M products of the
+    /// denoise loop). Each candidate is timed on all products of that shape in plan order, as a
+    /// graph: the weights stream from memory as in a real step. (Timing one product replayed
+    /// back to back keeps its weights in L2 and measured gains that a step never saw.) Runs
+    /// before the warm-up: the products overwrite only buffers that every step rewrites before
+    /// reading.
     fn tune_gemms(&mut self) -> Result<()> {
-        const REPS: usize = 20;
         let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
         for (i, m) in self.matmuls.iter().enumerate() {
             groups.entry(m.shape_key()).or_default().push(i);
         }
-        let mut improved = 0.0;
+        let mut saved = 0.0;
         for members in groups.values() {
-            let first = members[0];
-            if self.matmuls[first].candidates() < 2 {
+            let candidates = self.matmuls[members[0]].candidates();
+            if candidates < 2 {
                 continue;
             }
-            let mut best = (f32::INFINITY, 0);
-            for c in 0..self.matmuls[first].candidates() {
-                self.matmuls[first].choose(c);
+            let mut times = Vec::with_capacity(candidates);
+            for c in 0..candidates {
+                members.iter().for_each(|&m| self.matmuls[m].choose(c));
                 let this = &*self;
                 let graph = Graph::capture(this.stream.0, || {
-                    (0..REPS).try_for_each(|_| {
+                    members.iter().try_for_each(|&m| {
                         // SAFETY: as in `issue_all`.
-                        unsafe { this.issue(&Step::Gemm(first)) }
+                        unsafe { this.issue(&Step::Gemm(m)) }
                     })
                 });
                 // A candidate that cannot run here is skipped, not fatal.
-                let Ok(ms) = graph.and_then(|g| time_replays(&g, this.stream.0, 1)) else { continue };
-                if c == 0 {
-                    improved += ms / REPS as f32 * members.len() as f32;
-                }
-                if ms < best.0 {
-                    best = (ms, c);
-                }
+                times.push(graph.and_then(|g| time_replays(&g, this.stream.0, 3)).unwrap_or(f32::INFINITY));
             }
-            if best.0.is_finite() {
-                improved -= best.0 / REPS as f32 * members.len() as f32;
+            let best = (0..candidates).min_by(|&a, &b| times[a].total_cmp(&times[b])).unwrap_or(0);
+            if times[0].is_finite() {
+                saved += times[0] - times[best];
             }
-            for &m in members {
-                self.matmuls[m].choose(best.1);
-            }
+            members.iter().for_each(|&m| self.matmuls[m].choose(best));
         }
-        log::info!("GEMM tuning: {} shapes, {:.3} ms per step faster than cuBLASLt's first choices", groups.len(), improved);
+        log::info!("GEMM tuning: {} shapes, {saved:.3} ms per step faster than cuBLASLt's first choices", groups.len());
         self.synchronize("GEMM tuning")
     }
 
@@ -481,9 +476,28 @@ impl CudaBackend {
             );
             rows.push(serde_json::json!({"phase": name, "ms": total, "gemm_ms": gemm, "gemms": gemms.len(), "other_launches": range.len() - gemms.len()}));
         }
-        let whole = time_replays(self.graph.as_ref().expect("captured"), self.stream.0, REPS)?;
-        log::info!("whole graph {whole:.3} ms per replay");
-        let json = serde_json::json!({"device": self.device_name, "whole_graph_ms": whole, "phases": rows});
+        let graph = self.graph.as_ref().expect("captured");
+        let whole = time_replays(graph, self.stream.0, REPS)?;
+        // What a step pays on the host around the GPU time: the launch call itself, and launch
+        // to synchronisation (as `run` does) one step at a time, without back-to-back overlap.
+        let (mut launch_call, mut launch_to_sync) = (0.0, 0.0);
+        for _ in 0..REPS {
+            let t = std::time::Instant::now();
+            graph.launch(self.stream.0)?;
+            launch_call += t.elapsed().as_secs_f64() * 1e3 / REPS as f64;
+            self.synchronize("profile")?;
+            launch_to_sync += t.elapsed().as_secs_f64() * 1e3 / REPS as f64;
+        }
+        log::info!(
+            "whole graph {whole:.3} ms per back-to-back replay; one step: launch call {launch_call:.3} ms, launch to sync {launch_to_sync:.3} ms"
+        );
+        let json = serde_json::json!({
+            "device": self.device_name,
+            "whole_graph_ms": whole,
+            "launch_call_ms": launch_call,
+            "launch_to_sync_ms": launch_to_sync,
+            "phases": rows,
+        });
         std::fs::write(path, serde_json::to_string_pretty(&json).expect("json")).map_err(|source| Error::Io { path: path.into(), source })
     }
 

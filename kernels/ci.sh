@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# What CI runs for the CUDA kernels and backend; no GPU and no CUDA toolkit needed. Called by
+# .ci/run (which also sets FRT_REQUIRE_ALL=1: a missing NVRTC then fails instead of skipping).
+#
+# 1. NVRTC from PyPI for both CUDA flavours, into target/ (a clean clone has neither). Only the
+#    NVRTC wheels: the kernels include no toolkit header, so the runtime wheels' headers are not
+#    needed.
+# 2. `flashrt` builds with each flavour: cuda-12 (cudarc cuda-12060, JetPack 6) and cuda-13
+#    (cudarc cuda-13000, the default: JetPack 7, the H200).
+# 3. Every kernel compiles with NVRTC: sm_87 and sm_90 with NVRTC 12.6; sm_87, sm_90 and sm_110
+#    with NVRTC 13.0 (kernels/tests/nvrtc_compile.rs), plus the crate's unit tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export FRT_REQUIRE_ALL="${FRT_REQUIRE_ALL:-1}"
+PYTHON="${PYTHON:-python3}"
+
+install() { # dir packages...
+    local dir=$1
+    shift
+    [ -f "$dir/.installed" ] && return
+    "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps --target "$dir" "$@"
+    touch "$dir/.installed"
+}
+install target/nvrtc-cu13 nvidia-cuda-nvrtc==13.0.88
+install target/nvrtc-cu12 nvidia-cuda-nvrtc-cu12==12.6.85
+cu13="$PWD/target/nvrtc-cu13/nvidia/cu13/lib"
+cu12="$PWD/target/nvrtc-cu12/nvidia/cuda_nvrtc/lib"
+
+echo "== flashrt with CUDA 12 (cuda-12) and CUDA 13 (cuda-13, default)"
+cargo build -p flashrt --no-default-features --features cuda-12
+cargo build -p flashrt --features cuda-13
+
+echo "== NVRTC 13.0: every kernel for sm_87, sm_90, sm_110"
+LD_LIBRARY_PATH="$cu13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test -p flashrt-kernels -- --nocapture
+echo "== NVRTC 12.6: every kernel for sm_87, sm_90"
+LD_LIBRARY_PATH="$cu12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test -p flashrt-kernels --no-default-features --features cuda-12 -- --nocapture
