@@ -6,7 +6,8 @@
 #      test) and the zero-allocation test of the runtime;
 #   3. the C ABI under qemu: tests/c/abi_test.c against the packed libflashrt.so and
 #      tests/c/hpp_test.cpp against libflashrt.a, cross-compiled with aarch64-linux-gnu-gcc;
-#   4. the README's main job from both tarballs: `flashrt demo --steps 5` under qemu.
+#   4. from both tarballs under qemu: the README's main job (`flashrt demo --steps 5`) and the
+#      packed C++ example (`cpp_controller --ticks 3`).
 # `jetson/ci.sh --full` adds the runtime's unit tests, the loading/error tests, the perturbation
 # test and the C ABI's zero-allocation test under qemu (too slow for the CI budget).
 # The ROS 2 node is built and packed but not run: under emulation it needs qemu >= 10 (a multicast
@@ -94,9 +95,13 @@ demo() { # board
   if [ -x "$pkg/bin/flashrt-ros2" ]; then
     "${qemu[@]}" "$pkg/bin/flashrt-ros2" --help > /dev/null
   fi
+  if [ -x "$pkg/bin/cpp_controller" ]; then
+    # The packed C++ example finds libflashrt through $ORIGIN/../lib.
+    "${qemu[@]}" "$pkg/bin/cpp_controller" --checkpoint tests/data/pi05_tiny --tokenizer tests/data/tokenizer/tokenizer.json --ticks 3
+  fi
 }
-timed "qemu: README main job from the orin tarball (flashrt demo --steps 5)" demo orin
-timed "qemu: README main job from the thor tarball (flashrt demo --steps 5)" demo thor
+timed "qemu: README main job (flashrt demo --steps 5) and the C++ example from the orin tarball" demo orin
+timed "qemu: README main job (flashrt demo --steps 5) and the C++ example from the thor tarball" demo thor
 
 printf '\n=== jetson: timings\n'
 printf '%s\n' "${timings[@]}"
