@@ -1,29 +1,34 @@
 #!/usr/bin/env bash
 # The project's test command (the README's): formatting, lints, every workspace test, and the
-# component checks (C ABI, CUDA kernels through NVRTC, ROS 2 interop). Components whose tools are
-# missing skip with a visible message; with FRT_REQUIRE_ALL=1 (as .ci/run sets) they fail instead.
+# component checks (C ABI, CUDA kernels through NVRTC, ROS 2 interop, Jetson cross-builds).
+# Components whose tools are missing skip with a visible message; with FRT_REQUIRE_ALL=1 (as
+# .ci/run sets) they fail instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started=$SECONDS
+timings=()
+step() { # label command...
+  local label="$1" t0=$SECONDS
+  shift
+  printf '\n=== %s\n' "$label"
+  "$@"
+  timings+=("$(printf '%5ds  %s' $((SECONDS - t0)) "$label")")
+}
 
-step() { printf '\n=== %s\n' "$*"; }
+step "cargo fmt --check" cargo fmt --all --check
+step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
+# Includes the C ABI tests (C/C++ under valgrind), the ROS 2 interop test and the NVRTC compile test.
+step "workspace tests" cargo test --workspace --locked
+step "C ABI: install, pkg-config and CMake builds, C++ controller example" bash ffi/ci.sh --no-cargo-test
+step "CUDA: both cudarc flavours build, every kernel compiles with NVRTC for sm_87/sm_90/sm_110" bash kernels/ci.sh
+step "ROS 2: interop with the cyclonedds peer in an isolated network namespace" bash ros2_bridge/ci.sh
+if [ "${FRT_REQUIRE_ALL:-0}" = 1 ] || command -v aarch64-linux-gnu-gcc > /dev/null; then
+  step "Jetson: aarch64 cross-builds, tests under qemu" bash jetson/ci.sh
+else
+  echo "SKIP Jetson cross-builds: no aarch64 toolchain (jetson/build.sh installs it; FRT_REQUIRE_ALL=1 runs it)"
+fi
+step "README main job" cargo run --release --locked -p flashrt -- demo --steps 20
 
-step "cargo fmt --check"
-cargo fmt --all --check
-
-step "cargo clippy -D warnings"
-cargo clippy --workspace --all-targets --locked -- -D warnings
-
-step "workspace tests"
-cargo test --workspace --locked
-
-step "C ABI: header drift, C/C++ compile checks, C tests under valgrind, install + C++ example"
-bash ffi/ci.sh
-
-step "CUDA: both cudarc flavours build; every kernel compiles with NVRTC for sm_87, sm_90, sm_110"
-bash kernels/ci.sh
-
-step "ROS 2: interop with an independent cyclonedds peer in an isolated network namespace"
-bash ros2_bridge/ci.sh
-
-step "README main job"
-cargo run --release --locked -p flashrt -- demo --steps 20
+printf '\n=== timings\n'
+printf '%s\n' "${timings[@]}"
+printf '%5ds  total\n' $((SECONDS - started))

@@ -177,7 +177,9 @@ fn main() -> ExitCode {
         }
         Command::Inspect { open } => Policy::open(&open.config()).map(|p| inspect(&p)),
         Command::Synth { model: Model::Pi05, size, out, seed } => synth_command(&out, size, seed),
-        Command::Kernels { arch, out } => flashrt::cuda::write_kernels(&arch, &out).map(|paths| paths.iter().for_each(|p| println!("{}", p.display()))),
+        Command::Kernels { arch, out } => {
+            flashrt::cuda::write_kernels(&arch, &out).map(|paths| paths.iter().for_each(|p| println!("{}", p.display())))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -236,7 +238,9 @@ fn read_observation(path: &Path, cameras: usize) -> Result<FileObservation> {
     let mut frames = Vec::with_capacity(cameras);
     for slot in 0..cameras {
         frames.push(match st.tensor(&format!("image.{slot}")) {
-            Ok(t) if t.dtype() == safetensors::Dtype::U8 && t.shape().len() == 3 && t.shape()[2] == 3 => Some((t.data().to_vec(), t.shape()[1], t.shape()[0])),
+            Ok(t) if t.dtype() == safetensors::Dtype::U8 && t.shape().len() == 3 && t.shape()[2] == 3 => {
+                Some((t.data().to_vec(), t.shape()[1], t.shape()[0]))
+            }
             Ok(t) => return Err(ckpt_err(format!("image.{slot}: expected u8 [H,W,3], found {:?} {:?}", t.dtype(), t.shape()))),
             Err(_) => None,
         });
@@ -260,7 +264,8 @@ fn run(policy: &mut Policy, steps: usize, rate: f64, prompt: &str, observation: 
     for i in 0..steps {
         match &file {
             Some(obs) => {
-                let frames: Vec<Option<Frame>> = obs.frames.iter().map(|f| f.as_ref().map(|(d, w, h)| Frame::packed(d, *w, *h, PixelFormat::Rgb8))).collect();
+                let frames: Vec<Option<Frame>> =
+                    obs.frames.iter().map(|f| f.as_ref().map(|(d, w, h)| Frame::packed(d, *w, *h, PixelFormat::Rgb8))).collect();
                 policy.step(&Observation { cameras: &frames, state: &obs.state, noise: None }, &mut actions)?;
             }
             None => {
@@ -345,7 +350,9 @@ fn bench_command(
     if let Some(path) = out {
         let io = |source| flashrt::Error::Io { path: path.into(), source };
         let mut list: Vec<serde_json::Value> = match std::fs::read_to_string(path) {
-            Ok(text) => match serde_json::from_str(&text).map_err(|e| flashrt::Error::invalid("--out", format!("{}: not JSON: {e}", path.display())))? {
+            Ok(text) => match serde_json::from_str(&text)
+                .map_err(|e| flashrt::Error::invalid("--out", format!("{}: not JSON: {e}", path.display())))?
+            {
                 serde_json::Value::Array(items) => items,
                 other => vec![other],
             },
@@ -359,9 +366,13 @@ fn bench_command(
 }
 
 fn synth_command(out: &Path, size: SynthSize, seed: u64) -> Result<()> {
-    let total: u64 = size.config().expected().tensors().map(|(_, s)| s.iter().product::<usize>() as u64).sum::<u64>() * if size == SynthSize::Full { 2 } else { 4 };
+    let total: u64 = size.config().expected().tensors().map(|(_, s)| s.iter().product::<usize>() as u64).sum::<u64>()
+        * if size == SynthSize::Full { 2 } else { 4 };
     let bar = indicatif::ProgressBar::new(total);
-    bar.set_style(indicatif::ProgressStyle::with_template("writing {bar:40} {bytes}/{total_bytes} ({eta})").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()));
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("writing {bar:40} {bytes}/{total_bytes} ({eta})")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
     synth::synthesize(out, size, seed, &|n| bar.set_position(n))?;
     bar.finish_and_clear();
     println!("wrote a {size:?} Pi0.5 checkpoint to {}", out.display());

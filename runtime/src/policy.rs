@@ -12,8 +12,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
-use crate::checkpoint::Checkpoint;
 use crate::backend::Backend;
+use crate::checkpoint::Checkpoint;
 use crate::cpu::CpuBackend;
 use crate::error::{Error, Result};
 use crate::image::Frame;
@@ -138,7 +138,9 @@ enum Prompt {
     /// Text: the task part is tokenized; state bins are assembled in every step.
     Text,
     /// Raw token ids given by the caller, used as they are.
-    Tokens { len: usize },
+    Tokens {
+        len: usize,
+    },
 }
 
 pub struct Policy {
@@ -189,19 +191,21 @@ impl Policy {
         model_config.cameras.resize_with(cameras, || String::from("observation.images.extra"));
 
         let norm = NormStats::find(&dir, json.as_ref().map(|j| j.modes()).unwrap_or_default())?;
-        let state_dim = model_config
-            .state_dim
-            .or(norm.state.as_ref().map(FeatureStats::dim))
-            .or(config.state_dim)
-            .ok_or_else(|| Error::invalid("config.state_dim", "the checkpoint states no state dimension (config.json / statistics); set it"))?;
-        let out_action_dim = model_config.robot_action_dim.or(norm.action.as_ref().map(FeatureStats::dim)).unwrap_or(model_config.action_dim);
+        let state_dim = model_config.state_dim.or(norm.state.as_ref().map(FeatureStats::dim)).or(config.state_dim).ok_or_else(|| {
+            Error::invalid("config.state_dim", "the checkpoint states no state dimension (config.json / statistics); set it")
+        })?;
+        let out_action_dim =
+            model_config.robot_action_dim.or(norm.action.as_ref().map(FeatureStats::dim)).unwrap_or(model_config.action_dim);
         for (what, stats, dim) in [("state", &norm.state, state_dim), ("action", &norm.action, out_action_dim)] {
             if let Some(s) = stats.as_ref().filter(|s| s.dim() != dim) {
                 return Err(Error::checkpoint(&dir, format!("{what} statistics have {} dims, the policy uses {dim}", s.dim())));
             }
         }
         if out_action_dim > model_config.action_dim {
-            return Err(Error::checkpoint(&dir, format!("action dim {out_action_dim} exceeds the model's action width {}", model_config.action_dim)));
+            return Err(Error::checkpoint(
+                &dir,
+                format!("action dim {out_action_dim} exceeds the model's action width {}", model_config.action_dim),
+            ));
         }
         let (action_scale, action_offset) = match &norm.action {
             Some(s) => s.unnormalize_affine(),
@@ -221,7 +225,8 @@ impl Policy {
         let use_cuda = match config.backend {
             BackendKind::Cpu => false,
             BackendKind::Cuda => {
-                crate::cuda::probe(config.device).map_err(|why| Error::Backend(format!("CUDA backend requested but unavailable: {why}")))?;
+                crate::cuda::probe(config.device)
+                    .map_err(|why| Error::Backend(format!("CUDA backend requested but unavailable: {why}")))?;
                 true
             }
             BackendKind::Auto => match crate::cuda::probe(config.device) {
@@ -237,8 +242,15 @@ impl Policy {
         };
         match (use_cuda, config.precision) {
             (_, Precision::Auto) | (false, Precision::F32) | (true, Precision::Bf16) => {}
-            (true, p) => return Err(Error::invalid("config.precision", format!("{p:?} is not available on the CUDA backend (it computes in bf16)"))),
-            (false, p) => return Err(Error::invalid("config.precision", format!("{p:?} needs the CUDA backend; the CPU backend computes in f32"))),
+            (true, p) => {
+                return Err(Error::invalid(
+                    "config.precision",
+                    format!("{p:?} is not available on the CUDA backend (it computes in bf16)"),
+                ));
+            }
+            (false, p) => {
+                return Err(Error::invalid("config.precision", format!("{p:?} needs the CUDA backend; the CPU backend computes in f32")));
+            }
         }
 
         let opts = BuildOptions {
@@ -251,9 +263,11 @@ impl Policy {
         };
         let bar = if config.progress { indicatif::ProgressBar::new(ckpt.data_bytes() as u64) } else { indicatif::ProgressBar::hidden() };
         bar.set_style(
-            indicatif::ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} ({eta})").unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            indicatif::ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} ({eta})")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
-        let Model { config: model_config, plan, weights, io, cameras, out_action_dim } = pi05::build(&ckpt, model_config, &opts, &|n| bar.inc(n as u64))?;
+        let Model { config: model_config, plan, weights, io, cameras, out_action_dim } =
+            pi05::build(&ckpt, model_config, &opts, &|n| bar.inc(n as u64))?;
         bar.finish_and_clear();
         let backend: Box<dyn Backend> = if use_cuda {
             crate::cuda::open(plan, weights, ckpt, config.device, config.kernel_cache_dir.clone())?
@@ -322,7 +336,10 @@ impl Policy {
 
     /// Sets the task text. The state is appended in every step (pi05 prompt format).
     pub fn set_prompt(&mut self, text: &str) -> Result<()> {
-        let tok = self.tokenizer.as_mut().ok_or_else(|| Error::Tokenizer("no tokenizer loaded: pass tokenizer.json or use raw prompt tokens".into()))?;
+        let tok = self
+            .tokenizer
+            .as_mut()
+            .ok_or_else(|| Error::Tokenizer("no tokenizer loaded: pass tokenizer.json or use raw prompt tokens".into()))?;
         tok.set_task(text)?;
         self.prompt = Prompt::Text;
         Ok(())
@@ -335,7 +352,10 @@ impl Policy {
             return Err(Error::invalid("prompt_tokens", format!("{} tokens given; 1 to {cap} allowed", ids.len())));
         }
         if let Some((i, id)) = ids.iter().enumerate().find(|(_, id)| **id < 0 || **id as usize >= self.model_config.vocab) {
-            return Err(Error::invalid(format!("prompt_tokens[{i}]"), format!("id {id} outside the vocabulary 0..{}", self.model_config.vocab)));
+            return Err(Error::invalid(
+                format!("prompt_tokens[{i}]"),
+                format!("id {id} outside the vocabulary 0..{}", self.model_config.vocab),
+            ));
         }
         self.tokens.fill(0);
         self.tokens[..ids.len()].copy_from_slice(ids);
@@ -403,7 +423,10 @@ impl Policy {
 
     fn validate(&self, obs: &Observation, actions: &[f32]) -> Result<()> {
         if obs.cameras.len() != self.cameras {
-            return Err(Error::invalid("observation.cameras", format!("{} given, the policy has {} camera slots (use None for a missing camera)", obs.cameras.len(), self.cameras)));
+            return Err(Error::invalid(
+                "observation.cameras",
+                format!("{} given, the policy has {} camera slots (use None for a missing camera)", obs.cameras.len(), self.cameras),
+            ));
         }
         if obs.cameras.iter().all(Option::is_none) {
             return Err(Error::invalid("observation.cameras", "every camera is missing; at least one frame is required"));
@@ -414,7 +437,10 @@ impl Policy {
             }
         }
         if obs.state.len() != self.state_dim {
-            return Err(Error::invalid("observation.state", format!("{} values given, the policy expects {}", obs.state.len(), self.state_dim)));
+            return Err(Error::invalid(
+                "observation.state",
+                format!("{} values given, the policy expects {}", obs.state.len(), self.state_dim),
+            ));
         }
         if let Some(i) = obs.state.iter().position(|v| !v.is_finite()) {
             return Err(Error::invalid(state_field(i), format!("value {} is not finite", obs.state[i])));
@@ -428,7 +454,16 @@ impl Policy {
             }
         }
         if actions.len() != self.actions_len() {
-            return Err(Error::invalid("actions", format!("buffer holds {} values, expected horizon {} x action dim {} = {}", actions.len(), self.model_config.horizon, self.out_action_dim, self.actions_len())));
+            return Err(Error::invalid(
+                "actions",
+                format!(
+                    "buffer holds {} values, expected horizon {} x action dim {} = {}",
+                    actions.len(),
+                    self.model_config.horizon,
+                    self.out_action_dim,
+                    self.actions_len()
+                ),
+            ));
         }
         Ok(())
     }
@@ -450,7 +485,10 @@ impl Policy {
 /// Static field names, so a validation error on the hot path does not format (allocate) a name
 /// for the common indices.
 fn camera_field(i: usize) -> &'static str {
-    ["observation.cameras[0]", "observation.cameras[1]", "observation.cameras[2]", "observation.cameras[3]"].get(i).copied().unwrap_or("observation.cameras[>3]")
+    ["observation.cameras[0]", "observation.cameras[1]", "observation.cameras[2]", "observation.cameras[3]"]
+        .get(i)
+        .copied()
+        .unwrap_or("observation.cameras[>3]")
 }
 
 fn state_field(i: usize) -> String {

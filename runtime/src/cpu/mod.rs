@@ -479,7 +479,6 @@ fn attend_generic(group: &QueryGroup, scratch: &mut [f32], out: &mut [f32]) {
 #[inline(always)]
 fn attend_lanes<const L: usize>(group: &QueryGroup, scratch: &mut [f32], out: &mut [f32]) {
     let d = group.head_dim;
-    let h = group.q.len() / d;
     let (qt, rest) = scratch.split_at_mut(d * L);
     let scores = &mut rest[..group.keys.len() * L];
     let scale = 1.0 / (d as f32).sqrt();
@@ -638,6 +637,11 @@ fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     }
 }
 
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -654,9 +658,4 @@ mod tests {
         assert_eq!(super::exp_nonpositive(f32::NEG_INFINITY), super::exp_nonpositive(-87.0));
         assert!(super::exp_nonpositive(f32::NEG_INFINITY) < 2e-38);
     }
-}
-
-pub fn gelu_tanh(x: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
 }
