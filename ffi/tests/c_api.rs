@@ -12,10 +12,11 @@ use std::process::Command;
 /// package.
 const STATIC_DEPS: &[&str] = &["-lgcc_s", "-lutil", "-lrt", "-lpthread", "-lm", "-ldl", "-lc"];
 
-/// `target/<profile>`, where cargo put libflashrt_ffi.{so,a} for this test run.
+/// `target/<profile>/deps`, where cargo puts libflashrt_ffi.{so,a} for this test run (next to the
+/// test binary). `cargo test` does not copy them up to `target/<profile>`; only `cargo build` does.
 fn artifacts() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).expect("test binary in target/<profile>/deps").to_path_buf()
+    exe.parent().expect("test binary in target/<profile>/deps").to_path_buf()
 }
 
 /// The libraries under their installed names in `dir/lib`: libflashrt.so.<version>, the
