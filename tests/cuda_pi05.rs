@@ -15,10 +15,8 @@
 //! `FRT_RESULTS_DIR` set, each test writes its numbers there as JSON.
 #![cfg(feature = "cuda")]
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use flashrt::backend::Backend;
 use flashrt::checkpoint::Checkpoint;
@@ -36,34 +34,8 @@ use serde_json::json;
 
 // ---- counting allocator (armed only around the measured steps) --------------------------------
 
-struct Counting;
-static ARMED: AtomicBool = AtomicBool::new(false);
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if ARMED.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if ARMED.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
 // ---- helpers ----------------------------------------------------------------------------------
 
@@ -652,11 +624,8 @@ fn step_allocates_nothing_and_device_memory_is_constant() {
         }
         let cams = cameras_for(i);
         let obs = Observation { cameras: &cams, state: &states[i % states.len()], noise: None };
-        let before = ALLOCATIONS.load(Ordering::SeqCst);
-        ARMED.store(true, Ordering::SeqCst);
-        let r = policy.step(&obs, &mut actions);
-        ARMED.store(false, Ordering::SeqCst);
-        allocations += ALLOCATIONS.load(Ordering::SeqCst) - before;
+        let (r, n) = counting_alloc::count(|| policy.step(&obs, &mut actions));
+        allocations += n;
         r.unwrap();
         assert!(actions.iter().all(|a| a.is_finite()), "step {i}: non-finite action");
     }
@@ -681,11 +650,8 @@ fn step_allocates_nothing_and_device_memory_is_constant() {
     assert_eq!(allocations, 0, "step allocated {allocations} times over {STEPS} steps");
     assert_eq!(memory_before, memory_after, "device memory changed across steps");
     // The counter works: an allocation while armed is seen.
-    ARMED.store(true, Ordering::SeqCst);
-    let before = ALLOCATIONS.load(Ordering::SeqCst);
-    std::hint::black_box(vec![1u8; 64]);
-    ARMED.store(false, Ordering::SeqCst);
-    assert_eq!(ALLOCATIONS.load(Ordering::SeqCst) - before, 1);
+    let (_, n) = counting_alloc::count(|| std::hint::black_box(vec![1u8; 64]));
+    assert_eq!(n, 1);
 }
 
 // ---- (c) full size vs lerobot f32 ---------------------------------------------------------------

@@ -6,51 +6,13 @@
 //! Runs without the libtest harness (`harness = false`): libtest's own thread allocates, e.g. for
 //! its "has been running for over 60 seconds" notice under emulation, and would be counted.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
+use counting_alloc::count;
 use flashrt::image::{Frame, PixelFormat};
 use flashrt::synth::{SynthSize, synthesize};
 use flashrt::{Observation, Policy, PolicyConfig};
-
-struct Counting;
-
-static ARMED: AtomicBool = AtomicBool::new(false);
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if ARMED.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if ARMED.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-/// Runs `f` with the counter armed; returns how many allocations it made.
-fn count<R>(f: impl FnOnce() -> R) -> (R, usize) {
-    let before = ALLOCATIONS.load(Ordering::SeqCst);
-    ARMED.store(true, Ordering::SeqCst);
-    let r = f();
-    ARMED.store(false, Ordering::SeqCst);
-    (r, ALLOCATIONS.load(Ordering::SeqCst) - before)
-}
 
 fn main() {
     step_does_not_allocate_after_warm_up();

@@ -3,38 +3,13 @@
 //! prompt, missing cameras, strided frames and caller noise. Own `main` (harness = false) so no
 //! test-runner thread allocates while the counter is armed.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::ffi::CString;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use flashrt_ffi::*;
 
-struct Counting;
-
-static ARMED: AtomicBool = AtomicBool::new(false);
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if ARMED.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if ARMED.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+#[path = "../../tests/support/counting_alloc.rs"]
+mod counting_alloc;
 
 const STEPS: usize = 200;
 
@@ -92,21 +67,23 @@ fn main() {
         // Warm-up: the first step may allocate.
         assert_eq!(frt_policy_step(policy, &obs, actions.as_mut_ptr(), actions.len(), &mut step_info), FrtStatus::Ok);
 
-        ARMED.store(true, Ordering::SeqCst);
-        for i in 0..STEPS {
-            let n = state.len();
-            state[i % n] += 0.01;
-            obs.state = state.as_ptr();
-            // Alternate drawn and caller noise: both paths are hot.
-            (obs.noise, obs.noise_len) = if i % 2 == 0 { (std::ptr::null(), 0) } else { (noise.as_ptr(), noise.len()) };
-            let status = frt_policy_step(policy, &obs, actions.as_mut_ptr(), actions.len(), &mut step_info);
-            if status != FrtStatus::Ok {
-                ARMED.store(false, Ordering::SeqCst);
-                panic!("step {i} failed: {status:?}");
+        let (failure, counted) = counting_alloc::count(|| {
+            for i in 0..STEPS {
+                let n = state.len();
+                state[i % n] += 0.01;
+                obs.state = state.as_ptr();
+                // Alternate drawn and caller noise: both paths are hot.
+                (obs.noise, obs.noise_len) = if i % 2 == 0 { (std::ptr::null(), 0) } else { (noise.as_ptr(), noise.len()) };
+                let status = frt_policy_step(policy, &obs, actions.as_mut_ptr(), actions.len(), &mut step_info);
+                if status != FrtStatus::Ok {
+                    return Some((i, status));
+                }
             }
+            None
+        });
+        if let Some((i, status)) = failure {
+            panic!("step {i} failed: {status:?}");
         }
-        ARMED.store(false, Ordering::SeqCst);
-        let counted = ALLOCATIONS.load(Ordering::SeqCst);
 
         assert!(actions.iter().all(|a| a.is_finite()), "every action written");
         assert!(step_info.deadline_missed, "a 1 us deadline is missed");
