@@ -366,9 +366,7 @@ fn bench_command(
 }
 
 fn synth_command(out: &Path, size: SynthSize, seed: u64) -> Result<()> {
-    let total: u64 = size.config().expected().tensors().map(|(_, s)| s.iter().product::<usize>() as u64).sum::<u64>()
-        * if size == SynthSize::Full { 2 } else { 4 };
-    let bar = indicatif::ProgressBar::new(total);
+    let bar = indicatif::ProgressBar::new(size.data_bytes());
     bar.set_style(
         indicatif::ProgressStyle::with_template("writing {bar:40} {bytes}/{total_bytes} ({eta})")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),

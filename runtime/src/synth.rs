@@ -96,6 +96,12 @@ impl SynthSize {
         }
     }
 
+    /// Bytes of tensor data `synthesize` writes (for progress reporting).
+    pub fn data_bytes(self) -> u64 {
+        let values: usize = self.config().expected().tensors().map(|(_, s)| s.iter().product::<usize>()).sum();
+        (values * self.dtype().1) as u64
+    }
+
     fn dtype(self) -> (&'static str, usize) {
         match self {
             SynthSize::Tiny => ("F32", 4),
