@@ -8,7 +8,7 @@
 // One block of 1024 threads scans the sequence in chunks, carrying the running count.
 extern "C" __global__ void positions_scan_1024(float* valid, int* positions, const int* frame_info, int cameras,
                                                int tokens_per_image, const int* token_mask, int prompt_len,
-                                               int suffix) {
+                                               int suffix) { PDL_ENTRY();
     __shared__ int warp_totals[32];
     __shared__ int carry;
     const int images = cameras * tokens_per_image, n = images + prompt_len + suffix;
@@ -80,7 +80,7 @@ __device__ void rope_qkv(T* qkv, int qkv_stride, int heads, int head_dim, const 
     extern "C" __global__ void NAME(T* qkv, int qkv_stride, int heads, int head_dim, const int* positions, \
                                     int position_offset, T* k_cache, int k_stride, T* v_cache,            \
                                     int v_stride, int cache_row, const float* cos_table,                  \
-                                    const float* sin_table) {                                             \
+                                    const float* sin_table) { PDL_ENTRY();                                             \
         rope_qkv<T>(qkv, qkv_stride, heads, head_dim, positions, position_offset, k_cache, k_stride,      \
                     v_cache, v_stride, cache_row, cos_table, sin_table);                                  \
     }
@@ -92,7 +92,7 @@ FOR_TYPE(ROPE_QKV, rope_qkv)
 // output is never read; zeros keep it equal to the reference). One warp per row of `keys` scores;
 // `s` and `p` are dense [rows, keys]. Either mask may be null.
 extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s, int rows, int queries, int keys,
-                                                        const float* key_valid, const float* query_valid) {
+                                                        const float* key_valid, const float* query_valid) { PDL_ENTRY();
     const int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     if (row >= rows) return;
     const float* sr = s + (long)row * keys;
@@ -117,3 +117,254 @@ extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s,
         pr[j] = from_float<bf16>(ok ? expf(sr[j] - m) * inv : 0.0f);
     }
 }
+
+// ---- Fused multi-query attention for head_dim 256 (the action expert's 50 tokens) ----------
+//
+// One kernel instead of QKᵀ product + softmax + PV product: every query head shares the one K/V
+// head, so the rows (query, head) of a block all read the same K/V chunk. A block takes 64 rows
+// (4 warps × 16) and a contiguous range of keys (a "split"), walks it in chunks of 32 keys with an
+// online softmax (flash attention), and either writes the normalised output (one split) or its
+// unnormalised partial output with the running max and sum, which `attention_mq256_combine_*`
+// merges (several splits: 50 tokens × 8 heads are too few rows to fill the GPU otherwise).
+// The Q rows and double-buffered K/V chunks come into shared memory with cp.async, so the next
+// chunk's loads are in flight while the tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate)
+// work on the current one. Scores in the log2 domain (exp2). Row r is query r / heads, head r % heads.
+#define ATT_D 256
+#define ATT_KEYS 32                  // keys per chunk
+#define ATT_ROWS 64                  // rows per block
+#define ATT_QK_STRIDE (ATT_D + 32)   // Q/K rows 576 B apart: a quarter-warp's two rows use disjoint banks
+#define ATT_V_STRIDE (ATT_D + 8)     // V rows 528 B apart: ldmatrix's eight rows use disjoint banks
+// Dynamic shared memory, in bytes (launch.rs mirrors the total): Q tile, two K and two V chunks,
+// two chunks of key validity.
+#define ATT_Q_BYTES (ATT_ROWS * ATT_QK_STRIDE * 2)
+#define ATT_K_BYTES (ATT_KEYS * ATT_QK_STRIDE * 2)
+#define ATT_V_BYTES (ATT_KEYS * ATT_V_STRIDE * 2)
+#define ATT_SHARED_BYTES (ATT_Q_BYTES + 2 * ATT_K_BYTES + 2 * ATT_V_BYTES + 2 * ATT_KEYS * 4)
+
+__device__ __forceinline__ void att_mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16 bytes global -> shared without registers; `valid` false writes zeros instead.
+__device__ __forceinline__ void att_copy16(void* smem, const void* global, bool valid) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(valid ? 16 : 0));
+}
+
+// Two f32 as bf16x2 (the lower index in the low half), round to nearest even.
+__device__ __forceinline__ unsigned att_pack(float lo, float hi) {
+    return (unsigned)from_float<bf16>(lo).bits | ((unsigned)from_float<bf16>(hi).bits << 16);
+}
+
+// Queues the copies of keys [c0, c0 + 32) ∩ [.., key_end) of K and V, and their validity.
+__device__ __forceinline__ void att_load_chunk(unsigned short* k_tile, unsigned short* v_tile, float* valid_tile,
+                                               const bf16* k, int k_stride, const bf16* v, int v_stride,
+                                               const float* key_valid, int c0, int key_end) {
+    for (int i = threadIdx.x; i < ATT_KEYS * (ATT_D / 8); i += blockDim.x) {
+        const int r = i / (ATT_D / 8), c = i % (ATT_D / 8), key = min(c0 + r, key_end - 1);
+        att_copy16(&k_tile[r * ATT_QK_STRIDE + c * 8], k + (long)key * k_stride + c * 8, c0 + r < key_end);
+        att_copy16(&v_tile[r * ATT_V_STRIDE + c * 8], v + (long)key * v_stride + c * 8, c0 + r < key_end);
+    }
+    if (threadIdx.x < ATT_KEYS) {
+        const int key = c0 + threadIdx.x;
+        valid_tile[threadIdx.x] = key < key_end && (!key_valid || key_valid[key] != 0.0f) ? 1.0f : 0.0f;
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <typename Tout>
+__device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride,
+                                const bf16* v, int v_stride, const float* key_valid, const float* query_valid,
+                                int queries, int heads, int keys, int keys_per_split, float scale_log2,
+                                float* partial_o, float* partial_ml) {
+    extern __shared__ __align__(16) unsigned char att_shared[];
+    unsigned short* q_tile = (unsigned short*)att_shared;
+    unsigned short* k_tiles = (unsigned short*)(att_shared + ATT_Q_BYTES);
+    unsigned short* v_tiles = (unsigned short*)(att_shared + ATT_Q_BYTES + 2 * ATT_K_BYTES);
+    float* valid_tiles = (float*)(att_shared + ATT_Q_BYTES + 2 * ATT_K_BYTES + 2 * ATT_V_BYTES);
+    const float neg_inf = __int_as_float(0xff800000);
+    const int rows = queries * heads;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q4 = lane & 3;
+    const int key_begin = blockIdx.y * keys_per_split, key_end = min(keys, key_begin + keys_per_split);
+
+    // Prologue: the block's Q rows and the first chunk, one copy group.
+    for (int i = threadIdx.x; i < ATT_ROWS * (ATT_D / 8); i += blockDim.x) {
+        const int r = i / (ATT_D / 8), c = i % (ATT_D / 8), row = min(blockIdx.x * ATT_ROWS + r, rows - 1);
+        const bf16* src = q + (long)(row / heads) * q_stride + (row % heads) * ATT_D + c * 8;
+        att_copy16(&q_tile[r * ATT_QK_STRIDE + c * 8], src, blockIdx.x * ATT_ROWS + r < rows);
+    }
+    att_load_chunk(k_tiles, v_tiles, valid_tiles, k, k_stride, v, v_stride, key_valid, key_begin, key_end);
+
+    float o[ATT_D / 8][4];
+    for (int j = 0; j < ATT_D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};
+    const unsigned short* q_rows[2] = {&q_tile[(warp * 16 + g) * ATT_QK_STRIDE], &q_tile[(warp * 16 + g + 8) * ATT_QK_STRIDE]};
+
+    for (int c0 = key_begin, buf = 0; c0 < key_end; c0 += ATT_KEYS, buf ^= 1) {
+        if (c0 + ATT_KEYS < key_end) {
+            // The other buffer was released by the barrier at the end of the previous chunk.
+            att_load_chunk(k_tiles + (buf ^ 1) * (ATT_K_BYTES / 2), v_tiles + (buf ^ 1) * (ATT_V_BYTES / 2),
+                           valid_tiles + (buf ^ 1) * ATT_KEYS, k, k_stride, v, v_stride, key_valid, c0 + ATT_KEYS,
+                           key_end);
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        }
+        __syncthreads();
+        const unsigned short* k_tile = k_tiles + buf * (ATT_K_BYTES / 2);
+        const unsigned short* v_tile = v_tiles + buf * (ATT_V_BYTES / 2);
+        const float* valid = valid_tiles + buf * ATT_KEYS;
+
+        // S = Q Kᵀ over 32 keys (4 mma column tiles). Within each 32-wide block of the head
+        // dimension, lane group q4 holds d = 8·q4 … 8·q4 + 7 for both operands (one 16-byte load);
+        // the same permutation on both sides leaves the dot products unchanged.
+        float s[4][4] = {};
+#pragma unroll
+        for (int b = 0; b < ATT_D / 32; ++b) {
+            const uint4 qa = *(const uint4*)(q_rows[0] + b * 32 + q4 * 8);
+            const uint4 qb = *(const uint4*)(q_rows[1] + b * 32 + q4 * 8);
+            const unsigned lo[4] = {qa.x, qb.x, qa.y, qb.y}, hi[4] = {qa.z, qb.z, qa.w, qb.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const uint4 kf = *(const uint4*)&k_tile[(j * 8 + g) * ATT_QK_STRIDE + b * 32 + q4 * 8];
+                att_mma(s[j], lo, kf.x, kf.y);
+                att_mma(s[j], hi, kf.z, kf.w);
+            }
+        }
+
+        // Online softmax: s[j][e] is row g (e < 2) or g + 8 (e >= 2), key 8j + 2·q4 + (e & 1).
+        float chunk_max[2] = {neg_inf, neg_inf};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[j][e] = valid[j * 8 + 2 * q4 + (e & 1)] != 0.0f ? s[j][e] * scale_log2 : neg_inf;
+                chunk_max[e >> 1] = fmaxf(chunk_max[e >> 1], s[j][e]);
+            }
+        }
+        float correction[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            chunk_max[i] = fmaxf(chunk_max[i], __shfl_xor_sync(0xffffffffu, chunk_max[i], 1));
+            chunk_max[i] = fmaxf(chunk_max[i], __shfl_xor_sync(0xffffffffu, chunk_max[i], 2));
+            const float new_max = fmaxf(m[i], chunk_max[i]);
+            // While every key so far is masked the max stays -inf: nothing to rescale.
+            correction[i] = new_max == neg_inf ? 1.0f : exp2f(m[i] - new_max);
+            m[i] = new_max;
+            l[i] *= correction[i];
+        }
+        unsigned p[2][4];  // P as the A operand of two k16 steps (keys 0-15, 16-31)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float e4[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float mx = m[e >> 1];
+                e4[e] = mx == neg_inf ? 0.0f : exp2f(s[j][e] - mx);
+                l[e >> 1] += e4[e];
+            }
+            // A fragment: reg 0 row g keys 2q4.., reg 1 row g+8, reg 2 row g keys 8+2q4.., reg 3 row g+8.
+            p[j >> 1][(j & 1) * 2 + 0] = att_pack(e4[0], e4[1]);
+            p[j >> 1][(j & 1) * 2 + 1] = att_pack(e4[2], e4[3]);
+        }
+#pragma unroll
+        for (int j = 0; j < ATT_D / 8; ++j) {
+            o[j][0] *= correction[0];
+            o[j][1] *= correction[0];
+            o[j][2] *= correction[1];
+            o[j][3] *= correction[1];
+        }
+        // O += P V: V's 16x8 B fragments transposed out of shared memory, two column tiles per
+        // ldmatrix.x4 (lanes 0-15 address keys 0-15 of tile dt, lanes 16-31 those of tile dt + 1).
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+#pragma unroll
+            for (int dt = 0; dt < ATT_D / 8; dt += 2) {
+                const unsigned short* src = &v_tile[(kk * 16 + (lane & 15)) * ATT_V_STRIDE + (dt + (lane >> 4)) * 8];
+                const unsigned addr = (unsigned)__cvta_generic_to_shared(src);
+                unsigned b0, b1, b2, b3;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                             : "r"(addr));
+                att_mma(o[dt], p[kk], b0, b1);
+                att_mma(o[dt + 1], p[kk], b2, b3);
+            }
+        }
+        __syncthreads();  // this chunk's buffers may be refilled
+    }
+
+    // Row sums: each lane of a quad summed its own keys.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int row = blockIdx.x * ATT_ROWS + warp * 16 + g + 8 * i;
+        if (row >= rows) continue;
+        const int t = row / heads, h = row % heads;
+        if (gridDim.y == 1) {
+            const bool dead = (query_valid && query_valid[t] == 0.0f) || l[i] == 0.0f;
+            const float inv = dead ? 0.0f : 1.0f / l[i];
+            Tout* dst = out + (long)t * out_stride + h * ATT_D;
+            for (int j = 0; j < ATT_D / 8; ++j) {
+                const int d = j * 8 + 2 * q4;
+                dst[d] = from_float<Tout>(o[j][2 * i] * inv);
+                dst[d + 1] = from_float<Tout>(o[j][2 * i + 1] * inv);
+            }
+        } else {
+            const long at = (long)blockIdx.y * rows + row;
+            float* dst = partial_o + at * ATT_D;
+            for (int j = 0; j < ATT_D / 8; ++j) {
+                const int d = j * 8 + 2 * q4;
+                *(float2*)&dst[d] = make_float2(o[j][2 * i], o[j][2 * i + 1]);
+            }
+            if (q4 == 0) *(float2*)&partial_ml[at * 2] = make_float2(m[i], l[i]);
+        }
+    }
+}
+#define ATTENTION_MQ256(NAME, TOUT)                                                                           \
+    extern "C" __global__ void __launch_bounds__(128)                                                         \
+        NAME(TOUT* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride, const bf16* v, \
+             int v_stride, const float* key_valid, const float* query_valid, int queries, int heads, int keys, \
+             int keys_per_split, float scale_log2, float* partial_o, float* partial_ml) {                    \
+        PDL_ENTRY();                                                                                          \
+        attention_mq256<TOUT>(out, out_stride, q, q_stride, k, k_stride, v, v_stride, key_valid, query_valid, \
+                              queries, heads, keys, keys_per_split, scale_log2, partial_o, partial_ml);       \
+    }
+FOR_TYPE(ATTENTION_MQ256, attention_mq256)
+
+// Merges the splits of `attention_mq256_*`: out = Σ_s 2^(m_s - M) o_s / Σ_s 2^(m_s - M) l_s.
+// One block of 256 threads (one per head dimension) per row.
+template <typename Tout>
+__device__ void attention_mq256_combine(Tout* out, int out_stride, const float* partial_o, const float* partial_ml,
+                                        const float* query_valid, int queries, int heads, int splits) {
+    const int rows = queries * heads, r = blockIdx.x, d = threadIdx.x;
+    const int t = r / heads, h = r % heads;
+    const float neg_inf = __int_as_float(0xff800000);
+    float mx = neg_inf;
+    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, partial_ml[((long)s * rows + r) * 2]);
+    float num = 0.0f, den = 0.0f;
+    if (mx != neg_inf && !(query_valid && query_valid[t] == 0.0f)) {
+        for (int s = 0; s < splits; ++s) {
+            const long at = (long)s * rows + r;
+            const float w = exp2f(partial_ml[at * 2] - mx);
+            num += w * partial_o[at * ATT_D + d];
+            den += w * partial_ml[at * 2 + 1];
+        }
+    }
+    out[(long)t * out_stride + h * ATT_D + d] = from_float<Tout>(den > 0.0f ? num / den : 0.0f);
+}
+#define ATTENTION_MQ256_COMBINE(NAME, TOUT)                                                                 \
+    extern "C" __global__ void NAME(TOUT* out, int out_stride, const float* partial_o, const float* partial_ml, \
+                                    const float* query_valid, int queries, int heads, int splits) {          \
+        PDL_ENTRY();                                                                                        \
+        attention_mq256_combine<TOUT>(out, out_stride, partial_o, partial_ml, query_valid, queries, heads,  \
+                                      splits);                                                              \
+    }
+FOR_TYPE(ATTENTION_MQ256_COMBINE, attention_mq256_combine)

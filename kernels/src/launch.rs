@@ -4,7 +4,7 @@
 use std::ffi::{CString, c_void};
 
 use cudarc::driver::result;
-use cudarc::driver::sys::{CUfunction, CUmodule, CUstream};
+use cudarc::driver::sys::{self, CUfunction, CUmodule, CUstream};
 
 use crate::compile::Cubin;
 use crate::{KernelError, Result};
@@ -63,6 +63,38 @@ pub struct RopeArgs {
     pub sin: DevPtr,
 }
 
+/// Arguments of [`Kernels::attention_mq256`] besides the stream: softmax attention of `heads`
+/// query heads of dimension 256 over one shared K/V head.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionArgs {
+    /// `[queries, heads · 256]` bf16.
+    pub q: Mat,
+    /// `[keys, 256]` bf16 each.
+    pub k: Mat,
+    pub v: Mat,
+    /// `[queries, heads · 256]` bf16.
+    pub out: Mat,
+    pub heads: usize,
+    /// f32 per key (0 masks the key out) and per query (0 gives a zero output row).
+    pub key_valid: Option<DevPtr>,
+    pub query_valid: Option<DevPtr>,
+    /// Keys per block, from [`Kernels::attention_split`].
+    pub keys_per_split: usize,
+    /// f32 scratch for more than one split: [`Kernels::attention_partial_len`] partial outputs,
+    /// and two values (running max, sum) per split and row.
+    pub partial_o: DevPtr,
+    pub partial_ml: DevPtr,
+}
+
+/// Rows (query × head) per block and keys per chunk of `attention_mq256` (attention.cu).
+const ATTENTION_ROWS: usize = 64;
+const ATTENTION_KEYS: usize = 32;
+const ATTENTION_HEAD_DIM: usize = 256;
+/// Its dynamic shared memory (ATT_SHARED_BYTES in attention.cu): the Q tile and two chunks each of
+/// K, V (rows padded against bank conflicts) and key validity.
+const ATTENTION_SHARED_BYTES: u32 =
+    (ATTENTION_ROWS * 288 * 2 + 2 * ATTENTION_KEYS * 288 * 2 + 2 * ATTENTION_KEYS * 264 * 2 + 2 * ATTENTION_KEYS * 4) as u32;
+
 /// Kernel argument as the C signature takes it; `params` points at these while launching.
 #[derive(Clone, Copy)]
 enum Arg {
@@ -84,7 +116,8 @@ impl Arg {
 }
 
 const IN_OUT: [&str; 5] = ["layer_norm", "rms_norm", "gated_residual_rms_norm", "copy", "gelu_tanh_mul"];
-const TYPED: [&str; 6] = ["gated_residual", "gelu_tanh", "affine", "embed_bf16", "rope_qkv", "image_patches_u8"];
+const TYPED: [&str; 8] =
+    ["gated_residual", "gelu_tanh", "affine", "embed_bf16", "rope_qkv", "image_patches_u8", "attention_mq256", "attention_mq256_combine"];
 const SINGLE: [&str; 3] = ["add_table_f32", "positions_scan_1024", "softmax_rows_masked_f32_bf16"];
 
 /// Every kernel the launchers use, as the macros in `cuda/*.cu` instantiate them.
@@ -121,6 +154,11 @@ pub struct Kernels {
     modules: Vec<CUmodule>,
     /// Sorted by name for lookup.
     functions: Vec<(String, CUfunction)>,
+    /// Launch with programmatic stream serialization (sm_90 and later): a kernel may start while
+    /// its predecessor drains and waits for it in `griddepcontrol.wait` (common.cuh).
+    programmatic: bool,
+    /// Whether the device grants `attention_mq256` its shared memory (not sm_86/sm_89, 99 KB).
+    fused_attention: bool,
 }
 
 // SAFETY: module and function handles are plain driver handles, valid in any thread that makes
@@ -128,9 +166,11 @@ pub struct Kernels {
 unsafe impl Send for Kernels {}
 
 impl Kernels {
-    /// Loads the cubins into the current context and resolves every kernel.
-    pub fn load(cubins: &[Cubin]) -> Result<Kernels> {
-        let mut kernels = Kernels { modules: Vec::with_capacity(cubins.len()), functions: Vec::new() };
+    /// Loads the cubins into the current context and resolves every kernel. `programmatic`
+    /// enables programmatic dependent launch; only for devices of compute capability 9.0 or
+    /// later, where the kernels' `griddepcontrol` instructions exist.
+    pub fn load(cubins: &[Cubin], programmatic: bool) -> Result<Kernels> {
+        let mut kernels = Kernels { modules: Vec::with_capacity(cubins.len()), functions: Vec::new(), programmatic, fused_attention: true };
         for cubin in cubins {
             // SAFETY: `image` is a complete cubin produced by NVRTC (or read back from the cache);
             // the driver copies it during the call.
@@ -148,6 +188,13 @@ impl Kernels {
             kernels.functions.push((name, f));
         }
         kernels.functions.sort_by(|a, b| a.0.cmp(&b.0));
+        for dtype in ["bf16", "f32"] {
+            let f = kernels.function(&format!("attention_mq256_{dtype}"))?;
+            let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            // SAFETY: `f` is a resolved function of a loaded module; the value is a byte count.
+            let granted = unsafe { sys::cuFuncSetAttribute(f, attr, ATTENTION_SHARED_BYTES as i32) }.result();
+            kernels.fused_attention &= granted.is_ok();
+        }
         Ok(kernels)
     }
 
@@ -161,10 +208,50 @@ impl Kernels {
     /// # Safety
     /// The arguments must match the kernel's C signature and point to live device memory.
     unsafe fn launch<const N: usize>(&self, name: &str, grid: (u32, u32, u32), block: u32, stream: CUstream, args: [Arg; N]) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.launch_with_shared(name, grid, block, 0, stream, args) }
+    }
+
+    /// [`Kernels::launch`] with `shared` bytes of dynamic shared memory.
+    ///
+    /// # Safety
+    /// As [`Kernels::launch`].
+    unsafe fn launch_with_shared<const N: usize>(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared: u32,
+        stream: CUstream,
+        args: [Arg; N],
+    ) -> Result<()> {
         let f = self.function(name)?;
         let mut params: [*mut c_void; N] = std::array::from_fn(|i| args[i].as_param());
         // SAFETY: `params` points into `args`, alive until the driver has copied them.
-        unsafe { result::launch_kernel(f, grid, (block, 1, 1), 0, stream, &mut params) }
+        if !self.programmatic {
+            return unsafe { result::launch_kernel(f, grid, (block, 1, 1), shared, stream, &mut params) }
+                .map_err(|e| KernelError::cuda(format!("launching {name}"), e));
+        }
+        // SAFETY: an all-zero attribute is a valid value of this plain C union.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: shared,
+            hStream: stream,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: `config` and `attr` outlive the call; `params` as above. Every kernel waits in
+        // `griddepcontrol.wait` before touching memory an earlier kernel uses (common.cuh).
+        unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
             .map_err(|e| KernelError::cuda(format!("launching {name}"), e))
     }
 
@@ -519,6 +606,105 @@ impl Kernels {
         ];
         // SAFETY: matches the kernel in attention.cu: one warp per row, 8 rows per block.
         unsafe { self.launch(name, (rows.div_ceil(8) as u32, 1, 1), 256, stream, args) }
+    }
+
+    /// Whether [`Kernels::attention_mq256`] can run on this device (it needs 105 KB of shared
+    /// memory per block).
+    pub fn has_fused_attention(&self) -> bool {
+        self.fused_attention
+    }
+
+    /// How to split `keys` for `rows` (query × head) rows so that about `target_blocks` blocks
+    /// run: `(splits, keys_per_split)`. Few rows (the action tokens) take several splits.
+    pub fn attention_split(rows: usize, keys: usize, target_blocks: usize) -> (usize, usize) {
+        let (row_tiles, chunks) = (rows.div_ceil(ATTENTION_ROWS).max(1), keys.div_ceil(ATTENTION_KEYS).max(1));
+        let wanted = target_blocks.div_ceil(row_tiles).clamp(1, chunks);
+        let keys_per_split = chunks.div_ceil(wanted) * ATTENTION_KEYS;
+        (keys.div_ceil(keys_per_split).max(1), keys_per_split)
+    }
+
+    /// f32 elements of `partial_o` for `splits` splits of `rows` rows (none for one split).
+    pub fn attention_partial_len(rows: usize, splits: usize) -> usize {
+        if splits > 1 { splits * rows * ATTENTION_HEAD_DIM } else { 0 }
+    }
+
+    /// Fused multi-query attention, head dimension 256: `softmax(q kᵀ / 16) v` per head with the
+    /// masks of [`AttentionArgs`], in one launch (plus a merge of the splits when there are
+    /// several).
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes; the partial buffers must
+    /// not be in use by a concurrent launch.
+    pub unsafe fn attention_mq256(&self, args: &AttentionArgs, stream: CUstream) -> Result<()> {
+        let what = "attention_mq256";
+        let AttentionArgs { q, k, v, out, heads, .. } = *args;
+        let d = ATTENTION_HEAD_DIM;
+        if !self.fused_attention {
+            return Err(shape_error(what, format!("the device does not grant {ATTENTION_SHARED_BYTES} bytes of shared memory per block")));
+        }
+        if [q.dtype, k.dtype, v.dtype] != [Dtype::Bf16; 3]
+            || heads == 0
+            || q.cols != heads * d
+            || (out.rows, out.cols) != (q.rows, q.cols)
+            || k.cols != d
+            || (v.rows, v.cols) != (k.rows, k.cols)
+        {
+            return Err(shape_error(
+                what,
+                format!(
+                    "needs bf16 q [queries, {heads}·{d}] and k/v [keys, {d}], out like q, got q {}x{} {:?}, k {}x{}, v {}x{}, out {}x{}",
+                    q.rows, q.cols, q.dtype, k.rows, k.cols, v.rows, v.cols, out.rows, out.cols
+                ),
+            ));
+        }
+        if k.rows == 0 {
+            return Err(shape_error(what, "no keys".into()));
+        }
+        if [q, k, v].iter().any(|m| m.ptr % 16 != 0 || m.stride % 8 != 0) {
+            return Err(shape_error(what, "q, k and v rows must be 16-byte aligned".into()));
+        }
+        let (rows, keys) = (q.rows * heads, k.rows);
+        let splits = keys.div_ceil(args.keys_per_split.max(ATTENTION_KEYS));
+        let args_list = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, what)?),
+            Arg::P(q.ptr),
+            Arg::I(i32_of(q.stride, what)?),
+            Arg::P(k.ptr),
+            Arg::I(i32_of(k.stride, what)?),
+            Arg::P(v.ptr),
+            Arg::I(i32_of(v.stride, what)?),
+            Arg::P(args.key_valid.unwrap_or(0)),
+            Arg::P(args.query_valid.unwrap_or(0)),
+            Arg::I(i32_of(q.rows, what)?),
+            Arg::I(i32_of(heads, what)?),
+            Arg::I(i32_of(keys, what)?),
+            Arg::I(i32_of(args.keys_per_split, what)?),
+            Arg::F(std::f32::consts::LOG2_E / (d as f32).sqrt()),
+            Arg::P(args.partial_o),
+            Arg::P(args.partial_ml),
+        ];
+        let grid = (rows.div_ceil(ATTENTION_ROWS) as u32, splits as u32, 1);
+        let name = format!("{what}_{}", out.dtype.suffix());
+        // SAFETY: matches `attention_mq256_*`: 128 threads, grid (row tiles, splits), the shared
+        // memory granted at load.
+        unsafe { self.launch_with_shared(&name, grid, 128, ATTENTION_SHARED_BYTES, stream, args_list)? };
+        if splits == 1 {
+            return Ok(());
+        }
+        let name = &format!("attention_mq256_combine_{}", out.dtype.suffix());
+        let combine = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, name)?),
+            Arg::P(args.partial_o),
+            Arg::P(args.partial_ml),
+            Arg::P(args.query_valid.unwrap_or(0)),
+            Arg::I(i32_of(q.rows, name)?),
+            Arg::I(i32_of(heads, name)?),
+            Arg::I(splits as i32),
+        ];
+        // SAFETY: matches `attention_mq256_combine`: one block of 256 threads per row.
+        unsafe { self.launch(name, (rows as u32, 1, 1), d as u32, stream, combine) }
     }
 
     /// Resize-with-pad, normalise and patchify camera `camera` of the staged u8 frames into `out`

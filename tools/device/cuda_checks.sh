@@ -7,6 +7,9 @@
 #   bash tools/device/cuda_checks.sh bench        # pi05-2v, cold then warm kernel cache
 #   bash tools/device/cuda_checks.sh views        # 1 and 3 views
 #   bash tools/device/cuda_checks.sh full         # lerobot f32 reference on the same weights, 5c
+#   bash tools/device/cuda_checks.sh profile      # per-phase and per-kernel profile, both paths
+#   bash tools/device/cuda_checks.sh ab           # pi05-2v without programmatic dependent launch,
+#                                                 # and also without the fused attention
 # (bench/views/full synthesize the full-size checkpoint first if /tmp/flashrt_full lacks it.)
 #
 # On this workplace's device tool: `run` with carry [".device-carry", ".whl"] and the command
@@ -68,6 +71,18 @@ for phase in "$@"; do
         bench 1 pi05-1v
         bench 3 pi05-3v
         ;;
+    profile)
+        echo "== pi05-2v profile: per phase and per kernel, default and unfused attention without PDL"
+        synth_full
+        XDG_CACHE_HOME=/tmp/kcache FRT_PROFILE="$OUT/profile_default.json" run "$BIN/flashrt" bench --checkpoint "$FULL" --backend cuda --cameras 2 --iterations 20 --views 2 --workload profile
+        XDG_CACHE_HOME=/tmp/kcache FRT_NO_FUSED_ATTENTION=1 FRT_NO_PDL=1 FRT_PROFILE="$OUT/profile_unfused_no_pdl.json" run "$BIN/flashrt" bench --checkpoint "$FULL" --backend cuda --cameras 2 --iterations 20 --views 2 --workload profile
+        ;;
+    ab)
+        echo "== pi05-2v: without programmatic dependent launch, and also without the fused attention"
+        synth_full
+        FRT_NO_FUSED_ATTENTION=1 FRT_NO_PDL=1 bench 2 pi05-2v-unfused-attention-no-pdl
+        FRT_NO_PDL=1 bench 2 pi05-2v-no-pdl
+        ;;
     full)
         echo "== full size: lerobot f32 reference, then CUDA parity"
         synth_full
@@ -77,7 +92,7 @@ for phase in "$@"; do
         FRT_FULL_PARITY_DIR="$FULL" run "$BIN/cuda_pi05" --test-threads=1 --nocapture full_size
         ;;
     *)
-        echo "unknown phase $phase (tests | bench | views | full)"
+        echo "unknown phase $phase (tests | bench | views | full | ab | profile)"
         status=2
         ;;
     esac

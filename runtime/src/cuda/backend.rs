@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
-use flashrt_kernels::{DevPtr, Dtype, Kernels, Mat, RopeArgs};
+use flashrt_kernels::{AttentionArgs, DevPtr, Dtype, Kernels, Mat, RopeArgs};
 
 use super::device::{BlasLt, Context, DeviceMemory, Graph, Pinned, Stream, check, time_replays};
 use super::gemm::{Matmul, MatmulSpec, Operand, WORKSPACE_BYTES};
@@ -168,6 +168,8 @@ enum Step {
         suffix: usize,
     },
     Rope(RopeArgs),
+    /// Multi-query attention of few queries in one kernel (see `Kernels::attention_mq256`).
+    FusedAttention(AttentionArgs),
     Softmax {
         p: DevPtr,
         s: DevPtr,
@@ -183,6 +185,19 @@ enum Step {
         scale: DevPtr,
         offset: DevPtr,
     },
+}
+
+/// Whether an attention op runs as one fused kernel: multi-query, head dimension 256, one group,
+/// and few queries (the action tokens: 50). Measured on the H200 (bench/NOTES.md): for the 50
+/// action tokens the fused kernel beats the two products around the softmax; for the 712-token
+/// prefix it does not yet, so the prefix keeps the products.
+fn fuses(queries: usize, kv_heads: usize, head_dim: usize, groups: usize) -> bool {
+    queries <= 64 && kv_heads == 1 && head_dim == 256 && groups == 1
+}
+
+/// A diagnostic switch from the environment: set and not "0".
+fn env_flag(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| v != "0")
 }
 
 /// Chooses each buffer's element type from how the plan uses it (see the module docs).
@@ -242,6 +257,9 @@ struct Scratch {
     probs: DevPtr,
     /// bf16 copy of an f32 GEMM input.
     shadow: DevPtr,
+    /// Split partial outputs (f32) and (max, sum) pairs of the fused attention.
+    attention_o: DevPtr,
+    attention_ml: DevPtr,
     workspace: DevPtr,
     rope_cos: DevPtr,
     rope_sin: DevPtr,
@@ -281,12 +299,26 @@ impl CudaBackend {
     pub fn new(plan: Plan, weights: Vec<WeightData>, checkpoint: Arc<Checkpoint>, opts: &CudaOptions) -> Result<CudaBackend> {
         let device_name = super::probe(opts.device).map_err(Error::Backend)?;
         let ctx = Context::new(opts.device)?;
-        let arch = ctx.arch()?;
+        let (major, minor) = ctx.compute_capability()?;
+        let arch = format!("sm_{major}{minor}");
+        let board = crate::board::BoardProfile::for_compute_capability(major, minor);
+        if let Some(board) = board {
+            log::info!("board profile {} ({}): {:?} precision", board.name, board.description, board.precision);
+            if board.precision != crate::policy::Precision::Bf16 {
+                log::info!("the CUDA backend computes in bf16; {:?} weights are not implemented yet", board.precision);
+            }
+        }
         let cache = opts.kernel_cache_dir.clone().or_else(flashrt_kernels::default_cache_dir);
         let started = std::time::Instant::now();
         let cubins = flashrt_kernels::load_or_compile(&arch, cache.as_deref()).map_err(|e| Error::Backend(e.to_string()))?;
-        let kernels = Kernels::load(&cubins).map_err(|e| Error::Backend(e.to_string()))?;
-        log::info!("CUDA backend on {device_name} ({arch}): kernels ready in {:.2?}", started.elapsed());
+        // Programmatic dependent launch needs compute capability 9.0 (griddepcontrol).
+        let programmatic = major >= 9 && !env_flag("FRT_NO_PDL");
+        let kernels = Kernels::load(&cubins, programmatic).map_err(|e| Error::Backend(e.to_string()))?;
+        log::info!(
+            "CUDA backend on {device_name} ({arch}): kernels ready in {:.2?}, programmatic dependent launch {}",
+            started.elapsed(),
+            if programmatic { "on" } else { "off" }
+        );
 
         let stream = Stream::new()?;
         let lt = BlasLt::new()?;
@@ -301,7 +333,16 @@ impl CudaBackend {
             .map(|(b, e)| (!(b.ty == BufType::U8 && b.host == HostIo::Input)).then(|| layout.take(b.len * e.size())))
             .collect();
         let (mut score_len, mut shadow_len, mut rope_positions, mut head_dim) = (0, 0, 0, 2);
+        let fused_attention = kernels.has_fused_attention() && !env_flag("FRT_NO_FUSED_ATTENTION");
+        let multiprocessors = ctx.multiprocessors()?;
+        let mut attention_partial = 0;
         for op in &plan.ops {
+            if let Op::Attention { q, k, heads, kv_heads, head_dim, groups, .. } = *op {
+                if fused_attention && fuses(q.rows, kv_heads, head_dim, groups) {
+                    let (splits, _) = Kernels::attention_split(q.rows * heads, k.rows, multiprocessors);
+                    attention_partial = attention_partial.max(Kernels::attention_partial_len(q.rows * heads, splits));
+                }
+            }
             match *op {
                 Op::Attention { q, k, heads, groups, .. } => score_len = score_len.max(heads * (q.rows / groups) * (k.rows / groups)),
                 Op::Gemm { a, .. } if elems[a.buf.0] == Elem::F32 => shadow_len = shadow_len.max(a.rows * a.cols),
@@ -317,6 +358,8 @@ impl CudaBackend {
             layout.take(score_len * 4),
             layout.take(score_len * 2),
             layout.take(shadow_len * 2),
+            layout.take(attention_partial * 4),
+            layout.take(attention_partial / 128 * 4),
             layout.take(WORKSPACE_BYTES),
             layout.take(rope_positions * half * 4),
             layout.take(rope_positions * half * 4),
@@ -329,9 +372,11 @@ impl CudaBackend {
             scores: at(scratch_at[0]),
             probs: at(scratch_at[1]),
             shadow: at(scratch_at[2]),
-            workspace: at(scratch_at[3]),
-            rope_cos: at(scratch_at[4]),
-            rope_sin: at(scratch_at[5]),
+            attention_o: at(scratch_at[3]),
+            attention_ml: at(scratch_at[4]),
+            workspace: at(scratch_at[5]),
+            rope_cos: at(scratch_at[6]),
+            rope_sin: at(scratch_at[7]),
         };
         let (cos, sin) = crate::cpu::rope_tables(rope_positions, head_dim);
         // SAFETY: both regions were sized for these tables above.
@@ -357,6 +402,18 @@ impl CudaBackend {
         }
 
         let uploaded = upload_weights(&plan, weights, &checkpoint, &elems, stream.0)?;
+        if let Some(board) = board {
+            let (total, used_mib) = (ctx.total_memory()?, (uploaded.memory.bytes + arena.bytes) >> 20);
+            let budget = board.memory_budget_mib(total as u64);
+            if used_mib as u64 > budget {
+                log::warn!(
+                    "the policy takes {used_mib} MiB of device memory, over the {budget} MiB budget of the {} profile for a {} GiB module \
+                     (fewer camera slots or a shorter prompt capacity shrink it)",
+                    board.name,
+                    total >> 30
+                );
+            }
+        }
         let mut backend = CudaBackend {
             device_name: format!("{device_name} ({arch})"),
             stream,
@@ -378,6 +435,8 @@ impl CudaBackend {
             backend: &backend,
             weights: &uploaded.ptrs,
             scratch: &scratch,
+            fused_attention,
+            multiprocessors,
             steps: Vec::new(),
             phase_steps: Vec::new(),
             matmuls: Vec::new(),
@@ -476,6 +535,28 @@ impl CudaBackend {
             );
             rows.push(serde_json::json!({"phase": name, "ms": total, "gemm_ms": gemm, "gemms": gemms.len(), "other_launches": range.len() - gemms.len()}));
         }
+        // Where each phase's time goes: the launches of one kind (one kernel, or one GEMM
+        // shape) of a phase, alone as a graph. The denoise steps are pooled.
+        let mut kinds = Vec::new();
+        for (i, (name, first)) in self.phase_steps.iter().enumerate() {
+            let end = self.phase_steps.get(i + 1).map_or(self.steps.len(), |p| p.1);
+            let phase = if name.starts_with("denoise") { "denoise" } else { name.as_str() };
+            for step in &self.steps[*first..end] {
+                let kind = self.step_kind(step);
+                match kinds.iter_mut().find(|(p, k, _): &&mut (&str, String, Vec<&Step>)| *p == phase && *k == kind) {
+                    Some((_, _, steps)) => steps.push(step),
+                    None => kinds.push((phase, kind, vec![step])),
+                }
+            }
+        }
+        let mut by_kind = Vec::new();
+        for (phase, kind, steps) in &kinds {
+            // SAFETY: as in `issue_all`.
+            let graph = Graph::capture(self.stream.0, || steps.iter().try_for_each(|s| unsafe { self.issue(s) }))?;
+            let ms = time_replays(&graph, self.stream.0, REPS)?;
+            log::info!("  {phase:8} {kind:44} {:5} launches {ms:8.3} ms, {:6.2} us each", steps.len(), ms * 1e3 / steps.len() as f32);
+            by_kind.push(serde_json::json!({"phase": phase, "kind": kind, "launches": steps.len(), "ms": ms}));
+        }
         let graph = self.graph.as_ref().expect("captured");
         let whole = time_replays(graph, self.stream.0, REPS)?;
         // What a step pays on the host around the GPU time: the launch call itself, and launch
@@ -497,8 +578,33 @@ impl CudaBackend {
             "launch_call_ms": launch_call,
             "launch_to_sync_ms": launch_to_sync,
             "phases": rows,
+            "by_kind": by_kind,
         });
         std::fs::write(path, serde_json::to_string_pretty(&json).expect("json")).map_err(|source| Error::Io { path: path.into(), source })
+    }
+
+    /// A step's kernel (or cuBLASLt product shape), for the profile.
+    fn step_kind(&self, step: &Step) -> String {
+        match step {
+            Step::HtoD { .. } => "copy to device".into(),
+            Step::DtoH { .. } => "copy to host".into(),
+            Step::Gemm(i) => format!("cublaslt {}", self.matmuls[*i].label()),
+            Step::Copy { .. } => "copy".into(),
+            Step::ImagePatches { .. } => "image_patches".into(),
+            Step::AddTable { .. } => "add_table".into(),
+            Step::LayerNorm { .. } => "layer_norm".into(),
+            Step::RmsNorm { modulation, .. } => if modulation.is_some() { "ada_rms_norm" } else { "rms_norm" }.into(),
+            Step::GatedResidual { .. } => "gated_residual".into(),
+            Step::GatedResidualRmsNorm { .. } => "gated_residual_rms_norm".into(),
+            Step::GeluTanh { .. } => "gelu_tanh".into(),
+            Step::GeluTanhMul { .. } => "gelu_tanh_mul".into(),
+            Step::Embed { .. } => "embed".into(),
+            Step::Positions { .. } => "positions".into(),
+            Step::Rope(_) => "rope_qkv".into(),
+            Step::FusedAttention(a) => format!("attention_mq256 {}x{} over {} keys", a.q.rows, a.heads, a.k.rows),
+            Step::Softmax { rows, keys, .. } => format!("softmax {rows}x{keys}"),
+            Step::Affine { .. } => "affine".into(),
+        }
     }
 
     /// Enqueues every step on the stream (eagerly, or into the graph under capture).
@@ -540,6 +646,7 @@ impl CudaBackend {
                     k.positions(valid, positions, frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix, s)
                 }
                 Step::Rope(ref args) => k.rope_qkv(args, s),
+                Step::FusedAttention(ref args) => k.attention_mq256(args, s),
                 Step::Softmax { p, s: scores, rows, queries, keys, key_valid, query_valid } => {
                     k.softmax_rows(p, scores, rows, queries, keys, key_valid, query_valid, s)
                 }
@@ -718,6 +825,10 @@ struct Lowering<'a> {
     backend: &'a CudaBackend,
     weights: &'a HashMap<(usize, Elem), DevPtr>,
     scratch: &'a Scratch,
+    /// Lower few-query multi-query attention to `Kernels::attention_mq256` (off with
+    /// FRT_NO_FUSED_ATTENTION=1), sized for this many SMs.
+    fused_attention: bool,
+    multiprocessors: usize,
     steps: Vec<Step>,
     phase_steps: Vec<(String, usize)>,
     matmuls: Vec<Matmul>,
@@ -952,6 +1063,22 @@ impl Lowering<'_> {
         let (qs, ks, vs) = (self.mat(q)?, self.mat(k)?, self.mat(v)?);
         if [qs.dtype, ks.dtype, vs.dtype] != [Dtype::Bf16; 3] {
             return Err(self.error(format!("attention operands must be bf16, got {:?}/{:?}/{:?}", qs.dtype, ks.dtype, vs.dtype)));
+        }
+        if self.fused_attention && fuses(q.rows, kv_heads, head_dim, groups) {
+            let (_, keys_per_split) = Kernels::attention_split(q.rows * heads, k.rows, self.multiprocessors);
+            self.steps.push(Step::FusedAttention(AttentionArgs {
+                q: qs,
+                k: ks,
+                v: vs,
+                out: self.mat(out)?,
+                heads,
+                key_valid: key_valid.map(|b| self.ptr(b)),
+                query_valid: query_valid.map(|b| self.ptr(b)),
+                keys_per_split,
+                partial_o: self.scratch.attention_o,
+                partial_ml: self.scratch.attention_ml,
+            }));
+            return Ok(());
         }
         let (rows, keys) = (q.rows / groups, k.rows / groups);
         for g in 0..groups {

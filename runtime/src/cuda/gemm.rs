@@ -184,6 +184,13 @@ impl Matmul {
         self.chosen = i;
     }
 
+    /// `rows x cols (k K, batch B)` of the row-major product, for logs and profiles.
+    pub fn label(&self) -> String {
+        let s = &self.spec;
+        let k = if s.a.transpose { s.a.rows } else { s.a.cols };
+        format!("{}x{} (k {k}, batch {})", s.d.cols, s.d.rows, s.batch)
+    }
+
     /// Everything the speed of an algorithm depends on (shapes, types, layouts, alignments,
     /// epilogue, scalars) but not the addresses: products with equal keys share a timing.
     pub fn shape_key(&self) -> String {

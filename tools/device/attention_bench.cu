@@ -1,0 +1,146 @@
+// Checks and times attention_mq256 (kernels/cuda/attention.cu) against a plain f32 reference on
+// the Pi0.5 shapes: the denoise step (50 queries x 8 heads over 762 cached keys, several splits)
+// and the prefix (712 x 8 over 712 keys), with masked keys and queries. Built on the GPU machine:
+//   nvcc -O3 -std=c++17 -arch=sm_90 -I kernels/cuda tools/device/attention_bench.cu -o att && ./att
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "attention.cu"
+
+#define CHECK(x)                                                                                  \
+    do {                                                                                          \
+        cudaError_t err_ = (x);                                                                   \
+        if (err_ != cudaSuccess) {                                                                \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(err_)); \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+// One block per (query, head) row; scores in shared memory (keys <= 1024).
+__global__ void reference(float* out, const bf16* q, int q_stride, const bf16* k, const bf16* v, const float* key_valid,
+                          const float* query_valid, int queries, int heads, int keys, float scale) {
+    __shared__ float sc[1024];
+    const int r = blockIdx.x, t = r / heads, h = r % heads;
+    const bf16* qr = q + (long)t * q_stride + h * 256;
+    for (int j = threadIdx.x; j < keys; j += blockDim.x) {
+        float s = 0.f;
+        for (int d = 0; d < 256; ++d) s += to_float(qr[d]) * to_float(k[(long)j * 256 + d]);
+        sc[j] = key_valid[j] != 0.f ? s * scale : -INFINITY;
+    }
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int j = 0; j < keys; ++j) mx = fmaxf(mx, sc[j]);
+    float sum = 0.f;
+    for (int j = 0; j < keys; ++j) sum += sc[j] == -INFINITY ? 0.f : expf(sc[j] - mx);
+    const int d = threadIdx.x;
+    float acc = 0.f;
+    for (int j = 0; j < keys; ++j) acc += (sc[j] == -INFINITY ? 0.f : expf(sc[j] - mx)) * to_float(v[(long)j * 256 + d]);
+    const bool dead = query_valid[t] == 0.f || sum == 0.f;
+    out[(long)t * heads * 256 + h * 256 + d] = dead ? 0.f : acc / sum;
+}
+
+static unsigned short bits(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+static float unbits(unsigned short b) {
+    unsigned u = (unsigned)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+int main() {
+    struct Case { const char* name; int queries, keys, splits; };
+    const Case cases[] = {{"denoise 1 split", 50, 762, 1}, {"denoise 12 splits", 50, 762, 12}, {"denoise 24 splits", 50, 762, 24},
+                          {"prefix 1 split", 712, 712, 1}, {"prefix 2 splits", 712, 712, 2}};
+    const int heads = 8, q_stride = 2560;  // q inside the fused qkv rows, as in the plan
+    srand(3);
+    for (const Case& c : cases) {
+        const int rows = c.queries * heads;
+        std::vector<unsigned short> hq((size_t)c.queries * q_stride), hk((size_t)c.keys * 256), hv((size_t)c.keys * 256);
+        for (auto& x : hq) x = bits((rand() / (float)RAND_MAX - 0.5f) * 4.f);
+        for (auto& x : hk) x = bits((rand() / (float)RAND_MAX - 0.5f) * 4.f);
+        for (auto& x : hv) x = bits((rand() / (float)RAND_MAX - 0.5f) * 2.f);
+        std::vector<float> kvalid(c.keys), qvalid(c.queries);
+        for (int j = 0; j < c.keys; ++j) kvalid[j] = (j % 7 == 3 || (j > 600 && j < 700)) ? 0.f : 1.f;
+        for (int t = 0; t < c.queries; ++t) qvalid[t] = t % 11 == 5 ? 0.f : 1.f;
+        bf16 *q, *k, *v, *out;
+        float *ref, *kv, *qv, *po, *pml;
+        CHECK(cudaMalloc(&q, hq.size() * 2));
+        // 96 copies of K and V (> 60 MB): the timed launches rotate over them, so K/V come from
+        // memory as in a step (the weights streamed in between evict them from L2).
+        const int copies = 96;
+        CHECK(cudaMalloc(&k, hk.size() * 2 * copies));
+        CHECK(cudaMalloc(&v, hv.size() * 2 * copies));
+        CHECK(cudaMalloc(&out, (size_t)c.queries * heads * 256 * 2));
+        CHECK(cudaMalloc(&ref, (size_t)c.queries * heads * 256 * 4));
+        CHECK(cudaMalloc(&kv, c.keys * 4));
+        CHECK(cudaMalloc(&qv, c.queries * 4));
+        CHECK(cudaMalloc(&po, (size_t)c.splits * rows * 256 * 4));
+        CHECK(cudaMalloc(&pml, (size_t)c.splits * rows * 2 * 4));
+        CHECK(cudaMemcpy(q, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice));
+        for (int i = 0; i < copies; ++i) {
+            CHECK(cudaMemcpy(k + i * hk.size(), hk.data(), hk.size() * 2, cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(v + i * hv.size(), hv.data(), hv.size() * 2, cudaMemcpyHostToDevice));
+        }
+        CHECK(cudaMemcpy(kv, kvalid.data(), c.keys * 4, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(qv, qvalid.data(), c.queries * 4, cudaMemcpyHostToDevice));
+        const int chunks = (c.keys + ATT_KEYS - 1) / ATT_KEYS;
+        const int per_split = (chunks + c.splits - 1) / c.splits * ATT_KEYS;
+        const int splits = (c.keys + per_split - 1) / per_split;
+        const float scale_log2 = 1.4426950408889634f / 16.f;
+        cudaStream_t st;
+        CHECK(cudaStreamCreate(&st));
+        CHECK(cudaFuncSetAttribute(attention_mq256_bf16, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_SHARED_BYTES));
+        auto launch = [&](int i) {
+            const bf16* kc = k + (size_t)(i % copies) * hk.size();
+            const bf16* vc = v + (size_t)(i % copies) * hv.size();
+            attention_mq256_bf16<<<dim3((rows + ATT_ROWS - 1) / ATT_ROWS, splits), 128, ATT_SHARED_BYTES, st>>>(
+                out, heads * 256, q, q_stride, kc, 256, vc, 256, kv, qv, c.queries, heads, c.keys, per_split, scale_log2, po, pml);
+            if (splits > 1) attention_mq256_combine_bf16<<<rows, 256, 0, st>>>(out, heads * 256, po, pml, qv, c.queries, heads, splits);
+        };
+        launch(0);
+        reference<<<rows, 256, 0, st>>>(ref, q, q_stride, k, v, kv, qv, c.queries, heads, c.keys, 1.f / 16.f);
+        CHECK(cudaStreamSynchronize(st));
+        std::vector<unsigned short> got((size_t)rows * 256);
+        std::vector<float> want((size_t)rows * 256);
+        CHECK(cudaMemcpy(got.data(), out, got.size() * 2, cudaMemcpyDeviceToHost));
+        CHECK(cudaMemcpy(want.data(), ref, want.size() * 4, cudaMemcpyDeviceToHost));
+        double max_err = 0, max_ref = 0, se = 0, sr = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+            const double e = unbits(got[i]) - want[i];
+            max_err = std::max(max_err, fabs(e));
+            max_ref = std::max(max_ref, (double)fabsf(want[i]));
+            se += e * e;
+            sr += (double)want[i] * want[i];
+        }
+        // Timing: 64 launches per graph, 5 replays.
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        for (int i = 0; i < 64; ++i) launch(i);
+        CHECK(cudaStreamEndCapture(st, &g));
+        CHECK(cudaGraphInstantiate(&ge, g, 0));
+        CHECK(cudaGraphLaunch(ge, st));
+        CHECK(cudaStreamSynchronize(st));
+        cudaEvent_t t0, t1;
+        CHECK(cudaEventCreate(&t0));
+        CHECK(cudaEventCreate(&t1));
+        CHECK(cudaEventRecord(t0, st));
+        for (int i = 0; i < 5; ++i) CHECK(cudaGraphLaunch(ge, st));
+        CHECK(cudaEventRecord(t1, st));
+        CHECK(cudaEventSynchronize(t1));
+        float ms;
+        CHECK(cudaEventElapsedTime(&ms, t0, t1));
+        printf("{\"case\": \"%s\", \"splits\": %d, \"blocks\": %d, \"us\": %.2f, \"max_abs_err\": %.3g, \"max_abs_ref\": %.3g, \"nmse\": %.3g}\n",
+               c.name, splits, (rows + ATT_ROWS - 1) / ATT_ROWS * splits, ms * 1000 / 320, max_err, max_ref, se / sr);
+        fflush(stdout);
+    }
+    return 0;
+}
