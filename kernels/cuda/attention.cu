@@ -131,7 +131,9 @@ extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s,
 // work on the current one. Scores in the log2 domain (exp2). Row r is query r / heads, head r % heads.
 #define ATT_D 256
 #define ATT_KEYS 32                  // keys per chunk
-#define ATT_ROWS 64                  // rows per block
+#ifndef ATT_ROWS
+#define ATT_ROWS 64                  // rows per block (16 per warp; tools/device/attention_bench.cu tries others)
+#endif
 #define ATT_QK_STRIDE (ATT_D + 32)   // Q/K rows 576 B apart: a quarter-warp's two rows use disjoint banks
 #define ATT_V_STRIDE (ATT_D + 8)     // V rows 528 B apart: ldmatrix's eight rows use disjoint banks
 // Dynamic shared memory, in bytes (launch.rs mirrors the total): Q tile, two K and two V chunks,

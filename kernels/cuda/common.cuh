@@ -44,9 +44,34 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return warp_sum(v);
 }
 
+// 0.5 x (1 + tanh(u)) written as x / (1 + e^(-2u)): the same function with one fast exponential
+// instead of tanhf (the prefix MLP applies it to 11.7 M values per step).
 __device__ __forceinline__ float gelu_tanh(float x) {
     const float k = 0.7978845608f;  // sqrt(2 / pi)
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+    return x / (1.0f + __expf(-2.0f * k * (x + 0.044715f * x * x * x)));
+}
+
+// Eight consecutive elements as f32, one 16-byte access per eight bf16 or four f32.
+__device__ __forceinline__ void load8(const bf16* p, float* v) {
+    const uint4 u = *(const uint4*)p;
+    const unsigned w[4] = {u.x, u.y, u.z, u.w};
+    for (int i = 0; i < 4; ++i) {
+        v[2 * i] = __uint_as_float(w[i] << 16);
+        v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+__device__ __forceinline__ void load8(const float* p, float* v) {
+    const float4 a = ((const float4*)p)[0], b = ((const float4*)p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void store8(bf16* p, const float* v) {
+    unsigned w[4];
+    for (int i = 0; i < 4; ++i) w[i] = (unsigned)from_float<bf16>(v[2 * i]).bits | ((unsigned)from_float<bf16>(v[2 * i + 1]).bits << 16);
+    *(uint4*)p = make_uint4(w[0], w[1], w[2], w[3]);
+}
+__device__ __forceinline__ void store8(float* p, const float* v) {
+    ((float4*)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    ((float4*)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
 
 // Instantiates `KERNEL(NAME, TIN, TOUT)` for the four f32/bf16 input/output combinations,

@@ -26,29 +26,51 @@ extern "C" __global__ void add_table_f32(float* x, int x_stride, const float* ta
     x[(long)r * x_stride + c] += table[(long)(r % table_rows) * cols + c];
 }
 
+// The GeLU passes run `per` (1 or 8, chosen by the launcher from the alignment of the rows)
+// consecutive columns per thread: grid (ceil(cols / per / 256), rows).
 template <typename T>
-__device__ void gelu_tanh_inplace(T* x, int stride, int rows, int cols) {
-    ELEMENT_INDEX
+__device__ void gelu_tanh_inplace(T* x, int stride, int rows, int cols, int per) {
+    const int c = (blockIdx.x * blockDim.x + threadIdx.x) * per, r = blockIdx.y;
+    if (c >= cols || r >= rows) return;
     T* p = x + (long)r * stride + c;
-    *p = from_float<T>(gelu_tanh(to_float(*p)));
+    if (per == 8) {
+        float v[8];
+        load8(p, v);
+        for (int i = 0; i < 8; ++i) v[i] = gelu_tanh(v[i]);
+        store8(p, v);
+    } else {
+        *p = from_float<T>(gelu_tanh(to_float(*p)));
+    }
 }
 #define GELU_TANH(NAME, T)                                                                 \
-    extern "C" __global__ void NAME(T* x, int stride, int rows, int cols) { PDL_ENTRY();                \
-        gelu_tanh_inplace<T>(x, stride, rows, cols);                                       \
+    extern "C" __global__ void NAME(T* x, int stride, int rows, int cols, int per) {       \
+        PDL_ENTRY();                                                                       \
+        gelu_tanh_inplace<T>(x, stride, rows, cols, per);                                  \
     }
 FOR_TYPE(GELU_TANH, gelu_tanh)
 
 // out = gelu_tanh(gate) * up, with gate_up = [gate | up] column halves of `cols` each (GeGLU).
 template <typename Tin, typename Tout>
-__device__ void gelu_tanh_mul(Tout* out, int out_stride, const Tin* gate_up, int gu_stride, int rows, int cols) {
-    ELEMENT_INDEX
-    const Tin* g = gate_up + (long)r * gu_stride;
-    out[(long)r * out_stride + c] = from_float<Tout>(gelu_tanh(to_float(g[c])) * to_float(g[cols + c]));
+__device__ void gelu_tanh_mul(Tout* out, int out_stride, const Tin* gate_up, int gu_stride, int rows, int cols, int per) {
+    const int c = (blockIdx.x * blockDim.x + threadIdx.x) * per, r = blockIdx.y;
+    if (c >= cols || r >= rows) return;
+    const Tin* g = gate_up + (long)r * gu_stride + c;
+    Tout* o = out + (long)r * out_stride + c;
+    if (per == 8) {
+        float gate[8], up[8];
+        load8(g, gate);
+        load8(g + cols, up);
+        for (int i = 0; i < 8; ++i) gate[i] = gelu_tanh(gate[i]) * up[i];
+        store8(o, gate);
+    } else {
+        *o = from_float<Tout>(gelu_tanh(to_float(g[0])) * to_float(g[cols]));
+    }
 }
 #define GELU_TANH_MUL(NAME, TIN, TOUT)                                                             \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* gate_up, int gu_stride,  \
-                                    int rows, int cols) { PDL_ENTRY();                                          \
-        gelu_tanh_mul<TIN, TOUT>(out, out_stride, gate_up, gu_stride, rows, cols);                 \
+                                    int rows, int cols, int per) {                                 \
+        PDL_ENTRY();                                                                               \
+        gelu_tanh_mul<TIN, TOUT>(out, out_stride, gate_up, gu_stride, rows, cols, per);            \
     }
 FOR_IN_OUT(GELU_TANH_MUL, gelu_tanh_mul)
 

@@ -426,8 +426,10 @@ impl Kernels {
     /// `x` must be live device memory.
     pub unsafe fn gelu_tanh(&self, x: Mat, stream: CUstream) -> Result<()> {
         let name = format!("gelu_tanh_{}", x.dtype.suffix());
-        let grid = Self::elementwise_grid(x.rows, x.cols, &name)?;
-        let args = [Arg::P(x.ptr), Arg::I(i32_of(x.stride, &name)?), Arg::I(x.rows as i32), Arg::I(i32_of(x.cols, &name)?)];
+        let per = Self::columns_per_thread(&[(x, x.cols)]);
+        let grid = Self::elementwise_grid(x.rows, x.cols.div_ceil(per), &name)?;
+        let args =
+            [Arg::P(x.ptr), Arg::I(i32_of(x.stride, &name)?), Arg::I(x.rows as i32), Arg::I(i32_of(x.cols, &name)?), Arg::I(per as i32)];
         // SAFETY: matches `gelu_tanh_*` in elementwise.cu.
         unsafe { self.launch(&name, grid, 256, stream, args) }
     }
@@ -444,7 +446,9 @@ impl Kernels {
             ));
         }
         let name = format!("gelu_tanh_mul_{}_{}", gate_up.dtype.suffix(), out.dtype.suffix());
-        let grid = Self::elementwise_grid(out.rows, out.cols, &name)?;
+        // The up half starts `out.cols` into each gate_up row: it must be aligned too.
+        let per = Self::columns_per_thread(&[(out, out.cols), (gate_up, out.cols)]);
+        let grid = Self::elementwise_grid(out.rows, out.cols.div_ceil(per), &name)?;
         let args = [
             Arg::P(out.ptr),
             Arg::I(i32_of(out.stride, &name)?),
@@ -452,9 +456,20 @@ impl Kernels {
             Arg::I(i32_of(gate_up.stride, &name)?),
             Arg::I(out.rows as i32),
             Arg::I(i32_of(out.cols, &name)?),
+            Arg::I(per as i32),
         ];
         // SAFETY: matches `gelu_tanh_mul_*` in elementwise.cu.
         unsafe { self.launch(&name, grid, 256, stream, args) }
+    }
+
+    /// 8 when every row of every matrix can be read in 16-byte pieces of 8 elements from the
+    /// start and from `offset` columns in (and `cols` divides into them), else 1.
+    fn columns_per_thread(mats: &[(Mat, usize)]) -> usize {
+        let aligned = mats.iter().all(|(m, offset)| {
+            let size = m.dtype.size() as u64;
+            m.ptr % 16 == 0 && (m.stride as u64 * size) % 16 == 0 && (*offset as u64 * size) % 16 == 0 && m.cols % 8 == 0
+        });
+        if aligned { 8 } else { 1 }
     }
 
     /// `out = x ⊙ scale + offset` per column (f32 vectors of `out.cols`); `out` is f32.
