@@ -8,7 +8,7 @@
 // One block of 1024 threads scans the sequence in chunks, carrying the running count.
 extern "C" __global__ void positions_scan_1024(float* valid, int* positions, const int* frame_info, int cameras,
                                                int tokens_per_image, const int* token_mask, int prompt_len,
-                                               int suffix) { PDL_ENTRY();
+                                               int suffix) {
     __shared__ int warp_totals[32];
     __shared__ int carry;
     const int images = cameras * tokens_per_image, n = images + prompt_len + suffix;
@@ -80,7 +80,7 @@ __device__ void rope_qkv(T* qkv, int qkv_stride, int heads, int head_dim, const 
     extern "C" __global__ void NAME(T* qkv, int qkv_stride, int heads, int head_dim, const int* positions, \
                                     int position_offset, T* k_cache, int k_stride, T* v_cache,            \
                                     int v_stride, int cache_row, const float* cos_table,                  \
-                                    const float* sin_table) { PDL_ENTRY();                                             \
+                                    const float* sin_table) {                                             \
         rope_qkv<T>(qkv, qkv_stride, heads, head_dim, positions, position_offset, k_cache, k_stride,      \
                     v_cache, v_stride, cache_row, cos_table, sin_table);                                  \
     }
@@ -92,7 +92,7 @@ FOR_TYPE(ROPE_QKV, rope_qkv)
 // output is never read; zeros keep it equal to the reference). One warp per row of `keys` scores;
 // `s` and `p` are dense [rows, keys]. Either mask may be null.
 extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s, int rows, int queries, int keys,
-                                                        const float* key_valid, const float* query_valid) { PDL_ENTRY();
+                                                        const float* key_valid, const float* query_valid) {
     const int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     if (row >= rows) return;
     const float* sr = s + (long)row * keys;
@@ -335,7 +335,6 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
         NAME(TOUT* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride, const bf16* v, \
              int v_stride, const float* key_valid, const float* query_valid, int queries, int heads, int keys, \
              int keys_per_split, float scale_log2, float* partial_o, float* partial_ml) {                    \
-        PDL_ENTRY();                                                                                          \
         attention_mq256<TOUT>(out, out_stride, q, q_stride, k, k_stride, v, v_stride, key_valid, query_valid, \
                               queries, heads, keys, keys_per_split, scale_log2, partial_o, partial_ml);       \
     }
@@ -365,7 +364,6 @@ __device__ void attention_mq256_combine(Tout* out, int out_stride, const float* 
 #define ATTENTION_MQ256_COMBINE(NAME, TOUT)                                                                 \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const float* partial_o, const float* partial_ml, \
                                     const float* query_valid, int queries, int heads, int splits) {          \
-        PDL_ENTRY();                                                                                        \
         attention_mq256_combine<TOUT>(out, out_stride, partial_o, partial_ml, query_valid, queries, heads,  \
                                       splits);                                                              \
     }

@@ -86,25 +86,3 @@ __device__ __forceinline__ void store8(float* p, const float* v) {
 #define FOR_TYPE(KERNEL, NAME)  \
     KERNEL(NAME##_f32, float)   \
     KERNEL(NAME##_bf16, bf16)
-
-// Programmatic dependent launch (sm_90 and later; no-ops before). Every kernel calls
-// `pdl_launch_dependents` first, so the next kernel in the stream may be scheduled while this one
-// runs, and `pdl_wait` before it reads anything an earlier kernel wrote or writes anything: the
-// wait returns once the previous kernels have completed and their memory is visible. Work that
-// touches only weights (constant after open) may go before the wait.
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-// The entry of every kernel that reads or writes activations from its first instruction.
-#define PDL_ENTRY()                  \
-    do {                             \
-        pdl_launch_dependents();     \
-        pdl_wait();                  \
-    } while (0)

@@ -14,14 +14,14 @@ __device__ void copy(Tout* dst, int dst_stride, const Tin* src, int src_stride, 
 }
 #define COPY(NAME, TIN, TOUT)                                                                     \
     extern "C" __global__ void NAME(TOUT* dst, int dst_stride, const TIN* src, int src_stride,   \
-                                    int rows, int cols) { PDL_ENTRY();                                         \
+                                    int rows, int cols) {                                         \
         copy<TIN, TOUT>(dst, dst_stride, src, src_stride, rows, cols);                            \
     }
 FOR_IN_OUT(COPY, copy)
 
 // x += table, the table's rows repeating every `table_rows` rows (position embeddings per camera).
 extern "C" __global__ void add_table_f32(float* x, int x_stride, const float* table, int table_rows, int rows,
-                                         int cols) { PDL_ENTRY();
+                                         int cols) {
     ELEMENT_INDEX
     x[(long)r * x_stride + c] += table[(long)(r % table_rows) * cols + c];
 }
@@ -44,7 +44,6 @@ __device__ void gelu_tanh_inplace(T* x, int stride, int rows, int cols, int per)
 }
 #define GELU_TANH(NAME, T)                                                                 \
     extern "C" __global__ void NAME(T* x, int stride, int rows, int cols, int per) {       \
-        PDL_ENTRY();                                                                       \
         gelu_tanh_inplace<T>(x, stride, rows, cols, per);                                  \
     }
 FOR_TYPE(GELU_TANH, gelu_tanh)
@@ -69,7 +68,6 @@ __device__ void gelu_tanh_mul(Tout* out, int out_stride, const Tin* gate_up, int
 #define GELU_TANH_MUL(NAME, TIN, TOUT)                                                             \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* gate_up, int gu_stride,  \
                                     int rows, int cols, int per) {                                 \
-        PDL_ENTRY();                                                                               \
         gelu_tanh_mul<TIN, TOUT>(out, out_stride, gate_up, gu_stride, rows, cols, per);            \
     }
 FOR_IN_OUT(GELU_TANH_MUL, gelu_tanh_mul)
@@ -83,7 +81,7 @@ __device__ void affine(float* out, int out_stride, const Tin* x, int x_stride, c
 }
 #define AFFINE(NAME, TIN)                                                                          \
     extern "C" __global__ void NAME(float* out, int out_stride, const TIN* x, int x_stride,        \
-                                    const float* scale, const float* offset, int rows, int cols) { PDL_ENTRY(); \
+                                    const float* scale, const float* offset, int rows, int cols) { \
         affine<TIN>(out, out_stride, x, x_stride, scale, offset, rows, cols);                      \
     }
 FOR_TYPE(AFFINE, affine)
@@ -98,7 +96,7 @@ __device__ void embed(Tout* out, int out_stride, const int* tokens, const bf16* 
 }
 #define EMBED(NAME, TOUT)                                                                           \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const int* tokens, const bf16* table, \
-                                    int vocab, float scale, int rows, int cols) { PDL_ENTRY();                   \
+                                    int vocab, float scale, int rows, int cols) {                   \
         embed<TOUT>(out, out_stride, tokens, table, vocab, scale, rows, cols);                      \
     }
 FOR_TYPE(EMBED, embed_bf16)

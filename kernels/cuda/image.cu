@@ -51,7 +51,7 @@ __device__ void image_patches(Tout* out, int out_stride, const unsigned char* fr
 #define IMAGE_PATCHES(NAME, TOUT)                                                                     \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const unsigned char* frames,           \
                                     long frame_stride, const int* frame_info, int camera, int size,   \
-                                    int patch) { PDL_ENTRY();                                                      \
+                                    int patch) {                                                      \
         image_patches<TOUT>(out, out_stride, frames, frame_stride, frame_info, camera, size, patch);  \
     }
 FOR_TYPE(IMAGE_PATCHES, image_patches_u8)

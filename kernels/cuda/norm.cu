@@ -26,7 +26,7 @@ __device__ void layer_norm(Tout* out, int out_stride, const Tin* x, int x_stride
 
 #define LAYER_NORM(NAME, TIN, TOUT)                                                               \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* x, int x_stride,       \
-                                    const float* gamma, const float* beta, int cols, float eps) { PDL_ENTRY(); \
+                                    const float* gamma, const float* beta, int cols, float eps) { \
         layer_norm<TIN, TOUT>(out, out_stride, x, x_stride, gamma, beta, cols, eps);              \
     }
 FOR_IN_OUT(LAYER_NORM, layer_norm)
@@ -61,7 +61,7 @@ __device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, 
 
 #define RMS_NORM(NAME, TIN, TOUT)                                                                   \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* x, int x_stride,         \
-                                    const float* modulation, int cols, float eps) { PDL_ENTRY();                 \
+                                    const float* modulation, int cols, float eps) {                 \
         rms_norm<TIN, TOUT>(out, out_stride, x, x_stride, modulation, cols, eps);                   \
     }
 FOR_IN_OUT(RMS_NORM, rms_norm)
@@ -77,7 +77,7 @@ __device__ void gated_residual(float* x, int x_stride, const Ty* y, int y_stride
 
 #define GATED_RESIDUAL(NAME, TY)                                                                    \
     extern "C" __global__ void NAME(float* x, int x_stride, const TY* y, int y_stride,             \
-                                    const float* modulation, int rows, int cols) { PDL_ENTRY();                  \
+                                    const float* modulation, int rows, int cols) {                  \
         gated_residual<TY>(x, x_stride, y, y_stride, modulation, rows, cols);                       \
     }
 FOR_TYPE(GATED_RESIDUAL, gated_residual)
@@ -106,7 +106,7 @@ __device__ void gated_residual_rms_norm(Tout* out, int out_stride, float* x, int
 #define GATED_RESIDUAL_RMS_NORM(NAME, TY, TOUT)                                                     \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, float* x, int x_stride, const TY* y, \
                                     int y_stride, const float* gate_modulation,                     \
-                                    const float* norm_modulation, int cols, float eps) { PDL_ENTRY();            \
+                                    const float* norm_modulation, int cols, float eps) {            \
         gated_residual_rms_norm<TY, TOUT>(out, out_stride, x, x_stride, y, y_stride,                \
                                           gate_modulation, norm_modulation, cols, eps);             \
     }

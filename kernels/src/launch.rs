@@ -154,9 +154,6 @@ pub struct Kernels {
     modules: Vec<CUmodule>,
     /// Sorted by name for lookup.
     functions: Vec<(String, CUfunction)>,
-    /// Launch with programmatic stream serialization (sm_90 and later): a kernel may start while
-    /// its predecessor drains and waits for it in `griddepcontrol.wait` (common.cuh).
-    programmatic: bool,
     /// Whether the device grants `attention_mq256` its shared memory (not sm_86/sm_89, 99 KB).
     fused_attention: bool,
 }
@@ -166,11 +163,9 @@ pub struct Kernels {
 unsafe impl Send for Kernels {}
 
 impl Kernels {
-    /// Loads the cubins into the current context and resolves every kernel. `programmatic`
-    /// enables programmatic dependent launch; only for devices of compute capability 9.0 or
-    /// later, where the kernels' `griddepcontrol` instructions exist.
-    pub fn load(cubins: &[Cubin], programmatic: bool) -> Result<Kernels> {
-        let mut kernels = Kernels { modules: Vec::with_capacity(cubins.len()), functions: Vec::new(), programmatic, fused_attention: true };
+    /// Loads the cubins into the current context and resolves every kernel.
+    pub fn load(cubins: &[Cubin]) -> Result<Kernels> {
+        let mut kernels = Kernels { modules: Vec::with_capacity(cubins.len()), functions: Vec::new(), fused_attention: true };
         for cubin in cubins {
             // SAFETY: `image` is a complete cubin produced by NVRTC (or read back from the cache);
             // the driver copies it during the call.
@@ -228,30 +223,7 @@ impl Kernels {
         let f = self.function(name)?;
         let mut params: [*mut c_void; N] = std::array::from_fn(|i| args[i].as_param());
         // SAFETY: `params` points into `args`, alive until the driver has copied them.
-        if !self.programmatic {
-            return unsafe { result::launch_kernel(f, grid, (block, 1, 1), shared, stream, &mut params) }
-                .map_err(|e| KernelError::cuda(format!("launching {name}"), e));
-        }
-        // SAFETY: an all-zero attribute is a valid value of this plain C union.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let config = sys::CUlaunchConfig {
-            gridDimX: grid.0,
-            gridDimY: grid.1,
-            gridDimZ: grid.2,
-            blockDimX: block,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: shared,
-            hStream: stream,
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        // SAFETY: `config` and `attr` outlive the call; `params` as above. Every kernel waits in
-        // `griddepcontrol.wait` before touching memory an earlier kernel uses (common.cuh).
-        unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
-            .result()
+        unsafe { result::launch_kernel(f, grid, (block, 1, 1), shared, stream, &mut params) }
             .map_err(|e| KernelError::cuda(format!("launching {name}"), e))
     }
 

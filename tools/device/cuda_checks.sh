@@ -8,8 +8,7 @@
 #   bash tools/device/cuda_checks.sh views        # 1 and 3 views
 #   bash tools/device/cuda_checks.sh full         # lerobot f32 reference on the same weights, 5c
 #   bash tools/device/cuda_checks.sh profile      # per-phase and per-kernel profile, both paths
-#   bash tools/device/cuda_checks.sh ab           # pi05-2v without programmatic dependent launch,
-#                                                 # and also without the fused attention
+#   bash tools/device/cuda_checks.sh ab           # pi05-2v without the fused attention
 # (bench/views/full synthesize the full-size checkpoint first if /tmp/flashrt_full lacks it.)
 #
 # On this workplace's device tool: `run` with carry [".device-carry", ".whl"] and the command
@@ -72,16 +71,15 @@ for phase in "$@"; do
         bench 3 pi05-3v
         ;;
     profile)
-        echo "== pi05-2v profile: per phase and per kernel, default and unfused attention without PDL"
+        echo "== pi05-2v profile: per phase and per kernel, default and with unfused attention"
         synth_full
         XDG_CACHE_HOME=/tmp/kcache FRT_PROFILE="$OUT/profile_default.json" run "$BIN/flashrt" bench --checkpoint "$FULL" --backend cuda --cameras 2 --iterations 20 --views 2 --workload profile
-        XDG_CACHE_HOME=/tmp/kcache FRT_NO_FUSED_ATTENTION=1 FRT_NO_PDL=1 FRT_PROFILE="$OUT/profile_unfused_no_pdl.json" run "$BIN/flashrt" bench --checkpoint "$FULL" --backend cuda --cameras 2 --iterations 20 --views 2 --workload profile
+        XDG_CACHE_HOME=/tmp/kcache FRT_NO_FUSED_ATTENTION=1 FRT_PROFILE="$OUT/profile_unfused.json" run "$BIN/flashrt" bench --checkpoint "$FULL" --backend cuda --cameras 2 --iterations 20 --views 2 --workload profile
         ;;
     ab)
-        echo "== pi05-2v: without programmatic dependent launch, and also without the fused attention"
+        echo "== pi05-2v without the fused attention (QKᵀ and PV products around the softmax)"
         synth_full
-        FRT_NO_FUSED_ATTENTION=1 FRT_NO_PDL=1 bench 2 pi05-2v-unfused-attention-no-pdl
-        FRT_NO_PDL=1 bench 2 pi05-2v-no-pdl
+        FRT_NO_FUSED_ATTENTION=1 bench 2 pi05-2v-unfused-attention
         ;;
     full)
         echo "== full size: lerobot f32 reference, then CUDA parity"

@@ -311,14 +311,8 @@ impl CudaBackend {
         let cache = opts.kernel_cache_dir.clone().or_else(flashrt_kernels::default_cache_dir);
         let started = std::time::Instant::now();
         let cubins = flashrt_kernels::load_or_compile(&arch, cache.as_deref()).map_err(|e| Error::Backend(e.to_string()))?;
-        // Programmatic dependent launch needs compute capability 9.0 (griddepcontrol).
-        let programmatic = major >= 9 && !env_flag("FRT_NO_PDL");
-        let kernels = Kernels::load(&cubins, programmatic).map_err(|e| Error::Backend(e.to_string()))?;
-        log::info!(
-            "CUDA backend on {device_name} ({arch}): kernels ready in {:.2?}, programmatic dependent launch {}",
-            started.elapsed(),
-            if programmatic { "on" } else { "off" }
-        );
+        let kernels = Kernels::load(&cubins).map_err(|e| Error::Backend(e.to_string()))?;
+        log::info!("CUDA backend on {device_name} ({arch}): kernels ready in {:.2?}", started.elapsed());
 
         let stream = Stream::new()?;
         let lt = BlasLt::new()?;
