@@ -213,6 +213,24 @@ if [ "$(printf '%s\n%s\n' "$glibc_max" "$glibc_limit" | sort -V | tail -n1)" != 
 fi
 say "glibc required: $glibc_max (limit $glibc_limit)"
 
+# --- exports of libflashrt.so --------------------------------------------------------------------
+# The C API and nothing else, as ffi/tests/c_api.rs checks on x86_64: only frt_* symbols, and every
+# function flashrt.h declares. (A gold-linked build once leaked nine Rust thread-local symbols.)
+if [ "$have_ffi" = 1 ]; then
+  so="$stage/lib/libflashrt.so.$version"
+  exports="$(aarch64-linux-gnu-nm -D --defined-only --format=just-symbols "$so")"
+  foreign="$(grep -v '^frt_' <<< "$exports" || true)"
+  if [ -n "$foreign" ]; then
+    printf 'build.sh: libflashrt.so exports symbols outside the C API:\n%s\n' "$foreign" >&2
+    exit 1
+  fi
+  for fn in $(grep -o 'frt_[A-Za-z0-9_]*(' "$stage/include/flashrt.h" | tr -d '(' | sort -u); do
+    grep -qx "$fn" <<< "$exports" || { echo "build.sh: $fn is declared in flashrt.h but not exported" >&2; exit 1; }
+  done
+  aarch64-linux-gnu-readelf -d "$so" | grep -qF "[libflashrt.so.$version]" || { echo "build.sh: soname of $so is not libflashrt.so.$version" >&2; exit 1; }
+  say "libflashrt.so exports the C API only: $(wc -l <<< "$exports") frt_* symbols, soname libflashrt.so.$version"
+fi
+
 # --- manifest and tarball ------------------------------------------------------------------------
 commit="$(git -C "$root" rev-parse HEAD 2> /dev/null || echo unknown)"
 dirty=false
