@@ -10,12 +10,15 @@
 #      frt_policy_step), tests/c/abi_test.c against the packed libflashrt.so and
 #      tests/c/hpp_test.cpp against libflashrt.a, cross-compiled with aarch64-linux-gnu-gcc;
 #   4. from both tarballs under qemu: the README's main job (`flashrt demo --steps 5`) and the
-#      packed C++ example (`cpp_controller --ticks 3`).
+#      packed C++ example (`cpp_controller --ticks 3`);
+#   5. the ROS 2 node's interop test (ros2_bridge/tests/interop.rs: the aarch64 node and test under
+#      qemu, the x86_64 cyclonedds peer, in a network namespace with only loopback). It needs qemu
+#      >= 10 (DDS sets a multicast socket option older qemu-user lacks; Debian 12 ships 7.2): qemu
+#      10's qemu-aarch64 from bookworm-backports is fetched once into target/qemu10 (apt-get
+#      download + dpkg -x, no system package changes); every other step uses the system qemu.
 # The two zero-allocation tests take most of the time (a model step costs ~4.3 s under qemu), so
 # the C ABI one runs in the background beside the others (two cores). `jetson/ci.sh --full` adds
 # the golden perturbation test (77 model runs, too slow for the CI budget). Times: jetson/README.md.
-# The ROS 2 node is built and packed but not run: under emulation it needs qemu >= 10 (a multicast
-# socket option), Debian 12 ships 7.2 (see jetson/README.md).
 #
 # qemu runs with `-L /`: with `-L /usr/aarch64-linux-gnu` threaded programs hang.
 set -euo pipefail
@@ -40,6 +43,31 @@ if ! command -v qemu-aarch64-static > /dev/null; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends qemu-user-static > /dev/null
 fi
 qemu=(qemu-aarch64-static -L /)
+
+# qemu 10 for the ROS 2 interop test only, from bookworm-backports (its qemu-user package has static
+# binaries; only qemu-aarch64 is kept). A private apt source list, lists and cache under target/:
+# the system's apt configuration and packages are untouched.
+qemu10_dir="$root/target/qemu10"
+qemu10="$qemu10_dir/qemu-aarch64"
+fetch_qemu10() {
+  if [ ! -x "$qemu10" ]; then
+    local tmp="$qemu10_dir.tmp" apt_opts
+    rm -rf "$tmp"
+    mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial"
+    echo 'deb http://deb.debian.org/debian bookworm-backports main' > "$tmp/sources.list"
+    apt_opts=(-o Dir::Etc::SourceList="$tmp/sources.list" -o Dir::Etc::SourceParts=/dev/null
+      -o Dir::State::Lists="$tmp/lists" -o Dir::Cache="$tmp/cache" -o Debug::NoLocking=1 -o APT::Sandbox::User=root)
+    apt-get "${apt_opts[@]}" update -qq
+    (cd "$tmp" && apt-get "${apt_opts[@]}" download -qq qemu-user/bookworm-backports)
+    dpkg -x "$tmp"/qemu-user_*.deb "$tmp/root"
+    mkdir -p "$qemu10_dir"
+    cp "$tmp/root/usr/bin/qemu-aarch64" "$qemu10.part"
+    mv "$qemu10.part" "$qemu10"
+    rm -rf "$tmp"
+  fi
+  "$qemu10" --version | head -n1
+  "$qemu10" --version | grep -q 'version \(1[0-9]\|[2-9][0-9]\)\.' || { echo "jetson/ci.sh: $qemu10 is not qemu >= 10" >&2; return 1; }
+}
 
 out="$root/target/jetson"
 timed "cross-build orin (JetPack 6, cuda-12060)" jetson/build.sh --board orin --out "$out"
@@ -86,6 +114,33 @@ timed "build the runtime's tests" "${test_cargo[@]}" -p flashrt --lib --test gol
 timed "qemu: golden parity with lerobot" "${test_cargo[@]}" -p flashrt --test golden_pi05 -- --skip perturb
 timed "qemu: runtime unit tests, loading/error tests" "${test_cargo[@]}" -p flashrt --lib --test loading_and_errors
 timed "qemu: runtime zero-allocation test (120 steps)" "${test_cargo[@]}" -p flashrt --test no_alloc_pi05
+
+# The ROS 2 node against the x86_64 cyclonedds peer ($FRT_PYTHON), both under qemu 10: the test
+# binary runs in a fresh network namespace with only loopback (multicast on, the multicast route
+# through it), so it does not re-run itself under `unshare -n`, and starts the node through
+# FRT_NODE_RUNNER (no binfmt_misc here: an aarch64 program cannot be exec'd directly). A step costs
+# ~8 s under qemu beside the background test, so the peer gets 300 s instead of 60 for its 10
+# trajectories.
+ros2_interop() {
+  fetch_qemu10
+  if ! unshare -n true 2> /dev/null; then
+    [ "${FRT_REQUIRE_ALL:-0}" = 1 ] && { echo "jetson/ci.sh: cannot create a network namespace (unshare -n needs root)" >&2; return 1; }
+    echo "SKIPPED the ROS 2 interop test under qemu: cannot create a network namespace (unshare -n needs root)"
+    return 0
+  fi
+  "${test_cargo[@]}" -p flashrt-ros2 --test interop --no-run
+  local exe
+  exe="$("${test_cargo[@]}" -p flashrt-ros2 --test interop --no-run --message-format=json |
+    grep '"name":"interop"' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')"
+  [ -x "$exe" ] || { echo "jetson/ci.sh: no test binary for flashrt-ros2's interop" >&2; return 1; }
+  # The peer script and the node binary are found through paths compiled into the test.
+  (cd ros2_bridge && FRT_NODE_RUNNER="$qemu10 -L /" FRT_INTEROP_TIMEOUT_S=300 unshare -n bash -euo pipefail -c '
+    ip link set lo up
+    ip link set lo multicast on
+    ip route add 224.0.0.0/4 dev lo
+    exec "$@"' bash "$qemu10" -L / "$exe" --nocapture)
+}
+timed "qemu 10: ROS 2 node <-> cyclonedds peer (interop test)" ros2_interop
 if [ "$full" = 1 ]; then
   # The perturbation test re-runs the model 77 times; it checks the parity check itself.
   timed "qemu: golden perturbation test" "${test_cargo[@]}" -p flashrt --test golden_pi05 -- perturb

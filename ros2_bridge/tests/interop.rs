@@ -7,7 +7,9 @@
 //! not already in one, the test re-runs itself under `unshare -n`. It never touches a real
 //! interface. Needs `unshare` (util-linux, and the right to create a namespace), `ip` (iproute2)
 //! and python3 with cyclonedds; without them it skips with a message, or fails when
-//! FRT_REQUIRE_ALL=1 (CI). Bounded: the peer gives up after 60 s, the node after 120 s.
+//! FRT_REQUIRE_ALL=1 (CI). Bounded: the peer gives up after 60 s, the node after 120 s
+//! (FRT_INTEROP_TIMEOUT_S sets the peer's time, the node gets twice that: under qemu a step takes
+//! seconds).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -156,9 +158,21 @@ warn_interval_s = 1.0
     std::fs::write(&config_path, config).unwrap();
     let node_log = dir.path().join("node.log");
 
+    // FRT_NODE_RUNNER (e.g. "qemu-aarch64 -L /") runs the node through that command: jetson/ci.sh
+    // runs this test cross-built for aarch64 under qemu, where the node cannot be exec'd directly.
+    let runner = std::env::var("FRT_NODE_RUNNER").unwrap_or_default();
+    let mut node_cmd = match runner.split_whitespace().collect::<Vec<_>>().split_first() {
+        Some((program, args)) => {
+            let mut cmd = Command::new(program);
+            cmd.args(args).arg(env!("CARGO_BIN_EXE_flashrt-ros2"));
+            cmd
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_flashrt-ros2")),
+    };
+    let timeout_s: u64 = std::env::var("FRT_INTEROP_TIMEOUT_S").map_or(60, |v| v.parse().expect("FRT_INTEROP_TIMEOUT_S: seconds"));
     let mut node = Reaped(
-        Command::new(env!("CARGO_BIN_EXE_flashrt-ros2"))
-            .args(["--config".as_ref(), config_path.as_os_str(), "--run-for".as_ref(), "120".as_ref()])
+        node_cmd
+            .args(["--config".as_ref(), config_path.as_os_str(), "--run-for".as_ref(), (2 * timeout_s).to_string().as_ref()])
             .env("RUST_LOG", "info,rustdds=warn,ros2_client=warn")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&node_log).unwrap())
@@ -177,12 +191,12 @@ warn_interval_s = 1.0
             .arg("--joint-names")
             .args(JOINTS)
             .args(["--state-dim", "8", "--action-dim", "7", "--horizon", "50", "--control-rate", "50"])
-            .args(["--min-trajectories", "5", "--timeout", "60"])
+            .args(["--min-trajectories", "5", "--timeout", &timeout_s.to_string()])
             .stdout(Stdio::piped())
             .spawn()
             .unwrap(),
     );
-    let peer_status = wait(&mut peer.0, Instant::now() + Duration::from_secs(75), "the cyclonedds peer");
+    let peer_status = wait(&mut peer.0, Instant::now() + Duration::from_secs(timeout_s + 15), "the cyclonedds peer");
     let mut report = String::new();
     BufReader::new(peer.0.stdout.take().unwrap()).read_line(&mut report).unwrap();
 
