@@ -157,11 +157,6 @@ __device__ __forceinline__ void att_copy16(void* smem, const void* global, bool 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(valid ? 16 : 0));
 }
 
-// Two f32 as bf16x2 (the lower index in the low half), round to nearest even.
-__device__ __forceinline__ unsigned att_pack(float lo, float hi) {
-    return (unsigned)from_float<bf16>(lo).bits | ((unsigned)from_float<bf16>(hi).bits << 16);
-}
-
 // Queues the copies of keys [c0, c0 + 32) ∩ [.., key_end) of K and V, and their validity.
 __device__ __forceinline__ void att_load_chunk(unsigned short* k_tile, unsigned short* v_tile, float* valid_tile,
                                                const bf16* k, int k_stride, const bf16* v, int v_stride,
@@ -270,8 +265,8 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
                 l[e >> 1] += e4[e];
             }
             // A fragment: reg 0 row g keys 2q4.., reg 1 row g+8, reg 2 row g keys 8+2q4.., reg 3 row g+8.
-            p[j >> 1][(j & 1) * 2 + 0] = att_pack(e4[0], e4[1]);
-            p[j >> 1][(j & 1) * 2 + 1] = att_pack(e4[2], e4[3]);
+            p[j >> 1][(j & 1) * 2 + 0] = pack_bf16x2(e4[0], e4[1]);
+            p[j >> 1][(j & 1) * 2 + 1] = pack_bf16x2(e4[2], e4[3]);
         }
 #pragma unroll
         for (int j = 0; j < ATT_D / 8; ++j) {

@@ -51,6 +51,11 @@ __device__ __forceinline__ float gelu_tanh(float x) {
     return x / (1.0f + __expf(-2.0f * k * (x + 0.044715f * x * x * x)));
 }
 
+// Two f32 as bf16x2 (the lower index in the low half), as mma operands and vector stores take them.
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+    return (unsigned)from_float<bf16>(lo).bits | ((unsigned)from_float<bf16>(hi).bits << 16);
+}
+
 // Eight consecutive elements as f32, one 16-byte access per eight bf16 or four f32.
 __device__ __forceinline__ void load8(const bf16* p, float* v) {
     const uint4 u = *(const uint4*)p;
@@ -65,9 +70,7 @@ __device__ __forceinline__ void load8(const float* p, float* v) {
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 __device__ __forceinline__ void store8(bf16* p, const float* v) {
-    unsigned w[4];
-    for (int i = 0; i < 4; ++i) w[i] = (unsigned)from_float<bf16>(v[2 * i]).bits | ((unsigned)from_float<bf16>(v[2 * i + 1]).bits << 16);
-    *(uint4*)p = make_uint4(w[0], w[1], w[2], w[3]);
+    *(uint4*)p = make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
 }
 __device__ __forceinline__ void store8(float* p, const float* v) {
     ((float4*)p)[0] = make_float4(v[0], v[1], v[2], v[3]);

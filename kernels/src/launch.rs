@@ -80,8 +80,8 @@ pub struct AttentionArgs {
     pub query_valid: Option<DevPtr>,
     /// Keys per block, from [`Kernels::attention_split`].
     pub keys_per_split: usize,
-    /// f32 scratch for more than one split: [`Kernels::attention_partial_len`] partial outputs,
-    /// and two values (running max, sum) per split and row.
+    /// f32 scratch for more than one split, of [`Kernels::attention_partial_lens`]: partial
+    /// outputs, and two values (running max, sum) per split and row.
     pub partial_o: DevPtr,
     pub partial_ml: DevPtr,
 }
@@ -90,10 +90,16 @@ pub struct AttentionArgs {
 const ATTENTION_ROWS: usize = 64;
 const ATTENTION_KEYS: usize = 32;
 const ATTENTION_HEAD_DIM: usize = 256;
+/// bf16 elements per shared-memory row of Q and K, and of V (ATT_QK_STRIDE, ATT_V_STRIDE: padded
+/// against bank conflicts).
+const ATTENTION_QK_STRIDE: usize = ATTENTION_HEAD_DIM + 32;
+const ATTENTION_V_STRIDE: usize = ATTENTION_HEAD_DIM + 8;
 /// Its dynamic shared memory (ATT_SHARED_BYTES in attention.cu): the Q tile and two chunks each of
-/// K, V (rows padded against bank conflicts) and key validity.
-const ATTENTION_SHARED_BYTES: u32 =
-    (ATTENTION_ROWS * 288 * 2 + 2 * ATTENTION_KEYS * 288 * 2 + 2 * ATTENTION_KEYS * 264 * 2 + 2 * ATTENTION_KEYS * 4) as u32;
+/// K, V and key validity (f32).
+const ATTENTION_SHARED_BYTES: u32 = (ATTENTION_ROWS * ATTENTION_QK_STRIDE * 2
+    + 2 * ATTENTION_KEYS * ATTENTION_QK_STRIDE * 2
+    + 2 * ATTENTION_KEYS * ATTENTION_V_STRIDE * 2
+    + 2 * ATTENTION_KEYS * 4) as u32;
 
 /// Kernel argument as the C signature takes it; `params` points at these while launching.
 #[derive(Clone, Copy)]
@@ -610,9 +616,10 @@ impl Kernels {
         (keys.div_ceil(keys_per_split).max(1), keys_per_split)
     }
 
-    /// f32 elements of `partial_o` for `splits` splits of `rows` rows (none for one split).
-    pub fn attention_partial_len(rows: usize, splits: usize) -> usize {
-        if splits > 1 { splits * rows * ATTENTION_HEAD_DIM } else { 0 }
+    /// f32 elements of `(partial_o, partial_ml)` for `splits` splits of `rows` rows (none for one
+    /// split).
+    pub fn attention_partial_lens(rows: usize, splits: usize) -> (usize, usize) {
+        if splits > 1 { (splits * rows * ATTENTION_HEAD_DIM, splits * rows * 2) } else { (0, 0) }
     }
 
     /// Fused multi-query attention, head dimension 256: `softmax(q kᵀ / 16) v` per head with the

@@ -329,12 +329,13 @@ impl CudaBackend {
         let (mut score_len, mut shadow_len, mut rope_positions, mut head_dim) = (0, 0, 0, 2);
         let fused_attention = kernels.has_fused_attention() && !env_flag("FRT_NO_FUSED_ATTENTION");
         let multiprocessors = ctx.multiprocessors()?;
-        let mut attention_partial = 0;
+        let (mut attention_o, mut attention_ml) = (0, 0);
         for op in &plan.ops {
             if let Op::Attention { q, k, heads, kv_heads, head_dim, groups, .. } = *op {
                 if fused_attention && fuses(q.rows, kv_heads, head_dim, groups) {
                     let (splits, _) = Kernels::attention_split(q.rows * heads, k.rows, multiprocessors);
-                    attention_partial = attention_partial.max(Kernels::attention_partial_len(q.rows * heads, splits));
+                    let (o, ml) = Kernels::attention_partial_lens(q.rows * heads, splits);
+                    (attention_o, attention_ml) = (attention_o.max(o), attention_ml.max(ml));
                 }
             }
             match *op {
@@ -352,8 +353,8 @@ impl CudaBackend {
             layout.take(score_len * 4),
             layout.take(score_len * 2),
             layout.take(shadow_len * 2),
-            layout.take(attention_partial * 4),
-            layout.take(attention_partial / 128 * 4),
+            layout.take(attention_o * 4),
+            layout.take(attention_ml * 4),
             layout.take(WORKSPACE_BYTES),
             layout.take(rope_positions * half * 4),
             layout.take(rope_positions * half * 4),
@@ -510,16 +511,21 @@ impl CudaBackend {
     /// `path` as JSON and logs it: the per-phase breakdown behind the benchmark (FRT_PROFILE).
     fn profile_phases(&self, path: &Path) -> Result<()> {
         const REPS: usize = 20;
+        // These steps alone, captured as a graph and replayed.
+        let time = |steps: &[&Step]| -> Result<f32> {
+            // SAFETY: as in `issue_all`.
+            let graph = Graph::capture(self.stream.0, || steps.iter().try_for_each(|s| unsafe { self.issue(s) }))?;
+            time_replays(&graph, self.stream.0, REPS)
+        };
+        let phases = || {
+            self.phase_steps.iter().enumerate().map(|(i, (name, first))| {
+                let end = self.phase_steps.get(i + 1).map_or(self.steps.len(), |p| p.1);
+                (name.as_str(), *first..end)
+            })
+        };
         let mut rows = Vec::new();
-        for (i, (name, first)) in self.phase_steps.iter().enumerate() {
-            let end = self.phase_steps.get(i + 1).map_or(self.steps.len(), |p| p.1);
-            let range = *first..end;
+        for (name, range) in phases() {
             let gemms: Vec<&Step> = self.steps[range.clone()].iter().filter(|s| matches!(s, Step::Gemm(_))).collect();
-            let time = |steps: &[&Step]| -> Result<f32> {
-                // SAFETY: as in `issue_all`.
-                let graph = Graph::capture(self.stream.0, || steps.iter().try_for_each(|s| unsafe { self.issue(s) }))?;
-                time_replays(&graph, self.stream.0, REPS)
-            };
             let all: Vec<&Step> = self.steps[range.clone()].iter().collect();
             let (total, gemm) = (time(&all)?, if gemms.is_empty() { 0.0 } else { time(&gemms)? });
             log::info!(
@@ -532,10 +538,9 @@ impl CudaBackend {
         // Where each phase's time goes: the launches of one kind (one kernel, or one GEMM
         // shape) of a phase, alone as a graph. The denoise steps are pooled.
         let mut kinds = Vec::new();
-        for (i, (name, first)) in self.phase_steps.iter().enumerate() {
-            let end = self.phase_steps.get(i + 1).map_or(self.steps.len(), |p| p.1);
-            let phase = if name.starts_with("denoise") { "denoise" } else { name.as_str() };
-            for step in &self.steps[*first..end] {
+        for (name, range) in phases() {
+            let phase = if name.starts_with("denoise") { "denoise" } else { name };
+            for step in &self.steps[range] {
                 let kind = self.step_kind(step);
                 match kinds.iter_mut().find(|(p, k, _): &&mut (&str, String, Vec<&Step>)| *p == phase && *k == kind) {
                     Some((_, _, steps)) => steps.push(step),
@@ -545,9 +550,7 @@ impl CudaBackend {
         }
         let mut by_kind = Vec::new();
         for (phase, kind, steps) in &kinds {
-            // SAFETY: as in `issue_all`.
-            let graph = Graph::capture(self.stream.0, || steps.iter().try_for_each(|s| unsafe { self.issue(s) }))?;
-            let ms = time_replays(&graph, self.stream.0, REPS)?;
+            let ms = time(steps)?;
             log::info!("  {phase:8} {kind:44} {:5} launches {ms:8.3} ms, {:6.2} us each", steps.len(), ms * 1e3 / steps.len() as f32);
             by_kind.push(serde_json::json!({"phase": phase, "kind": kind, "launches": steps.len(), "ms": ms}));
         }

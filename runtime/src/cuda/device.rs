@@ -57,24 +57,21 @@ impl Context {
         check("cuCtxSetCurrent", unsafe { result::ctx::set_current(self.ctx) })
     }
 
+    fn attribute(&self, attribute: sys::CUdevice_attribute) -> Result<i32> {
+        // SAFETY: `device` is valid; the attribute is a plain integer query.
+        check("cuDeviceGetAttribute", unsafe { result::device::get_attribute(self.device, attribute) })
+    }
+
     /// The device's compute capability (major, minor).
     pub fn compute_capability(&self) -> Result<(u32, u32)> {
-        let attr = |a| {
-            // SAFETY: `device` is valid; the attribute is a plain integer query.
-            check("cuDeviceGetAttribute", unsafe { result::device::get_attribute(self.device, a) })
-        };
-        let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-        let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let major = self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         Ok((major as u32, minor as u32))
     }
 
     /// Streaming multiprocessors of the device.
     pub fn multiprocessors(&self) -> Result<usize> {
-        // SAFETY: `device` is valid; the attribute is a plain integer query.
-        let n = check("cuDeviceGetAttribute", unsafe {
-            result::device::get_attribute(self.device, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        })?;
-        Ok(n.max(1) as usize)
+        Ok(self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize)
     }
 
     /// Bytes of device memory (on a Jetson: the module's DRAM as the OS reports it).
