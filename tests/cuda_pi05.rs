@@ -224,7 +224,7 @@ impl Case {
 fn gemm_case(seed: u64) -> Case {
     let mut c = Case::new(String::new(), seed);
     let (m, k, n) = (c.rng.random_range(1..300), c.rng.random_range(1..160) * 4, c.rng.random_range(1..100) * 8);
-    c.name = format!("gemm {m}x{k}x{n}");
+    c.name = format!("gemm (+ gelu) {m}x{k}x{n}");
     let a = c.input("a", m, k);
     let w = c.matrix_weight(n, k);
     let bias_data = c.normal(n, 0.5);
@@ -238,6 +238,12 @@ fn gemm_case(seed: u64) -> Case {
     c.plan.push(Op::Gemm { a, w, bias: Some(bias), out, accumulate: false });
     c.check(out);
     c.consume(out);
+    // bf16 output with bias, then GELU over it (SigLIP's fc1): cuBLASLt's GELU epilogue on CUDA.
+    let act = c.plan.matrix("act", m, n);
+    c.plan.push(Op::Gemm { a, w, bias: Some(bias), out: act, accumulate: false });
+    c.plan.push(Op::GeluTanh { x: act });
+    c.check(act);
+    c.consume(act);
     c
 }
 

@@ -78,12 +78,22 @@ pub struct AttentionArgs {
     /// f32 per key (0 masks the key out) and per query (0 gives a zero output row).
     pub key_valid: Option<DevPtr>,
     pub query_valid: Option<DevPtr>,
-    /// Keys per block, from [`Kernels::attention_split`].
-    pub keys_per_split: usize,
-    /// f32 scratch for more than one split, of [`Kernels::attention_partial_lens`]: partial
-    /// outputs, and two values (running max, sum) per split and row.
+    /// How the keys are split over blocks, from [`Kernels::attention_split`].
+    pub split: AttentionSplit,
+    /// f32 scratch of `split.partial_lens`: partial outputs, and two values (running max, sum)
+    /// per split and row.
     pub partial_o: DevPtr,
     pub partial_ml: DevPtr,
+}
+
+/// How [`Kernels::attention_mq256`] splits the keys of one attention over blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionSplit {
+    pub splits: usize,
+    pub keys_per_split: usize,
+    /// f32 elements of the partial outputs and of the (max, sum) pairs the splits leave for the
+    /// merge kernel (none for one split).
+    pub partial_lens: (usize, usize),
 }
 
 /// Rows (query × head) per block and keys per chunk of `attention_mq256` (attention.cu).
@@ -608,18 +618,15 @@ impl Kernels {
     }
 
     /// How to split `keys` for `rows` (query × head) rows so that about `target_blocks` blocks
-    /// run: `(splits, keys_per_split)`. Few rows (the action tokens) take several splits.
-    pub fn attention_split(rows: usize, keys: usize, target_blocks: usize) -> (usize, usize) {
+    /// run; few rows (the action tokens) take several splits. Scratch sizing at open and the
+    /// lowering both ask here.
+    pub fn attention_split(rows: usize, keys: usize, target_blocks: usize) -> AttentionSplit {
         let (row_tiles, chunks) = (rows.div_ceil(ATTENTION_ROWS).max(1), keys.div_ceil(ATTENTION_KEYS).max(1));
         let wanted = target_blocks.div_ceil(row_tiles).clamp(1, chunks);
         let keys_per_split = chunks.div_ceil(wanted) * ATTENTION_KEYS;
-        (keys.div_ceil(keys_per_split).max(1), keys_per_split)
-    }
-
-    /// f32 elements of `(partial_o, partial_ml)` for `splits` splits of `rows` rows (none for one
-    /// split).
-    pub fn attention_partial_lens(rows: usize, splits: usize) -> (usize, usize) {
-        if splits > 1 { (splits * rows * ATTENTION_HEAD_DIM, splits * rows * 2) } else { (0, 0) }
+        let splits = keys.div_ceil(keys_per_split).max(1);
+        let partial_lens = if splits > 1 { (splits * rows * ATTENTION_HEAD_DIM, splits * rows * 2) } else { (0, 0) };
+        AttentionSplit { splits, keys_per_split, partial_lens }
     }
 
     /// Fused multi-query attention, head dimension 256: `softmax(q kᵀ / 16) v` per head with the
@@ -631,7 +638,7 @@ impl Kernels {
     /// not be in use by a concurrent launch.
     pub unsafe fn attention_mq256(&self, args: &AttentionArgs, stream: CUstream) -> Result<()> {
         let what = "attention_mq256";
-        let AttentionArgs { q, k, v, out, heads, .. } = *args;
+        let AttentionArgs { q, k, v, out, heads, split, .. } = *args;
         let d = ATTENTION_HEAD_DIM;
         if !self.fused_attention {
             return Err(shape_error(what, format!("the device does not grant {ATTENTION_SHARED_BYTES} bytes of shared memory per block")));
@@ -658,7 +665,9 @@ impl Kernels {
             return Err(shape_error(what, "q, k and v rows must be 16-byte aligned".into()));
         }
         let (rows, keys) = (q.rows * heads, k.rows);
-        let splits = keys.div_ceil(args.keys_per_split.max(ATTENTION_KEYS));
+        if split.splits == 0 || split.keys_per_split % ATTENTION_KEYS != 0 || split.splits * split.keys_per_split < keys {
+            return Err(shape_error(what, format!("{split:?} does not cover {keys} keys in whole chunks")));
+        }
         let args_list = [
             Arg::P(out.ptr),
             Arg::I(i32_of(out.stride, what)?),
@@ -673,17 +682,17 @@ impl Kernels {
             Arg::I(i32_of(q.rows, what)?),
             Arg::I(i32_of(heads, what)?),
             Arg::I(i32_of(keys, what)?),
-            Arg::I(i32_of(args.keys_per_split, what)?),
+            Arg::I(i32_of(split.keys_per_split, what)?),
             Arg::F(std::f32::consts::LOG2_E / (d as f32).sqrt()),
             Arg::P(args.partial_o),
             Arg::P(args.partial_ml),
         ];
-        let grid = (rows.div_ceil(ATTENTION_ROWS) as u32, splits as u32, 1);
+        let grid = (rows.div_ceil(ATTENTION_ROWS) as u32, split.splits as u32, 1);
         let name = format!("{what}_{}", out.dtype.suffix());
         // SAFETY: matches `attention_mq256_*`: 128 threads, grid (row tiles, splits), the shared
         // memory granted at load.
         unsafe { self.launch_with_shared(&name, grid, 128, ATTENTION_SHARED_BYTES, stream, args_list)? };
-        if splits == 1 {
+        if split.splits == 1 {
             return Ok(());
         }
         let name = &format!("attention_mq256_combine_{}", out.dtype.suffix());
@@ -695,7 +704,7 @@ impl Kernels {
             Arg::P(args.query_valid.unwrap_or(0)),
             Arg::I(i32_of(q.rows, name)?),
             Arg::I(i32_of(heads, name)?),
-            Arg::I(splits as i32),
+            Arg::I(split.splits as i32),
         ];
         // SAFETY: matches `attention_mq256_combine`: one block of 256 threads per row.
         unsafe { self.launch(name, (rows as u32, 1, 1), d as u32, stream, combine) }

@@ -15,6 +15,10 @@
 //! a flag vector. A buffer that is both (the action state `x_t`: accumulated by the Euler step,
 //! read by `action_in_proj`) stays f32 and is converted into a bf16 shadow before the GEMM.
 //!
+//! Lowering fuses adjacent ops where the result is the same: a gated residual and the next
+//! adaRMS norm of the same stream (one kernel), a product and the GELU over its output
+//! (cuBLASLt's GELU epilogue), and few-query multi-query attention (one flash-attention kernel).
+//!
 //! Camera frames are not copied: the preprocessing kernel reads the caller's staged u8 pixels
 //! straight from mapped pinned memory, so only the pixels it samples cross the bus, whatever the
 //! configured maximum frame size.
@@ -333,8 +337,7 @@ impl CudaBackend {
         for op in &plan.ops {
             if let Op::Attention { q, k, heads, kv_heads, head_dim, groups, .. } = *op {
                 if fused_attention && fuses(q.rows, kv_heads, head_dim, groups) {
-                    let (splits, _) = Kernels::attention_split(q.rows * heads, k.rows, multiprocessors);
-                    let (o, ml) = Kernels::attention_partial_lens(q.rows * heads, splits);
+                    let (o, ml) = Kernels::attention_split(q.rows * heads, k.rows, multiprocessors).partial_lens;
                     (attention_o, attention_ml) = (attention_o.max(o), attention_ml.max(ml));
                 }
             }
@@ -894,6 +897,14 @@ impl Lowering<'_> {
                     continue;
                 }
             }
+            // Fusion: a product and the GELU over its output (SigLIP's MLP) as cuBLASLt's epilogue.
+            if let (Op::Gemm { a, w, bias, out, accumulate: false }, Some((next, Op::GeluTanh { x }))) = (op, ops.peek()) {
+                if x == out && phase_at(*next).is_none() {
+                    self.gemm(*a, *w, *bias, *out, false, true)?;
+                    ops.next();
+                    continue;
+                }
+            }
             self.lower_op(op)?;
         }
         for (i, b) in plan.buffers.iter().enumerate() {
@@ -917,7 +928,7 @@ impl Lowering<'_> {
                 size,
                 patch,
             },
-            Op::Gemm { a, w, bias, out, accumulate } => return self.gemm(a, w, bias, out, accumulate),
+            Op::Gemm { a, w, bias, out, accumulate } => return self.gemm(a, w, bias, out, accumulate, false),
             Op::AddTable { x, table, table_rows } => Step::AddTable { x: self.mat(x)?, table: self.weight(table, Elem::F32), table_rows },
             Op::LayerNorm { x, out, gamma, beta, eps } => Step::LayerNorm {
                 out: self.mat(out)?,
@@ -1003,7 +1014,7 @@ impl Lowering<'_> {
     }
 
     /// `out (+)= a · wᵀ (+ bias)`: see the column-major mapping in `gemm.rs`.
-    fn gemm(&mut self, a: View, w: WeightId, bias: Option<WeightId>, out: View, accumulate: bool) -> Result<()> {
+    fn gemm(&mut self, a: View, w: WeightId, bias: Option<WeightId>, out: View, accumulate: bool, gelu: bool) -> Result<()> {
         let WeightRole::Matrix { n, k } = self.backend.plan.weights[w.0].role else {
             return Err(self.error(format!("GEMM weight {} is not a matrix", self.backend.plan.weights[w.0].name)));
         };
@@ -1025,6 +1036,7 @@ impl Lowering<'_> {
             alpha: 1.0,
             beta: if accumulate { 1.0 } else { 0.0 },
             bias: bias.map(|b| self.weight(b, Elem::from(d.dtype))),
+            gelu,
         };
         self.matmul(spec)
     }
@@ -1062,7 +1074,6 @@ impl Lowering<'_> {
             return Err(self.error(format!("attention operands must be bf16, got {:?}/{:?}/{:?}", qs.dtype, ks.dtype, vs.dtype)));
         }
         if self.fused_attention && fuses(q.rows, kv_heads, head_dim, groups) {
-            let (_, keys_per_split) = Kernels::attention_split(q.rows * heads, k.rows, self.multiprocessors);
             self.steps.push(Step::FusedAttention(AttentionArgs {
                 q: qs,
                 k: ks,
@@ -1071,7 +1082,7 @@ impl Lowering<'_> {
                 heads,
                 key_valid: key_valid.map(|b| self.ptr(b)),
                 query_valid: query_valid.map(|b| self.ptr(b)),
-                keys_per_split,
+                split: Kernels::attention_split(q.rows * heads, k.rows, self.multiprocessors),
                 partial_o: self.scratch.attention_o,
                 partial_ml: self.scratch.attention_ml,
             }));
@@ -1118,6 +1129,7 @@ impl Lowering<'_> {
                 alpha: 1.0 / (head_dim as f32).sqrt(),
                 beta: 0.0,
                 bias: None,
+                gelu: false,
             })?;
             let key_valid = key_valid.map(|b| self.ptr(b) + (g * keys * 4) as u64);
             let query_valid = query_valid.map(|b| self.ptr(b) + (g * rows * 4) as u64);
@@ -1154,6 +1166,7 @@ impl Lowering<'_> {
                 alpha: 1.0,
                 beta: 0.0,
                 bias: None,
+                gelu: false,
             })?;
         }
         Ok(())

@@ -39,6 +39,8 @@ pub struct MatmulSpec {
     pub beta: f32,
     /// One value per output row (per output feature of the row-major view), D's element type.
     pub bias: Option<DevPtr>,
+    /// GELU (tanh approximation, cuBLASLt's) applied to the result, after the bias.
+    pub gelu: bool,
 }
 
 impl MatmulSpec {
@@ -106,9 +108,18 @@ impl Matmul {
                 let t: i32 = op.transpose as i32; // CUBLAS_OP_N = 0, CUBLAS_OP_T = 1
                 set_desc(attr, &t as *const i32 as *const c_void, 4)?;
             }
-            if let Some(bias) = spec.bias.as_ref() {
-                let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS as u32;
+            use sys::cublasLtEpilogue_t::*;
+            let epilogue = match (spec.bias.is_some(), spec.gelu) {
+                (false, false) => None,
+                (true, false) => Some(CUBLASLT_EPILOGUE_BIAS),
+                (false, true) => Some(CUBLASLT_EPILOGUE_GELU),
+                (true, true) => Some(CUBLASLT_EPILOGUE_GELU_BIAS),
+            };
+            if let Some(epilogue) = epilogue {
+                let epilogue = epilogue as u32;
                 set_desc(sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue as *const u32 as *const c_void, 4)?;
+            }
+            if let Some(bias) = spec.bias.as_ref() {
                 set_desc(sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias as *const u64 as *const c_void, 8)?;
             }
             for (i, op) in [spec.a, spec.b, spec.d].iter().enumerate() {
@@ -188,7 +199,7 @@ impl Matmul {
     pub fn label(&self) -> String {
         let s = &self.spec;
         let k = if s.a.transpose { s.a.rows } else { s.a.cols };
-        format!("{}x{} (k {k}, batch {})", s.d.cols, s.d.rows, s.batch)
+        format!("{}x{} (k {k}, batch {}){}", s.d.cols, s.d.rows, s.batch, if s.gelu { " + gelu" } else { "" })
     }
 
     /// Everything the speed of an algorithm depends on (shapes, types, layouts, alignments,
