@@ -55,10 +55,13 @@ extern "C" __global__ void positions_scan_1024(float* valid, int* positions, con
 // Split-half rotary embedding of the q heads (in place) and of k, written with v into row
 // `cache_row + r` of the layer's K/V cache. qkv row: [heads q | k | v], each head_dim wide.
 // cos/sin tables are [position][head_dim / 2], computed once at open like the CPU reference.
+// `per` 8 (head_dim a multiple of 16, rows 16-byte aligned, a block of at least
+// (heads + 1) · head_dim / 16 + head_dim / 8 threads): each thread rotates 8 pairs of one head, or
+// copies 8 values of v, with all its loads in flight at once. 1: strided single pairs.
 template <typename T>
 __device__ void rope_qkv(T* qkv, int qkv_stride, int heads, int head_dim, const int* positions,
                          int position_offset, T* k_cache, int k_stride, T* v_cache, int v_stride, int cache_row,
-                         const float* cos_table, const float* sin_table) {
+                         const float* cos_table, const float* sin_table, int per) {
     const int r = blockIdx.x, half = head_dim / 2;
     const int pos = max(positions[position_offset + r], 0);
     const float* cs = cos_table + (long)pos * half;
@@ -66,6 +69,32 @@ __device__ void rope_qkv(T* qkv, int qkv_stride, int heads, int head_dim, const 
     T* row = qkv + (long)r * qkv_stride;
     T* k = k_cache + (long)(cache_row + r) * k_stride;
     T* v = v_cache + (long)(cache_row + r) * v_stride;
+    if (per == 8) {
+        const int groups = half / 8, rotations = (heads + 1) * groups, t = threadIdx.x;
+        if (t < rotations) {
+            const int h = t / groups, j = (t % groups) * 8;
+            const T* src = row + h * head_dim;  // h == heads: the k part
+            float a[8], b[8], c[8], s[8];
+            load8(src + j, a);
+            load8(src + j + half, b);
+            load8(cs + j, c);
+            load8(sn + j, s);
+            float lo[8], hi[8];
+            for (int i = 0; i < 8; ++i) {
+                lo[i] = a[i] * c[i] - b[i] * s[i];
+                hi[i] = b[i] * c[i] + a[i] * s[i];
+            }
+            T* dst = h < heads ? row + h * head_dim : k;
+            store8(dst + j, lo);
+            store8(dst + j + half, hi);
+        } else if (t < rotations + head_dim / 8) {
+            const int j = (t - rotations) * 8;
+            float x[8];
+            load8(row + (heads + 1) * head_dim + j, x);
+            store8(v + j, x);
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < (heads + 1) * half; i += blockDim.x) {
         const int h = i / half, j = i % half;
         const T* src = row + h * head_dim;  // h == heads: the k part
@@ -80,9 +109,9 @@ __device__ void rope_qkv(T* qkv, int qkv_stride, int heads, int head_dim, const 
     extern "C" __global__ void NAME(T* qkv, int qkv_stride, int heads, int head_dim, const int* positions, \
                                     int position_offset, T* k_cache, int k_stride, T* v_cache,            \
                                     int v_stride, int cache_row, const float* cos_table,                  \
-                                    const float* sin_table) {                                             \
+                                    const float* sin_table, int per) {                                    \
         rope_qkv<T>(qkv, qkv_stride, heads, head_dim, positions, position_offset, k_cache, k_stride,      \
-                    v_cache, v_stride, cache_row, cos_table, sin_table);                                  \
+                    v_cache, v_stride, cache_row, cos_table, sin_table, per);                             \
     }
 FOR_TYPE(ROPE_QKV, rope_qkv)
 

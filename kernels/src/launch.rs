@@ -256,6 +256,17 @@ impl Kernels {
         cols.div_ceil(32).clamp(1, 8) as u32 * 32
     }
 
+    /// `(per, threads)` of the row kernels in norm.cu: one group of 8 columns per thread when
+    /// every matrix row and f32 vector can be read in 16-byte pieces and a block holds the row,
+    /// else strided single columns over [`Kernels::row_block`] threads.
+    fn row_launch(mats: &[(Mat, usize)], vectors: &[DevPtr], cols: usize) -> (i32, u32) {
+        if Self::columns_per_thread(mats) == 8 && vectors.iter().all(|p| p % 16 == 0) && cols / 8 <= 1024 {
+            (8, (cols / 8).div_ceil(32) as u32 * 32)
+        } else {
+            (1, Self::row_block(cols))
+        }
+    }
+
     fn same_shape(what: &str, a: &Mat, b: &Mat) -> Result<()> {
         if (a.rows, a.cols) != (b.rows, b.cols) {
             return Err(shape_error(what, format!("{}x{} vs {}x{}", a.rows, a.cols, b.rows, b.cols)));
@@ -311,6 +322,7 @@ impl Kernels {
     pub unsafe fn layer_norm(&self, out: Mat, x: Mat, gamma: DevPtr, beta: DevPtr, eps: f32, stream: CUstream) -> Result<()> {
         Self::same_shape("layer_norm", &out, &x)?;
         let name = format!("layer_norm_{}_{}", x.dtype.suffix(), out.dtype.suffix());
+        let (per, threads) = Self::row_launch(&[(out, 0), (x, 0)], &[gamma, beta], x.cols);
         let args = [
             Arg::P(out.ptr),
             Arg::I(i32_of(out.stride, &name)?),
@@ -320,9 +332,10 @@ impl Kernels {
             Arg::P(beta),
             Arg::I(i32_of(x.cols, &name)?),
             Arg::F(eps),
+            Arg::I(per),
         ];
         // SAFETY: matches `layer_norm_*` in norm.cu.
-        unsafe { self.launch(&name, (x.rows as u32, 1, 1), Self::row_block(x.cols), stream, args) }
+        unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
     }
 
     /// Row-wise RMS norm; with `modulation` (`[scale | shift | gate]`, 3 · cols f32) the adaRMS
@@ -333,6 +346,7 @@ impl Kernels {
     pub unsafe fn rms_norm(&self, out: Mat, x: Mat, modulation: Option<DevPtr>, eps: f32, stream: CUstream) -> Result<()> {
         Self::same_shape("rms_norm", &out, &x)?;
         let name = format!("rms_norm_{}_{}", x.dtype.suffix(), out.dtype.suffix());
+        let (per, threads) = Self::row_launch(&[(out, 0), (x, 0)], &[modulation.unwrap_or(0)], x.cols);
         let args = [
             Arg::P(out.ptr),
             Arg::I(i32_of(out.stride, &name)?),
@@ -341,9 +355,10 @@ impl Kernels {
             Arg::P(modulation.unwrap_or(0)),
             Arg::I(i32_of(x.cols, &name)?),
             Arg::F(eps),
+            Arg::I(per),
         ];
         // SAFETY: matches `rms_norm_*` in norm.cu (a null modulation means plain RMS).
-        unsafe { self.launch(&name, (x.rows as u32, 1, 1), Self::row_block(x.cols), stream, args) }
+        unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
     }
 
     /// `x += y ⊙ gate`, gate = the third third of `modulation` (3 · cols f32); `x` is f32.
@@ -392,6 +407,7 @@ impl Kernels {
             return Err(shape_error("gated_residual_rms_norm", "the residual stream must be f32".into()));
         }
         let name = format!("gated_residual_rms_norm_{}_{}", y.dtype.suffix(), out.dtype.suffix());
+        let (per, threads) = Self::row_launch(&[(out, 0), (x, 0), (y, 0)], &[gate_modulation, norm_modulation], x.cols);
         let args = [
             Arg::P(out.ptr),
             Arg::I(i32_of(out.stride, &name)?),
@@ -403,9 +419,10 @@ impl Kernels {
             Arg::P(norm_modulation),
             Arg::I(i32_of(x.cols, &name)?),
             Arg::F(eps),
+            Arg::I(per),
         ];
         // SAFETY: matches `gated_residual_rms_norm_*` in norm.cu.
-        unsafe { self.launch(&name, (x.rows as u32, 1, 1), Self::row_block(x.cols), stream, args) }
+        unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
     }
 
     /// In place `x = gelu_tanh(x)`.
@@ -556,6 +573,17 @@ impl Kernels {
                 format!("qkv {:?} / caches {:?} {:?} do not fit {} heads of {}", a.qkv, a.k_cache, a.v_cache, a.heads, a.head_dim),
             ));
         }
+        // 8 pairs (or 8 values of v) per thread when every piece is 16-byte aligned, the tables'
+        // rows included (head_dim / 2 f32 apart).
+        let vectors = a.head_dim % 16 == 0
+            && Self::columns_per_thread(&[(a.qkv, a.head_dim / 2), (a.k_cache, a.head_dim / 2), (a.v_cache, 0)]) == 8
+            && [a.cos, a.sin].iter().all(|p| p % 16 == 0);
+        let vector_threads = (a.heads + 1) * a.head_dim / 16 + a.head_dim / 8;
+        let (per, threads) = if vectors && vector_threads <= 1024 {
+            (8, vector_threads.div_ceil(32) as u32 * 32)
+        } else {
+            (1, ((a.heads + 1) * a.head_dim / 2).max(a.head_dim).div_ceil(32).clamp(1, 8) as u32 * 32)
+        };
         let args = [
             Arg::P(a.qkv.ptr),
             Arg::I(i32_of(a.qkv.stride, &name)?),
@@ -570,10 +598,10 @@ impl Kernels {
             Arg::I(i32_of(a.cache_row, &name)?),
             Arg::P(a.cos),
             Arg::P(a.sin),
+            Arg::I(per),
         ];
-        let threads = ((a.heads + 1) * a.head_dim / 2).max(a.head_dim);
         // SAFETY: matches `rope_qkv_*` in attention.cu.
-        unsafe { self.launch(&name, (a.qkv.rows as u32, 1, 1), threads.div_ceil(32).clamp(1, 8) as u32 * 32, stream, args) }
+        unsafe { self.launch(&name, (a.qkv.rows as u32, 1, 1), threads, stream, args) }
     }
 
     /// `p = softmax(s)` per row over valid keys: `s` f32 and `p` bf16, both dense
