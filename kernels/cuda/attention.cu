@@ -365,23 +365,35 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
 FOR_TYPE(ATTENTION_MQ256, attention_mq256)
 
 // Merges the splits of `attention_mq256_*`: out = Σ_s 2^(m_s - M) o_s / Σ_s 2^(m_s - M) l_s.
-// One block of 256 threads (one per head dimension) per row.
+// One block of 256 threads (one per head dimension) per row. Lane s of each warp holds split s's
+// (max, sum) (32 splits per round), so the statistics cost one load per lane and a warp
+// reduction, and the partial outputs are read in unrolled runs whose loads are in flight
+// together, not one split at a time.
 template <typename Tout>
 __device__ void attention_mq256_combine(Tout* out, int out_stride, const float* partial_o, const float* partial_ml,
                                         const float* query_valid, int queries, int heads, int splits) {
-    const int rows = queries * heads, r = blockIdx.x, d = threadIdx.x;
+    const int rows = queries * heads, r = blockIdx.x, d = threadIdx.x, lane = threadIdx.x & 31;
     const int t = r / heads, h = r % heads;
     const float neg_inf = __int_as_float(0xff800000);
     float mx = neg_inf;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, partial_ml[((long)s * rows + r) * 2]);
+    for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, partial_ml[((long)s * rows + r) * 2]);
+    mx = warp_max(mx);
     float num = 0.0f, den = 0.0f;
     if (mx != neg_inf && !(query_valid && query_valid[t] == 0.0f)) {
-        for (int s = 0; s < splits; ++s) {
-            const long at = (long)s * rows + r;
-            const float w = exp2f(partial_ml[at * 2] - mx);
-            num += w * partial_o[at * ATT_D + d];
-            den += w * partial_ml[at * 2 + 1];
+        for (int first = 0; first < splits; first += 32) {
+            const int s = first + lane, n = min(32, splits - first);
+            float w = 0.0f;
+            if (s < splits) {
+                const long at = (long)s * rows + r;
+                w = exp2f(partial_ml[at * 2] - mx);
+                den += w * partial_ml[at * 2 + 1];
+            }
+#pragma unroll 8
+            for (int i = 0; i < n; ++i) {
+                num += __shfl_sync(0xffffffffu, w, i) * partial_o[((long)(first + i) * rows + r) * ATT_D + d];
+            }
         }
+        den = warp_sum(den);
     }
     out[(long)t * out_stride + h * ATT_D + d] = from_float<Tout>(den > 0.0f ? num / den : 0.0f);
 }
