@@ -85,14 +85,20 @@ fn max_abs(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
+/// The commit the binary was built from: FRT_COMMIT (tools/device/cuda_checks.sh sets it from
+/// the carried COMMIT file, since the GPU machine's copy of the tree may carry a stale .git),
+/// else the checkout's HEAD.
 fn commit() -> String {
-    std::process::Command::new("git")
-        .args(["rev-parse", "--short=12", "HEAD"])
-        .output()
+    std::env::var("FRT_COMMIT")
         .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .or_else(|| std::env::var("FRT_COMMIT").ok())
+        .or_else(|| {
+            std::process::Command::new("git")
+                .args(["rev-parse", "--short=12", "HEAD"])
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        })
         .unwrap_or_else(|| "unknown".into())
 }
 
