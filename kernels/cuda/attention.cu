@@ -404,3 +404,148 @@ __device__ void attention_mq256_combine(Tout* out, int out_stride, const float* 
                                       splits);                                                              \
     }
 FOR_TYPE(ATTENTION_MQ256_COMBINE, attention_mq256_combine)
+
+// ---- Fused attention for SigLIP: head_dim 72, one K/V head per query head, per-camera groups --
+//
+// One kernel instead of the QKᵀ product, the softmax and the PV product per camera. A block
+// takes 64 query rows (4 warps × 16) of one head of one group and holds that head's whole K and
+// V (at most 256 keys) in shared memory, so each warp computes its 16 × keys scores in registers
+// and needs no online softmax. The head dimension is padded with zeros to 80 (five k16 steps).
+#define VA_D 72
+#define VA_DP 80                     // padded head dimension (Q and K pieces past 72 are zero)
+#define VA_STRIDE 88                 // shared-memory row stride: ldmatrix's eight rows hit distinct banks
+#define VA_ROWS 64                   // query rows per block
+#define VA_MAX_KEYS 256              // keys per group held at once (SigLIP: 256 patches)
+// Dynamic shared memory in bytes (launch.rs mirrors it): the Q tile, then all of K and V.
+#define VA_SHARED_BYTES ((VA_ROWS + 2 * VA_MAX_KEYS) * VA_STRIDE * 2)
+
+__device__ __forceinline__ void va_ldmatrix_x4(unsigned* r, const unsigned short* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+
+template <typename Tout>
+__device__ void attention_mh72(Tout* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride,
+                               const bf16* v, int v_stride, int rows_per_group, int keys, float scale_log2) {
+    extern __shared__ __align__(16) unsigned char va_shared[];
+    unsigned short* q_tile = (unsigned short*)va_shared;
+    unsigned short* k_tile = q_tile + VA_ROWS * VA_STRIDE;
+    unsigned short* v_tile = k_tile + VA_MAX_KEYS * VA_STRIDE;
+    const int h = blockIdx.y, g = blockIdx.z, row0 = blockIdx.x * VA_ROWS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, q4 = lane & 3;
+    const float neg_inf = __int_as_float(0xff800000);
+
+    // Q rows and every key's K and V of (group g, head h): nine 16-byte pieces per row, plus a
+    // zero piece for dims 72-79 of Q and K; rows past the end are zeros.
+    const bf16* qg = q + (long)g * rows_per_group * q_stride + h * VA_D;
+    const bf16* kg = k + (long)g * keys * k_stride + h * VA_D;
+    const bf16* vg = v + (long)g * keys * v_stride + h * VA_D;
+    constexpr int pieces = VA_DP / 8;
+    for (int i = threadIdx.x; i < VA_ROWS * pieces; i += blockDim.x) {
+        const int r = i / pieces, c = i % pieces, row = min(row0 + r, rows_per_group - 1);
+        att_copy16(&q_tile[r * VA_STRIDE + c * 8], qg + (long)row * q_stride + min(c, pieces - 2) * 8,
+                   row0 + r < rows_per_group && c < pieces - 1);
+    }
+    for (int i = threadIdx.x; i < VA_MAX_KEYS * pieces; i += blockDim.x) {
+        const int j = i / pieces, c = i % pieces, key = min(j, keys - 1), d = min(c, pieces - 2) * 8;
+        att_copy16(&k_tile[j * VA_STRIDE + c * 8], kg + (long)key * k_stride + d, j < keys && c < pieces - 1);
+        if (c < pieces - 1) att_copy16(&v_tile[j * VA_STRIDE + c * 8], vg + (long)key * v_stride + d, j < keys);
+    }
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+    __syncthreads();
+
+    // S = Q Kᵀ: 32 column tiles of 8 keys, five k16 steps over the padded head dimension.
+    float s[VA_MAX_KEYS / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < VA_MAX_KEYS / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < VA_DP / 16; ++kk) {
+        unsigned a[4];
+        va_ldmatrix_x4(a, &q_tile[(warp * 16 + (lane & 15)) * VA_STRIDE + kk * 16 + (lane >> 4) * 8]);
+#pragma unroll
+        for (int nt = 0; nt < VA_MAX_KEYS / 8; nt += 2) {
+            if (nt * 8 >= keys) break;
+            // Matrices: keys nt·8 … +7 at dims kk·16 + 0 / + 8, then the next eight keys.
+            unsigned b[4];
+            va_ldmatrix_x4(b, &k_tile[(nt * 8 + (lane >> 4) * 8 + (lane & 7)) * VA_STRIDE + kk * 16 + ((lane >> 3) & 1) * 8]);
+            att_mma(s[nt], a, b[0], b[1]);
+            att_mma(s[nt + 1], a, b[2], b[3]);
+        }
+    }
+
+    // Softmax over the keys of rows gq (e < 2) and gq + 8 (e >= 2), log2 domain.
+    float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int nt = 0; nt < VA_MAX_KEYS / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[nt][e] = nt * 8 + 2 * q4 + (e & 1) < keys ? s[nt][e] * scale_log2 : neg_inf;
+            m[e >> 1] = fmaxf(m[e >> 1], s[nt][e]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], 1));
+        m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], 2));
+    }
+#pragma unroll
+    for (int nt = 0; nt < VA_MAX_KEYS / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[nt][e] = exp2f(s[nt][e] - m[e >> 1]);  // masked keys: exp2(-inf) = 0
+            l[e >> 1] += s[nt][e];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+
+    // O = P V: P's k16 step kt is column tiles 2kt and 2kt + 1; V's B fragments transposed out
+    // of shared memory, two dimension tiles per ldmatrix.x4 (nine tiles: the last one alone).
+    float o[VA_D / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < VA_D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+#pragma unroll
+    for (int kt = 0; kt < VA_MAX_KEYS / 16; ++kt) {
+        if (kt * 16 >= keys) break;
+        const unsigned p[4] = {pack_bf16x2(s[2 * kt][0], s[2 * kt][1]), pack_bf16x2(s[2 * kt][2], s[2 * kt][3]),
+                               pack_bf16x2(s[2 * kt + 1][0], s[2 * kt + 1][1]),
+                               pack_bf16x2(s[2 * kt + 1][2], s[2 * kt + 1][3])};
+#pragma unroll
+        for (int dt = 0; dt < VA_D / 8; dt += 2) {
+            const int tile = min(dt + (lane >> 4), VA_D / 8 - 1);
+            const unsigned short* src = &v_tile[(kt * 16 + (lane & 15)) * VA_STRIDE + tile * 8];
+            unsigned b[4];
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                         : "r"((unsigned)__cvta_generic_to_shared(src)));
+            att_mma(o[dt], p, b[0], b[1]);
+            if (dt + 1 < VA_D / 8) att_mma(o[dt + 1], p, b[2], b[3]);
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int row = row0 + warp * 16 + gq + 8 * i;
+        if (row >= rows_per_group) continue;
+        const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+        Tout* dst = out + ((long)g * rows_per_group + row) * out_stride + h * VA_D;
+#pragma unroll
+        for (int dt = 0; dt < VA_D / 8; ++dt) {
+            const int d = dt * 8 + 2 * q4;
+            dst[d] = from_float<Tout>(o[dt][2 * i] * inv);
+            dst[d + 1] = from_float<Tout>(o[dt][2 * i + 1] * inv);
+        }
+    }
+}
+#define ATTENTION_MH72(NAME, TOUT)                                                                          \
+    extern "C" __global__ void __launch_bounds__(128)                                                       \
+        NAME(TOUT* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride,           \
+             const bf16* v, int v_stride, int rows_per_group, int keys, float scale_log2) {                  \
+        attention_mh72<TOUT>(out, out_stride, q, q_stride, k, k_stride, v, v_stride, rows_per_group, keys,  \
+                             scale_log2);                                                                   \
+    }
+FOR_TYPE(ATTENTION_MH72, attention_mh72)

@@ -111,6 +111,14 @@ const ATTENTION_SHARED_BYTES: u32 = (ATTENTION_ROWS * ATTENTION_QK_STRIDE * 2
     + 2 * ATTENTION_KEYS * ATTENTION_V_STRIDE * 2
     + 2 * ATTENTION_KEYS * 4) as u32;
 
+/// Head dimension, query rows per block and most keys per group of `attention_mh72`
+/// (attention.cu: VA_D, VA_ROWS, VA_MAX_KEYS), and its dynamic shared memory (VA_SHARED_BYTES:
+/// the Q tile and every key's K and V, rows padded to 88 elements).
+const VISION_HEAD_DIM: usize = 72;
+const VISION_ROWS: usize = 64;
+pub const VISION_MAX_KEYS: usize = 256;
+const VISION_SHARED_BYTES: u32 = ((VISION_ROWS + 2 * VISION_MAX_KEYS) * 88 * 2) as u32;
+
 /// Kernel argument as the C signature takes it; `params` points at these while launching.
 #[derive(Clone, Copy)]
 enum Arg {
@@ -132,8 +140,17 @@ impl Arg {
 }
 
 const IN_OUT: [&str; 5] = ["layer_norm", "rms_norm", "gated_residual_rms_norm", "copy", "gelu_tanh_mul"];
-const TYPED: [&str; 8] =
-    ["gated_residual", "gelu_tanh", "affine", "embed_bf16", "rope_qkv", "image_patches_u8", "attention_mq256", "attention_mq256_combine"];
+const TYPED: [&str; 9] = [
+    "gated_residual",
+    "gelu_tanh",
+    "affine",
+    "embed_bf16",
+    "rope_qkv",
+    "image_patches_u8",
+    "attention_mq256",
+    "attention_mq256_combine",
+    "attention_mh72",
+];
 const SINGLE: [&str; 3] = ["add_table_f32", "positions_scan_1024", "softmax_rows_masked_f32_bf16"];
 
 /// Every kernel the launchers use, as the macros in `cuda/*.cu` instantiate them.
@@ -170,7 +187,8 @@ pub struct Kernels {
     modules: Vec<CUmodule>,
     /// Sorted by name for lookup.
     functions: Vec<(String, CUfunction)>,
-    /// Whether the device grants `attention_mq256` its shared memory (not sm_86/sm_89, 99 KB).
+    /// Whether the device grants the fused attention kernels their shared memory (not
+    /// sm_86/sm_89, 99 KB).
     fused_attention: bool,
 }
 
@@ -199,12 +217,14 @@ impl Kernels {
             kernels.functions.push((name, f));
         }
         kernels.functions.sort_by(|a, b| a.0.cmp(&b.0));
-        for dtype in ["bf16", "f32"] {
-            let f = kernels.function(&format!("attention_mq256_{dtype}"))?;
-            let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-            // SAFETY: `f` is a resolved function of a loaded module; the value is a byte count.
-            let granted = unsafe { sys::cuFuncSetAttribute(f, attr, ATTENTION_SHARED_BYTES as i32) }.result();
-            kernels.fused_attention &= granted.is_ok();
+        for (base, bytes) in [("attention_mq256", ATTENTION_SHARED_BYTES), ("attention_mh72", VISION_SHARED_BYTES)] {
+            for dtype in ["bf16", "f32"] {
+                let f = kernels.function(&format!("{base}_{dtype}"))?;
+                let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+                // SAFETY: `f` is a resolved function of a loaded module; the value is a byte count.
+                let granted = unsafe { sys::cuFuncSetAttribute(f, attr, bytes as i32) }.result();
+                kernels.fused_attention &= granted.is_ok();
+            }
         }
         Ok(kernels)
     }
@@ -639,8 +659,8 @@ impl Kernels {
         unsafe { self.launch(name, (rows.div_ceil(8) as u32, 1, 1), 256, stream, args) }
     }
 
-    /// Whether [`Kernels::attention_mq256`] can run on this device (it needs 105 KB of shared
-    /// memory per block).
+    /// Whether [`Kernels::attention_mq256`] and [`Kernels::attention_mh72`] can run on this
+    /// device (105 and 99 KB of shared memory per block).
     pub fn has_fused_attention(&self) -> bool {
         self.fused_attention
     }
@@ -736,6 +756,60 @@ impl Kernels {
         ];
         // SAFETY: matches `attention_mq256_combine`: one block of 256 threads per row.
         unsafe { self.launch(name, (rows as u32, 1, 1), d as u32, stream, combine) }
+    }
+
+    /// Fused attention of SigLIP's shape: `heads` heads of dimension 72, each with its own K/V
+    /// head, per group (camera) of `q.rows / groups` queries over `k.rows / groups` keys (at most
+    /// [`VISION_MAX_KEYS`]), no masks: `softmax(q kᵀ / √72) v` in one launch.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    #[allow(clippy::too_many_arguments)] // the op's operands and shape, one to one
+    pub unsafe fn attention_mh72(&self, out: Mat, q: Mat, k: Mat, v: Mat, heads: usize, groups: usize, stream: CUstream) -> Result<()> {
+        let name = format!("attention_mh72_{}", out.dtype.suffix());
+        let d = VISION_HEAD_DIM;
+        if !self.fused_attention {
+            return Err(shape_error(&name, format!("the device does not grant {VISION_SHARED_BYTES} bytes of shared memory per block")));
+        }
+        let (rows, keys) = (q.rows / groups.max(1), k.rows / groups.max(1));
+        if [q.dtype, k.dtype, v.dtype] != [Dtype::Bf16; 3]
+            || heads == 0
+            || groups == 0
+            || [q.cols, k.cols, v.cols] != [heads * d; 3]
+            || (out.rows, out.cols) != (q.rows, q.cols)
+            || v.rows != k.rows
+            || rows * groups != q.rows
+            || keys * groups != k.rows
+            || !(1..=VISION_MAX_KEYS).contains(&keys)
+        {
+            return Err(shape_error(
+                &name,
+                format!(
+                    "needs bf16 q/k/v [{groups} groups of rows, {heads}·{d}] with 1 to {VISION_MAX_KEYS} keys per group, out like q; got q {}x{} {:?}, k {}x{}, v {}x{}, out {}x{}",
+                    q.rows, q.cols, q.dtype, k.rows, k.cols, v.rows, v.cols, out.rows, out.cols
+                ),
+            ));
+        }
+        if [q, k, v].iter().any(|m| m.ptr % 16 != 0 || m.stride % 8 != 0) {
+            return Err(shape_error(&name, "q, k and v rows must be 16-byte aligned".into()));
+        }
+        let args = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, &name)?),
+            Arg::P(q.ptr),
+            Arg::I(i32_of(q.stride, &name)?),
+            Arg::P(k.ptr),
+            Arg::I(i32_of(k.stride, &name)?),
+            Arg::P(v.ptr),
+            Arg::I(i32_of(v.stride, &name)?),
+            Arg::I(i32_of(rows, &name)?),
+            Arg::I(i32_of(keys, &name)?),
+            Arg::F(std::f32::consts::LOG2_E / (d as f32).sqrt()),
+        ];
+        let grid = (rows.div_ceil(VISION_ROWS) as u32, i32_of(heads, &name)? as u32, i32_of(groups, &name)? as u32);
+        // SAFETY: matches `attention_mh72_*`: 128 threads, grid (query tiles, heads, groups), the
+        // shared memory granted at load.
+        unsafe { self.launch_with_shared(&name, grid, 128, VISION_SHARED_BYTES, stream, args) }
     }
 
     /// Resize-with-pad, normalise and patchify camera `camera` of the staged u8 frames into `out`

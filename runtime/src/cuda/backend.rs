@@ -17,7 +17,8 @@
 //!
 //! Lowering fuses adjacent ops where the result is the same: a gated residual and the next
 //! adaRMS norm of the same stream (one kernel), a product and the GELU over its output
-//! (cuBLASLt's GELU epilogue), and few-query multi-query attention (one flash-attention kernel).
+//! (cuBLASLt's GELU epilogue), few-query multi-query attention (one flash-attention kernel) and
+//! SigLIP's per-camera attention (one kernel per layer).
 //!
 //! Camera frames are not copied: the preprocessing kernel reads the caller's staged u8 pixels
 //! straight from mapped pinned memory, so only the pixels it samples cross the bus, whatever the
@@ -174,6 +175,15 @@ enum Step {
     Rope(RopeArgs),
     /// Multi-query attention of few queries in one kernel (see `Kernels::attention_mq256`).
     FusedAttention(AttentionArgs),
+    /// SigLIP's per-camera attention in one kernel (see `Kernels::attention_mh72`).
+    VisionAttention {
+        out: Mat,
+        q: Mat,
+        k: Mat,
+        v: Mat,
+        heads: usize,
+        groups: usize,
+    },
     Softmax {
         p: DevPtr,
         s: DevPtr,
@@ -197,6 +207,13 @@ enum Step {
 /// prefix it does not yet, so the prefix keeps the products.
 fn fuses(queries: usize, kv_heads: usize, head_dim: usize, groups: usize) -> bool {
     queries <= 64 && kv_heads == 1 && head_dim == 256 && groups == 1
+}
+
+/// Whether an attention op runs as [`Kernels::attention_mh72`]: SigLIP's shape (head dimension
+/// 72, one K/V head per query head, at most 256 keys per camera group) without masks. Measured
+/// on the H200 (bench/NOTES.md): one launch per layer instead of three per camera.
+fn fuses_vision(keys_per_group: usize, heads: usize, kv_heads: usize, head_dim: usize, masked: bool) -> bool {
+    head_dim == 72 && kv_heads == heads && keys_per_group <= flashrt_kernels::VISION_MAX_KEYS && !masked
 }
 
 /// A diagnostic switch from the environment: set and not "0".
@@ -602,6 +619,9 @@ impl CudaBackend {
             Step::Positions { .. } => "positions".into(),
             Step::Rope(_) => "rope_qkv".into(),
             Step::FusedAttention(a) => format!("attention_mq256 {}x{} over {} keys", a.q.rows, a.heads, a.k.rows),
+            Step::VisionAttention { q, k, heads, groups, .. } => {
+                format!("attention_mh72 {}x{} over {} keys, {groups} groups", q.rows / groups, heads, k.rows / groups)
+            }
             Step::Softmax { rows, keys, .. } => format!("softmax {rows}x{keys}"),
             Step::Affine { .. } => "affine".into(),
         }
@@ -647,6 +667,7 @@ impl CudaBackend {
                 }
                 Step::Rope(ref args) => k.rope_qkv(args, s),
                 Step::FusedAttention(ref args) => k.attention_mq256(args, s),
+                Step::VisionAttention { out, q, k: keys, v, heads, groups } => k.attention_mh72(out, q, keys, v, heads, groups, s),
                 Step::Softmax { p, s: scores, rows, queries, keys, key_valid, query_valid } => {
                     k.softmax_rows(p, scores, rows, queries, keys, key_valid, query_valid, s)
                 }
@@ -1089,6 +1110,10 @@ impl Lowering<'_> {
             return Ok(());
         }
         let (rows, keys) = (q.rows / groups, k.rows / groups);
+        if self.fused_attention && fuses_vision(keys, heads, kv_heads, head_dim, key_valid.is_some() || query_valid.is_some()) {
+            self.steps.push(Step::VisionAttention { out: self.mat(out)?, q: qs, k: ks, v: vs, heads, groups });
+            return Ok(());
+        }
         for g in 0..groups {
             let (qg, kg, vg, og) = (
                 self.mat(q.rows(g * rows, rows))?,
