@@ -26,15 +26,9 @@ full=0
 [ "${1:-}" = --full ] && full=1
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-started=$SECONDS
-timings=()
-timed() { # label command...
-  local label="$1" t0=$SECONDS
-  shift
-  printf '\n=== jetson: %s\n' "$label"
-  "$@"
-  timings+=("$(printf '%4ds  %s' $((SECONDS - t0)) "$label")")
-}
+TIMING_PREFIX="jetson: "
+# shellcheck source=tools/timing.sh
+. "$root/tools/timing.sh"
 
 if ! command -v qemu-aarch64-static > /dev/null; then
   sudo=""
@@ -192,10 +186,8 @@ if [ -n "$bg_pid" ]; then
   cat "$bg_log"
   rm -f "$bg_log"
   [ "$bg_rc" = 0 ] || { echo "jetson/ci.sh: the C ABI zero-allocation test failed (exit $bg_rc)" >&2; exit 1; }
-  timings+=("$(printf '%4ds  %s' $((SECONDS - bg_t0)) "qemu: C ABI zero-allocation test (200 steps), beside the steps since its start")")
+  timings+=("$(printf '%5ds  %s' $((SECONDS - bg_t0)) "qemu: C ABI zero-allocation test (200 steps), beside the steps since its start")")
 fi
 
-printf '\n=== jetson: timings\n'
-printf '%s\n' "${timings[@]}"
-printf '%4ds  total\n' $((SECONDS - started))
+print_timings
 ls -l "$out"

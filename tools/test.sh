@@ -5,31 +5,22 @@
 # .ci/run sets) they fail instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-started=$SECONDS
-timings=()
-step() { # label command...
-  local label="$1" t0=$SECONDS
-  shift
-  printf '\n=== %s\n' "$label"
-  "$@"
-  timings+=("$(printf '%5ds  %s' $((SECONDS - t0)) "$label")")
-}
+# shellcheck source=tools/timing.sh
+. tools/timing.sh
 
-step "cargo fmt --check" cargo fmt --all --check
-step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
+timed "cargo fmt --check" cargo fmt --all --check
+timed "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 # Includes the C ABI tests (C/C++ under valgrind) and the ROS 2 interop test.
 # flashrt-kernels runs in kernels/ci.sh, which puts the PyPI NVRTC libraries on the library path.
-step "workspace tests" cargo test --workspace --locked --exclude flashrt-kernels
-step "C ABI: install, pkg-config and CMake builds, C++ controller example" bash ffi/ci.sh --no-cargo-test
-step "CUDA: both cudarc flavours build, every kernel compiles with NVRTC for sm_87/sm_90/sm_110" bash kernels/ci.sh
-step "ROS 2: interop with the cyclonedds peer in an isolated network namespace" bash ros2_bridge/ci.sh
+timed "workspace tests" cargo test --workspace --locked --exclude flashrt-kernels
+timed "C ABI: install, pkg-config and CMake builds, C++ controller example" bash ffi/ci.sh --no-cargo-test
+timed "CUDA: both cudarc flavours build, every kernel compiles with NVRTC for sm_87/sm_90/sm_110" bash kernels/ci.sh
+timed "ROS 2: interop with the cyclonedds peer in an isolated network namespace" bash ros2_bridge/ci.sh
 if [ "${FRT_REQUIRE_ALL:-0}" = 1 ] || command -v aarch64-linux-gnu-gcc > /dev/null; then
-  step "Jetson: aarch64 cross-builds, tests under qemu" bash jetson/ci.sh
+  timed "Jetson: aarch64 cross-builds, tests under qemu" bash jetson/ci.sh
 else
   echo "SKIP Jetson cross-builds: no aarch64 toolchain (jetson/build.sh installs it; FRT_REQUIRE_ALL=1 runs it)"
 fi
-step "README main job" cargo run --release --locked -p flashrt -- demo --steps 20
+timed "README main job" cargo run --release --locked -p flashrt -- demo --steps 20
 
-printf '\n=== timings\n'
-printf '%s\n' "${timings[@]}"
-printf '%5ds  total\n' $((SECONDS - started))
+print_timings
