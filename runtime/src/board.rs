@@ -136,6 +136,21 @@ impl BoardProfile {
         let fits = self.memory.iter().find(|m| total_bytes <= m.module_gib << 30);
         fits.or(self.memory.last()).map_or(0, |m| m.budget_mib)
     }
+
+    /// The warning the CUDA backend logs at open when a policy takes `used_bytes` of device
+    /// memory (weights and activations) on a module reporting `total_bytes`, over this profile's
+    /// budget; `None` within it.
+    pub fn budget_warning(&self, used_bytes: u64, total_bytes: u64) -> Option<String> {
+        let (used_mib, budget) = (used_bytes >> 20, self.memory_budget_mib(total_bytes));
+        (used_mib > budget).then(|| {
+            format!(
+                "the policy takes {used_mib} MiB of device memory, over the {budget} MiB budget of the {} profile for a {} GiB module \
+                 (fewer camera slots or a shorter prompt capacity shrink it)",
+                self.name,
+                total_bytes >> 30
+            )
+        })
+    }
 }
 
 #[cfg(test)]
@@ -175,6 +190,16 @@ mod tests {
         assert_eq!(thor.memory_budget_mib(122 * GIB), 49152);
         // Larger than any known module: the largest budget, not nothing.
         assert_eq!(thor.memory_budget_mib(512 * GIB), 49152);
+    }
+
+    #[test]
+    fn memory_over_the_budget_is_a_warning_naming_both_numbers() {
+        let orin = BoardProfile::for_compute_capability(8, 7).expect("orin profile");
+        // Pi0.5 with 2 camera slots takes about 6 GiB: within a 32 GB Orin's 12 GiB budget.
+        assert_eq!(orin.budget_warning(6 * GIB, 30 * GIB + GIB / 2), None);
+        assert_eq!(orin.budget_warning(12 * GIB, 30 * GIB + GIB / 2), None);
+        let warning = orin.budget_warning(13 * GIB, 30 * GIB + GIB / 2).expect("over budget");
+        assert!(warning.contains("13312 MiB") && warning.contains("12288 MiB budget of the orin profile"), "{warning}");
     }
 
     #[test]

@@ -418,15 +418,9 @@ impl CudaBackend {
 
         let uploaded = upload_weights(&plan, weights, &checkpoint, &elems, stream.0)?;
         if let Some(board) = board {
-            let (total, used_mib) = (ctx.total_memory()?, (uploaded.memory.bytes + arena.bytes) >> 20);
-            let budget = board.memory_budget_mib(total as u64);
-            if used_mib as u64 > budget {
-                log::warn!(
-                    "the policy takes {used_mib} MiB of device memory, over the {budget} MiB budget of the {} profile for a {} GiB module \
-                     (fewer camera slots or a shorter prompt capacity shrink it)",
-                    board.name,
-                    total >> 30
-                );
+            let used = (uploaded.memory.bytes + arena.bytes) as u64;
+            if let Some(warning) = board.budget_warning(used, ctx.total_memory()? as u64) {
+                log::warn!("{warning}");
             }
         }
         let mut backend = CudaBackend {
