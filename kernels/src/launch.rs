@@ -858,3 +858,40 @@ impl Drop for Kernels {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mat(ptr: DevPtr, rows: usize, cols: usize, stride: usize, dtype: Dtype) -> Mat {
+        Mat { ptr, rows, cols, stride, dtype }
+    }
+
+    #[test]
+    fn attention_splits_cover_the_keys_in_whole_chunks() {
+        // The expert: 50 queries × 8 heads over 762 keys on 132 SMs.
+        let split = Kernels::attention_split(400, 762, 132);
+        assert_eq!((split.splits, split.keys_per_split), (12, 64));
+        assert_eq!(split.partial_lens, (12 * 400 * ATTENTION_HEAD_DIM, 12 * 400 * 2));
+        for (rows, keys, blocks) in [(1, 1, 132), (64, 31, 8), (400, 762, 16), (712 * 8, 712, 132), (8, 5000, 132)] {
+            let s = Kernels::attention_split(rows, keys, blocks);
+            assert!(s.keys_per_split % ATTENTION_KEYS == 0 && s.splits * s.keys_per_split >= keys, "{s:?}");
+            assert!((s.splits - 1) * s.keys_per_split < keys, "an empty split: {s:?}");
+            assert_eq!(s.partial_lens == (0, 0), s.splits == 1, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn row_kernels_take_eight_columns_per_thread_only_on_aligned_rows() {
+        let f32_rows = mat(256, 50, 1024, 1024, Dtype::F32);
+        let bf16_rows = mat(512, 50, 1024, 1024, Dtype::Bf16);
+        assert_eq!(Kernels::row_launch(&[(f32_rows, 0), (bf16_rows, 0)], &[4096], 1024), (8, 128));
+        // SigLIP's 1152 columns: 144 groups, 160 threads (16 of them idle).
+        assert_eq!(Kernels::row_launch(&[(mat(0, 512, 1152, 1152, Dtype::Bf16), 0)], &[], 1152), (8, 160));
+        // An odd stride, an unaligned vector, a width that is not whole groups, a row too wide.
+        assert_eq!(Kernels::row_launch(&[(mat(0, 4, 1024, 1027, Dtype::Bf16), 0)], &[], 1024).0, 1);
+        assert_eq!(Kernels::row_launch(&[(bf16_rows, 0)], &[4100], 1024).0, 1);
+        assert_eq!(Kernels::row_launch(&[(mat(0, 4, 1021, 1024, Dtype::F32), 0)], &[], 1021).0, 1);
+        assert_eq!(Kernels::row_launch(&[(mat(0, 4, 16384, 16384, Dtype::Bf16), 0)], &[], 16384), (1, 256));
+    }
+}
