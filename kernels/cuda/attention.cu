@@ -186,6 +186,29 @@ __device__ __forceinline__ void att_copy16(void* smem, const void* global, bool 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(valid ? 16 : 0));
 }
 
+// Four 8x8 bf16 matrices from shared memory (lanes 8i … 8i + 7 address matrix i's rows), as
+// mma fragments; `_trans` transposes each matrix on the way.
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const unsigned short* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, const unsigned short* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+
+// Max and sum over the four lanes of an mma quad (the lanes holding one row's columns).
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
 // Queues the copies of keys [c0, c0 + 32) ∩ [.., key_end) of K and V, and their validity.
 __device__ __forceinline__ void att_load_chunk(unsigned short* k_tile, unsigned short* v_tile, float* valid_tile,
                                                const bf16* k, int k_stride, const bf16* v, int v_stride,
@@ -275,8 +298,7 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
         float correction[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            chunk_max[i] = fmaxf(chunk_max[i], __shfl_xor_sync(0xffffffffu, chunk_max[i], 1));
-            chunk_max[i] = fmaxf(chunk_max[i], __shfl_xor_sync(0xffffffffu, chunk_max[i], 2));
+            chunk_max[i] = quad_max(chunk_max[i]);
             const float new_max = fmaxf(m[i], chunk_max[i]);
             // While every key so far is masked the max stays -inf: nothing to rescale.
             correction[i] = new_max == neg_inf ? 1.0f : exp2f(m[i] - new_max);
@@ -310,14 +332,10 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
         for (int kk = 0; kk < 2; ++kk) {
 #pragma unroll
             for (int dt = 0; dt < ATT_D / 8; dt += 2) {
-                const unsigned short* src = &v_tile[(kk * 16 + (lane & 15)) * ATT_V_STRIDE + (dt + (lane >> 4)) * 8];
-                const unsigned addr = (unsigned)__cvta_generic_to_shared(src);
-                unsigned b0, b1, b2, b3;
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                             : "r"(addr));
-                att_mma(o[dt], p[kk], b0, b1);
-                att_mma(o[dt + 1], p[kk], b2, b3);
+                unsigned b[4];
+                ldmatrix_x4_trans(b, &v_tile[(kk * 16 + (lane & 15)) * ATT_V_STRIDE + (dt + (lane >> 4)) * 8]);
+                att_mma(o[dt], p[kk], b[0], b[1]);
+                att_mma(o[dt + 1], p[kk], b[2], b[3]);
             }
         }
         __syncthreads();  // this chunk's buffers may be refilled
@@ -325,10 +343,7 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
 
     // Row sums: each lane of a quad summed its own keys.
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    }
+    for (int i = 0; i < 2; ++i) l[i] = quad_sum(l[i]);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int row = blockIdx.x * ATT_ROWS + warp * 16 + g + 8 * i;
@@ -419,12 +434,6 @@ FOR_TYPE(ATTENTION_MQ256_COMBINE, attention_mq256_combine)
 // Dynamic shared memory in bytes (launch.rs mirrors it): the Q tile, then all of K and V.
 #define VA_SHARED_BYTES ((VA_ROWS + 2 * VA_MAX_KEYS) * VA_STRIDE * 2)
 
-__device__ __forceinline__ void va_ldmatrix_x4(unsigned* r, const unsigned short* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((unsigned)__cvta_generic_to_shared(p)));
-}
-
 template <typename Tout>
 __device__ void attention_mh72(Tout* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride,
                                const bf16* v, int v_stride, int rows_per_group, int keys, float scale_log2) {
@@ -462,13 +471,13 @@ __device__ void attention_mh72(Tout* out, int out_stride, const bf16* q, int q_s
 #pragma unroll
     for (int kk = 0; kk < VA_DP / 16; ++kk) {
         unsigned a[4];
-        va_ldmatrix_x4(a, &q_tile[(warp * 16 + (lane & 15)) * VA_STRIDE + kk * 16 + (lane >> 4) * 8]);
+        ldmatrix_x4(a, &q_tile[(warp * 16 + (lane & 15)) * VA_STRIDE + kk * 16 + (lane >> 4) * 8]);
 #pragma unroll
         for (int nt = 0; nt < VA_MAX_KEYS / 8; nt += 2) {
             if (nt * 8 >= keys) break;
             // Matrices: keys nt·8 … +7 at dims kk·16 + 0 / + 8, then the next eight keys.
             unsigned b[4];
-            va_ldmatrix_x4(b, &k_tile[(nt * 8 + (lane >> 4) * 8 + (lane & 7)) * VA_STRIDE + kk * 16 + ((lane >> 3) & 1) * 8]);
+            ldmatrix_x4(b, &k_tile[(nt * 8 + (lane >> 4) * 8 + (lane & 7)) * VA_STRIDE + kk * 16 + ((lane >> 3) & 1) * 8]);
             att_mma(s[nt], a, b[0], b[1]);
             att_mma(s[nt + 1], a, b[2], b[3]);
         }
@@ -485,10 +494,7 @@ __device__ void attention_mh72(Tout* out, int out_stride, const bf16* q, int q_s
         }
     }
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], 1));
-        m[i] = fmaxf(m[i], __shfl_xor_sync(0xffffffffu, m[i], 2));
-    }
+    for (int i = 0; i < 2; ++i) m[i] = quad_max(m[i]);
 #pragma unroll
     for (int nt = 0; nt < VA_MAX_KEYS / 8; ++nt) {
 #pragma unroll
@@ -498,10 +504,7 @@ __device__ void attention_mh72(Tout* out, int out_stride, const bf16* q, int q_s
         }
     }
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    }
+    for (int i = 0; i < 2; ++i) l[i] = quad_sum(l[i]);
 
     // O = P V: P's k16 step kt is column tiles 2kt and 2kt + 1; V's B fragments transposed out
     // of shared memory, two dimension tiles per ldmatrix.x4 (nine tiles: the last one alone).
@@ -517,11 +520,8 @@ __device__ void attention_mh72(Tout* out, int out_stride, const bf16* q, int q_s
 #pragma unroll
         for (int dt = 0; dt < VA_D / 8; dt += 2) {
             const int tile = min(dt + (lane >> 4), VA_D / 8 - 1);
-            const unsigned short* src = &v_tile[(kt * 16 + (lane & 15)) * VA_STRIDE + tile * 8];
             unsigned b[4];
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                         : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                         : "r"((unsigned)__cvta_generic_to_shared(src)));
+            ldmatrix_x4_trans(b, &v_tile[(kt * 16 + (lane & 15)) * VA_STRIDE + tile * 8]);
             att_mma(o[dt], p, b[0], b[1]);
             if (dt + 1 < VA_D / 8) att_mma(o[dt + 1], p, b[2], b[3]);
         }

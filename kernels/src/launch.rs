@@ -112,12 +112,14 @@ const ATTENTION_SHARED_BYTES: u32 = (ATTENTION_ROWS * ATTENTION_QK_STRIDE * 2
     + 2 * ATTENTION_KEYS * 4) as u32;
 
 /// Head dimension, query rows per block and most keys per group of `attention_mh72`
-/// (attention.cu: VA_D, VA_ROWS, VA_MAX_KEYS), and its dynamic shared memory (VA_SHARED_BYTES:
-/// the Q tile and every key's K and V, rows padded to 88 elements).
+/// (attention.cu: VA_D, VA_ROWS, VA_MAX_KEYS), its shared-memory row stride in bf16 elements
+/// (VA_STRIDE: padded against bank conflicts), and its dynamic shared memory (VA_SHARED_BYTES:
+/// the Q tile and every key's K and V).
 const VISION_HEAD_DIM: usize = 72;
 const VISION_ROWS: usize = 64;
 pub const VISION_MAX_KEYS: usize = 256;
-const VISION_SHARED_BYTES: u32 = ((VISION_ROWS + 2 * VISION_MAX_KEYS) * 88 * 2) as u32;
+const VISION_STRIDE: usize = 88;
+const VISION_SHARED_BYTES: u32 = ((VISION_ROWS + 2 * VISION_MAX_KEYS) * VISION_STRIDE * 2) as u32;
 
 /// Kernel argument as the C signature takes it; `params` points at these while launching.
 #[derive(Clone, Copy)]
