@@ -89,3 +89,52 @@ __device__ __forceinline__ void store8(float* p, const float* v) {
 #define FOR_TYPE(KERNEL, NAME)  \
     KERNEL(NAME##_f32, float)   \
     KERNEL(NAME##_bf16, bf16)
+
+// ---- tensor-core building blocks (sm_80 and later) ----
+
+// D += A · B for one 16x16 (A, row) by 16x8 (B, col) bf16 tile pair, f32 accumulators.
+__device__ __forceinline__ void mma_16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16 bytes global -> shared without registers; `valid` false writes zeros instead.
+__device__ __forceinline__ void copy16_async(void* smem, const void* global, bool valid) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(valid ? 16 : 0));
+}
+
+// Four 8x8 bf16 matrices from shared memory (lanes 8i … 8i + 7 address matrix i's rows), as
+// mma fragments; `_trans` transposes each matrix on the way.
+__device__ __forceinline__ void ldmatrix_x4_at(unsigned* r, unsigned shared_address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address));
+}
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const unsigned short* p) {
+    ldmatrix_x4_at(r, (unsigned)__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, const unsigned short* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+
+// Programmatic dependent launch (sm_90 and later; no-ops before). `pdl_launch_dependents` lets
+// the next kernel of the stream, when it was launched with programmatic stream serialization,
+// be scheduled while this one still runs; that kernel calls `pdl_wait` before it touches anything
+// an earlier kernel wrote, and may read constants (weights) before. Kernels launched normally
+// are unaffected by either.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
