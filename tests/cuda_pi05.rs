@@ -21,7 +21,7 @@ use std::sync::Arc;
 use flashrt::backend::Backend;
 use flashrt::checkpoint::Checkpoint;
 use flashrt::cpu::CpuBackend;
-use flashrt::cuda::{CudaBackend, CudaOptions, GemmChoice};
+use flashrt::cuda::{CudaBackend, CudaOptions};
 use flashrt::image::{Frame, PixelFormat};
 use flashrt::models::pi05::WeightData;
 use flashrt::plan::{BufId, BufType, HostIo, Op, Plan, View, WeightId, WeightRole};
@@ -121,8 +121,6 @@ struct Case {
     inputs: Vec<(BufId, Input)>,
     compare: Vec<String>,
     rng: ChaCha8Rng,
-    /// The CUDA backend's GEMM implementations (the timed choice unless a case pins one).
-    gemms: GemmChoice,
 }
 
 enum Input {
@@ -141,7 +139,6 @@ impl Case {
             inputs: Vec::new(),
             compare: Vec::new(),
             rng: ChaCha8Rng::seed_from_u64(seed),
-            gemms: GemmChoice::Timed,
         }
     }
 
@@ -207,8 +204,7 @@ impl Case {
     /// Runs the plan on both backends; returns (buffer, nmse) per compared buffer.
     fn run(&self, ckpt: &Arc<Checkpoint>) -> Vec<(String, f64)> {
         let mut cpu: Box<dyn Backend> = Box::new(CpuBackend::new(self.plan.clone(), self.weight_data(), ckpt.clone()));
-        let opts = CudaOptions { gemms: self.gemms, ..CudaOptions::default() };
-        let gpu = CudaBackend::new(self.plan.clone(), self.weight_data(), ckpt.clone(), &opts);
+        let gpu = CudaBackend::new(self.plan.clone(), self.weight_data(), ckpt.clone(), &CudaOptions::default());
         let mut gpu: Box<dyn Backend> = Box::new(gpu.unwrap_or_else(|e| panic!("{}: CUDA backend: {e}", self.name)));
         for backend in [&mut cpu, &mut gpu] {
             for (id, data) in &self.inputs {
@@ -254,30 +250,6 @@ fn gemm_case(seed: u64) -> Case {
     c.plan.push(Op::GeluTanh { x: act });
     c.check(act);
     c.consume(act);
-    c
-}
-
-/// Few-row products on FlashRT's own kernel (`gemm_rows64`), pinned to 1, 4 or 16 K splits by
-/// the seed: f32 accumulated with bias, bf16 with bias, bf16 without.
-fn rows_gemm_case(seed: u64) -> Case {
-    let mut c = Case::new(String::new(), seed);
-    let splits = [1, 4, 16][seed as usize % 3];
-    let (m, k, n) = (c.rng.random_range(1..=64), splits * 128 * c.rng.random_range(1..=3), 64 * c.rng.random_range(1..=8));
-    c.name = format!("gemm_rows64 with {splits} splits {m}x{k}x{n}");
-    c.gemms = GemmChoice::RowsKernel(Some(splits));
-    let a = c.input("a", m, k);
-    let w = c.matrix_weight(n, k);
-    let bias_data = c.normal(n, 0.5);
-    let bias = c.vector_weight(bias_data);
-    let acc = c.input("acc", m, n);
-    c.plan.push(Op::Gemm { a, w, bias: Some(bias), out: acc, accumulate: true });
-    c.check(acc);
-    for (name, bias) in [("out", Some(bias)), ("plain", None)] {
-        let out = c.plan.matrix(name, m, n);
-        c.plan.push(Op::Gemm { a, w, bias, out, accumulate: false });
-        c.check(out);
-        c.consume(out);
-    }
     c
 }
 
@@ -513,7 +485,6 @@ fn every_op_matches_cpu() {
     for seed in 0..3u64 {
         let mut cases: Vec<(Case, Arc<Checkpoint>)> = vec![
             (gemm_case(seed), dummy.clone()),
-            (rows_gemm_case(seed), dummy.clone()),
             (norm_case(seed, 0), dummy.clone()),
             (norm_case(seed, 1), dummy.clone()),
             (norm_case(seed, 2), dummy.clone()),

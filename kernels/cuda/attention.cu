@@ -172,6 +172,33 @@ extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s,
 #define ATT_V_BYTES (ATT_KEYS * ATT_V_STRIDE * 2)
 #define ATT_SHARED_BYTES (ATT_Q_BYTES + 2 * ATT_K_BYTES + 2 * ATT_V_BYTES + 2 * ATT_KEYS * 4)
 
+__device__ __forceinline__ void att_mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16 bytes global -> shared without registers; `valid` false writes zeros instead.
+__device__ __forceinline__ void att_copy16(void* smem, const void* global, bool valid) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(valid ? 16 : 0));
+}
+
+// Four 8x8 bf16 matrices from shared memory (lanes 8i … 8i + 7 address matrix i's rows), as
+// mma fragments; `_trans` transposes each matrix on the way.
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const unsigned short* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, const unsigned short* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+
 // Max and sum over the four lanes of an mma quad (the lanes holding one row's columns).
 __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -188,8 +215,8 @@ __device__ __forceinline__ void att_load_chunk(unsigned short* k_tile, unsigned 
                                                const float* key_valid, int c0, int key_end) {
     for (int i = threadIdx.x; i < ATT_KEYS * (ATT_D / 8); i += blockDim.x) {
         const int r = i / (ATT_D / 8), c = i % (ATT_D / 8), key = min(c0 + r, key_end - 1);
-        copy16_async(&k_tile[r * ATT_QK_STRIDE + c * 8], k + (long)key * k_stride + c * 8, c0 + r < key_end);
-        copy16_async(&v_tile[r * ATT_V_STRIDE + c * 8], v + (long)key * v_stride + c * 8, c0 + r < key_end);
+        att_copy16(&k_tile[r * ATT_QK_STRIDE + c * 8], k + (long)key * k_stride + c * 8, c0 + r < key_end);
+        att_copy16(&v_tile[r * ATT_V_STRIDE + c * 8], v + (long)key * v_stride + c * 8, c0 + r < key_end);
     }
     if (threadIdx.x < ATT_KEYS) {
         const int key = c0 + threadIdx.x;
@@ -204,7 +231,6 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
                                 int queries, int heads, int keys, int keys_per_split, float scale_log2,
                                 float* partial_o, float* partial_ml) {
     extern __shared__ __align__(16) unsigned char att_shared[];
-    pdl_launch_dependents();  // the split merge or the output projection follows (common.cuh)
     unsigned short* q_tile = (unsigned short*)att_shared;
     unsigned short* k_tiles = (unsigned short*)(att_shared + ATT_Q_BYTES);
     unsigned short* v_tiles = (unsigned short*)(att_shared + ATT_Q_BYTES + 2 * ATT_K_BYTES);
@@ -218,7 +244,7 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
     for (int i = threadIdx.x; i < ATT_ROWS * (ATT_D / 8); i += blockDim.x) {
         const int r = i / (ATT_D / 8), c = i % (ATT_D / 8), row = min(blockIdx.x * ATT_ROWS + r, rows - 1);
         const bf16* src = q + (long)(row / heads) * q_stride + (row % heads) * ATT_D + c * 8;
-        copy16_async(&q_tile[r * ATT_QK_STRIDE + c * 8], src, blockIdx.x * ATT_ROWS + r < rows);
+        att_copy16(&q_tile[r * ATT_QK_STRIDE + c * 8], src, blockIdx.x * ATT_ROWS + r < rows);
     }
     att_load_chunk(k_tiles, v_tiles, valid_tiles, k, k_stride, v, v_stride, key_valid, key_begin, key_end);
 
@@ -254,8 +280,8 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const uint4 kf = *(const uint4*)&k_tile[(j * 8 + g) * ATT_QK_STRIDE + b * 32 + q4 * 8];
-                mma_16816(s[j], lo, kf.x, kf.y);
-                mma_16816(s[j], hi, kf.z, kf.w);
+                att_mma(s[j], lo, kf.x, kf.y);
+                att_mma(s[j], hi, kf.z, kf.w);
             }
         }
 
@@ -308,8 +334,8 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
             for (int dt = 0; dt < ATT_D / 8; dt += 2) {
                 unsigned b[4];
                 ldmatrix_x4_trans(b, &v_tile[(kk * 16 + (lane & 15)) * ATT_V_STRIDE + (dt + (lane >> 4)) * 8]);
-                mma_16816(o[dt], p[kk], b[0], b[1]);
-                mma_16816(o[dt + 1], p[kk], b[2], b[3]);
+                att_mma(o[dt], p[kk], b[0], b[1]);
+                att_mma(o[dt + 1], p[kk], b[2], b[3]);
             }
         }
         __syncthreads();  // this chunk's buffers may be refilled
@@ -361,7 +387,6 @@ FOR_TYPE(ATTENTION_MQ256, attention_mq256)
 template <typename Tout>
 __device__ void attention_mq256_combine(Tout* out, int out_stride, const float* partial_o, const float* partial_ml,
                                         const float* query_valid, int queries, int heads, int splits) {
-    pdl_launch_dependents();  // the output projection follows (common.cuh)
     const int rows = queries * heads, r = blockIdx.x, d = threadIdx.x, lane = threadIdx.x & 31;
     const int t = r / heads, h = r % heads;
     const float neg_inf = __int_as_float(0xff800000);
@@ -428,13 +453,13 @@ __device__ void attention_mh72(Tout* out, int out_stride, const bf16* q, int q_s
     constexpr int pieces = VA_DP / 8;
     for (int i = threadIdx.x; i < VA_ROWS * pieces; i += blockDim.x) {
         const int r = i / pieces, c = i % pieces, row = min(row0 + r, rows_per_group - 1);
-        copy16_async(&q_tile[r * VA_STRIDE + c * 8], qg + (long)row * q_stride + min(c, pieces - 2) * 8,
+        att_copy16(&q_tile[r * VA_STRIDE + c * 8], qg + (long)row * q_stride + min(c, pieces - 2) * 8,
                    row0 + r < rows_per_group && c < pieces - 1);
     }
     for (int i = threadIdx.x; i < VA_MAX_KEYS * pieces; i += blockDim.x) {
         const int j = i / pieces, c = i % pieces, key = min(j, keys - 1), d = min(c, pieces - 2) * 8;
-        copy16_async(&k_tile[j * VA_STRIDE + c * 8], kg + (long)key * k_stride + d, j < keys && c < pieces - 1);
-        if (c < pieces - 1) copy16_async(&v_tile[j * VA_STRIDE + c * 8], vg + (long)key * v_stride + d, j < keys);
+        att_copy16(&k_tile[j * VA_STRIDE + c * 8], kg + (long)key * k_stride + d, j < keys && c < pieces - 1);
+        if (c < pieces - 1) att_copy16(&v_tile[j * VA_STRIDE + c * 8], vg + (long)key * v_stride + d, j < keys);
     }
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
     __syncthreads();
@@ -453,8 +478,8 @@ __device__ void attention_mh72(Tout* out, int out_stride, const bf16* q, int q_s
             // Matrices: keys nt·8 … +7 at dims kk·16 + 0 / + 8, then the next eight keys.
             unsigned b[4];
             ldmatrix_x4(b, &k_tile[(nt * 8 + (lane >> 4) * 8 + (lane & 7)) * VA_STRIDE + kk * 16 + ((lane >> 3) & 1) * 8]);
-            mma_16816(s[nt], a, b[0], b[1]);
-            mma_16816(s[nt + 1], a, b[2], b[3]);
+            att_mma(s[nt], a, b[0], b[1]);
+            att_mma(s[nt + 1], a, b[2], b[3]);
         }
     }
 
@@ -497,8 +522,8 @@ __device__ void attention_mh72(Tout* out, int out_stride, const bf16* q, int q_s
             const int tile = min(dt + (lane >> 4), VA_D / 8 - 1);
             unsigned b[4];
             ldmatrix_x4_trans(b, &v_tile[(kt * 16 + (lane & 15)) * VA_STRIDE + tile * 8]);
-            mma_16816(o[dt], p, b[0], b[1]);
-            if (dt + 1 < VA_D / 8) mma_16816(o[dt + 1], p, b[2], b[3]);
+            att_mma(o[dt], p, b[0], b[1]);
+            if (dt + 1 < VA_D / 8) att_mma(o[dt + 1], p, b[2], b[3]);
         }
     }
 

@@ -51,7 +51,6 @@ FOR_TYPE(GELU_TANH, gelu_tanh)
 // out = gelu_tanh(gate) * up, with gate_up = [gate | up] column halves of `cols` each (GeGLU).
 template <typename Tin, typename Tout>
 __device__ void gelu_tanh_mul(Tout* out, int out_stride, const Tin* gate_up, int gu_stride, int rows, int cols, int per) {
-    pdl_launch_dependents();  // the down projection follows (common.cuh)
     const int c = (blockIdx.x * blockDim.x + threadIdx.x) * per, r = blockIdx.y;
     if (c >= cols || r >= rows) return;
     const Tin* g = gate_up + (long)r * gu_stride + c;

@@ -101,7 +101,6 @@ template <typename Tin, typename Tout>
 __device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, const float* modulation,
                          int cols, float eps, int per) {
     __shared__ float scratch[32];
-    pdl_launch_dependents();  // a product follows (common.cuh)
     const Tin* xr = x + (long)blockIdx.x * x_stride;
     Tout* orow = out + (long)blockIdx.x * out_stride;
     float ss = 0.0f;
@@ -152,7 +151,6 @@ __device__ void gated_residual_rms_norm(Tout* out, int out_stride, float* x, int
                                         int y_stride, const float* gate_modulation,
                                         const float* norm_modulation, int cols, float eps, int per) {
     __shared__ float scratch[32];
-    pdl_launch_dependents();  // a product follows (common.cuh)
     float* xr = x + (long)blockIdx.x * x_stride;
     const Ty* yr = y + (long)blockIdx.x * y_stride;
     Tout* orow = out + (long)blockIdx.x * out_stride;

@@ -121,45 +121,6 @@ pub const VISION_MAX_KEYS: usize = 256;
 const VISION_STRIDE: usize = 88;
 const VISION_SHARED_BYTES: u32 = ((VISION_ROWS + 2 * VISION_MAX_KEYS) * VISION_STRIDE * 2) as u32;
 
-/// Arguments of [`Kernels::gemm_rows64`] besides the stream: `out (+)= a · wᵀ (+ bias)` for at
-/// most 64 rows.
-#[derive(Clone, Copy, Debug)]
-pub struct RowsGemmArgs {
-    /// `[rows, k]` bf16, rows ≤ 64.
-    pub a: Mat,
-    /// `[n, k]` bf16, row-major with row stride `w_stride` (the checkpoint's `[out, in]` layout).
-    pub w: DevPtr,
-    pub w_stride: usize,
-    pub n: usize,
-    pub k: usize,
-    /// `[rows, n]`, f32 or bf16.
-    pub out: Mat,
-    /// `n` values of `out`'s element type.
-    pub bias: Option<DevPtr>,
-    /// Adds the product to `out` instead of overwriting it.
-    pub accumulate: bool,
-    /// K slices summed per column tile: one of [`Kernels::rows_gemm_splits`].
-    pub splits: usize,
-    /// f32 scratch of [`Kernels::rows_gemm_scratch`] (partial sums) and its zeroed i32 counters,
-    /// both needed when `splits > 1`.
-    pub partial: DevPtr,
-    pub counters: DevPtr,
-    /// Launch with programmatic stream serialization (sm_90 and later): the weights' first stages
-    /// load while the previous kernel finishes.
-    pub overlap: bool,
-}
-
-/// Rows, output columns per block, K per pipeline stage and threads of `gemm_rows64` (gemm.cu:
-/// FR_ROWS, FR_COLS, FR_KC, FR_THREADS), its dynamic shared memory (FR_SHARED_BYTES: six stages
-/// of A and W rows at a 272-byte pitch), and the most blocks a split product may take (bounds its
-/// partial sums).
-pub const ROWS_GEMM_MAX_ROWS: usize = 64;
-const ROWS_GEMM_COLS: usize = 64;
-const ROWS_GEMM_KC: usize = 128;
-const ROWS_GEMM_THREADS: u32 = 256;
-const ROWS_GEMM_SHARED_BYTES: u32 = (6 * (ROWS_GEMM_MAX_ROWS + ROWS_GEMM_COLS) * (ROWS_GEMM_KC * 2 + 16)) as u32;
-const ROWS_GEMM_MAX_SPLIT_BLOCKS: usize = 512;
-
 /// Kernel argument as the C signature takes it; `params` points at these while launching.
 #[derive(Clone, Copy)]
 enum Arg {
@@ -181,7 +142,7 @@ impl Arg {
 }
 
 const IN_OUT: [&str; 5] = ["layer_norm", "rms_norm", "gated_residual_rms_norm", "copy", "gelu_tanh_mul"];
-const TYPED: [&str; 10] = [
+const TYPED: [&str; 9] = [
     "gated_residual",
     "gelu_tanh",
     "affine",
@@ -191,7 +152,6 @@ const TYPED: [&str; 10] = [
     "attention_mq256",
     "attention_mq256_combine",
     "attention_mh72",
-    "gemm_rows64",
 ];
 const SINGLE: [&str; 3] = ["add_table_f32", "positions_scan_1024", "softmax_rows_masked_f32_bf16"];
 
@@ -232,8 +192,6 @@ pub struct Kernels {
     /// Whether the device grants the fused attention kernels their shared memory (not
     /// sm_86/sm_89, 99 KB).
     fused_attention: bool,
-    /// Whether the device grants `gemm_rows64` its 204 KB of shared memory per block.
-    rows_gemm: bool,
 }
 
 // SAFETY: module and function handles are plain driver handles, valid in any thread that makes
@@ -243,8 +201,7 @@ unsafe impl Send for Kernels {}
 impl Kernels {
     /// Loads the cubins into the current context and resolves every kernel.
     pub fn load(cubins: &[Cubin]) -> Result<Kernels> {
-        let mut kernels =
-            Kernels { modules: Vec::with_capacity(cubins.len()), functions: Vec::new(), fused_attention: false, rows_gemm: false };
+        let mut kernels = Kernels { modules: Vec::with_capacity(cubins.len()), functions: Vec::new(), fused_attention: true };
         for cubin in cubins {
             // SAFETY: `image` is a complete cubin produced by NVRTC (or read back from the cache);
             // the driver copies it during the call.
@@ -262,19 +219,15 @@ impl Kernels {
             kernels.functions.push((name, f));
         }
         kernels.functions.sort_by(|a, b| a.0.cmp(&b.0));
-        let grant = |base: &str, bytes: u32| -> Result<bool> {
-            let mut granted = true;
+        for (base, bytes) in [("attention_mq256", ATTENTION_SHARED_BYTES), ("attention_mh72", VISION_SHARED_BYTES)] {
             for dtype in ["bf16", "f32"] {
                 let f = kernels.function(&format!("{base}_{dtype}"))?;
                 let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
                 // SAFETY: `f` is a resolved function of a loaded module; the value is a byte count.
-                granted &= unsafe { sys::cuFuncSetAttribute(f, attr, bytes as i32) }.result().is_ok();
+                let granted = unsafe { sys::cuFuncSetAttribute(f, attr, bytes as i32) }.result();
+                kernels.fused_attention &= granted.is_ok();
             }
-            Ok(granted)
-        };
-        let fused_attention = grant("attention_mq256", ATTENTION_SHARED_BYTES)? & grant("attention_mh72", VISION_SHARED_BYTES)?;
-        let rows_gemm = grant("gemm_rows64", ROWS_GEMM_SHARED_BYTES)?;
-        (kernels.fused_attention, kernels.rows_gemm) = (fused_attention, rows_gemm);
+        }
         Ok(kernels)
     }
 
@@ -309,45 +262,6 @@ impl Kernels {
         let mut params: [*mut c_void; N] = std::array::from_fn(|i| args[i].as_param());
         // SAFETY: `params` points into `args`, alive until the driver has copied them.
         unsafe { result::launch_kernel(f, grid, (block, 1, 1), shared, stream, &mut params) }
-            .map_err(|e| KernelError::cuda(format!("launching {name}"), e))
-    }
-
-    /// [`Kernels::launch_with_shared`] with programmatic stream serialization: the kernel may be
-    /// scheduled once the previous kernel's blocks have all called `pdl_launch_dependents` (or
-    /// exited) and must `pdl_wait` before touching what earlier kernels wrote (common.cuh).
-    ///
-    /// # Safety
-    /// As [`Kernels::launch`]; the kernel follows the `pdl_wait` rule.
-    unsafe fn launch_overlapped<const N: usize>(
-        &self,
-        name: &str,
-        grid: (u32, u32, u32),
-        block: u32,
-        shared: u32,
-        stream: CUstream,
-        args: [Arg; N],
-    ) -> Result<()> {
-        let f = self.function(name)?;
-        let mut params: [*mut c_void; N] = std::array::from_fn(|i| args[i].as_param());
-        // SAFETY: an all-zero attribute is a valid value of this plain C union.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let config = sys::CUlaunchConfig {
-            gridDimX: grid.0,
-            gridDimY: grid.1,
-            gridDimZ: grid.2,
-            blockDimX: block,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: shared,
-            hStream: stream,
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
-        // SAFETY: `config` and `attr` outlive the call; `params` points into `args`.
-        unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
-            .result()
             .map_err(|e| KernelError::cuda(format!("launching {name}"), e))
     }
 
@@ -900,101 +814,6 @@ impl Kernels {
         unsafe { self.launch_with_shared(&name, grid, 128, VISION_SHARED_BYTES, stream, args) }
     }
 
-    /// Whether [`Kernels::gemm_rows64`] can run on this device (204 KB of shared memory per block:
-    /// sm_90 and later; Orin (sm_87, 163 KB) uses cuBLASLt alone).
-    pub fn has_rows_gemm(&self) -> bool {
-        self.rows_gemm
-    }
-
-    /// The K splits [`Kernels::gemm_rows64`] can run `[rows, k] · [n, k]ᵀ` with (empty: not at
-    /// all): whole 128-wide K chunks per split, at most [`ROWS_GEMM_MAX_SPLIT_BLOCKS`] blocks when
-    /// split. Which is fastest depends on the device; the backend times them at open.
-    pub fn rows_gemm_splits(rows: usize, n: usize, k: usize) -> Vec<usize> {
-        if !(1..=ROWS_GEMM_MAX_ROWS).contains(&rows) || n == 0 || n % ROWS_GEMM_COLS != 0 || k == 0 || k % ROWS_GEMM_KC != 0 {
-            return Vec::new();
-        }
-        let tiles = n / ROWS_GEMM_COLS;
-        [1, 2, 4, 8, 16]
-            .into_iter()
-            .filter(|&s| k % (s * ROWS_GEMM_KC) == 0 && (s == 1 || tiles * s <= ROWS_GEMM_MAX_SPLIT_BLOCKS))
-            .collect()
-    }
-
-    /// `(f32 partial sums, i32 counters)` a split [`Kernels::gemm_rows64`] of `n` columns needs,
-    /// for its largest split.
-    pub fn rows_gemm_scratch(n: usize) -> (usize, usize) {
-        let tiles = n / ROWS_GEMM_COLS;
-        let blocks = ROWS_GEMM_MAX_SPLIT_BLOCKS.checked_div(tiles).map_or(0, |most| most.clamp(1, 16) * tiles);
-        (blocks * ROWS_GEMM_MAX_ROWS * ROWS_GEMM_COLS, tiles)
-    }
-
-    /// `out (+)= a · wᵀ (+ bias)` for at most 64 rows, streaming the weights once
-    /// (gemm.cu); see [`RowsGemmArgs`].
-    ///
-    /// # Safety
-    /// All pointers must be live device memory of the stated shapes; the scratch must not be in
-    /// use by a concurrent launch.
-    pub unsafe fn gemm_rows64(&self, args: &RowsGemmArgs, stream: CUstream) -> Result<()> {
-        let RowsGemmArgs { a, w, w_stride, n, k, out, bias, accumulate, splits, .. } = *args;
-        let name = format!("gemm_rows64_{}", out.dtype.suffix());
-        if !self.rows_gemm {
-            return Err(shape_error(&name, format!("the device does not grant {ROWS_GEMM_SHARED_BYTES} bytes of shared memory per block")));
-        }
-        if a.dtype != Dtype::Bf16 || a.cols != k || (out.rows, out.cols) != (a.rows, n) || w_stride < k {
-            return Err(shape_error(
-                &name,
-                format!(
-                    "needs bf16 a [rows, {k}] and out [rows, {n}], got a {}x{} {:?}, out {}x{}",
-                    a.rows, a.cols, a.dtype, out.rows, out.cols
-                ),
-            ));
-        }
-        if !Self::rows_gemm_splits(a.rows, n, k).contains(&splits) {
-            return Err(shape_error(
-                &name,
-                format!(
-                    "{}x{k}x{n} with {splits} splits: at most {ROWS_GEMM_MAX_ROWS} rows, n a multiple of {ROWS_GEMM_COLS}, whole {ROWS_GEMM_KC}-wide K chunks per split",
-                    a.rows
-                ),
-            ));
-        }
-        let size = out.dtype.size();
-        let aligned = a.ptr % 16 == 0
-            && a.stride % 8 == 0
-            && w % 16 == 0
-            && w_stride % 8 == 0
-            && out.ptr % 16 == 0
-            && (out.stride * size) % 16 == 0
-            && bias.is_none_or(|b| b % 16 == 0);
-        if !aligned {
-            return Err(shape_error(&name, "a, w, out and bias rows must be 16-byte aligned".into()));
-        }
-        let list = [
-            Arg::P(out.ptr),
-            Arg::I(i32_of(out.stride, &name)?),
-            Arg::P(a.ptr),
-            Arg::I(i32_of(a.stride, &name)?),
-            Arg::P(w),
-            Arg::I(i32_of(w_stride, &name)?),
-            Arg::P(bias.unwrap_or(0)),
-            Arg::I(i32_of(a.rows, &name)?),
-            Arg::I(i32_of(k, &name)?),
-            Arg::I(accumulate as i32),
-            Arg::P(args.partial),
-            Arg::P(args.counters),
-        ];
-        let grid = ((n / ROWS_GEMM_COLS) as u32, splits as u32, 1);
-        // SAFETY: matches `gemm_rows64_*`: 256 threads, grid (column tiles, splits), the shared
-        // memory granted at load; the kernel waits (`pdl_wait`) before reading `a` or writing.
-        unsafe {
-            if args.overlap {
-                self.launch_overlapped(&name, grid, ROWS_GEMM_THREADS, ROWS_GEMM_SHARED_BYTES, stream, list)
-            } else {
-                self.launch_with_shared(&name, grid, ROWS_GEMM_THREADS, ROWS_GEMM_SHARED_BYTES, stream, list)
-            }
-        }
-    }
-
     /// Resize-with-pad, normalise and patchify camera `camera` of the staged u8 frames into `out`
     /// (`[(size / patch)², 3 · patch²]`).
     ///
@@ -1061,26 +880,6 @@ mod tests {
             assert!(s.keys_per_split % ATTENTION_KEYS == 0 && s.splits * s.keys_per_split >= keys, "{s:?}");
             assert!((s.splits - 1) * s.keys_per_split < keys, "an empty split: {s:?}");
             assert_eq!(s.partial_lens == (0, 0), s.splits == 1, "{s:?}");
-        }
-    }
-
-    #[test]
-    fn rows_gemm_splits_take_whole_chunks_and_bounded_scratch() {
-        // The expert's four products (50 rows): QKV, output, gate/up, down.
-        assert_eq!(Kernels::rows_gemm_splits(50, 2560, 1024), vec![1, 2, 4, 8]);
-        assert_eq!(Kernels::rows_gemm_splits(50, 1024, 2048), vec![1, 2, 4, 8, 16]);
-        assert_eq!(Kernels::rows_gemm_splits(50, 8192, 1024), vec![1, 2, 4]);
-        assert_eq!(Kernels::rows_gemm_splits(50, 1024, 4096), vec![1, 2, 4, 8, 16]);
-        // Too many rows, columns not whole tiles, K not whole chunks: cuBLASLt's.
-        for (rows, n, k) in [(65, 1024, 1024), (0, 1024, 1024), (50, 1000, 1024), (50, 1024, 1000), (50, 32, 1024)] {
-            assert!(Kernels::rows_gemm_splits(rows, n, k).is_empty(), "{rows}x{k}x{n}");
-        }
-        for n in [64, 1024, 2560, 8192, 64 * 600] {
-            let (partial, counters) = Kernels::rows_gemm_scratch(n);
-            assert_eq!(counters, n / ROWS_GEMM_COLS);
-            let most = Kernels::rows_gemm_splits(1, n, 16 * ROWS_GEMM_KC).into_iter().max().unwrap();
-            let needed = if most > 1 { most * counters * ROWS_GEMM_MAX_ROWS * ROWS_GEMM_COLS } else { 0 };
-            assert!(partial >= needed && partial <= 8 << 20, "n {n}: {partial} f32 for {needed}");
         }
     }
 

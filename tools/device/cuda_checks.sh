@@ -8,8 +8,7 @@
 #   bash tools/device/cuda_checks.sh views        # 1 and 3 views
 #   bash tools/device/cuda_checks.sh full         # lerobot f32 reference on the same weights, 5c
 #   bash tools/device/cuda_checks.sh profile      # per-phase and per-kernel profile, both paths
-#   bash tools/device/cuda_checks.sh ab           # pi05-2v without the fused attention, and
-#                                                 # with cuBLASLt for every product
+#   bash tools/device/cuda_checks.sh ab           # pi05-2v without the fused attention
 # (bench/views/full synthesize the full-size checkpoint first if /tmp/flashrt_full lacks it.)
 #
 # On this workplace's device tool: `run` with carry [".device-carry", ".whl"] and the command
@@ -81,10 +80,6 @@ for phase in "$@"; do
         echo "== pi05-2v without the fused attention (QKᵀ and PV products around the softmax)"
         synth_full
         FRT_NO_FUSED_ATTENTION=1 bench 2 pi05-2v-unfused-attention
-        echo "== pi05-2v with cuBLASLt for every product (no gemm_rows64)"
-        FRT_GEMM=cublaslt bench 2 pi05-2v-cublaslt-gemms
-        echo "== pi05-2v with gemm_rows64 wherever it runs (its fastest split)"
-        FRT_GEMM=rows64 bench 2 pi05-2v-rows64-gemms
         ;;
     full)
         echo "== full size: lerobot f32 reference, then CUDA parity"

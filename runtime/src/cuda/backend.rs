@@ -33,8 +33,7 @@ use cudarc::driver::{result, sys};
 use flashrt_kernels::{AttentionArgs, DevPtr, Dtype, Kernels, Mat, RopeArgs};
 
 use super::device::{BlasLt, Context, DeviceMemory, Graph, Pinned, Stream, check, time_replays};
-pub use super::gemm::GemmChoice;
-use super::gemm::{Matmul, MatmulSpec, Operand, RowsScratch, WORKSPACE_BYTES};
+use super::gemm::{Matmul, MatmulSpec, Operand, WORKSPACE_BYTES};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
@@ -47,8 +46,6 @@ pub struct CudaOptions {
     pub device: usize,
     /// Kernel cache directory; default `$XDG_CACHE_HOME/flashrt/kernels`.
     pub kernel_cache_dir: Option<PathBuf>,
-    /// Which GEMM implementations to consider (`FRT_GEMM=cublaslt` forces cuBLASLt alone).
-    pub gemms: GemmChoice,
 }
 
 /// Element type of a buffer on the device.
@@ -287,7 +284,6 @@ struct Scratch {
     workspace: DevPtr,
     rope_cos: DevPtr,
     rope_sin: DevPtr,
-    rows_gemm: RowsScratch,
 }
 
 pub struct CudaBackend {
@@ -306,7 +302,6 @@ pub struct CudaBackend {
     /// Pinned host copies of the plan's host-I/O buffers (`None` for internal buffers).
     host: Vec<Option<Pinned>>,
     workspace: DevPtr,
-    rows_scratch: RowsScratch,
     arena: DeviceMemory,
     weights: DeviceMemory,
     /// Declared last: dropped after every resource that lives in the context.
@@ -356,13 +351,6 @@ impl CudaBackend {
         let fused_attention = kernels.has_fused_attention() && !env_flag("FRT_NO_FUSED_ATTENTION");
         let multiprocessors = ctx.multiprocessors()?;
         let (mut attention_o, mut attention_ml) = (0, 0);
-        let gemms = match std::env::var("FRT_GEMM").as_deref() {
-            Ok("cublaslt") => GemmChoice::CublasLt,
-            Ok("rows64") => GemmChoice::RowsKernel(None),
-            _ => opts.gemms,
-        };
-        let rows_gemm = kernels.has_rows_gemm() && gemms != GemmChoice::CublasLt;
-        let (mut rows_partial, mut rows_counters) = (0, 0);
         for op in &plan.ops {
             if let Op::Attention { q, k, heads, kv_heads, head_dim, groups, .. } = *op {
                 if fused_attention && fuses(q.rows, kv_heads, head_dim, groups) {
@@ -372,15 +360,7 @@ impl CudaBackend {
             }
             match *op {
                 Op::Attention { q, k, heads, groups, .. } => score_len = score_len.max(heads * (q.rows / groups) * (k.rows / groups)),
-                Op::Gemm { a, out, .. } => {
-                    if elems[a.buf.0] == Elem::F32 {
-                        shadow_len = shadow_len.max(a.rows * a.cols);
-                    }
-                    if rows_gemm && a.rows <= flashrt_kernels::ROWS_GEMM_MAX_ROWS {
-                        let (partial, counters) = Kernels::rows_gemm_scratch(out.cols);
-                        (rows_partial, rows_counters) = (rows_partial.max(partial), rows_counters.max(counters));
-                    }
-                }
+                Op::Gemm { a, .. } if elems[a.buf.0] == Elem::F32 => shadow_len = shadow_len.max(a.rows * a.cols),
                 Op::RopeQkv { k_cache, head_dim: hd, .. } => {
                     rope_positions = rope_positions.max(k_cache.rows);
                     head_dim = hd;
@@ -398,8 +378,6 @@ impl CudaBackend {
             layout.take(WORKSPACE_BYTES),
             layout.take(rope_positions * half * 4),
             layout.take(rope_positions * half * 4),
-            layout.take(rows_partial * 4),
-            layout.take(rows_counters * 4),
         ];
         let arena = DeviceMemory::new(layout.bytes, "activations")?;
         // SAFETY: zeroes the whole fresh allocation, so the warm-up never reads garbage.
@@ -414,8 +392,6 @@ impl CudaBackend {
             workspace: at(scratch_at[5]),
             rope_cos: at(scratch_at[6]),
             rope_sin: at(scratch_at[7]),
-            // The counters start at zero (the arena is zeroed) and every split product leaves them so.
-            rows_gemm: RowsScratch { partial: at(scratch_at[8]), counters: at(scratch_at[9]) },
         };
         let (cos, sin) = crate::cpu::rope_tables(rope_positions, head_dim);
         // SAFETY: both regions were sized for these tables above.
@@ -459,7 +435,6 @@ impl CudaBackend {
             bufs,
             host,
             workspace: scratch.workspace,
-            rows_scratch: scratch.rows_gemm,
             arena,
             weights: uploaded.memory,
             ctx,
@@ -471,9 +446,6 @@ impl CudaBackend {
             scratch: &scratch,
             fused_attention,
             multiprocessors,
-            gemms: if rows_gemm { gemms } else { GemmChoice::CublasLt },
-            // Programmatic dependent launch exists from compute capability 9.0.
-            overlap: major >= 9,
             steps: Vec::new(),
             phase_steps: Vec::new(),
             matmuls: Vec::new(),
@@ -508,24 +480,17 @@ impl CudaBackend {
         check(what, unsafe { result::stream::synchronize(self.stream.0) })
     }
 
-    /// Picks, for every distinct GEMM shape, the fastest of its candidates: cuBLASLt's
-    /// algorithms (the heuristic's first choice is not always the fastest for the small-M
-    /// products of the denoise loop) and `gemm_rows64`'s K splits. Each candidate is timed on all
-    /// products of that shape in plan order, as a graph: the weights stream from memory as in a
-    /// real step. (Timing one product replayed back to back keeps its weights in L2 and measured
-    /// gains that a step never saw.) A product that launches overlapped with the kernel before
-    /// it is timed together with that kernel, so the overlap counts. Runs before the warm-up:
-    /// these steps overwrite only buffers that every step rewrites before reading.
+    /// Picks, for every distinct GEMM shape, the fastest of cuBLASLt's candidate algorithms
+    /// (the heuristic's first choice is not always the fastest for the small-M products of the
+    /// denoise loop). Each candidate is timed on all products of that shape in plan order, as a
+    /// graph: the weights stream from memory as in a real step. (Timing one product replayed
+    /// back to back keeps its weights in L2 and measured gains that a step never saw.) Runs
+    /// before the warm-up: the products overwrite only buffers that every step rewrites before
+    /// reading.
     fn tune_gemms(&mut self) -> Result<()> {
         let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
         for (i, m) in self.matmuls.iter().enumerate() {
             groups.entry(m.shape_key()).or_default().push(i);
-        }
-        let mut step_before = vec![None; self.matmuls.len()];
-        for (i, pair) in self.steps.windows(2).enumerate() {
-            if let Step::Gemm(m) = pair[1] {
-                step_before[m] = Some(i);
-            }
         }
         let mut saved = 0.0;
         for members in groups.values() {
@@ -540,26 +505,17 @@ impl CudaBackend {
                 let graph = Graph::capture(this.stream.0, || {
                     members.iter().try_for_each(|&m| {
                         // SAFETY: as in `issue_all`.
-                        unsafe {
-                            // Every candidate of such a product is timed with that step.
-                            if let (true, Some(before)) = (this.matmuls[m].overlaps(), step_before[m]) {
-                                this.issue(&this.steps[before])?;
-                            }
-                            this.issue(&Step::Gemm(m))
-                        }
+                        unsafe { this.issue(&Step::Gemm(m)) }
                     })
                 });
                 // A candidate that cannot run here is skipped, not fatal.
-                let time = graph.and_then(|g| time_replays(&g, this.stream.0, 3));
-                let label = this.matmuls[members[0]].label();
-                times.push(time.unwrap_or_else(|e| {
-                    log::debug!("GEMM candidate {label}: {e}");
+                times.push(graph.and_then(|g| time_replays(&g, this.stream.0, 3)).unwrap_or_else(|e| {
+                    log::debug!("GEMM candidate {c} of {}: {e}", this.matmuls[members[0]].label());
                     f32::INFINITY
                 }));
             }
             let best = (0..candidates).min_by(|&a, &b| times[a].total_cmp(&times[b])).unwrap_or(0);
-            let shape = self.matmuls[members[0]].label();
-            log::debug!("GEMM {shape} x{}: candidates {times:.4?} ms, best {best}", members.len());
+            log::debug!("GEMM {} x{}: candidates {times:.4?} ms, best {best}", self.matmuls[members[0]].label(), members.len());
             if times[0].is_finite() {
                 saved += times[0] - times[best];
             }
@@ -691,9 +647,7 @@ impl CudaBackend {
                 Step::DtoH { dst, src, bytes } => {
                     return check("D2H copy", sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes, s).result());
                 }
-                Step::Gemm(i) => {
-                    return self.matmuls[i].launch(self.lt.0, self.workspace, k, self.rows_scratch, s).map_err(Error::Backend);
-                }
+                Step::Gemm(i) => return self.matmuls[i].launch(self.lt.0, self.workspace, s).map_err(Error::Backend),
                 Step::Copy { dst, src } => k.copy(dst, src, s),
                 Step::ImagePatches { out, frames, frame_stride, frame_info, camera, size, patch } => {
                     k.image_patches(out, frames, frame_stride, frame_info, camera, size, patch, s)
@@ -894,9 +848,6 @@ struct Lowering<'a> {
     /// FRT_NO_FUSED_ATTENTION=1), sized for this many SMs.
     fused_attention: bool,
     multiprocessors: usize,
-    gemms: GemmChoice,
-    /// Whether products may launch overlapped with the kernel before them (sm_90 and later).
-    overlap: bool,
     steps: Vec<Step>,
     phase_steps: Vec<(String, usize)>,
     matmuls: Vec<Matmul>,
@@ -1063,16 +1014,10 @@ impl Lowering<'_> {
     /// Adds a product; if cuBLASLt has no batched algorithm for it, one product per batch entry.
     fn matmul(&mut self, spec: MatmulSpec) -> Result<()> {
         let lt = self.backend.lt.0;
-        // The kernels that precede the expert's products let their successor start early
-        // (`pdl_launch_dependents`, common.cuh).
-        let after_kernel = matches!(
-            self.steps.last(),
-            Some(Step::RmsNorm { .. } | Step::GatedResidualRmsNorm { .. } | Step::GeluTanhMul { .. } | Step::FusedAttention(_))
-        );
         match Matmul::new(lt, spec) {
             Ok(m) => {
                 self.steps.push(Step::Gemm(self.matmuls.len()));
-                self.matmuls.push(m.with_rows_kernel(self.gemms, self.overlap && after_kernel));
+                self.matmuls.push(m);
             }
             Err(why) if spec.batch > 1 => {
                 log::warn!("{why}; issuing the {} batch entries one by one", spec.batch);

@@ -3,15 +3,12 @@
 //! Everything is stated in cuBLAS's column-major terms. A row-major `[rows, cols]` matrix with
 //! row stride `ld` is, to cuBLAS, a column-major `cols × rows` matrix with leading dimension `ld`,
 //! so the plan's `out[M,N] = a[M,K] · w[N,K]ᵀ` becomes `outᵀ (N×M) = op_T(W: K×N) · aᵀ (K×M)`.
-//!
-//! Products of at most 64 rows (the action expert's) also have FlashRT's own kernel,
-//! `gemm_rows64`, as candidates, one per K split; the tuner at open keeps whichever is fastest.
 
 use std::ffi::c_void;
 
 use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys;
-use flashrt_kernels::{DevPtr, Dtype, Kernels, Mat, RowsGemmArgs};
+use flashrt_kernels::{DevPtr, Dtype};
 
 /// The cuBLASLt workspace every product may use (NVIDIA recommends 32 MiB on Hopper).
 pub const WORKSPACE_BYTES: usize = 32 << 20;
@@ -57,48 +54,14 @@ impl MatmulSpec {
 /// How many of the heuristic's algorithms are kept as candidates for timing at open.
 const CANDIDATES: usize = 8;
 
-/// Which implementations a product may use.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum GemmChoice {
-    /// cuBLASLt's candidates and, for few rows, `gemm_rows64` with each K split it can run,
-    /// timed at open (the default).
-    #[default]
-    Timed,
-    /// cuBLASLt only (`FRT_GEMM=cublaslt`): the baseline for A/B runs.
-    CublasLt,
-    /// `gemm_rows64` wherever it can run the product, cuBLASLt elsewhere: with this many K
-    /// splits (tests pin the kernel this way), or the fastest split (`FRT_GEMM=rows64`).
-    RowsKernel(Option<usize>),
-}
-
-/// One way to compute a product.
-#[derive(Clone, Copy)]
-enum Algorithm {
-    CublasLt(sys::cublasLtMatmulAlgo_t),
-    /// `gemm_rows64` with `splits` K slices.
-    Rows64 {
-        splits: usize,
-    },
-}
-
-/// Scratch of the split `gemm_rows64` products (f32 partial sums, zeroed i32 counters), shared
-/// by all of them: the products run one after another on one stream.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct RowsScratch {
-    pub partial: DevPtr,
-    pub counters: DevPtr,
-}
-
-/// A ready-to-launch product: descriptors and the candidate algorithms, owned; the first
-/// candidate is used until [`Matmul::choose`] picks another (timed at open).
+/// A ready-to-launch product: descriptors and the heuristic's candidate algorithms, owned; the
+/// first candidate is used until [`Matmul::choose`] picks another (timed at open).
 pub struct Matmul {
     spec: MatmulSpec,
     desc: sys::cublasLtMatmulDesc_t,
     layouts: [sys::cublasLtMatrixLayout_t; 3],
-    algos: Vec<Algorithm>,
+    algos: Vec<sys::cublasLtMatmulAlgo_t>,
     chosen: usize,
-    /// Launch `gemm_rows64` overlapped with the previous kernel (see [`RowsGemmArgs::overlap`]).
-    overlap: bool,
 }
 
 fn data_type(d: Dtype) -> sys::cudaDataType {
@@ -130,7 +93,7 @@ impl Matmul {
         let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)
             .map_err(cublas("matmul descriptor"))?;
         // Partially built descriptors are released by Drop on every early return below.
-        let mut mm = Matmul { spec, desc, layouts: [std::ptr::null_mut(); 3], algos: Vec::new(), chosen: 0, overlap: false };
+        let mut mm = Matmul { spec, desc, layouts: [std::ptr::null_mut(); 3], algos: Vec::new(), chosen: 0 };
         // SAFETY: every attribute value below has the type cuBLASLt documents for it (int32 for
         // transposes and batch counts, uint32 for epilogue and alignments, int64 strides, uint64
         // workspace, a device pointer for the bias), passed by address with its exact size.
@@ -212,52 +175,13 @@ impl Matmul {
             mm.algos = results[..count.max(0) as usize]
                 .iter()
                 .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= WORKSPACE_BYTES)
-                .map(|r| Algorithm::CublasLt(r.algo))
+                .map(|r| r.algo)
                 .collect();
             if mm.algos.is_empty() {
                 return Err(format!("cuBLASLt found no algorithm for {spec:?}"));
             }
         }
         Ok(mm)
-    }
-
-    /// `gemm_rows64`'s view of the product: `(a, w, w_stride, n, k, out)` in row-major terms,
-    /// when it has the kernel's form (one bf16 product, no GELU, alpha 1, beta 0 or 1).
-    fn rows_form(&self) -> Option<(Mat, DevPtr, usize, usize, usize, Mat)> {
-        let s = &self.spec;
-        let plain = s.batch == 1 && !s.gelu && s.alpha == 1.0 && (s.beta == 0.0 || s.beta == 1.0);
-        let layout = s.a.transpose && !s.b.transpose && !s.d.transpose && s.a.dtype == Dtype::Bf16 && s.b.dtype == Dtype::Bf16;
-        if !plain || !layout {
-            return None;
-        }
-        let (k, n, rows) = (s.a.rows, s.a.cols, s.b.cols);
-        let a = Mat { ptr: s.b.ptr, rows, cols: k, stride: s.b.ld, dtype: Dtype::Bf16 };
-        let out = Mat { ptr: s.d.ptr, rows, cols: n, stride: s.d.ld, dtype: s.d.dtype };
-        Some((a, s.a.ptr, s.a.ld, n, k, out))
-    }
-
-    /// Adds `gemm_rows64` candidates as `choice` asks (none where the kernel cannot run the
-    /// product); `overlap`: the previous step is a FlashRT kernel that lets its successor start
-    /// early.
-    pub fn with_rows_kernel(mut self, choice: GemmChoice, overlap: bool) -> Matmul {
-        let Some((a, _, _, n, k, _)) = self.rows_form() else { return self };
-        let splits = Kernels::rows_gemm_splits(a.rows, n, k);
-        match choice {
-            GemmChoice::CublasLt => {}
-            GemmChoice::Timed => self.algos.extend(splits.into_iter().map(|splits| Algorithm::Rows64 { splits })),
-            GemmChoice::RowsKernel(None) if !splits.is_empty() => {
-                self.algos = splits.into_iter().map(|splits| Algorithm::Rows64 { splits }).collect();
-            }
-            GemmChoice::RowsKernel(Some(s)) if splits.contains(&s) => self.algos = vec![Algorithm::Rows64 { splits: s }],
-            GemmChoice::RowsKernel(_) => {}
-        }
-        self.overlap = overlap && self.algos.iter().any(|a| matches!(a, Algorithm::Rows64 { .. }));
-        self
-    }
-
-    /// Whether this product's `gemm_rows64` candidates launch overlapped with the step before.
-    pub fn overlaps(&self) -> bool {
-        self.overlap
     }
 
     /// Number of candidate algorithms.
@@ -271,16 +195,11 @@ impl Matmul {
         self.chosen = i;
     }
 
-    /// The chosen implementation and `rows x cols (k K, batch B)` of the row-major product, for
-    /// logs and profiles.
+    /// `rows x cols (k K, batch B)` of the row-major product, for logs and profiles.
     pub fn label(&self) -> String {
         let s = &self.spec;
         let k = if s.a.transpose { s.a.rows } else { s.a.cols };
-        let by = match self.algos[self.chosen] {
-            Algorithm::CublasLt(_) => "cublaslt".to_string(),
-            Algorithm::Rows64 { splits } => format!("gemm_rows64/{splits}"),
-        };
-        format!("{by} {}x{} (k {k}, batch {}){}", s.d.cols, s.d.rows, s.batch, if s.gelu { " + gelu" } else { "" })
+        format!("{}x{} (k {k}, batch {}){}", s.d.cols, s.d.rows, s.batch, if s.gelu { " + gelu" } else { "" })
     }
 
     /// Everything the speed of an algorithm depends on (shapes, types, layouts, alignments,
@@ -294,41 +213,15 @@ impl Matmul {
     /// Enqueues the product on `stream`.
     ///
     /// # Safety
-    /// The operands' memory, `workspace` (`WORKSPACE_BYTES`), `scratch` (sized for this product
-    /// by [`Kernels::rows_gemm_scratch`]) and the handle must be live, and the context current.
+    /// The operands' memory, `workspace` (`WORKSPACE_BYTES`) and the handle must be live, and
+    /// the context current.
     pub unsafe fn launch(
         &self,
         handle: sys::cublasLtHandle_t,
         workspace: DevPtr,
-        kernels: &Kernels,
-        scratch: RowsScratch,
         stream: cudarc::driver::sys::CUstream,
     ) -> Result<(), String> {
         let s = &self.spec;
-        let algo = match &self.algos[self.chosen] {
-            Algorithm::CublasLt(algo) => algo,
-            &Algorithm::Rows64 { splits } => {
-                let Some((a, w, w_stride, n, k, out)) = self.rows_form() else {
-                    return Err(format!("gemm_rows64 cannot run {}", self.label()));
-                };
-                let args = RowsGemmArgs {
-                    a,
-                    w,
-                    w_stride,
-                    n,
-                    k,
-                    out,
-                    bias: s.bias,
-                    accumulate: s.beta == 1.0,
-                    splits,
-                    partial: scratch.partial,
-                    counters: scratch.counters,
-                    overlap: self.overlap,
-                };
-                // SAFETY: forwarded contract; the scratch was sized for this product's columns.
-                return unsafe { kernels.gemm_rows64(&args, stream) }.map_err(|e| e.to_string());
-            }
-        };
         let [a, b, d] = self.layouts;
         // SAFETY: descriptors were built for exactly these pointers; alpha/beta are host scalars
         // read during the call (also under graph capture, where they become kernel parameters).
@@ -346,7 +239,7 @@ impl Matmul {
                 d,
                 s.d.ptr as *mut c_void,
                 d,
-                algo,
+                &self.algos[self.chosen],
                 workspace as *mut c_void,
                 WORKSPACE_BYTES,
                 stream as sys::cudaStream_t,

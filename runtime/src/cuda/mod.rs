@@ -9,7 +9,7 @@ mod device;
 mod gemm;
 
 #[cfg(feature = "cuda")]
-pub use backend::{CudaBackend, CudaOptions, GemmChoice};
+pub use backend::{CudaBackend, CudaOptions};
 
 /// The name of CUDA device `ordinal`, or why CUDA cannot run here (no driver, no device, no
 /// cuBLASLt, or a build without CUDA). Never panics.
@@ -42,7 +42,7 @@ pub fn open(
 ) -> crate::Result<Box<dyn crate::backend::Backend>> {
     #[cfg(feature = "cuda")]
     {
-        let opts = CudaOptions { device, kernel_cache_dir, ..CudaOptions::default() };
+        let opts = CudaOptions { device, kernel_cache_dir };
         Ok(Box::new(CudaBackend::new(plan, weights, checkpoint, &opts)?))
     }
     #[cfg(not(feature = "cuda"))]
