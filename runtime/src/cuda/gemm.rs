@@ -54,12 +54,6 @@ impl MatmulSpec {
 /// How many of the heuristic's algorithms are kept as candidates for timing at open.
 const CANDIDATES: usize = 8;
 
-/// Products with at most this many rows (the action expert's) also get split-K variants of the
-/// heuristic's algorithms as candidates: few rows make few output tiles, which leave SMs idle
-/// unless K is split.
-const SPLIT_K_MAX_ROWS: usize = 64;
-const SPLIT_K: [u32; 4] = [2, 4, 8, 16];
-
 /// A ready-to-launch product: descriptors and the heuristic's candidate algorithms, owned; the
 /// first candidate is used until [`Matmul::choose`] picks another (timed at open).
 pub struct Matmul {
@@ -186,66 +180,8 @@ impl Matmul {
             if mm.algos.is_empty() {
                 return Err(format!("cuBLASLt found no algorithm for {spec:?}"));
             }
-            if spec.d.cols <= SPLIT_K_MAX_ROWS {
-                let variants: Vec<_> = mm.algos.iter().flat_map(|algo| mm.split_k_variants(handle, algo)).collect();
-                mm.algos.extend(variants);
-            }
         }
         Ok(mm)
-    }
-
-    /// `algo` with K split 2, 4, 8 and 16 ways, where its capabilities allow it and cuBLASLt
-    /// accepts the result for this product within the workspace; partial sums reduced in f32
-    /// when the algorithm offers it (else in place or in the output type).
-    ///
-    /// # Safety
-    /// The descriptors and layouts of `self` must be complete.
-    unsafe fn split_k_variants(&self, handle: sys::cublasLtHandle_t, algo: &sys::cublasLtMatmulAlgo_t) -> Vec<sys::cublasLtMatmulAlgo_t> {
-        use sys::cublasLtReductionScheme_t::*;
-        let (mut supported, mut schemes, mut written) = (0i32, 0u32, 0usize);
-        let (mut splits_now, [a, b, d]) = (1u32, self.layouts);
-        // SAFETY: each attribute is read into a value of the type cuBLASLt documents for it
-        // (int32 split-K support, uint32 scheme mask and split count); `algo` is initialised.
-        unsafe {
-            let caps = [
-                (sys::cublasLtMatmulAlgoCapAttributes_t::CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &mut supported as *mut i32 as *mut c_void),
-                (sys::cublasLtMatmulAlgoCapAttributes_t::CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &mut schemes as *mut u32 as *mut c_void),
-            ];
-            for (attr, value) in caps {
-                if sys::cublasLtMatmulAlgoCapGetAttribute(algo, attr, value, 4, &mut written).result().is_err() {
-                    return Vec::new();
-                }
-            }
-            let split_attr = sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM;
-            let _ =
-                sys::cublasLtMatmulAlgoConfigGetAttribute(algo, split_attr, &mut splits_now as *mut u32 as *mut c_void, 4, &mut written);
-            let scheme = [CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, CUBLASLT_REDUCTION_SCHEME_INPLACE, CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE]
-                .into_iter()
-                .map(|s| s as u32)
-                .find(|s| schemes & s != 0);
-            let (true, Some(scheme), 1) = (supported != 0, scheme, splits_now) else { return Vec::new() };
-            let mut variants = Vec::new();
-            for splits in SPLIT_K {
-                let mut variant = *algo;
-                let scheme_attr = sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME;
-                let configured =
-                    sys::cublasLtMatmulAlgoConfigSetAttribute(&mut variant, split_attr, &splits as *const u32 as *const c_void, 4)
-                        .result()
-                        .and_then(|_| {
-                            sys::cublasLtMatmulAlgoConfigSetAttribute(&mut variant, scheme_attr, &scheme as *const u32 as *const c_void, 4)
-                                .result()
-                        });
-                // SAFETY (zeroed): a plain C struct that cuBLASLt fills.
-                let mut check: sys::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
-                let accepted = configured
-                    .and_then(|_| sys::cublasLtMatmulAlgoCheck(handle, self.desc, a, b, d, d, &variant, &mut check).result())
-                    .is_ok();
-                if accepted && check.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && check.workspaceSize <= WORKSPACE_BYTES {
-                    variants.push(variant);
-                }
-            }
-            variants
-        }
     }
 
     /// Number of candidate algorithms.
