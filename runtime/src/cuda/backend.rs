@@ -349,12 +349,14 @@ impl CudaBackend {
             .collect();
         let (mut score_len, mut shadow_len, mut rope_positions, mut head_dim) = (0, 0, 0, 2);
         let fused_attention = kernels.has_fused_attention() && !env_flag("FRT_NO_FUSED_ATTENTION");
-        let multiprocessors = ctx.multiprocessors()?;
+        // The fused attention splits its keys until about two blocks per SM run (one block of 4
+        // warps per SM left it latency-bound, bench/NOTES.md item 18).
+        let attention_blocks = 2 * ctx.multiprocessors()?;
         let (mut attention_o, mut attention_ml) = (0, 0);
         for op in &plan.ops {
             if let Op::Attention { q, k, heads, kv_heads, head_dim, groups, .. } = *op {
                 if fused_attention && fuses(q.rows, kv_heads, head_dim, groups) {
-                    let (o, ml) = Kernels::attention_split(q.rows * heads, k.rows, multiprocessors).partial_lens;
+                    let (o, ml) = Kernels::attention_split(q.rows * heads, k.rows, attention_blocks).partial_lens;
                     (attention_o, attention_ml) = (attention_o.max(o), attention_ml.max(ml));
                 }
             }
@@ -445,7 +447,7 @@ impl CudaBackend {
             weights: &uploaded.ptrs,
             scratch: &scratch,
             fused_attention,
-            multiprocessors,
+            attention_blocks,
             steps: Vec::new(),
             phase_steps: Vec::new(),
             matmuls: Vec::new(),
@@ -845,9 +847,9 @@ struct Lowering<'a> {
     weights: &'a HashMap<(usize, Elem), DevPtr>,
     scratch: &'a Scratch,
     /// Lower few-query multi-query attention to `Kernels::attention_mq256` (off with
-    /// FRT_NO_FUSED_ATTENTION=1), sized for this many SMs.
+    /// FRT_NO_FUSED_ATTENTION=1), its keys split for about `attention_blocks` blocks.
     fused_attention: bool,
-    multiprocessors: usize,
+    attention_blocks: usize,
     steps: Vec<Step>,
     phase_steps: Vec<(String, usize)>,
     matmuls: Vec<Matmul>,
@@ -1101,7 +1103,7 @@ impl Lowering<'_> {
                 heads,
                 key_valid: key_valid.map(|b| self.ptr(b)),
                 query_valid: query_valid.map(|b| self.ptr(b)),
-                split: Kernels::attention_split(q.rows * heads, k.rows, self.multiprocessors),
+                split: Kernels::attention_split(q.rows * heads, k.rows, self.attention_blocks),
                 partial_o: self.scratch.attention_o,
                 partial_ml: self.scratch.attention_ml,
             }));
