@@ -349,14 +349,12 @@ impl CudaBackend {
             .collect();
         let (mut score_len, mut shadow_len, mut rope_positions, mut head_dim) = (0, 0, 0, 2);
         let fused_attention = kernels.has_fused_attention() && !env_flag("FRT_NO_FUSED_ATTENTION");
-        // The fused attention splits its keys until about two blocks per SM run (one block of 4
-        // warps per SM left it latency-bound, bench/NOTES.md item 18).
-        let attention_blocks = 2 * ctx.multiprocessors()?;
+        let multiprocessors = ctx.multiprocessors()?;
         let (mut attention_o, mut attention_ml) = (0, 0);
         for op in &plan.ops {
             if let Op::Attention { q, k, heads, kv_heads, head_dim, groups, .. } = *op {
                 if fused_attention && fuses(q.rows, kv_heads, head_dim, groups) {
-                    let (o, ml) = Kernels::attention_split(q.rows * heads, k.rows, attention_blocks).partial_lens;
+                    let (o, ml) = Kernels::attention_split(q.rows * heads, k.rows, multiprocessors).partial_lens;
                     (attention_o, attention_ml) = (attention_o.max(o), attention_ml.max(ml));
                 }
             }
@@ -447,7 +445,7 @@ impl CudaBackend {
             weights: &uploaded.ptrs,
             scratch: &scratch,
             fused_attention,
-            attention_blocks,
+            multiprocessors,
             steps: Vec::new(),
             phase_steps: Vec::new(),
             matmuls: Vec::new(),
@@ -847,9 +845,9 @@ struct Lowering<'a> {
     weights: &'a HashMap<(usize, Elem), DevPtr>,
     scratch: &'a Scratch,
     /// Lower few-query multi-query attention to `Kernels::attention_mq256` (off with
-    /// FRT_NO_FUSED_ATTENTION=1), its keys split for about `attention_blocks` blocks.
+    /// FRT_NO_FUSED_ATTENTION=1), sized for this many SMs.
     fused_attention: bool,
-    attention_blocks: usize,
+    multiprocessors: usize,
     steps: Vec<Step>,
     phase_steps: Vec<(String, usize)>,
     matmuls: Vec<Matmul>,
@@ -1103,7 +1101,7 @@ impl Lowering<'_> {
                 heads,
                 key_valid: key_valid.map(|b| self.ptr(b)),
                 query_valid: query_valid.map(|b| self.ptr(b)),
-                split: Kernels::attention_split(q.rows * heads, k.rows, self.attention_blocks),
+                split: Kernels::attention_split(q.rows * heads, k.rows, self.multiprocessors),
                 partial_o: self.scratch.attention_o,
                 partial_ml: self.scratch.attention_ml,
             }));
