@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 # shellcheck source=tools/timing.sh
 . tools/timing.sh
 
+disk_free() { df -h --output=avail,target . | tail -n1 | awk '{print "disk: " $1 " free on " $2 " (" l ")"}' l="$1"; }
+disk_free "start"
+
 timed "cargo fmt --check" cargo fmt --all --check
 timed "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
 # Includes the C ABI tests (C/C++ under valgrind) and the ROS 2 interop test.
@@ -16,6 +19,12 @@ timed "workspace tests" cargo test --workspace --locked --exclude flashrt-kernel
 timed "C ABI: install, pkg-config and CMake builds, C++ controller example" bash ffi/ci.sh --no-cargo-test
 timed "CUDA: both cudarc flavours build, every kernel compiles with NVRTC for sm_87/sm_90/sm_110" bash kernels/ci.sh
 timed "ROS 2: interop with the cyclonedds peer in an isolated network namespace" bash ros2_bridge/ci.sh
+if [ "${FRT_CI_PRUNE:-0}" = 1 ]; then
+  # CI only (.ci/run sets it): every later step builds into target/release or target/aarch64-cross.
+  du -sh target/debug 2> /dev/null || true
+  rm -rf target/debug
+fi
+disk_free "before the Jetson cross-builds"
 if [ "${FRT_REQUIRE_ALL:-0}" = 1 ] || command -v aarch64-linux-gnu-gcc > /dev/null; then
   timed "Jetson: aarch64 cross-builds, tests under qemu" bash jetson/ci.sh
 else
@@ -23,4 +32,5 @@ else
 fi
 timed "README main job" cargo run --release --locked -p flashrt -- demo --steps 20
 
+disk_free "end"
 print_timings
