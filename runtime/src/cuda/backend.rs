@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
-use flashrt_kernels::{AttentionArgs, DevPtr, Dtype, Kernels, Mat, RopeArgs};
+use flashrt_kernels::{AttentionArgs, AttentionSplit, DevPtr, Dtype, Kernels, Mat, RopeArgs};
 
 use super::device::{BlasLt, Context, DeviceMemory, Graph, Pinned, Stream, check, time_replays};
 use super::gemm::{Matmul, MatmulSpec, Operand, WORKSPACE_BYTES};
@@ -201,19 +201,44 @@ enum Step {
     },
 }
 
-/// Whether an attention op runs as one fused kernel: multi-query, head dimension 256, one group,
-/// and few queries (the action tokens: 50). Measured on the H200 (bench/NOTES.md): for the 50
-/// action tokens the fused kernel beats the two products around the softmax; for the 712-token
-/// prefix it does not yet, so the prefix keeps the products.
-fn fuses(queries: usize, kv_heads: usize, head_dim: usize, groups: usize) -> bool {
-    queries <= 64 && kv_heads == 1 && head_dim == 256 && groups == 1
+/// How an attention op runs on the GPU. Decided once per op by [`AttentionLowering::of`], which
+/// both the arena's scratch sizing and the lowering ask, so the two cannot disagree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AttentionLowering {
+    /// [`Kernels::attention_mq256`] with this key split: multi-query, head dimension 256, one
+    /// group, few queries (the 50 action tokens). Measured on the H200 (bench/NOTES.md): it beats
+    /// the two products around the softmax there; for the 712-token prefix it does not yet.
+    ActionTokens(AttentionSplit),
+    /// [`Kernels::attention_mh72`]: SigLIP's shape (head dimension 72, one K/V head per query
+    /// head, at most 256 keys per camera group), unmasked. One launch per layer instead of three
+    /// per camera (bench/NOTES.md item 15).
+    Vision,
+    /// Two batched cuBLASLt products around the masked softmax kernel, per group.
+    Products,
 }
 
-/// Whether an attention op runs as [`Kernels::attention_mh72`]: SigLIP's shape (head dimension
-/// 72, one K/V head per query head, at most 256 keys per camera group) without masks. Measured
-/// on the H200 (bench/NOTES.md): one launch per layer instead of three per camera.
-fn fuses_vision(keys_per_group: usize, heads: usize, kv_heads: usize, head_dim: usize, masked: bool) -> bool {
-    head_dim == 72 && kv_heads == heads && keys_per_group <= flashrt_kernels::VISION_MAX_KEYS && !masked
+impl AttentionLowering {
+    /// `fused`: the device runs the fused kernels and they are not switched off.
+    #[allow(clippy::too_many_arguments)] // the op's own fields, one to one
+    fn of(
+        queries: usize,
+        keys: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        groups: usize,
+        masked: bool,
+        fused: bool,
+        multiprocessors: usize,
+    ) -> AttentionLowering {
+        if fused && queries <= 64 && kv_heads == 1 && head_dim == 256 && groups == 1 {
+            AttentionLowering::ActionTokens(Kernels::attention_split(queries * heads, keys, multiprocessors))
+        } else if fused && head_dim == 72 && kv_heads == heads && keys / groups <= flashrt_kernels::VISION_MAX_KEYS && !masked {
+            AttentionLowering::Vision
+        } else {
+            AttentionLowering::Products
+        }
+    }
 }
 
 /// A diagnostic switch from the environment: set and not "0".
@@ -352,14 +377,19 @@ impl CudaBackend {
         let multiprocessors = ctx.multiprocessors()?;
         let (mut attention_o, mut attention_ml) = (0, 0);
         for op in &plan.ops {
-            if let Op::Attention { q, k, heads, kv_heads, head_dim, groups, .. } = *op {
-                if fused_attention && fuses(q.rows, kv_heads, head_dim, groups) {
-                    let (o, ml) = Kernels::attention_split(q.rows * heads, k.rows, multiprocessors).partial_lens;
-                    (attention_o, attention_ml) = (attention_o.max(o), attention_ml.max(ml));
-                }
-            }
             match *op {
-                Op::Attention { q, k, heads, groups, .. } => score_len = score_len.max(heads * (q.rows / groups) * (k.rows / groups)),
+                Op::Attention { q, k, heads, kv_heads, head_dim, groups, key_valid, query_valid, .. } => {
+                    let masked = key_valid.is_some() || query_valid.is_some();
+                    match AttentionLowering::of(q.rows, k.rows, heads, kv_heads, head_dim, groups, masked, fused_attention, multiprocessors)
+                    {
+                        AttentionLowering::ActionTokens(split) => {
+                            let (o, ml) = split.partial_lens;
+                            (attention_o, attention_ml) = (attention_o.max(o), attention_ml.max(ml));
+                        }
+                        AttentionLowering::Vision => {}
+                        AttentionLowering::Products => score_len = score_len.max(heads * (q.rows / groups) * (k.rows / groups)),
+                    }
+                }
                 Op::Gemm { a, .. } if elems[a.buf.0] == Elem::F32 => shadow_len = shadow_len.max(a.rows * a.cols),
                 Op::RopeQkv { k_cache, head_dim: hd, .. } => {
                     rope_positions = rope_positions.max(k_cache.rows);
@@ -1092,26 +1122,30 @@ impl Lowering<'_> {
         if [qs.dtype, ks.dtype, vs.dtype] != [Dtype::Bf16; 3] {
             return Err(self.error(format!("attention operands must be bf16, got {:?}/{:?}/{:?}", qs.dtype, ks.dtype, vs.dtype)));
         }
-        if self.fused_attention && fuses(q.rows, kv_heads, head_dim, groups) {
-            self.steps.push(Step::FusedAttention(AttentionArgs {
-                q: qs,
-                k: ks,
-                v: vs,
-                out: self.mat(out)?,
-                heads,
-                key_valid: key_valid.map(|b| self.ptr(b)),
-                query_valid: query_valid.map(|b| self.ptr(b)),
-                split: Kernels::attention_split(q.rows * heads, k.rows, self.multiprocessors),
-                partial_o: self.scratch.attention_o,
-                partial_ml: self.scratch.attention_ml,
-            }));
-            return Ok(());
+        let masked = key_valid.is_some() || query_valid.is_some();
+        match AttentionLowering::of(q.rows, k.rows, heads, kv_heads, head_dim, groups, masked, self.fused_attention, self.multiprocessors) {
+            AttentionLowering::ActionTokens(split) => {
+                self.steps.push(Step::FusedAttention(AttentionArgs {
+                    q: qs,
+                    k: ks,
+                    v: vs,
+                    out: self.mat(out)?,
+                    heads,
+                    key_valid: key_valid.map(|b| self.ptr(b)),
+                    query_valid: query_valid.map(|b| self.ptr(b)),
+                    split,
+                    partial_o: self.scratch.attention_o,
+                    partial_ml: self.scratch.attention_ml,
+                }));
+                return Ok(());
+            }
+            AttentionLowering::Vision => {
+                self.steps.push(Step::VisionAttention { out: self.mat(out)?, q: qs, k: ks, v: vs, heads, groups });
+                return Ok(());
+            }
+            AttentionLowering::Products => {}
         }
         let (rows, keys) = (q.rows / groups, k.rows / groups);
-        if self.fused_attention && fuses_vision(keys, heads, kv_heads, head_dim, key_valid.is_some() || query_valid.is_some()) {
-            self.steps.push(Step::VisionAttention { out: self.mat(out)?, q: qs, k: ks, v: vs, heads, groups });
-            return Ok(());
-        }
         for g in 0..groups {
             let (qg, kg, vg, og) = (
                 self.mat(q.rows(g * rows, rows))?,
@@ -1287,5 +1321,30 @@ mod tests {
         plan.push(Op::Gemm { a: x, w, bias: None, out: y, accumulate: false });
         let elems = element_types(&plan);
         assert_eq!(elems, vec![Elem::F32, Elem::Bf16, Elem::F32]);
+    }
+
+    #[test]
+    fn each_pi05_attention_gets_its_kernel() {
+        use AttentionLowering::{ActionTokens, Products, Vision};
+        let of = |queries, keys, heads, kv_heads, head_dim, groups, masked, fused| {
+            AttentionLowering::of(queries, keys, heads, kv_heads, head_dim, groups, masked, fused, 132)
+        };
+        // The 50 action tokens over a 2-camera prefix and themselves: split over about 132 blocks.
+        match of(50, 762, 8, 1, 256, 1, true, true) {
+            ActionTokens(split) => {
+                assert!(split.splits > 1 && split.splits * split.keys_per_split >= 762, "{split:?}");
+                assert_eq!(split.partial_lens, (split.splits * 400 * 256, split.splits * 400 * 2));
+            }
+            other => panic!("action tokens lowered as {other:?}"),
+        }
+        // SigLIP, two cameras of 256 tokens; masked or too many keys per camera falls back.
+        assert_eq!(of(512, 512, 16, 16, 72, 2, false, true), Vision);
+        assert_eq!(of(512, 512, 16, 16, 72, 2, true, true), Products);
+        let too_many = flashrt_kernels::VISION_MAX_KEYS + 1;
+        assert_eq!(of(too_many, too_many, 16, 16, 72, 1, false, true), Products);
+        // The 712-token prefix keeps the products, and everything does with the fused kernels off.
+        assert_eq!(of(712, 712, 8, 1, 256, 1, true, true), Products);
+        assert_eq!(of(50, 762, 8, 1, 256, 1, true, false), Products);
+        assert_eq!(of(512, 512, 16, 16, 72, 2, false, false), Products);
     }
 }
