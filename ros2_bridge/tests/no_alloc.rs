@@ -5,52 +5,19 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use common::*;
 use flashrt_ros2::config::MissingCamera;
 use flashrt_ros2::infer::Tick;
 
-struct CountingAlloc;
-
-thread_local! {
-    /// Allocations made by this thread; const-initialized so reading it never allocates.
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `alloc` above, i.e. from the system allocator.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        // SAFETY: `ptr` came from the system allocator; arguments forwarded unchanged.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: CountingAlloc = CountingAlloc;
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
+#[path = "../../tests/support/counting_alloc.rs"]
+mod counting_alloc;
 
 #[test]
 fn steady_ticks_do_not_allocate() {
-    let before = allocations();
-    drop(std::hint::black_box(Box::new(1u8)));
-    assert_eq!(allocations(), before + 1, "the counting allocator counts");
+    let (_, counted) = counting_alloc::count_this_thread(|| std::hint::black_box(Box::new(1u8)));
+    assert_eq!(counted, 1, "the counting allocator counts");
 
     let config = config(MissingCamera::Skip, Some("pick up the red cube"));
     let (mut inference, shared) = open(&config);
@@ -62,9 +29,7 @@ fn steady_ticks_do_not_allocate() {
         let now = t0 + Duration::from_millis(10 * tick);
         let f = &frames[tick as usize % 4];
         feed(&shared, &config, &[(0, &f[0]), (1, &f[1]), (2, &f[2])], &states[tick as usize % 4], now);
-        let before = allocations();
-        let outcome = inference.tick(&shared, now);
-        let allocated = allocations() - before;
+        let (outcome, allocated) = counting_alloc::count_this_thread(|| inference.tick(&shared, now));
         assert_eq!(outcome, Tick::Ran { masked: 0 });
         // The first step may allocate (warm-up); none after it.
         if tick > 0 {
