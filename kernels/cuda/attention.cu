@@ -159,7 +159,12 @@ extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s,
 // chunk's loads are in flight while the tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate)
 // work on the current one. Scores in the log2 domain (exp2). Row r is query r / heads, head r % heads.
 #define ATT_D 256
-#define ATT_KEYS 32                  // keys per chunk
+#ifndef ATT_KEYS
+#define ATT_KEYS 32                  // keys per chunk (launch.rs mirrors it)
+#endif
+#ifndef ATT_S_CHAINS
+#define ATT_S_CHAINS 2               // independent accumulators per score tile (1: one chain of 16 mma)
+#endif
 #ifndef ATT_ROWS
 #define ATT_ROWS 64                  // rows per block (16 per warp; tools/device/attention_bench.cu tries others)
 #endif
@@ -268,27 +273,37 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
         const unsigned short* v_tile = v_tiles + buf * (ATT_V_BYTES / 2);
         const float* valid = valid_tiles + buf * ATT_KEYS;
 
-        // S = Q Kᵀ over 32 keys (4 mma column tiles). Within each 32-wide block of the head
+        // S = Q Kᵀ over the chunk's keys (ATT_KEYS / 8 mma column tiles). Within each 32-wide block of the head
         // dimension, lane group q4 holds d = 8·q4 … 8·q4 + 7 for both operands (one 16-byte load);
         // the same permutation on both sides leaves the dot products unchanged.
-        float s[4][4] = {};
+        // The low and high halves of each 32-wide block accumulate apart (two chains of 8 mma
+        // per tile instead of one of 16: at one warp per scheduler the chain latency is the limit).
+        float s[ATT_KEYS / 8][4] = {};
+        float s_hi[ATT_S_CHAINS == 2 ? ATT_KEYS / 8 : 1][4] = {};
 #pragma unroll
         for (int b = 0; b < ATT_D / 32; ++b) {
             const uint4 qa = *(const uint4*)(q_rows[0] + b * 32 + q4 * 8);
             const uint4 qb = *(const uint4*)(q_rows[1] + b * 32 + q4 * 8);
             const unsigned lo[4] = {qa.x, qb.x, qa.y, qb.y}, hi[4] = {qa.z, qb.z, qa.w, qb.w};
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
+            for (int j = 0; j < ATT_KEYS / 8; ++j) {
                 const uint4 kf = *(const uint4*)&k_tile[(j * 8 + g) * ATT_QK_STRIDE + b * 32 + q4 * 8];
                 att_mma(s[j], lo, kf.x, kf.y);
-                att_mma(s[j], hi, kf.z, kf.w);
+                att_mma(ATT_S_CHAINS == 2 ? s_hi[j] : s[j], hi, kf.z, kf.w);
+            }
+        }
+        if (ATT_S_CHAINS == 2) {
+#pragma unroll
+            for (int j = 0; j < ATT_KEYS / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[j][e] += s_hi[j][e];
             }
         }
 
         // Online softmax: s[j][e] is row g (e < 2) or g + 8 (e >= 2), key 8j + 2·q4 + (e & 1).
         float chunk_max[2] = {neg_inf, neg_inf};
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < ATT_KEYS / 8; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 s[j][e] = valid[j * 8 + 2 * q4 + (e & 1)] != 0.0f ? s[j][e] * scale_log2 : neg_inf;
@@ -305,9 +320,9 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
             m[i] = new_max;
             l[i] *= correction[i];
         }
-        unsigned p[2][4];  // P as the A operand of two k16 steps (keys 0-15, 16-31)
+        unsigned p[ATT_KEYS / 16][4];  // P as the A operand of the k16 steps (keys 0-15, 16-31, ...)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < ATT_KEYS / 8; ++j) {
             float e4[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -329,7 +344,7 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
         // O += P V: V's 16x8 B fragments transposed out of shared memory, two column tiles per
         // ldmatrix.x4 (lanes 0-15 address keys 0-15 of tile dt, lanes 16-31 those of tile dt + 1).
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
+        for (int kk = 0; kk < ATT_KEYS / 16; ++kk) {
 #pragma unroll
             for (int dt = 0; dt < ATT_D / 8; dt += 2) {
                 unsigned b[4];

@@ -81,6 +81,73 @@ impl View {
     pub fn end(&self) -> usize {
         if self.rows == 0 { self.offset } else { self.offset + (self.rows - 1) * self.stride + self.cols }
     }
+
+    /// The elements from the view's first to its last (a column window spans the rows between).
+    pub fn span(&self) -> Span {
+        Span { buf: self.buf, start: self.offset, end: self.end() }
+    }
+}
+
+/// A contiguous element range of one buffer that an op reads or writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub buf: BufId,
+    pub start: usize,
+    pub end: usize,
+}
+
+impl Span {
+    pub fn overlaps(&self, other: &Span) -> bool {
+        self.buf == other.buf && self.start < other.end && other.start < self.end
+    }
+}
+
+/// What an op reads and what it writes, for ordering ops that run concurrently.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Accesses {
+    pub reads: Vec<Span>,
+    pub writes: Vec<Span>,
+}
+
+impl Accesses {
+    /// Whether running `self` and `other` in either order could give different results: one
+    /// writes what the other reads or writes.
+    pub fn conflicts(&self, other: &Accesses) -> bool {
+        let hits = |a: &[Span], b: &[Span]| a.iter().any(|x| b.iter().any(|y| x.overlaps(y)));
+        hits(&self.writes, &other.writes) || hits(&self.writes, &other.reads) || hits(&self.reads, &other.writes)
+    }
+
+    pub fn extend(&mut self, other: Accesses) {
+        self.reads.extend(other.reads);
+        self.writes.extend(other.writes);
+    }
+}
+
+/// Orders ops spread over in-order queues ("lanes", e.g. CUDA streams) so that they compute what
+/// running them in sequence would. For each op (`lanes[i]`, `accesses[i]`, in plan order): the
+/// latest earlier op of every other lane it conflicts with (one writes what the other reads or
+/// writes), unless its lane already waited for that op or a later one of that lane. Ops of one
+/// lane run in order, so waiting for the latest conflicting op of another lane covers every
+/// earlier one there.
+pub fn cross_lane_waits(lanes: &[usize], accesses: &[Accesses]) -> Vec<Vec<usize>> {
+    let lane_count = lanes.iter().max().map_or(1, |l| l + 1);
+    // waited[a][b]: the latest step of lane b that lane a has waited for.
+    let mut waited: Vec<Vec<Option<usize>>> = vec![vec![None; lane_count]; lane_count];
+    let mut by_lane: Vec<Vec<usize>> = vec![Vec::new(); lane_count];
+    let mut waits = vec![Vec::new(); lanes.len()];
+    for (i, &lane) in lanes.iter().enumerate() {
+        for other in (0..lane_count).filter(|&o| o != lane) {
+            let covered = waited[lane][other];
+            let hit =
+                by_lane[other].iter().rev().take_while(|&&j| covered.is_none_or(|c| j > c)).find(|&&j| accesses[i].conflicts(&accesses[j]));
+            if let Some(&j) = hit {
+                waits[i].push(j);
+                waited[lane][other] = Some(j);
+            }
+        }
+        by_lane[lane].push(i);
+    }
+    waits
 }
 
 /// Per-camera frame metadata written by the host each step into an I32 buffer, 4 values per
@@ -182,6 +249,65 @@ impl Op {
         }
     }
 
+    /// The buffer ranges the op reads and writes (`buffers`: the plan's, for whole-buffer uses).
+    pub fn accesses(&self, buffers: &[BufferDecl]) -> Accesses {
+        let whole = |b: BufId| Span { buf: b, start: 0, end: buffers[b.0].len };
+        let (mut reads, mut writes) = (Vec::new(), Vec::new());
+        match *self {
+            Op::ImagePatches { camera, frames, frame_stride, frame_info, out, .. } => {
+                reads.extend([Span { buf: frames, start: camera * frame_stride, end: (camera + 1) * frame_stride }, whole(frame_info)]);
+                writes.push(out.span());
+            }
+            Op::Gemm { a, out, accumulate, .. } => {
+                reads.push(a.span());
+                if accumulate {
+                    reads.push(out.span());
+                }
+                writes.push(out.span());
+            }
+            Op::AddTable { x, .. } | Op::GeluTanh { x } => {
+                reads.push(x.span());
+                writes.push(x.span());
+            }
+            Op::LayerNorm { x, out, .. } | Op::RmsNorm { x, out, .. } | Op::AdaRmsNorm { x, out, .. } | Op::Affine { x, out, .. } => {
+                reads.push(x.span());
+                writes.push(out.span());
+            }
+            Op::GatedResidual { x, y, .. } => {
+                reads.extend([x.span(), y.span()]);
+                writes.push(x.span());
+            }
+            Op::GeluTanhMul { gate_up, out } => {
+                reads.push(gate_up.span());
+                writes.push(out.span());
+            }
+            Op::Embed { tokens, out, .. } => {
+                reads.push(whole(tokens));
+                writes.push(out.span());
+            }
+            Op::Positions { frame_info, token_mask, valid, positions, .. } => {
+                reads.extend([whole(frame_info), whole(token_mask)]);
+                writes.extend([whole(valid), whole(positions)]);
+            }
+            Op::RopeQkv { qkv, positions, k_cache, v_cache, cache_row, .. } => {
+                reads.extend([qkv.span(), whole(positions)]);
+                // Only the rows this op fills: the action tokens' rows of a layer's cache do not
+                // touch the prefix rows that other ops read.
+                writes.extend([qkv.span(), k_cache.rows(cache_row, qkv.rows).span(), v_cache.rows(cache_row, qkv.rows).span()]);
+            }
+            Op::Attention { q, k, v, out, key_valid, query_valid, .. } => {
+                reads.extend([q.span(), k.span(), v.span()]);
+                reads.extend(key_valid.into_iter().chain(query_valid).map(whole));
+                writes.push(out.span());
+            }
+            Op::Copy { src, dst } => {
+                reads.push(src.span());
+                writes.push(dst.span());
+            }
+        }
+        Accesses { reads, writes }
+    }
+
     /// Multiply-add count ×2 for the op at its planned (maximum) shapes.
     pub fn flops(&self) -> u64 {
         match self {
@@ -197,6 +323,9 @@ impl Op {
 pub struct Phase {
     pub name: String,
     pub first_op: usize,
+    /// The phase may run beside the others, ordered against their ops only by the buffers they
+    /// share (see [`Op::accesses`]): a GPU backend gives it a second stream.
+    pub concurrent: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -236,7 +365,12 @@ impl Plan {
     }
 
     pub fn phase(&mut self, name: impl Into<String>) {
-        self.phases.push(Phase { name: name.into(), first_op: self.ops.len() });
+        self.phases.push(Phase { name: name.into(), first_op: self.ops.len(), concurrent: false });
+    }
+
+    /// A phase that may run beside the others (see [`Phase::concurrent`]).
+    pub fn concurrent_phase(&mut self, name: impl Into<String>) {
+        self.phases.push(Phase { name: name.into(), first_op: self.ops.len(), concurrent: true });
     }
 
     pub fn push(&mut self, op: Op) {
@@ -257,6 +391,15 @@ impl Plan {
         for (i, p) in self.phases.iter().enumerate() {
             let end = self.phases.get(i + 1).map_or(self.ops.len(), |n| n.first_op);
             out.push((p.name.as_str(), p.first_op..end));
+        }
+        out
+    }
+
+    /// For every op, whether it belongs to a concurrent phase.
+    pub fn concurrent_ops(&self) -> Vec<bool> {
+        let mut out = vec![false; self.ops.len()];
+        for (p, (_, range)) in self.phases.iter().zip(self.phase_ranges()) {
+            out[range].iter_mut().for_each(|c| *c = p.concurrent);
         }
         out
     }
@@ -285,9 +428,10 @@ impl Plan {
             };
             let _ = writeln!(s, "  #{i:<3} {:<24} {:?} x {}{io}", b.name, b.ty, b.len);
         }
-        for (phase, range) in self.phase_ranges() {
+        for (p, (phase, range)) in self.phases.iter().zip(self.phase_ranges()) {
             let flops: u64 = self.ops[range.clone()].iter().map(Op::flops).sum();
-            let _ = writeln!(s, "phase {phase}: {} ops, {:.3} GFLOP", range.len(), flops as f64 / 1e9);
+            let concurrent = if p.concurrent { " (concurrent)" } else { "" };
+            let _ = writeln!(s, "phase {phase}{concurrent}: {} ops, {:.3} GFLOP", range.len(), flops as f64 / 1e9);
             for i in range {
                 let _ = writeln!(s, "  {i:>5} {}", self.describe(&self.ops[i]));
             }
@@ -325,6 +469,66 @@ impl Plan {
             Op::GeluTanh { x } => format!("gelu_tanh {}", v(x)),
             Op::Positions { .. } => "positions (validity mask, RoPE positions)".to_string(),
             Op::Affine { x, out, .. } => format!("affine {} -> {}", v(x), v(out)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn rope_writes_only_its_own_cache_rows() {
+        let mut plan = Plan::default();
+        let qkv = plan.matrix("qkv", 4, 3 * 8);
+        let positions = plan.buffer("positions", BufType::I32, 16);
+        let (k_cache, v_cache) = (plan.matrix("k", 16, 8), plan.matrix("v", 16, 8));
+        let rope = Op::RopeQkv { qkv, heads: 1, head_dim: 8, positions, position_offset: 12, k_cache, v_cache, cache_row: 12 };
+        let attention_of_rows = |rows: usize| Op::Attention {
+            q: qkv.cols(0, 8),
+            k: k_cache.rows(0, rows),
+            v: v_cache.rows(0, rows),
+            out: qkv.cols(0, 8),
+            heads: 1,
+            kv_heads: 1,
+            head_dim: 8,
+            groups: 1,
+            key_valid: None,
+            query_valid: None,
+        };
+        let writes = rope.accesses(&plan.buffers).writes;
+        assert!(writes.contains(&Span { buf: k_cache.buf, start: 12 * 8, end: 16 * 8 }), "{writes:?}");
+        // An attention over the first 12 cache rows does not depend on this RoPE's cache writes;
+        // one over 13 does.
+        let rope = Accesses { reads: vec![], writes: writes.into_iter().filter(|w| w.buf != qkv.buf).collect() };
+        assert!(!rope.conflicts(&attention_of_rows(12).accesses(&plan.buffers)));
+        assert!(rope.conflicts(&attention_of_rows(13).accesses(&plan.buffers)));
+    }
+
+    /// Ops over 3 small buffers on 2 or 3 lanes, each reading and writing one random range.
+    fn ops() -> impl Strategy<Value = Vec<(usize, Accesses)>> {
+        let span = (0..3usize, 0..8usize, 1..4usize).prop_map(|(b, start, len)| Span { buf: BufId(b), start, end: start + len });
+        prop::collection::vec((0..3usize, span.clone(), span), 1..40)
+            .prop_map(|ops| ops.into_iter().map(|(lane, r, w)| (lane, Accesses { reads: vec![r], writes: vec![w] })).collect())
+    }
+
+    proptest! {
+        /// Every conflicting pair on different lanes is ordered: the later op's lane has, at or
+        /// before it, waited for that op or a later one of its lane. Every wait is needed.
+        #[test]
+        fn cross_lane_waits_order_every_conflict(ops in ops()) {
+            let (lanes, accesses): (Vec<usize>, Vec<Accesses>) = ops.into_iter().unzip();
+            let waits = cross_lane_waits(&lanes, &accesses);
+            for i in 0..lanes.len() {
+                for &w in &waits[i] {
+                    prop_assert!(w < i && lanes[w] != lanes[i] && accesses[i].conflicts(&accesses[w]));
+                }
+                for j in (0..i).filter(|&j| lanes[j] != lanes[i] && accesses[i].conflicts(&accesses[j])) {
+                    let ordered = (0..=i).filter(|&k| lanes[k] == lanes[i]).flat_map(|k| &waits[k]).any(|&w| lanes[w] == lanes[j] && w >= j);
+                    prop_assert!(ordered, "op {i} (lane {}) is not ordered after op {j} (lane {})", lanes[i], lanes[j]);
+                }
+            }
         }
     }
 }

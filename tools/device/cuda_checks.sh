@@ -9,6 +9,8 @@
 #   bash tools/device/cuda_checks.sh full         # lerobot f32 reference on the same weights, 5c
 #   bash tools/device/cuda_checks.sh profile      # per-phase and per-kernel profile, both paths
 #   bash tools/device/cuda_checks.sh ab           # pi05-2v without the fused attention
+#   bash tools/device/cuda_checks.sh overlap      # pi05-2v on one stream (no concurrent phase)
+#   bash tools/device/cuda_checks.sh attention    # attention_mq256 variants alone (needs nvcc)
 # (bench/views/full synthesize the full-size checkpoint first if /tmp/flashrt_full lacks it.)
 #
 # On this workplace's device tool: `run` with carry [".device-carry", ".whl"] and the command
@@ -81,6 +83,15 @@ for phase in "$@"; do
         synth_full
         FRT_NO_FUSED_ATTENTION=1 bench 2 pi05-2v-unfused-attention
         ;;
+    overlap)
+        echo "== pi05-2v on one stream: the first denoise step not overlapped with the prefix"
+        synth_full
+        FRT_NO_OVERLAP=1 bench 2 pi05-2v-one-stream
+        ;;
+    attention)
+        echo "== attention_mq256 variants alone (tools/device/attention_bench.cu)"
+        run env VARIANTS="${VARIANTS:--DATT_S_CHAINS=1;-DATT_S_CHAINS=2;-DATT_S_CHAINS=2 -DATT_KEYS=64}" bash tools/device/attention_bench.sh
+        ;;
     full)
         echo "== full size: lerobot f32 reference, then CUDA parity"
         synth_full
@@ -90,7 +101,7 @@ for phase in "$@"; do
         FRT_FULL_PARITY_DIR="$FULL" run "$BIN/cuda_pi05" --test-threads=1 --nocapture full_size
         ;;
     *)
-        echo "unknown phase $phase (tests | bench | views | full | ab | profile)"
+        echo "unknown phase $phase (tests | bench | views | full | ab | overlap | attention | profile)"
         status=2
         ;;
     esac

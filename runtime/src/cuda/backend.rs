@@ -32,13 +32,13 @@ use std::sync::Arc;
 use cudarc::driver::{result, sys};
 use flashrt_kernels::{AttentionArgs, AttentionSplit, DevPtr, Dtype, Kernels, Mat, RopeArgs};
 
-use super::device::{BlasLt, Context, DeviceMemory, Graph, Pinned, Stream, check, time_replays};
+use super::device::{BlasLt, Context, DeviceMemory, Event, Graph, Pinned, Stream, check, time_replays};
 use super::gemm::{Matmul, MatmulSpec, Operand, WORKSPACE_BYTES};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::models::pi05::WeightData;
-use crate::plan::{BufId, BufType, HostIo, Op, Plan, View, WeightId, WeightRole};
+use crate::plan::{Accesses, BufId, BufType, HostIo, Op, Plan, Span, View, WeightId, WeightRole, cross_lane_waits};
 
 /// Open-time options of the CUDA backend.
 #[derive(Clone, Debug, Default)]
@@ -103,7 +103,11 @@ enum Step {
         src: DevPtr,
         bytes: usize,
     },
-    Gemm(usize),
+    /// Product `matmul` of the lowered step, with the cuBLASLt workspace of its stream.
+    Gemm {
+        matmul: usize,
+        workspace: DevPtr,
+    },
     Copy {
         dst: Mat,
         src: Mat,
@@ -295,7 +299,8 @@ impl Layout {
     }
 }
 
-/// Scratch regions shared by ops that run one after another.
+/// Scratch regions shared by the ops of one stream, which run one after another (each stream
+/// has its own set).
 struct Scratch {
     /// f32 attention scores `[heads, rows, keys]` of the largest attention (per group).
     scores: DevPtr,
@@ -307,8 +312,50 @@ struct Scratch {
     attention_o: DevPtr,
     attention_ml: DevPtr,
     workspace: DevPtr,
-    rope_cos: DevPtr,
-    rope_sin: DevPtr,
+}
+
+/// Element counts of one stream's [`Scratch`] regions: the largest use among its ops.
+#[derive(Clone, Copy, Default)]
+struct ScratchSizes {
+    scores: usize,
+    shadow: usize,
+    attention_o: usize,
+    attention_ml: usize,
+}
+
+/// The streams the step runs on: the main one, and the one a concurrent phase takes.
+const LANES: usize = 2;
+
+/// Which stream ("lane") each lowered step runs on and what it waits for first: for a step,
+/// the steps of other lanes it must follow (see [`cross_lane_waits`]).
+struct Schedule {
+    lanes: Vec<usize>,
+    waits: Vec<Vec<usize>>,
+    /// For each step that another lane waits for, the index of the event recorded after it.
+    event_of: Vec<Option<usize>>,
+}
+
+impl Schedule {
+    fn new(lanes: Vec<usize>, accesses: &[Accesses]) -> Schedule {
+        let waits = cross_lane_waits(&lanes, accesses);
+        let mut event_of = vec![None; lanes.len()];
+        let mut events = 0;
+        for &j in waits.iter().flatten() {
+            if event_of[j].is_none() {
+                event_of[j] = Some(events);
+                events += 1;
+            }
+        }
+        Schedule { lanes, waits, event_of }
+    }
+
+    fn events(&self) -> usize {
+        self.event_of.iter().flatten().count()
+    }
+
+    fn concurrent(&self) -> bool {
+        self.lanes.iter().any(|&l| l != 0)
+    }
 }
 
 pub struct CudaBackend {
@@ -316,7 +363,12 @@ pub struct CudaBackend {
     device_name: String,
     /// The whole step; `None` only while opening.
     graph: Option<Graph>,
+    /// The main stream (highest priority: it carries the critical path), and the second one a
+    /// concurrent phase runs on (lowest priority), forked from and joined back into the main one.
     stream: Stream,
+    side: Stream,
+    fork: Event,
+    join: Event,
     lt: BlasLt,
     steps: Vec<Step>,
     /// `(phase name, first step)` for each plan phase, in order.
@@ -326,7 +378,11 @@ pub struct CudaBackend {
     bufs: Vec<DeviceBuf>,
     /// Pinned host copies of the plan's host-I/O buffers (`None` for internal buffers).
     host: Vec<Option<Pinned>>,
+    /// The main stream's cuBLASLt workspace (GEMM tuning runs there).
     workspace: DevPtr,
+    schedule: Schedule,
+    /// The events of the cross-stream waits ([`Schedule::event_of`]).
+    events: Vec<Event>,
     arena: DeviceMemory,
     weights: DeviceMemory,
     /// Declared last: dropped after every resource that lives in the context.
@@ -360,7 +416,8 @@ impl CudaBackend {
         let kernels = Kernels::load(&cubins).map_err(|e| Error::Backend(e.to_string()))?;
         log::info!("CUDA backend on {device_name} ({arch}): kernels ready in {:.2?}", started.elapsed());
 
-        let stream = Stream::new()?;
+        let (lowest, highest) = Stream::priorities()?;
+        let (stream, side) = (Stream::with_priority(highest)?, Stream::with_priority(lowest)?);
         let lt = BlasLt::new()?;
 
         // Arena: every non-frame buffer, then the scratch regions.
@@ -372,11 +429,15 @@ impl CudaBackend {
             .zip(&elems)
             .map(|(b, e)| (!(b.ty == BufType::U8 && b.host == HostIo::Input)).then(|| layout.take(b.len * e.size())))
             .collect();
-        let (mut score_len, mut shadow_len, mut rope_positions, mut head_dim) = (0, 0, 0, 2);
+        let (mut rope_positions, mut head_dim) = (0, 2);
         let fused_attention = kernels.has_fused_attention() && !env_flag("FRT_NO_FUSED_ATTENTION");
         let multiprocessors = ctx.multiprocessors()?;
-        let (mut attention_o, mut attention_ml) = (0, 0);
-        for op in &plan.ops {
+        // Concurrent phases take the second stream (FRT_NO_OVERLAP=1: everything on one stream).
+        let op_lanes: Vec<usize> =
+            if env_flag("FRT_NO_OVERLAP") { vec![0; plan.ops.len()] } else { plan.concurrent_ops().into_iter().map(usize::from).collect() };
+        let mut sizes = [ScratchSizes::default(); LANES];
+        for (op, &lane) in plan.ops.iter().zip(&op_lanes) {
+            let size = &mut sizes[lane];
             match *op {
                 Op::Attention { q, k, heads, kv_heads, head_dim, groups, key_valid, query_valid, .. } => {
                     let masked = key_valid.is_some() || query_valid.is_some();
@@ -384,13 +445,13 @@ impl CudaBackend {
                     {
                         AttentionLowering::ActionTokens(split) => {
                             let (o, ml) = split.partial_lens;
-                            (attention_o, attention_ml) = (attention_o.max(o), attention_ml.max(ml));
+                            (size.attention_o, size.attention_ml) = (size.attention_o.max(o), size.attention_ml.max(ml));
                         }
                         AttentionLowering::Vision => {}
-                        AttentionLowering::Products => score_len = score_len.max(heads * (q.rows / groups) * (k.rows / groups)),
+                        AttentionLowering::Products => size.scores = size.scores.max(heads * (q.rows / groups) * (k.rows / groups)),
                     }
                 }
-                Op::Gemm { a, .. } if elems[a.buf.0] == Elem::F32 => shadow_len = shadow_len.max(a.rows * a.cols),
+                Op::Gemm { a, .. } if elems[a.buf.0] == Elem::F32 => size.shadow = size.shadow.max(a.rows * a.cols),
                 Op::RopeQkv { k_cache, head_dim: hd, .. } => {
                     rope_positions = rope_positions.max(k_cache.rows);
                     head_dim = hd;
@@ -399,35 +460,43 @@ impl CudaBackend {
             }
         }
         let half = head_dim / 2;
-        let scratch_at = [
-            layout.take(score_len * 4),
-            layout.take(score_len * 2),
-            layout.take(shadow_len * 2),
-            layout.take(attention_o * 4),
-            layout.take(attention_ml * 4),
-            layout.take(WORKSPACE_BYTES),
-            layout.take(rope_positions * half * 4),
-            layout.take(rope_positions * half * 4),
-        ];
+        // A second stream with no ops gets no scratch (only the cuBLASLt workspace is unsized).
+        let used_lanes = op_lanes.iter().max().map_or(1, |l| l + 1);
+        let scratch_at: Vec<[usize; 6]> = sizes[..used_lanes]
+            .iter()
+            .map(|size| {
+                [
+                    layout.take(size.scores * 4),
+                    layout.take(size.scores * 2),
+                    layout.take(size.shadow * 2),
+                    layout.take(size.attention_o * 4),
+                    layout.take(size.attention_ml * 4),
+                    layout.take(WORKSPACE_BYTES),
+                ]
+            })
+            .collect();
+        let rope_at = [layout.take(rope_positions * half * 4), layout.take(rope_positions * half * 4)];
         let arena = DeviceMemory::new(layout.bytes, "activations")?;
         // SAFETY: zeroes the whole fresh allocation, so the warm-up never reads garbage.
         check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(arena.ptr, 0, arena.bytes) }.result())?;
         let at = |off: usize| arena.ptr + off as u64;
-        let scratch = Scratch {
-            scores: at(scratch_at[0]),
-            probs: at(scratch_at[1]),
-            shadow: at(scratch_at[2]),
-            attention_o: at(scratch_at[3]),
-            attention_ml: at(scratch_at[4]),
-            workspace: at(scratch_at[5]),
-            rope_cos: at(scratch_at[6]),
-            rope_sin: at(scratch_at[7]),
-        };
+        let scratch: Vec<Scratch> = scratch_at
+            .iter()
+            .map(|o| Scratch {
+                scores: at(o[0]),
+                probs: at(o[1]),
+                shadow: at(o[2]),
+                attention_o: at(o[3]),
+                attention_ml: at(o[4]),
+                workspace: at(o[5]),
+            })
+            .collect();
+        let rope = (at(rope_at[0]), at(rope_at[1]));
         let (cos, sin) = crate::cpu::rope_tables(rope_positions, head_dim);
         // SAFETY: both regions were sized for these tables above.
         unsafe {
-            check("uploading RoPE tables", result::memcpy_htod_sync(scratch.rope_cos, &cos))?;
-            check("uploading RoPE tables", result::memcpy_htod_sync(scratch.rope_sin, &sin))?;
+            check("uploading RoPE tables", result::memcpy_htod_sync(rope.0, &cos))?;
+            check("uploading RoPE tables", result::memcpy_htod_sync(rope.1, &sin))?;
         }
 
         let mut host: Vec<Option<Pinned>> = Vec::with_capacity(plan.buffers.len());
@@ -456,6 +525,9 @@ impl CudaBackend {
         let mut backend = CudaBackend {
             device_name: format!("{device_name} ({arch})"),
             stream,
+            side,
+            fork: Event::ordering()?,
+            join: Event::ordering()?,
             lt,
             graph: None,
             steps: Vec::new(),
@@ -464,7 +536,9 @@ impl CudaBackend {
             kernels,
             bufs,
             host,
-            workspace: scratch.workspace,
+            workspace: scratch[0].workspace,
+            schedule: Schedule { lanes: Vec::new(), waits: Vec::new(), event_of: Vec::new() },
+            events: Vec::new(),
             arena,
             weights: uploaded.memory,
             ctx,
@@ -474,14 +548,28 @@ impl CudaBackend {
             backend: &backend,
             weights: &uploaded.ptrs,
             scratch: &scratch,
+            rope,
+            op_lanes: &op_lanes,
+            lane: 0,
             fused_attention,
             multiprocessors,
             steps: Vec::new(),
+            step_lanes: Vec::new(),
+            step_accesses: Vec::new(),
             phase_steps: Vec::new(),
             matmuls: Vec::new(),
         };
-        let Lowered { steps, phase_steps, matmuls } = lowering.lower()?;
-        (backend.steps, backend.phase_steps, backend.matmuls) = (steps, phase_steps, matmuls);
+        let Lowered { steps, schedule, phase_steps, matmuls } = lowering.lower()?;
+        backend.events = (0..schedule.events()).map(|_| Event::ordering()).collect::<Result<_>>()?;
+        if schedule.concurrent() {
+            log::info!(
+                "{} of {} launches on a second stream, {} cross-stream waits",
+                schedule.lanes.iter().filter(|&&l| l != 0).count(),
+                steps.len(),
+                schedule.waits.iter().flatten().count()
+            );
+        }
+        (backend.steps, backend.schedule, backend.phase_steps, backend.matmuls) = (steps, schedule, phase_steps, matmuls);
         let started = std::time::Instant::now();
         backend.tune_gemms()?;
         log::info!("GEMM algorithms timed in {:.2?}", started.elapsed());
@@ -535,7 +623,7 @@ impl CudaBackend {
                 let graph = Graph::capture(this.stream.0, || {
                     members.iter().try_for_each(|&m| {
                         // SAFETY: as in `issue_all`.
-                        unsafe { this.issue(&Step::Gemm(m)) }
+                        unsafe { this.issue(&Step::Gemm { matmul: m, workspace: this.workspace }, this.stream.0) }
                     })
                 });
                 // A candidate that cannot run here is skipped, not fatal.
@@ -562,7 +650,8 @@ impl CudaBackend {
         // These steps alone, captured as a graph and replayed.
         let time = |steps: &[&Step]| -> Result<f32> {
             // SAFETY: as in `issue_all`.
-            let graph = Graph::capture(self.stream.0, || steps.iter().try_for_each(|s| unsafe { self.issue(s) }))?;
+            // One stream: a phase's own time, without the overlap of the concurrent one.
+            let graph = Graph::capture(self.stream.0, || steps.iter().try_for_each(|s| unsafe { self.issue(s, self.stream.0) }))?;
             time_replays(&graph, self.stream.0, REPS)
         };
         let phases = || {
@@ -573,7 +662,7 @@ impl CudaBackend {
         };
         let mut rows = Vec::new();
         for (name, range) in phases() {
-            let gemms: Vec<&Step> = self.steps[range.clone()].iter().filter(|s| matches!(s, Step::Gemm(_))).collect();
+            let gemms: Vec<&Step> = self.steps[range.clone()].iter().filter(|s| matches!(s, Step::Gemm { .. })).collect();
             let all: Vec<&Step> = self.steps[range.clone()].iter().collect();
             let (total, gemm) = (time(&all)?, if gemms.is_empty() { 0.0 } else { time(&gemms)? });
             log::info!(
@@ -633,7 +722,7 @@ impl CudaBackend {
         match step {
             Step::HtoD { .. } => "copy to device".into(),
             Step::DtoH { .. } => "copy to host".into(),
-            Step::Gemm(i) => format!("cublaslt {}", self.matmuls[*i].label()),
+            Step::Gemm { matmul, .. } => format!("cublaslt {}", self.matmuls[*matmul].label()),
             Step::Copy { .. } => "copy".into(),
             Step::ImagePatches { .. } => "image_patches".into(),
             Step::AddTable { .. } => "add_table".into(),
@@ -655,19 +744,37 @@ impl CudaBackend {
         }
     }
 
-    /// Enqueues every step on the stream (eagerly, or into the graph under capture).
+    /// Enqueues every step (eagerly, or into the graph under capture) on its lane's stream, each
+    /// after the events of its cross-stream waits. The second stream forks from the main one at
+    /// the start and joins it at the end (a capture must end with every stream joined).
     fn issue_all(&self) -> Result<()> {
-        for step in &self.steps {
+        let concurrent = self.schedule.concurrent();
+        if concurrent {
+            self.fork.record(self.stream.0)?;
+            self.fork.wait(self.side.0)?;
+        }
+        for (i, step) in self.steps.iter().enumerate() {
+            let stream = if self.schedule.lanes[i] == 0 { self.stream.0 } else { self.side.0 };
+            for &j in &self.schedule.waits[i] {
+                self.events[self.schedule.event_of[j].expect("a waited-for step has an event")].wait(stream)?;
+            }
             // SAFETY: every pointer in a step was resolved at lowering time into this backend's
             // arena, weights or pinned buffers, all alive as long as `self`.
-            unsafe { self.issue(step) }?;
+            unsafe { self.issue(step, stream) }?;
+            if let Some(e) = self.schedule.event_of[i] {
+                self.events[e].record(stream)?;
+            }
+        }
+        if concurrent {
+            self.join.record(self.side.0)?;
+            self.join.wait(self.stream.0)?;
         }
         Ok(())
     }
 
-    unsafe fn issue(&self, step: &Step) -> Result<()> {
+    /// Enqueues one step on stream `s`.
+    unsafe fn issue(&self, step: &Step, s: sys::CUstream) -> Result<()> {
         let k = &self.kernels;
-        let s = self.stream.0;
         // SAFETY (whole block): see `issue_all`.
         let r = unsafe {
             match *step {
@@ -677,7 +784,7 @@ impl CudaBackend {
                 Step::DtoH { dst, src, bytes } => {
                     return check("D2H copy", sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes, s).result());
                 }
-                Step::Gemm(i) => return self.matmuls[i].launch(self.lt.0, self.workspace, s).map_err(Error::Backend),
+                Step::Gemm { matmul, workspace } => return self.matmuls[matmul].launch(self.lt.0, workspace, s).map_err(Error::Backend),
                 Step::Copy { dst, src } => k.copy(dst, src, s),
                 Step::ImagePatches { out, frames, frame_stride, frame_info, camera, size, patch } => {
                     k.image_patches(out, frames, frame_stride, frame_info, camera, size, patch, s)
@@ -862,9 +969,11 @@ impl<T> SyncSlice<T> {
     }
 }
 
-/// The lowered step: launches, where each plan phase starts among them, and the products.
+/// The lowered step: launches, their streams and cross-stream waits, where each plan phase
+/// starts among them, and the products.
 struct Lowered {
     steps: Vec<Step>,
+    schedule: Schedule,
     phase_steps: Vec<(String, usize)>,
     matmuls: Vec<Matmul>,
 }
@@ -873,17 +982,50 @@ struct Lowered {
 struct Lowering<'a> {
     backend: &'a CudaBackend,
     weights: &'a HashMap<(usize, Elem), DevPtr>,
-    scratch: &'a Scratch,
+    /// Each lane's scratch regions, and the RoPE tables (read-only, shared).
+    scratch: &'a [Scratch],
+    rope: (DevPtr, DevPtr),
+    /// The lane of every plan op, and that of the op being lowered.
+    op_lanes: &'a [usize],
+    lane: usize,
     /// Lower few-query multi-query attention to `Kernels::attention_mq256` (off with
     /// FRT_NO_FUSED_ATTENTION=1), sized for this many SMs.
     fused_attention: bool,
     multiprocessors: usize,
     steps: Vec<Step>,
+    /// For each step: its lane, and what the plan ops it came from read and write.
+    step_lanes: Vec<usize>,
+    step_accesses: Vec<Accesses>,
     phase_steps: Vec<(String, usize)>,
     matmuls: Vec<Matmul>,
 }
 
 impl Lowering<'_> {
+    fn scratch(&self) -> &Scratch {
+        &self.scratch[self.lane]
+    }
+
+    /// Marks the steps pushed since step `from` as the lowering of `ops`: their lane and accesses.
+    fn tag_steps(&mut self, from: usize, ops: std::ops::Range<usize>) {
+        let plan = &self.backend.plan;
+        let mut accesses = Accesses::default();
+        ops.clone().for_each(|i| accesses.extend(plan.ops[i].accesses(&plan.buffers)));
+        for _ in from..self.steps.len() {
+            self.step_lanes.push(self.op_lanes[ops.start]);
+            self.step_accesses.push(accesses.clone());
+        }
+    }
+
+    /// Marks the steps pushed since step `from` as host copies into or out of buffer `id`.
+    fn tag_copy(&mut self, from: usize, id: BufId, write: bool) {
+        let span = Span { buf: id, start: 0, end: self.backend.plan.buffers[id.0].len };
+        let accesses = if write { Accesses { reads: vec![], writes: vec![span] } } else { Accesses { reads: vec![span], writes: vec![] } };
+        for _ in from..self.steps.len() {
+            self.step_lanes.push(0);
+            self.step_accesses.push(accesses.clone());
+        }
+    }
+
     fn buf(&self, id: BufId) -> DeviceBuf {
         self.backend.bufs[id.0]
     }
@@ -919,6 +1061,7 @@ impl Lowering<'_> {
             if b.host == HostIo::Input && buf.elem != Elem::U8 {
                 let pinned = self.backend.host_buffer(BufId(i));
                 self.steps.push(Step::HtoD { dst: buf.ptr, src: pinned.host, bytes: pinned.bytes });
+                self.tag_copy(self.steps.len() - 1, BufId(i), true);
             }
         }
         let mut ops = plan.ops.iter().enumerate().peekable();
@@ -928,6 +1071,8 @@ impl Lowering<'_> {
                 let first = if self.phase_steps.is_empty() { 0 } else { self.steps.len() };
                 self.phase_steps.push((phase.name.clone(), first));
             }
+            self.lane = self.op_lanes[i];
+            let from = self.steps.len();
             // Fusion: a gated residual followed by the adaRMS norm of the same stream (same phase).
             if let (Op::GatedResidual { x, y, modulation }, Some((next, Op::AdaRmsNorm { x: nx, out, modulation: norm, eps }))) =
                 (op, ops.peek())
@@ -943,6 +1088,7 @@ impl Lowering<'_> {
                     };
                     self.steps.push(step);
                     ops.next();
+                    self.tag_steps(from, i..i + 2);
                     continue;
                 }
             }
@@ -951,19 +1097,23 @@ impl Lowering<'_> {
                 if x == out && phase_at(*next).is_none() {
                     self.gemm(*a, *w, *bias, *out, false, true)?;
                     ops.next();
+                    self.tag_steps(from, i..i + 2);
                     continue;
                 }
             }
             self.lower_op(op)?;
+            self.tag_steps(from, i..i + 1);
         }
         for (i, b) in plan.buffers.iter().enumerate() {
             if b.host == HostIo::Output {
                 let buf = self.backend.bufs[i];
                 let pinned = self.backend.host_buffer(BufId(i));
                 self.steps.push(Step::DtoH { dst: pinned.host, src: buf.ptr, bytes: pinned.bytes });
+                self.tag_copy(self.steps.len() - 1, BufId(i), false);
             }
         }
-        Ok(Lowered { steps: self.steps, phase_steps: self.phase_steps, matmuls: self.matmuls })
+        let schedule = Schedule::new(self.step_lanes, &self.step_accesses);
+        Ok(Lowered { steps: self.steps, schedule, phase_steps: self.phase_steps, matmuls: self.matmuls })
     }
 
     fn lower_op(&mut self, op: &Op) -> Result<()> {
@@ -1023,8 +1173,8 @@ impl Lowering<'_> {
                 k_cache: self.mat(k_cache)?,
                 v_cache: self.mat(v_cache)?,
                 cache_row,
-                cos: self.scratch.rope_cos,
-                sin: self.scratch.rope_sin,
+                cos: self.rope.0,
+                sin: self.rope.1,
             }),
             Op::Attention { q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid } => {
                 return self.attention(q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid);
@@ -1046,14 +1196,14 @@ impl Lowering<'_> {
         let lt = self.backend.lt.0;
         match Matmul::new(lt, spec) {
             Ok(m) => {
-                self.steps.push(Step::Gemm(self.matmuls.len()));
+                self.steps.push(Step::Gemm { matmul: self.matmuls.len(), workspace: self.scratch().workspace });
                 self.matmuls.push(m);
             }
             Err(why) if spec.batch > 1 => {
                 log::warn!("{why}; issuing the {} batch entries one by one", spec.batch);
                 for i in 0..spec.batch {
                     let m = Matmul::new(lt, spec.entry(i)).map_err(|e| self.error(e))?;
-                    self.steps.push(Step::Gemm(self.matmuls.len()));
+                    self.steps.push(Step::Gemm { matmul: self.matmuls.len(), workspace: self.scratch().workspace });
                     self.matmuls.push(m);
                 }
             }
@@ -1072,7 +1222,7 @@ impl Lowering<'_> {
         }
         let mut a_mat = self.mat(a)?;
         if a_mat.dtype == Dtype::F32 {
-            let shadow = Mat { ptr: self.scratch.shadow, rows: a.rows, cols: a.cols, stride: a.cols, dtype: Dtype::Bf16 };
+            let shadow = Mat { ptr: self.scratch().shadow, rows: a.rows, cols: a.cols, stride: a.cols, dtype: Dtype::Bf16 };
             self.steps.push(Step::Copy { dst: shadow, src: a_mat });
             a_mat = shadow;
         }
@@ -1134,8 +1284,8 @@ impl Lowering<'_> {
                     key_valid: key_valid.map(|b| self.ptr(b)),
                     query_valid: query_valid.map(|b| self.ptr(b)),
                     split,
-                    partial_o: self.scratch.attention_o,
-                    partial_ml: self.scratch.attention_ml,
+                    partial_o: self.scratch().attention_o,
+                    partial_ml: self.scratch().attention_ml,
                 }));
                 return Ok(());
             }
@@ -1153,7 +1303,7 @@ impl Lowering<'_> {
                 self.mat(v.rows(g * keys, keys))?,
                 self.mat(out.rows(g * rows, rows))?,
             );
-            let (scores, probs) = (self.scratch.scores, self.scratch.probs);
+            let (scores, probs) = (self.scratch().scores, self.scratch().probs);
             self.matmul(MatmulSpec {
                 a: Operand {
                     ptr: kg.ptr,

@@ -92,8 +92,15 @@ impl Drop for Context {
 pub struct Stream(pub sys::CUstream);
 
 impl Stream {
-    pub fn new() -> Result<Stream> {
-        Ok(Stream(check("cuStreamCreate", result::stream::create(result::stream::StreamKind::NonBlocking))?))
+    /// A stream of the given priority (numerically lower runs first; see [`Stream::priorities`]).
+    pub fn with_priority(priority: i32) -> Result<Stream> {
+        let kind = result::stream::StreamKind::NonBlocking;
+        Ok(Stream(check("cuStreamCreateWithPriority", result::stream::create_with_priority(kind, priority))?))
+    }
+
+    /// The context's (lowest, highest) stream priorities, e.g. (0, -5).
+    pub fn priorities() -> Result<(i32, i32)> {
+        check("cuCtxGetStreamPriorityRange", result::stream::get_priority_range())
     }
 }
 
@@ -124,7 +131,9 @@ impl Graph {
             let graph = result::stream::end_capture(stream);
             issued?;
             let mut g = Graph { graph: check("cuStreamEndCapture", graph)?, exec: std::ptr::null_mut() };
-            g.exec = check("cuGraphInstantiate", result::graph::instantiate(g.graph, sys::CUgraphInstantiate_flags(0)))?;
+            // Kernel nodes keep the priority of the stream they were captured from.
+            let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+            g.exec = check("cuGraphInstantiate", result::graph::instantiate(g.graph, flags))?;
             check("cuGraphUpload", result::graph::upload(g.exec, stream))?;
             Ok(g)
         }
@@ -149,7 +158,7 @@ impl Drop for Graph {
     }
 }
 
-/// A timing event.
+/// An event: a timing mark, or (under capture) an edge from one stream's work to another's.
 pub struct Event(sys::CUevent);
 
 impl Event {
@@ -157,9 +166,20 @@ impl Event {
         Ok(Event(check("cuEventCreate", result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT))?))
     }
 
+    /// An event only for ordering streams (no timestamps: cheaper to record).
+    pub fn ordering() -> Result<Event> {
+        Ok(Event(check("cuEventCreate", result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))?))
+    }
+
     pub fn record(&self, stream: sys::CUstream) -> Result<()> {
         // SAFETY: event and stream are live.
         check("cuEventRecord", unsafe { result::event::record(self.0, stream) })
+    }
+
+    /// Work enqueued on `stream` after this call waits for the work before the last `record`.
+    pub fn wait(&self, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: event and stream are live.
+        check("cuStreamWaitEvent", unsafe { result::stream::wait_event(stream, self.0, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) })
     }
 
     /// Milliseconds from `start` to `self` (both recorded; waits for `self`).

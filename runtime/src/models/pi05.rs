@@ -729,7 +729,14 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
     plan.notes.push("last prefix layer computes only K/V (its queries, attention and MLP would be unused)".into());
 
     for s in 0..steps {
-        plan.phase(format!("denoise step {s}"));
+        // The first step reads the prefix only through each layer's K/V cache, so it may run
+        // beside the prefix (a GPU backend gives it a second stream), each layer as soon as that
+        // layer's cache rows are filled. The later steps each need the one before.
+        if s == 0 {
+            plan.concurrent_phase(format!("denoise step {s}"));
+        } else {
+            plan.phase(format!("denoise step {s}"));
+        }
         // lerobot: time = 1 + step·dt in f64, then cast to f32.
         let t = (1.0 + s as f64 * (-1.0 / steps as f64)) as f32;
         let cond = time_condition(t, ew, (&time_in.0, &time_in.1), (&time_out.0, &time_out.1));
