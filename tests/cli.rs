@@ -81,6 +81,49 @@ fn synth_inspect_run_and_bench() {
 }
 
 #[test]
+fn prompt_capacity_sizes_the_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("tiny");
+    let (ok, _, stderr) = flashrt(&["synth", "--model", "pi05", "--size", "tiny", "--out", path(&ckpt), "--seed", "3"]);
+    assert!(ok, "{stderr}");
+    // The first denoise step is the plan's concurrent phase (a second stream on a GPU).
+    let (ok, stdout, stderr) = flashrt(&["inspect", "--checkpoint", path(&ckpt), "--prompt-capacity", "16"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("phase denoise step 0 (concurrent)"), "{stdout}");
+    let prefix_rows = |text: &str| -> usize {
+        let line = text.lines().find(|l| l.contains(" prefix_x ")).expect("a prefix_x buffer");
+        line.split_whitespace().last().unwrap().parse::<usize>().unwrap()
+    };
+    let (_, full, _) = flashrt(&["inspect", "--checkpoint", path(&ckpt)]);
+    // prefix_x is [image tokens + prompt slots, width]: 16 slots instead of the checkpoint's 200.
+    let width = (prefix_rows(&full) - prefix_rows(&stdout)) / (200 - 16);
+    assert!(width > 0 && prefix_rows(&full) - prefix_rows(&stdout) == (200 - 16) * width, "{full}");
+
+    let json = dir.path().join("bench.json");
+    let bench = |tokens: &str| {
+        flashrt(&[
+            "bench",
+            "--checkpoint",
+            path(&ckpt),
+            "--prompt-capacity",
+            "16",
+            "--prompt-tokens",
+            tokens,
+            "--iterations",
+            "2",
+            "--out",
+            path(&json),
+        ])
+    };
+    let (ok, _, stderr) = bench("12");
+    assert!(ok, "{stderr}");
+    let results: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(results[0]["prompt_capacity"], 16);
+    let (ok, _, stderr) = bench("17");
+    assert!(!ok && stderr.contains("invalid prompt_tokens: 17 tokens given; 1 to 16 allowed"), "{stderr}");
+}
+
+#[test]
 fn bad_checkpoint_is_a_clear_error_not_a_panic() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("model.safetensors"), b"garbage").unwrap();

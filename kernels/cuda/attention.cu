@@ -160,10 +160,7 @@ extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s,
 // work on the current one. Scores in the log2 domain (exp2). Row r is query r / heads, head r % heads.
 #define ATT_D 256
 #ifndef ATT_KEYS
-#define ATT_KEYS 32                  // keys per chunk (launch.rs mirrors it)
-#endif
-#ifndef ATT_S_CHAINS
-#define ATT_S_CHAINS 2               // independent accumulators per score tile (1: one chain of 16 mma)
+#define ATT_KEYS 32                  // keys per chunk, a multiple of 16 (launch.rs mirrors it)
 #endif
 #ifndef ATT_ROWS
 #define ATT_ROWS 64                  // rows per block (16 per warp; tools/device/attention_bench.cu tries others)
@@ -273,13 +270,10 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
         const unsigned short* v_tile = v_tiles + buf * (ATT_V_BYTES / 2);
         const float* valid = valid_tiles + buf * ATT_KEYS;
 
-        // S = Q Kᵀ over the chunk's keys (ATT_KEYS / 8 mma column tiles). Within each 32-wide block of the head
-        // dimension, lane group q4 holds d = 8·q4 … 8·q4 + 7 for both operands (one 16-byte load);
-        // the same permutation on both sides leaves the dot products unchanged.
-        // The low and high halves of each 32-wide block accumulate apart (two chains of 8 mma
-        // per tile instead of one of 16: at one warp per scheduler the chain latency is the limit).
+        // S = Q Kᵀ over the chunk's keys (ATT_KEYS / 8 mma column tiles). Within each 32-wide block
+        // of the head dimension, lane group q4 holds d = 8·q4 … 8·q4 + 7 for both operands (one
+        // 16-byte load); the same permutation on both sides leaves the dot products unchanged.
         float s[ATT_KEYS / 8][4] = {};
-        float s_hi[ATT_S_CHAINS == 2 ? ATT_KEYS / 8 : 1][4] = {};
 #pragma unroll
         for (int b = 0; b < ATT_D / 32; ++b) {
             const uint4 qa = *(const uint4*)(q_rows[0] + b * 32 + q4 * 8);
@@ -289,14 +283,7 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
             for (int j = 0; j < ATT_KEYS / 8; ++j) {
                 const uint4 kf = *(const uint4*)&k_tile[(j * 8 + g) * ATT_QK_STRIDE + b * 32 + q4 * 8];
                 att_mma(s[j], lo, kf.x, kf.y);
-                att_mma(ATT_S_CHAINS == 2 ? s_hi[j] : s[j], hi, kf.z, kf.w);
-            }
-        }
-        if (ATT_S_CHAINS == 2) {
-#pragma unroll
-            for (int j = 0; j < ATT_KEYS / 8; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[j][e] += s_hi[j][e];
+                att_mma(s[j], hi, kf.z, kf.w);
             }
         }
 

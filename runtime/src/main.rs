@@ -118,6 +118,10 @@ struct OpenArgs {
     /// Camera slots (default: the cameras of config.json).
     #[arg(long)]
     cameras: Option<usize>,
+    /// Prompt token slots (default: config.json `tokenizer_max_length`). The prefix computes every
+    /// slot, so fewer slots make each step cheaper; a longer prompt is truncated, as in lerobot.
+    #[arg(long)]
+    prompt_capacity: Option<usize>,
     #[arg(long)]
     denoise_steps: Option<usize>,
     /// The robot's state width when the checkpoint does not state it.
@@ -155,6 +159,7 @@ impl OpenArgs {
         };
         c.tokenizer = self.tokenizer.clone();
         c.cameras = self.cameras;
+        c.prompt_len = self.prompt_capacity;
         c.denoise_steps = self.denoise_steps;
         c.state_dim = self.state_dim;
         c.progress = true;

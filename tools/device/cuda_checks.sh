@@ -10,6 +10,7 @@
 #   bash tools/device/cuda_checks.sh profile      # per-phase and per-kernel profile, both paths
 #   bash tools/device/cuda_checks.sh ab           # pi05-2v without the fused attention
 #   bash tools/device/cuda_checks.sh overlap      # pi05-2v on one stream (no concurrent phase)
+#   bash tools/device/cuda_checks.sh slots        # pi05-2v's 64-token prompt in 96 and 64 prompt slots
 #   bash tools/device/cuda_checks.sh attention    # attention_mq256 variants alone (needs nvcc)
 # (bench/views/full synthesize the full-size checkpoint first if /tmp/flashrt_full lacks it.)
 #
@@ -47,8 +48,10 @@ synth_full() {
 }
 # The plan is sized for the camera slots it is opened with (missing cameras are masked, not
 # skipped), so an N-view workload opens N slots: --cameras N.
-bench() { # views workload
-    XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" bench --checkpoint "$FULL" --backend cuda --cameras "$1" --iterations 1000 --views "$1" --workload "$2" --out "$OUT/bench.json"
+bench() { # views workload [more bench options]
+    local views=$1 workload=$2
+    shift 2
+    XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" bench --checkpoint "$FULL" --backend cuda --cameras "$views" --iterations 1000 --views "$views" --workload "$workload" --out "$OUT/bench.json" "$@"
 }
 
 for phase in "$@"; do
@@ -88,6 +91,12 @@ for phase in "$@"; do
         synth_full
         FRT_NO_OVERLAP=1 bench 2 pi05-2v-one-stream
         ;;
+    slots)
+        echo "== pi05-2v with fewer prompt slots (--prompt-capacity): the prefix computes every slot"
+        synth_full
+        bench 2 pi05-2v-96-slots --prompt-capacity 96
+        bench 2 pi05-2v-64-slots --prompt-capacity 64
+        ;;
     attention)
         echo "== attention_mq256 variants alone (tools/device/attention_bench.cu)"
         run env VARIANTS="${VARIANTS:--DATT_S_CHAINS=1;-DATT_S_CHAINS=2;-DATT_S_CHAINS=2 -DATT_KEYS=64}" bash tools/device/attention_bench.sh
@@ -101,7 +110,7 @@ for phase in "$@"; do
         FRT_FULL_PARITY_DIR="$FULL" run "$BIN/cuda_pi05" --test-threads=1 --nocapture full_size
         ;;
     *)
-        echo "unknown phase $phase (tests | bench | views | full | ab | overlap | attention | profile)"
+        echo "unknown phase $phase (tests | bench | views | full | ab | overlap | slots | attention | profile)"
         status=2
         ;;
     esac
