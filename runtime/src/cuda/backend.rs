@@ -504,8 +504,7 @@ impl CudaBackend {
         for ((b, &elem), off) in plan.buffers.iter().zip(&elems).zip(&offsets) {
             let pinned = match b.host {
                 HostIo::Internal => None,
-                // Frames are written by the host and read only by the preprocessing kernel.
-                _ => Some(Pinned::new(b.len * elem.size(), &b.name, b.host == HostIo::Input && elem == Elem::U8)?),
+                _ => Some(Pinned::new(b.len * elem.size(), &b.name)?),
             };
             let ptr = match (off, &pinned) {
                 (Some(off), _) => at(*off),
@@ -879,7 +878,7 @@ fn upload_weights(plan: &Plan, data: Vec<WeightData>, ckpt: &Checkpoint, elems: 
     let mut layout = Layout::default();
     let offsets: Vec<usize> = uses.iter().map(|&(w, e)| layout.take(numel(w) * e.size())).collect();
     let memory = DeviceMemory::new(layout.bytes, "weights")?;
-    let mut stages = [Pinned::new(STAGE_BYTES, "weight staging", true)?, Pinned::new(STAGE_BYTES, "weight staging", true)?];
+    let mut stages = [Pinned::new(STAGE_BYTES, "weight staging")?, Pinned::new(STAGE_BYTES, "weight staging")?];
     let events = [(); 2].map(|_| result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING));
     let events = [check("cuEventCreate", events[0])?, check("cuEventCreate", events[1])?];
     let mut used = [false; 2];

@@ -265,13 +265,9 @@ pub struct Pinned {
 }
 
 impl Pinned {
-    /// `write_only`: the host only ever writes it (camera frames, weight staging). Such memory is
-    /// write-combined: the host's writes bypass its caches, so the device reads it over the bus
-    /// without snooping them (a kernel reading just-written cached frames waits on every line).
-    pub fn new(bytes: usize, what: &str, write_only: bool) -> Result<Pinned> {
-        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | if write_only { sys::CU_MEMHOSTALLOC_WRITECOMBINED } else { 0 };
+    pub fn new(bytes: usize, what: &str) -> Result<Pinned> {
         // SAFETY: plain pinned allocation; it is zeroed below before any use.
-        let host = unsafe { result::malloc_host(bytes.max(1), flags) }
+        let host = unsafe { result::malloc_host(bytes.max(1), sys::CU_MEMHOSTALLOC_DEVICEMAP) }
             .map_err(|e| Error::Backend(format!("allocating {bytes} bytes of pinned host memory for {what}: {e:?}")))?
             as *mut u8;
         // SAFETY: `host` points to `bytes` writable bytes.
