@@ -45,19 +45,20 @@ impl SyntheticInputs {
     }
 }
 
-/// Warm-up, then `iterations` timed steps.
-pub fn run(policy: &mut Policy, inputs: &SyntheticInputs, warmup: usize, iterations: usize) -> Result<Summary> {
+/// Warm-up, then `iterations` timed steps: the whole step, and the backend's run inside it.
+pub fn run(policy: &mut Policy, inputs: &SyntheticInputs, warmup: usize, iterations: usize) -> Result<(Summary, Summary)> {
     let mut actions = vec![0.0; policy.actions_len()];
     for i in 0..warmup {
         inputs.step(policy, i, &mut actions)?;
     }
-    let mut samples = Vec::with_capacity(iterations);
+    let (mut steps, mut runs) = (Vec::with_capacity(iterations), Vec::with_capacity(iterations));
     for i in 0..iterations {
         let t = Instant::now();
-        inputs.step(policy, i, &mut actions)?;
-        samples.push(t.elapsed().as_secs_f64());
+        let info = inputs.step(policy, i, &mut actions)?;
+        steps.push(t.elapsed().as_secs_f64());
+        runs.push(info.backend_time.as_secs_f64());
     }
-    Ok(summarize(&samples))
+    Ok((summarize(&steps), summarize(&runs)))
 }
 
 /// Seconds since the epoch as an ISO-8601 UTC timestamp (civil-from-days, H. Hinnant).

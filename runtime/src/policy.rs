@@ -111,6 +111,9 @@ pub struct Observation<'a> {
 #[derive(Clone, Copy, Debug)]
 pub struct StepInfo {
     pub latency: Duration,
+    /// The part of `latency` spent in the backend's run (on a GPU: graph launch to completion);
+    /// the rest is host work (validation, prompt, staging frames and noise, copying actions).
+    pub backend_time: Duration,
     /// Valid prompt tokens this step (state bins included).
     pub prompt_tokens: usize,
     pub deadline_missed: bool,
@@ -412,13 +415,15 @@ impl Policy {
             None => noise.iter_mut().for_each(|v| *v = StandardNormal.sample(&mut self.rng)),
         }
 
+        let run_started = Instant::now();
         self.backend.run()?;
+        let backend_time = run_started.elapsed();
         actions.copy_from_slice(self.backend.output_f32(self.io.actions));
 
         let latency = started.elapsed();
         let deadline_missed = self.deadline.is_some_and(|d| latency > d);
         self.stats.record(latency, deadline_missed);
-        Ok(StepInfo { latency, prompt_tokens, deadline_missed })
+        Ok(StepInfo { latency, backend_time, prompt_tokens, deadline_missed })
     }
 
     fn validate(&self, obs: &Observation, actions: &[f32]) -> Result<()> {
