@@ -363,6 +363,9 @@ pub struct CudaBackend {
     device_name: String,
     /// The whole step; `None` only while opening.
     graph: Option<Graph>,
+    /// Steps run so far, and where FRT_PROFILE asks the profile to go (taken when written).
+    runs: usize,
+    profile: Option<PathBuf>,
     /// The main stream (highest priority: it carries the critical path), and the second one a
     /// concurrent phase runs on (lowest priority), forked from and joined back into the main one.
     stream: Stream,
@@ -393,6 +396,9 @@ pub struct CudaBackend {
 // host memory, the graph). Driver objects may be used from any thread with the context current,
 // which every entry point that calls the driver ensures; host views go through `&mut self`.
 unsafe impl Send for CudaBackend {}
+
+/// FRT_PROFILE profiles after this many steps (a diagnostic mode: it allocates and takes seconds).
+const PROFILE_AFTER_RUNS: usize = 5;
 
 /// Bytes of one pinned staging buffer for the weight upload (two alternate).
 const STAGE_BYTES: usize = 64 << 20;
@@ -530,6 +536,8 @@ impl CudaBackend {
             join: Event::ordering()?,
             lt,
             graph: None,
+            runs: 0,
+            profile: None,
             steps: Vec::new(),
             phase_steps: Vec::new(),
             matmuls: Vec::new(),
@@ -587,9 +595,7 @@ impl CudaBackend {
             backend.weights.bytes as f64 / (1 << 20) as f64,
             backend.arena.bytes as f64 / (1 << 20) as f64
         );
-        if let Some(path) = std::env::var_os("FRT_PROFILE") {
-            backend.profile_phases(Path::new(&path))?;
-        }
+        backend.profile = std::env::var_os("FRT_PROFILE").map(PathBuf::from);
         Ok(backend)
     }
 
@@ -644,7 +650,9 @@ impl CudaBackend {
     }
 
     /// Times every phase of the plan as its own graph (and its GEMMs alone), writes the table to
-    /// `path` as JSON and logs it: the per-phase breakdown behind the benchmark (FRT_PROFILE).
+    /// `path` as JSON and logs it: the per-phase breakdown behind the benchmark (FRT_PROFILE, run
+    /// after [`PROFILE_AFTER_RUNS`] steps so that real frames, prompt and state are in place:
+    /// absent cameras and masked rows make several kernels cheaper).
     fn profile_phases(&self, path: &Path) -> Result<()> {
         const REPS: usize = 20;
         // These steps alone, captured as a graph and replayed.
@@ -1414,7 +1422,14 @@ impl Backend for CudaBackend {
         // Host inputs are not touched while the graph runs: `&mut self` until the sync returns.
         let graph = self.graph.as_ref().expect("captured at open");
         graph.launch(self.stream.0)?;
-        self.synchronize("step")
+        self.synchronize("step")?;
+        self.runs += 1;
+        if self.runs == PROFILE_AFTER_RUNS {
+            if let Some(path) = self.profile.take() {
+                self.profile_phases(&path)?;
+            }
+        }
+        Ok(())
     }
 
     fn output_f32(&self, id: BufId) -> &[f32] {
