@@ -119,11 +119,7 @@ FOR_TYPE(ROPE_QKV, rope_qkv)
 // for the PV product); masked keys get 0 and a row with no valid key is all 0, as the CPU
 // reference. Rows are [heads][queries]; a query with query_valid[q] == 0 gets an all-0 row (its
 // output is never read; zeros keep it equal to the reference). One warp per row of `keys` scores;
-// `s` and `p` are dense [rows, keys]. Either mask may be null. A row of at most
-// 32 · SOFTMAX_HELD keys stays in registers (lane l holds keys l, l + 32, ...), so its scores are
-// read once; longer rows are read three times. Both give the same values: the same
-// exponentials, summed in the same order.
-#define SOFTMAX_HELD 32
+// `s` and `p` are dense [rows, keys]. Either mask may be null.
 extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s, int rows, int queries, int keys,
                                                         const float* key_valid, const float* query_valid) {
     const int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
@@ -134,32 +130,7 @@ extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s,
         for (int j = lane; j < keys; j += 32) pr[j] = from_float<bf16>(0.0f);
         return;
     }
-    const float neg_inf = __int_as_float(0xff800000);
-    if (keys <= 32 * SOFTMAX_HELD) {
-        float v[SOFTMAX_HELD];
-        float m = neg_inf;
-#pragma unroll
-        for (int i = 0; i < SOFTMAX_HELD; ++i) {
-            const int j = lane + 32 * i;
-            v[i] = j < keys && (!key_valid || key_valid[j] != 0.0f) ? sr[j] : neg_inf;
-            m = fmaxf(m, v[i]);
-        }
-        m = warp_max(m);
-        float sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < SOFTMAX_HELD; ++i) {
-            v[i] = v[i] == neg_inf ? 0.0f : expf(v[i] - m);
-            sum += v[i];
-        }
-        sum = warp_sum(sum);
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-#pragma unroll
-        for (int i = 0; i < SOFTMAX_HELD; ++i) {
-            if (lane + 32 * i < keys) pr[lane + 32 * i] = from_float<bf16>(v[i] * inv);
-        }
-        return;
-    }
-    float m = neg_inf;
+    float m = __int_as_float(0xff800000);  // -inf
     for (int j = lane; j < keys; j += 32) {
         if (!key_valid || key_valid[j] != 0.0f) m = fmaxf(m, sr[j]);
     }
@@ -183,9 +154,7 @@ extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s,
 // (4 warps × 16) and a contiguous range of keys (a "split"), walks it in chunks of 32 keys with an
 // online softmax (flash attention), and either writes the normalised output (one split) or its
 // unnormalised partial output with the running max and sum, which `attention_mq256_combine_*`
-// merges (several splits: 50 tokens × 8 heads are too few rows to fill the GPU otherwise). On
-// sm_90+ (`merge_in_cluster`) the splits of a row tile form one thread block cluster and merge
-// through distributed shared memory instead, in the same launch.
+// merges (several splits: 50 tokens × 8 heads are too few rows to fill the GPU otherwise).
 // The Q rows and double-buffered K/V chunks come into shared memory with cp.async, so the next
 // chunk's loads are in flight while the tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate)
 // work on the current one. Scores in the log2 domain (exp2). Row r is query r / heads, head r % heads.
@@ -204,8 +173,6 @@ extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s,
 #define ATT_K_BYTES (ATT_KEYS * ATT_QK_STRIDE * 2)
 #define ATT_V_BYTES (ATT_KEYS * ATT_V_STRIDE * 2)
 #define ATT_SHARED_BYTES (ATT_Q_BYTES + 2 * ATT_K_BYTES + 2 * ATT_V_BYTES + 2 * ATT_KEYS * 4)
-static_assert((ATT_ROWS * ATT_D + 2 * ATT_ROWS) * 4 <= 2 * (ATT_K_BYTES + ATT_V_BYTES),
-              "a block's partial tile fits in its K/V tiles for the merge within a cluster");
 
 __device__ __forceinline__ void att_mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
     asm volatile(
@@ -244,27 +211,6 @@ __device__ __forceinline__ float quad_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-#if __CUDA_ARCH__ >= 900
-// Thread block clusters (sm_90+): this block's rank, a barrier of the whole cluster (release /
-// acquire: shared-memory writes before it are visible to the other blocks after it), and a load
-// of 8 bytes at the same shared-memory offset in block `rank` of the cluster.
-__device__ __forceinline__ int cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return (int)r;
-}
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ float2 peer_load2(const float* local, int rank) {
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"((unsigned)__cvta_generic_to_shared(local)), "r"(rank));
-    float2 v;
-    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(remote) : "memory");
-    return v;
-}
-#endif
-
 // Queues the copies of keys [c0, c0 + 32) ∩ [.., key_end) of K and V, and their validity.
 __device__ __forceinline__ void att_load_chunk(unsigned short* k_tile, unsigned short* v_tile, float* valid_tile,
                                                const bf16* k, int k_stride, const bf16* v, int v_stride,
@@ -285,7 +231,7 @@ template <typename Tout>
 __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride,
                                 const bf16* v, int v_stride, const float* key_valid, const float* query_valid,
                                 int queries, int heads, int keys, int keys_per_split, float scale_log2,
-                                float* partial_o, float* partial_ml, int merge_in_cluster) {
+                                float* partial_o, float* partial_ml) {
     extern __shared__ __align__(16) unsigned char att_shared[];
     unsigned short* q_tile = (unsigned short*)att_shared;
     unsigned short* k_tiles = (unsigned short*)(att_shared + ATT_Q_BYTES);
@@ -400,50 +346,6 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
     // Row sums: each lane of a quad summed its own keys.
 #pragma unroll
     for (int i = 0; i < 2; ++i) l[i] = quad_sum(l[i]);
-#if __CUDA_ARCH__ >= 900
-    if (merge_in_cluster) {
-        // The splits of this row tile are the blocks of one cluster (cluster rank = split): each
-        // leaves its partial tile in its own shared memory (the K/V tiles are free after the
-        // loop), then block s merges rows s, s + splits, ... of the tile from all of them through
-        // distributed shared memory, as attention_mq256_combine would (same order, same values).
-        float* tile_o = (float*)k_tiles;             // [ATT_ROWS][ATT_D]
-        float* tile_ml = tile_o + ATT_ROWS * ATT_D;  // [ATT_ROWS] (max, sum)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int r = warp * 16 + g + 8 * i;
-#pragma unroll
-            for (int j = 0; j < ATT_D / 8; ++j) *(float2*)&tile_o[r * ATT_D + j * 8 + 2 * q4] = make_float2(o[j][2 * i], o[j][2 * i + 1]);
-            if (q4 == 0) *(float2*)&tile_ml[r * 2] = make_float2(m[i], l[i]);
-        }
-        cluster_sync();
-        const int splits = gridDim.y;
-        for (int r = cluster_rank(); r < ATT_ROWS; r += splits) {
-            const int row = blockIdx.x * ATT_ROWS + r;
-            if (row >= rows) break;
-            const int t = row / heads, h = row % heads;
-            float mx = neg_inf;
-            for (int sp = 0; sp < splits; ++sp) mx = fmaxf(mx, peer_load2(&tile_ml[r * 2], sp).x);
-            const bool live = mx != neg_inf && !(query_valid && query_valid[t] == 0.0f);
-            for (int d = 2 * threadIdx.x; d < ATT_D; d += 2 * blockDim.x) {
-                float2 num = make_float2(0.0f, 0.0f);
-                float den = 0.0f;
-                for (int sp = 0; live && sp < splits; ++sp) {
-                    const float2 ml = peer_load2(&tile_ml[r * 2], sp), po = peer_load2(&tile_o[r * ATT_D + d], sp);
-                    const float w = exp2f(ml.x - mx);
-                    den += w * ml.y;
-                    num.x += w * po.x;
-                    num.y += w * po.y;
-                }
-                const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-                Tout* dst = out + (long)t * out_stride + h * ATT_D + d;
-                dst[0] = from_float<Tout>(num.x * inv);
-                dst[1] = from_float<Tout>(num.y * inv);
-            }
-        }
-        cluster_sync();  // every block's tile stays until the whole cluster has read it
-        return;
-    }
-#endif
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int row = blockIdx.x * ATT_ROWS + warp * 16 + g + 8 * i;
@@ -473,10 +375,9 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
     extern "C" __global__ void __launch_bounds__(128)                                                         \
         NAME(TOUT* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride, const bf16* v, \
              int v_stride, const float* key_valid, const float* query_valid, int queries, int heads, int keys, \
-             int keys_per_split, float scale_log2, float* partial_o, float* partial_ml, int merge_in_cluster) { \
+             int keys_per_split, float scale_log2, float* partial_o, float* partial_ml) {                    \
         attention_mq256<TOUT>(out, out_stride, q, q_stride, k, k_stride, v, v_stride, key_valid, query_valid, \
-                              queries, heads, keys, keys_per_split, scale_log2, partial_o, partial_ml,        \
-                              merge_in_cluster);                                                             \
+                              queries, heads, keys, keys_per_split, scale_log2, partial_o, partial_ml);       \
     }
 FOR_TYPE(ATTENTION_MQ256, attention_mq256)
 

@@ -81,12 +81,9 @@ pub struct AttentionArgs {
     /// How the keys are split over blocks, from [`Kernels::attention_split`].
     pub split: AttentionSplit,
     /// f32 scratch of `split.partial_lens`: partial outputs, and two values (running max, sum)
-    /// per split and row (unused when the splits merge within a cluster).
+    /// per split and row.
     pub partial_o: DevPtr,
     pub partial_ml: DevPtr,
-    /// Merge the splits of each row tile within a thread block cluster, in the kernel, instead
-    /// of in a second launch; see [`Kernels::cluster_merge_fits`].
-    pub merge_in_cluster: bool,
 }
 
 /// How [`Kernels::attention_mq256`] splits the keys of one attention over blocks.
@@ -195,8 +192,6 @@ pub struct Kernels {
     /// Whether the device grants the fused attention kernels their shared memory (not
     /// sm_86/sm_89, 99 KB).
     fused_attention: bool,
-    /// Whether `attention_mq256` may run as clusters of up to 16 blocks (sm_90+).
-    clusters: bool,
 }
 
 // SAFETY: module and function handles are plain driver handles, valid in any thread that makes
@@ -206,7 +201,7 @@ unsafe impl Send for Kernels {}
 impl Kernels {
     /// Loads the cubins into the current context and resolves every kernel.
     pub fn load(cubins: &[Cubin]) -> Result<Kernels> {
-        let mut kernels = Kernels { modules: Vec::with_capacity(cubins.len()), functions: Vec::new(), fused_attention: true, clusters: false };
+        let mut kernels = Kernels { modules: Vec::with_capacity(cubins.len()), functions: Vec::new(), fused_attention: true };
         for cubin in cubins {
             // SAFETY: `image` is a complete cubin produced by NVRTC (or read back from the cache);
             // the driver copies it during the call.
@@ -231,17 +226,6 @@ impl Kernels {
                 // SAFETY: `f` is a resolved function of a loaded module; the value is a byte count.
                 let granted = unsafe { sys::cuFuncSetAttribute(f, attr, bytes as i32) }.result();
                 kernels.fused_attention &= granted.is_ok();
-            }
-        }
-        // Clusters past the portable 8 blocks (the denoise attention has 12 splits): sm_90+.
-        let sm = cubins.first().and_then(|c| c.arch.strip_prefix("sm_")).and_then(|a| a.parse::<u32>().ok()).unwrap_or(0);
-        if sm >= 90 {
-            kernels.clusters = true;
-            for dtype in ["bf16", "f32"] {
-                let f = kernels.function(&format!("attention_mq256_{dtype}"))?;
-                let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED;
-                // SAFETY: as above; the value is a flag.
-                kernels.clusters &= unsafe { sys::cuFuncSetAttribute(f, attr, 1) }.result().is_ok();
             }
         }
         Ok(kernels)
@@ -279,73 +263,6 @@ impl Kernels {
         // SAFETY: `params` points into `args`, alive until the driver has copied them.
         unsafe { result::launch_kernel(f, grid, (block, 1, 1), shared, stream, &mut params) }
             .map_err(|e| KernelError::cuda(format!("launching {name}"), e))
-    }
-
-    /// [`Kernels::launch_with_shared`] with the blocks of each grid column in clusters of
-    /// `cluster` (along y; up to 16, the non-portable limit allowed at load).
-    ///
-    /// # Safety
-    /// As [`Kernels::launch`].
-    #[allow(clippy::too_many_arguments)] // launch_with_shared's, and the cluster size
-    unsafe fn launch_clusters<const N: usize>(
-        &self,
-        name: &str,
-        grid: (u32, u32, u32),
-        cluster: u32,
-        block: u32,
-        shared: u32,
-        stream: CUstream,
-        args: [Arg; N],
-    ) -> Result<()> {
-        let f = self.function(name)?;
-        let mut params: [*mut c_void; N] = std::array::from_fn(|i| args[i].as_param());
-        let mut attribute = Self::cluster_attribute(cluster);
-        let config = Self::launch_config(grid, block, shared, stream, &mut attribute);
-        // SAFETY: `config`, its attribute and `params` (pointing into `args`) outlive the call.
-        unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
-            .result()
-            .map_err(|e| KernelError::cuda(format!("launching {name} in clusters of {cluster}"), e))
-    }
-
-    fn cluster_attribute(cluster: u32) -> sys::CUlaunchAttribute {
-        // SAFETY: an all-zero attribute is a valid value of the plain C union; the fields that
-        // matter are set below.
-        let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        attribute.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: 1, y: cluster, z: 1 };
-        attribute
-    }
-
-    fn launch_config(grid: (u32, u32, u32), block: u32, shared: u32, stream: CUstream, attribute: &mut sys::CUlaunchAttribute) -> sys::CUlaunchConfig {
-        sys::CUlaunchConfig {
-            gridDimX: grid.0,
-            gridDimY: grid.1,
-            gridDimZ: grid.2,
-            blockDimX: block,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: shared,
-            hStream: stream,
-            attrs: attribute,
-            numAttrs: 1,
-        }
-    }
-
-    /// Whether [`Kernels::attention_mq256`] can merge `split`'s splits within clusters on this
-    /// device (sm_90+, at most 16 splits, and a cluster of that many of its blocks fits on the
-    /// GPU; each cluster is scheduled whole, so one that fits never waits for another).
-    pub fn cluster_merge_fits(&self, rows: usize, split: &AttentionSplit) -> bool {
-        if !self.clusters || !self.fused_attention || !(2..=16).contains(&split.splits) {
-            return false;
-        }
-        let Ok(f) = self.function("attention_mq256_bf16") else { return false };
-        let grid = (rows.div_ceil(ATTENTION_ROWS) as u32, split.splits as u32, 1);
-        let mut attribute = Self::cluster_attribute(split.splits as u32);
-        let config = Self::launch_config(grid, 128, ATTENTION_SHARED_BYTES, std::ptr::null_mut(), &mut attribute);
-        let mut clusters = 0;
-        // SAFETY: `f` is a resolved function; `config` and its attribute outlive the call.
-        let queried = unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f, &config) }.result();
-        queried.is_ok() && clusters >= 1
     }
 
     /// One thread per element: grid `(ceil(cols / 256), rows)`.
@@ -819,14 +736,9 @@ impl Kernels {
             Arg::F(std::f32::consts::LOG2_E / (d as f32).sqrt()),
             Arg::P(args.partial_o),
             Arg::P(args.partial_ml),
-            Arg::I(args.merge_in_cluster as i32),
         ];
         let grid = (rows.div_ceil(ATTENTION_ROWS) as u32, split.splits as u32, 1);
         let name = format!("{what}_{}", out.dtype.suffix());
-        if args.merge_in_cluster {
-            // SAFETY: matches `attention_mq256_*` as below, each row tile's splits one cluster.
-            return unsafe { self.launch_clusters(&name, grid, split.splits as u32, 128, ATTENTION_SHARED_BYTES, stream, args_list) };
-        }
         // SAFETY: matches `attention_mq256_*`: 128 threads, grid (row tiles, splits), the shared
         // memory granted at load.
         unsafe { self.launch_with_shared(&name, grid, 128, ATTENTION_SHARED_BYTES, stream, args_list)? };

@@ -60,9 +60,6 @@ for phase in "$@"; do
     tests)
         echo "== tests: every op vs CPU, tiny fixture vs CPU, no allocation"
         run "$BIN/cuda_pi05" --test-threads=1 --nocapture every_op tiny_fixture step_allocates
-        # The fused attention's other merge path (a second kernel), which sm_90+ does not take.
-        mkdir -p "$OUT/no-cluster-merge"
-        FRT_NO_CLUSTER_MERGE=1 FRT_RESULTS_DIR="$OUT/no-cluster-merge" run "$BIN/cuda_pi05" --test-threads=1 --nocapture every_op tiny_fixture
         ;;
     bench)
         echo "== bench pi05-2v: cold kernel cache, then warm"
@@ -85,10 +82,9 @@ for phase in "$@"; do
         XDG_CACHE_HOME=/tmp/kcache FRT_NO_FUSED_ATTENTION=1 FRT_PROFILE="$OUT/profile_unfused.json" run "$BIN/flashrt" bench --checkpoint "$FULL" --backend cuda --cameras 2 --iterations 20 --views 2 --workload profile
         ;;
     ab)
-        echo "== pi05-2v without the fused attention (QKᵀ and PV products around the softmax), and with its splits merged by a second kernel"
+        echo "== pi05-2v without the fused attention (QKᵀ and PV products around the softmax)"
         synth_full
         FRT_NO_FUSED_ATTENTION=1 bench 2 pi05-2v-unfused-attention
-        FRT_NO_CLUSTER_MERGE=1 bench 2 pi05-2v-merge-kernel
         ;;
     overlap)
         echo "== pi05-2v on one stream: the first denoise step not overlapped with the prefix"

@@ -560,7 +560,6 @@ impl CudaBackend {
             op_lanes: &op_lanes,
             lane: 0,
             fused_attention,
-            cluster_merge: !env_flag("FRT_NO_CLUSTER_MERGE"),
             multiprocessors,
             steps: Vec::new(),
             step_lanes: Vec::new(),
@@ -744,10 +743,7 @@ impl CudaBackend {
             Step::Embed { .. } => "embed".into(),
             Step::Positions { .. } => "positions".into(),
             Step::Rope(_) => "rope_qkv".into(),
-            Step::FusedAttention(a) => {
-                let merge = if a.merge_in_cluster { ", merged in clusters" } else { "" };
-                format!("attention_mq256 {}x{} over {} keys, {} splits{merge}", a.q.rows, a.heads, a.k.rows, a.split.splits)
-            }
+            Step::FusedAttention(a) => format!("attention_mq256 {}x{} over {} keys", a.q.rows, a.heads, a.k.rows),
             Step::VisionAttention { q, k, heads, groups, .. } => {
                 format!("attention_mh72 {}x{} over {} keys, {groups} groups", q.rows / groups, heads, k.rows / groups)
             }
@@ -1003,9 +999,6 @@ struct Lowering<'a> {
     /// Lower few-query multi-query attention to `Kernels::attention_mq256` (off with
     /// FRT_NO_FUSED_ATTENTION=1), sized for this many SMs.
     fused_attention: bool,
-    /// Let the fused attention merge its key splits within thread block clusters where the
-    /// device allows (off with FRT_NO_CLUSTER_MERGE=1: a second kernel merges them).
-    cluster_merge: bool,
     multiprocessors: usize,
     steps: Vec<Step>,
     /// For each step: its lane, and what the plan ops it came from read and write.
@@ -1301,7 +1294,6 @@ impl Lowering<'_> {
                     split,
                     partial_o: self.scratch().attention_o,
                     partial_ml: self.scratch().attention_ml,
-                    merge_in_cluster: self.cluster_merge && self.backend.kernels.cluster_merge_fits(q.rows * heads, &split),
                 }));
                 return Ok(());
             }
