@@ -366,8 +366,11 @@ fn attention_case(seed: u64) -> Case {
     // Every seed a different head size; 256 with at most 64 queries runs the fused kernel, 40 (not
     // a multiple of 16) the strided RoPE.
     let head_dim = [16, 40, 256][seed as usize % 3];
+    // Seed 0 has a prompt long enough that the prefix's softmax rows (over 1024 keys) no longer fit
+    // in registers (the kernel's three-pass path).
+    let prompt_slots = if seed == 0 { 1000..1100 } else { 1..60 };
     let (heads, cameras, tpi, prompt, suffix) =
-        (8, c.rng.random_range(1..4), c.rng.random_range(1..40), c.rng.random_range(1..60), c.rng.random_range(1..60));
+        (8, c.rng.random_range(1..4), c.rng.random_range(1..40), c.rng.random_range(prompt_slots), c.rng.random_range(1..60));
     c.name = format!("positions/rope/attention hd {head_dim} cams {cameras}x{tpi} prompt {prompt} suffix {suffix}");
     let info: Vec<i32> = (0..cameras).flat_map(|i| [(i != 1) as i32, 224, 224, 0]).collect();
     let frame_info = c.host_i32("frame_info", info);

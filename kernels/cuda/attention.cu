@@ -119,7 +119,11 @@ FOR_TYPE(ROPE_QKV, rope_qkv)
 // for the PV product); masked keys get 0 and a row with no valid key is all 0, as the CPU
 // reference. Rows are [heads][queries]; a query with query_valid[q] == 0 gets an all-0 row (its
 // output is never read; zeros keep it equal to the reference). One warp per row of `keys` scores;
-// `s` and `p` are dense [rows, keys]. Either mask may be null.
+// `s` and `p` are dense [rows, keys]. Either mask may be null. A row of at most
+// 32 · SOFTMAX_HELD keys stays in registers (lane l holds keys l, l + 32, ...), so its scores are
+// read once; longer rows are read three times. Both give the same values: the same
+// exponentials, summed in the same order.
+#define SOFTMAX_HELD 32
 extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s, int rows, int queries, int keys,
                                                         const float* key_valid, const float* query_valid) {
     const int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
@@ -130,7 +134,32 @@ extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s,
         for (int j = lane; j < keys; j += 32) pr[j] = from_float<bf16>(0.0f);
         return;
     }
-    float m = __int_as_float(0xff800000);  // -inf
+    const float neg_inf = __int_as_float(0xff800000);
+    if (keys <= 32 * SOFTMAX_HELD) {
+        float v[SOFTMAX_HELD];
+        float m = neg_inf;
+#pragma unroll
+        for (int i = 0; i < SOFTMAX_HELD; ++i) {
+            const int j = lane + 32 * i;
+            v[i] = j < keys && (!key_valid || key_valid[j] != 0.0f) ? sr[j] : neg_inf;
+            m = fmaxf(m, v[i]);
+        }
+        m = warp_max(m);
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < SOFTMAX_HELD; ++i) {
+            v[i] = v[i] == neg_inf ? 0.0f : expf(v[i] - m);
+            sum += v[i];
+        }
+        sum = warp_sum(sum);
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+        for (int i = 0; i < SOFTMAX_HELD; ++i) {
+            if (lane + 32 * i < keys) pr[lane + 32 * i] = from_float<bf16>(v[i] * inv);
+        }
+        return;
+    }
+    float m = neg_inf;
     for (int j = lane; j < keys; j += 32) {
         if (!key_valid || key_valid[j] != 0.0f) m = fmaxf(m, sr[j]);
     }
