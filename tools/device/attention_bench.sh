@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: tools/device/attention_bench.cu (attention_mq256 vs an f32 reference, and
 # its time per launch on the Pi0.5 shapes) for each compile-time variant in VARIANTS (';'-separated
-# sets of -D flags, e.g. "-DATT_ROWS=32;-DATT_S_CHAINS=1"). Results under $OUT.
+# sets of -D flags, e.g. "-DATT_ROWS=32;-DATT_KEYS=64"; the harness's own: -DBENCH_NO_COMBINE times
+# the split kernel without its merge, -DBENCH_KV_COPIES=1 keeps K/V resident in L2). Results under $OUT.
 set -euo pipefail
 out="${OUT:-/tmp/out}"
 mkdir -p "$out"

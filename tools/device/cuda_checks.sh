@@ -99,7 +99,7 @@ for phase in "$@"; do
         ;;
     attention)
         echo "== attention_mq256 variants alone (tools/device/attention_bench.cu)"
-        run env VARIANTS="${VARIANTS:--DATT_S_CHAINS=1;-DATT_S_CHAINS=2;-DATT_S_CHAINS=2 -DATT_KEYS=64}" bash tools/device/attention_bench.sh
+        run env VARIANTS="${VARIANTS:--DATT_KEYS=32;-DATT_KEYS=64;-DBENCH_NO_COMBINE;-DBENCH_KV_COPIES=1}" bash tools/device/attention_bench.sh
         ;;
     full)
         echo "== full size: lerobot f32 reference, then CUDA parity"
