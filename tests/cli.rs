@@ -13,13 +13,19 @@ fn path(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// `flashrt synth` of a tiny Pi0.5 into `dir/tiny`; returns its path.
+fn synth_tiny(dir: &Path, seed: &str) -> std::path::PathBuf {
+    let ckpt = dir.join("tiny");
+    let (ok, stdout, stderr) = flashrt(&["synth", "--model", "pi05", "--size", "tiny", "--out", path(&ckpt), "--seed", seed]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("wrote a Tiny Pi0.5 checkpoint"));
+    ckpt
+}
+
 #[test]
 fn synth_inspect_run_and_bench() {
     let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("tiny");
-    let (ok, stdout, stderr) = flashrt(&["synth", "--model", "pi05", "--size", "tiny", "--out", path(&ckpt), "--seed", "9"]);
-    assert!(ok, "{stderr}");
-    assert!(stdout.contains("wrote a Tiny Pi0.5 checkpoint"));
+    let ckpt = synth_tiny(dir.path(), "9");
 
     let (ok, stdout, stderr) = flashrt(&["inspect", "--checkpoint", path(&ckpt)]);
     assert!(ok, "{stderr}");
@@ -83,9 +89,7 @@ fn synth_inspect_run_and_bench() {
 #[test]
 fn prompt_capacity_sizes_the_prefix() {
     let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("tiny");
-    let (ok, _, stderr) = flashrt(&["synth", "--model", "pi05", "--size", "tiny", "--out", path(&ckpt), "--seed", "3"]);
-    assert!(ok, "{stderr}");
+    let ckpt = synth_tiny(dir.path(), "3");
     // The first denoise step is the plan's concurrent phase (a second stream on a GPU).
     let (ok, stdout, stderr) = flashrt(&["inspect", "--checkpoint", path(&ckpt), "--prompt-capacity", "16"]);
     assert!(ok, "{stderr}");

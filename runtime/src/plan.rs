@@ -97,6 +97,11 @@ pub struct Span {
 }
 
 impl Span {
+    /// All of buffer `buf` (`buffers`: the plan's).
+    pub fn whole(buf: BufId, buffers: &[BufferDecl]) -> Span {
+        Span { buf, start: 0, end: buffers[buf.0].len }
+    }
+
     pub fn overlaps(&self, other: &Span) -> bool {
         self.buf == other.buf && self.start < other.end && other.start < self.end
     }
@@ -251,7 +256,7 @@ impl Op {
 
     /// The buffer ranges the op reads and writes (`buffers`: the plan's, for whole-buffer uses).
     pub fn accesses(&self, buffers: &[BufferDecl]) -> Accesses {
-        let whole = |b: BufId| Span { buf: b, start: 0, end: buffers[b.0].len };
+        let whole = |b: BufId| Span::whole(b, buffers);
         let (mut reads, mut writes) = (Vec::new(), Vec::new());
         match *self {
             Op::ImagePatches { camera, frames, frame_stride, frame_info, out, .. } => {

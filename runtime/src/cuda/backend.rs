@@ -1013,25 +1013,28 @@ impl Lowering<'_> {
         &self.scratch[self.lane]
     }
 
+    /// Marks the steps pushed since step `from` as running on `lane` with these accesses.
+    fn tag(&mut self, from: usize, lane: usize, accesses: Accesses) {
+        for _ in from..self.steps.len() {
+            self.step_lanes.push(lane);
+            self.step_accesses.push(accesses.clone());
+        }
+    }
+
     /// Marks the steps pushed since step `from` as the lowering of `ops`: their lane and accesses.
     fn tag_steps(&mut self, from: usize, ops: std::ops::Range<usize>) {
         let plan = &self.backend.plan;
         let mut accesses = Accesses::default();
         ops.clone().for_each(|i| accesses.extend(plan.ops[i].accesses(&plan.buffers)));
-        for _ in from..self.steps.len() {
-            self.step_lanes.push(self.op_lanes[ops.start]);
-            self.step_accesses.push(accesses.clone());
-        }
+        self.tag(from, self.op_lanes[ops.start], accesses);
     }
 
-    /// Marks the steps pushed since step `from` as host copies into or out of buffer `id`.
+    /// Marks the steps pushed since step `from` as host copies (main stream) into or out of
+    /// buffer `id`.
     fn tag_copy(&mut self, from: usize, id: BufId, write: bool) {
-        let span = Span { buf: id, start: 0, end: self.backend.plan.buffers[id.0].len };
+        let span = Span::whole(id, &self.backend.plan.buffers);
         let accesses = if write { Accesses { reads: vec![], writes: vec![span] } } else { Accesses { reads: vec![span], writes: vec![] } };
-        for _ in from..self.steps.len() {
-            self.step_lanes.push(0);
-            self.step_accesses.push(accesses.clone());
-        }
+        self.tag(from, 0, accesses);
     }
 
     fn buf(&self, id: BufId) -> DeviceBuf {
