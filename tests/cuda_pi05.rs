@@ -5,6 +5,9 @@
 //! - `tiny_fixture_matches_cpu`: the committed tiny Pi0.5 on CUDA vs the CPU backend, cosine ≥
 //!   0.9999 and max-abs ≤ 1e-2 on the actions, over prompts of different lengths, a resized frame
 //!   and a missing camera, replaying the one captured graph;
+//! - `prompt_buckets_match_the_whole_prompt`: the graph's prompt buckets (conditional nodes) give
+//!   the actions of the whole prompt for prompts ending in every bucket, and only the picked
+//!   bucket's prefix rows are recomputed;
 //! - `step_allocates_nothing_and_device_memory_is_constant`: ≥ 1000 steps with changing inputs,
 //!   zero heap allocations (counting allocator) and unchanged device memory;
 //! - `full_size_matches_lerobot`: with `FRT_FULL_PARITY_DIR` (made by tools/device/
@@ -599,6 +602,68 @@ fn tiny_fixture_matches_cpu() {
         }),
     );
     assert!(pass, "tiny fixture parity failed (see above)");
+}
+
+/// The prompt buckets on the device: for prompts ending in each bucket (and on both sides of
+/// each boundary), the graph with buckets gives the actions of one opened without them, and the
+/// IF node of the right bucket ran: the prefix rows past it keep the previous step's values.
+#[test]
+fn prompt_buckets_match_the_whole_prompt() {
+    if !gpu_or_skip("prompt_buckets_match_the_whole_prompt") {
+        return;
+    }
+    let open_with = |prompt_buckets: bool| {
+        let mut config = PolicyConfig::new(fixture_dir());
+        config.backend = BackendKind::Cuda;
+        config.prompt_buckets = prompt_buckets;
+        Policy::open(&config).unwrap()
+    };
+    let (mut bucketed, mut whole) = (open_with(true), open_with(false));
+    assert_eq!(bucketed.plan().prompt_buckets, [32, 64, 128, 200]);
+    let frame: Vec<u8> = (0..64 * 48 * 3).map(|i| (i * 37 % 251) as u8).collect();
+    let cameras = [Some(Frame::packed(&frame, 64, 48, PixelFormat::Rgb8)), None, Some(Frame::packed(&frame, 64, 48, PixelFormat::Rgb8))];
+    let state = vec![0.25; bucketed.info().state_dim];
+    let noise: Vec<f32> = (0..bucketed.noise_len()).map(|i| ((i * 13 % 17) as f32 - 8.0) / 8.0).collect();
+    let tokens = |n: usize| (0..n).map(|i| (i * 7 % 250 + 2) as i32).collect::<Vec<i32>>();
+    let step = |policy: &mut Policy, n: usize| {
+        policy.set_prompt_tokens(&tokens(n)).unwrap();
+        let mut actions = vec![0.0; policy.actions_len()];
+        policy.step(&Observation { cameras: &cameras, state: &state, noise: Some(&noise) }, &mut actions).unwrap();
+        actions
+    };
+    let (image_rows, slots) = (3 * 256, 200);
+    step(&mut bucketed, slots);
+    let mut results = Vec::new();
+    let mut pass = true;
+    for n in [1, 32, 33, 64, 65, 128, 129, 200, 20] {
+        let before = bucketed.buffer("prefix_x").unwrap();
+        let (got, want) = (step(&mut bucketed, n), step(&mut whole, n));
+        let after = bucketed.buffer("prefix_x").unwrap();
+        let bucket = bucketed.plan().bucket_for(Some(n - 1)).unwrap();
+        let width = before.len() / (image_rows + slots);
+        let split = (image_rows + bucket) * width;
+        let rows_past_kept = after[split..] == before[split..];
+        let bucket_ran = bucket == slots || after[..split] != before[..split];
+        let (cos, err) = (cosine(&got, &want), max_abs(&got, &want));
+        let ok = cos >= 0.9999 && err <= 1e-2 && rows_past_kept && bucket_ran;
+        pass &= ok;
+        eprintln!(
+            "{n} prompt tokens, bucket {bucket}: cosine {cos:.6} max-abs {err:.3e}, rows past the bucket kept {rows_past_kept} {}",
+            if ok { "ok" } else { "FAIL" }
+        );
+        results.push(json!({"prompt_tokens": n, "bucket": bucket, "cosine": cos, "max_abs": err, "rows_past_bucket_kept": rows_past_kept, "pass": ok}));
+    }
+    write_result(
+        "cuda_prompt_buckets.json",
+        json!({
+            "check": "prompt buckets (conditional graph nodes) vs the whole prompt, tiny fixture, CUDA bf16 (actions)",
+            "device": bucketed.info().device,
+            "bound": "cosine >= 0.9999, max_abs <= 1e-2; prefix rows past the bucket untouched",
+            "results": results,
+            "commit": commit(),
+        }),
+    );
+    assert!(pass, "a prompt bucket differs from the whole prompt (see above)");
 }
 
 // ---- (d) no allocation, constant device memory ----------------------------------------------------

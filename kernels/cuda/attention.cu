@@ -52,6 +52,38 @@ extern "C" __global__ void positions_scan_1024(float* valid, int* positions, con
     }
 }
 
+// The device runtime's setter of a graph's conditional-node handle (a compiler builtin: no
+// device-runtime library is linked).
+extern "C" __device__ void cudaGraphSetConditional(unsigned long long handle, unsigned int value);
+
+// Picks this step's prompt bucket on the device: of `count` (at most 4) buckets of `bucket_i`
+// prompt slots (ascending), the smallest that holds the last valid slot of `token_mask` (the
+// last bucket when none does, the first when no slot is valid). Sets the IF-node handle of that
+// bucket to 1 and the others to 0. One block of 256 threads.
+extern "C" __global__ void prompt_bucket_256(const int* token_mask, int prompt_len, int count, int bucket_0,
+                                             int bucket_1, int bucket_2, int bucket_3, unsigned long long handle_0,
+                                             unsigned long long handle_1, unsigned long long handle_2,
+                                             unsigned long long handle_3) {
+    __shared__ int last;
+    if (threadIdx.x == 0) last = -1;
+    __syncthreads();
+    int mine = -1;
+    for (int i = threadIdx.x; i < prompt_len; i += blockDim.x) {
+        if (token_mask[i] != 0) mine = i;
+    }
+    atomicMax(&last, mine);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int buckets[4] = {bucket_0, bucket_1, bucket_2, bucket_3};
+        const unsigned long long handles[4] = {handle_0, handle_1, handle_2, handle_3};
+        int pick = count - 1;
+        for (int i = count - 1; i >= 0; --i) {
+            if (buckets[i] >= last + 1) pick = i;
+        }
+        for (int i = 0; i < count; ++i) cudaGraphSetConditional(handles[i], i == pick ? 1u : 0u);
+    }
+}
+
 // Split-half rotary embedding of the q heads (in place) and of k, written with v into row
 // `cache_row + r` of the layer's K/V cache. qkv row: [heads q | k | v], each head_dim wide.
 // cos/sin tables are [position][head_dim / 2], computed once at open like the CPU reference.

@@ -97,6 +97,9 @@ pub struct AttentionSplit {
 }
 
 /// Rows (query × head) per block and keys per chunk of `attention_mq256` (attention.cu).
+/// Most prompt buckets one `prompt_bucket_256` launch picks among.
+pub const MAX_PROMPT_BUCKETS: usize = 4;
+
 const ATTENTION_ROWS: usize = 64;
 const ATTENTION_KEYS: usize = 32;
 const ATTENTION_HEAD_DIM: usize = 256;
@@ -153,7 +156,7 @@ const TYPED: [&str; 9] = [
     "attention_mq256_combine",
     "attention_mh72",
 ];
-const SINGLE: [&str; 3] = ["add_table_f32", "positions_scan_1024", "softmax_rows_masked_f32_bf16"];
+const SINGLE: [&str; 4] = ["add_table_f32", "positions_scan_1024", "prompt_bucket_256", "softmax_rows_masked_f32_bf16"];
 
 /// Every kernel the launchers use, as the macros in `cuda/*.cu` instantiate them.
 pub fn kernel_names() -> Vec<String> {
@@ -543,6 +546,49 @@ impl Kernels {
         ];
         // SAFETY: matches `embed_bf16_*` in elementwise.cu.
         unsafe { self.launch(&name, grid, 256, stream, args) }
+    }
+
+    /// Sets the IF-node handle of the prompt bucket this step runs to 1 and the others to 0
+    /// (`prompt_bucket_256`: the smallest of `buckets`, ascending slot counts, that holds the
+    /// last valid slot of `token_mask`). Only meaningful in a captured graph that owns `handles`.
+    ///
+    /// # Safety
+    /// `token_mask` must point to `prompt_len` i32 on the device; `handles` must belong to the
+    /// graph under capture.
+    pub unsafe fn prompt_bucket(
+        &self,
+        token_mask: DevPtr,
+        prompt_len: usize,
+        buckets: &[usize],
+        handles: &[u64],
+        stream: CUstream,
+    ) -> Result<()> {
+        let name = "prompt_bucket_256";
+        if buckets.is_empty() || buckets.len() > MAX_PROMPT_BUCKETS || handles.len() != buckets.len() {
+            return Err(shape_error(
+                name,
+                format!("{} buckets with {} handles (1 to {MAX_PROMPT_BUCKETS} each)", buckets.len(), handles.len()),
+            ));
+        }
+        let (mut b, mut h) = ([0i32; MAX_PROMPT_BUCKETS], [0u64; MAX_PROMPT_BUCKETS]);
+        for (i, (&bucket, &handle)) in buckets.iter().zip(handles).enumerate() {
+            (b[i], h[i]) = (i32_of(bucket, name)?, handle);
+        }
+        let args = [
+            Arg::P(token_mask),
+            Arg::I(i32_of(prompt_len, name)?),
+            Arg::I(buckets.len() as i32),
+            Arg::I(b[0]),
+            Arg::I(b[1]),
+            Arg::I(b[2]),
+            Arg::I(b[3]),
+            Arg::P(h[0]),
+            Arg::P(h[1]),
+            Arg::P(h[2]),
+            Arg::P(h[3]),
+        ];
+        // SAFETY: matches `prompt_bucket_256` in attention.cu (one block of 256 threads).
+        unsafe { self.launch(name, (1, 1, 1), 256, stream, args) }
     }
 
     /// Validity flags (f32) and RoPE positions (i32) of the `cameras · tokens_per_image +

@@ -118,10 +118,14 @@ struct OpenArgs {
     /// Camera slots (default: the cameras of config.json).
     #[arg(long)]
     cameras: Option<usize>,
-    /// Prompt token slots (default: config.json `tokenizer_max_length`). The prefix computes every
-    /// slot, so fewer slots make each step cheaper; a longer prompt is truncated, as in lerobot.
+    /// Prompt token slots (default: config.json `tokenizer_max_length`); a longer prompt is
+    /// truncated, as in lerobot.
     #[arg(long)]
     prompt_capacity: Option<usize>,
+    /// Compute the prefix for every prompt slot each step, instead of for the smallest bucket
+    /// (32, 64, 128 slots or the capacity) that holds the prompt.
+    #[arg(long)]
+    no_prompt_buckets: bool,
     #[arg(long)]
     denoise_steps: Option<usize>,
     /// The robot's state width when the checkpoint does not state it.
@@ -160,6 +164,7 @@ impl OpenArgs {
         c.tokenizer = self.tokenizer.clone();
         c.cameras = self.cameras;
         c.prompt_len = self.prompt_capacity;
+        c.prompt_buckets = !self.no_prompt_buckets;
         c.denoise_steps = self.denoise_steps;
         c.state_dim = self.state_dim;
         c.progress = true;

@@ -231,6 +231,9 @@ pub enum Op {
     Copy { src: View, dst: View },
     /// `out[r, c] = x[r, c] · scale[c] + offset[c]` for the robot's action columns.
     Affine { x: View, scale: WeightId, offset: WeightId, out: View },
+    /// Picks which of the plan's prompt buckets ([`Plan::prompt_buckets`]) the phases that follow
+    /// run: the smallest that holds the last valid slot of `token_mask` ([`Plan::bucket_for`]).
+    PromptBucket { token_mask: BufId },
 }
 
 impl Op {
@@ -251,6 +254,7 @@ impl Op {
             Op::Attention { .. } => "attention",
             Op::Copy { .. } => "copy",
             Op::Affine { .. } => "affine",
+            Op::PromptBucket { .. } => "prompt_bucket",
         }
     }
 
@@ -309,6 +313,7 @@ impl Op {
                 reads.push(src.span());
                 writes.push(dst.span());
             }
+            Op::PromptBucket { token_mask } => reads.push(whole(token_mask)),
         }
         Accesses { reads, writes }
     }
@@ -331,6 +336,17 @@ pub struct Phase {
     /// The phase may run beside the others, ordered against their ops only by the buffers they
     /// share (see [`Op::accesses`]): a GPU backend gives it a second stream.
     pub concurrent: bool,
+    /// `Some(n)`: the phase computes its part for the first `n` prompt slots only, one of several
+    /// alternatives of which a step runs those of a single bucket (see [`Plan::prompt_buckets`]).
+    pub prompt_bucket: Option<usize>,
+}
+
+/// A run of consecutive phases with the same [`Phase::prompt_bucket`]: what a backend runs
+/// unconditionally (`None`) or only when that bucket is picked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Section {
+    pub ops: std::ops::Range<usize>,
+    pub prompt_bucket: Option<usize>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -341,6 +357,12 @@ pub struct Plan {
     pub phases: Vec<Phase>,
     /// Notes on folding and fusion decisions, printed by `explain`.
     pub notes: Vec<String>,
+    /// Prompt slot counts, ascending, the last the whole capacity (empty: no buckets). The
+    /// phases that depend on the prompt's length exist once per bucket; each step runs only those
+    /// of the smallest bucket that holds its last valid slot (picked by [`Op::PromptBucket`]), so
+    /// a short prompt costs less than a full one without changing the plan. Slots past the bucket
+    /// are masked (`valid` is 0 there), so what they hold from earlier steps is never read.
+    pub prompt_buckets: Vec<usize>,
 }
 
 impl Plan {
@@ -370,12 +392,42 @@ impl Plan {
     }
 
     pub fn phase(&mut self, name: impl Into<String>) {
-        self.phases.push(Phase { name: name.into(), first_op: self.ops.len(), concurrent: false });
+        self.bucket_phase(name, false, None);
     }
 
     /// A phase that may run beside the others (see [`Phase::concurrent`]).
     pub fn concurrent_phase(&mut self, name: impl Into<String>) {
-        self.phases.push(Phase { name: name.into(), first_op: self.ops.len(), concurrent: true });
+        self.bucket_phase(name, true, None);
+    }
+
+    /// A phase of one prompt bucket (see [`Phase::prompt_bucket`]), concurrent or not.
+    pub fn bucket_phase(&mut self, name: impl Into<String>, concurrent: bool, prompt_bucket: Option<usize>) {
+        self.phases.push(Phase { name: name.into(), first_op: self.ops.len(), concurrent, prompt_bucket });
+    }
+
+    /// The bucket a step whose last valid prompt slot is `last_valid` runs: the smallest of
+    /// [`Plan::prompt_buckets`] above it (the first when no slot is valid); `None` without buckets.
+    pub fn bucket_for(&self, last_valid: Option<usize>) -> Option<usize> {
+        let needed = last_valid.map_or(0, |l| l + 1);
+        self.prompt_buckets.iter().copied().find(|&b| b >= needed).or(self.prompt_buckets.last().copied())
+    }
+
+    /// The plan as runs of phases with the same prompt bucket, in order.
+    pub fn sections(&self) -> Vec<Section> {
+        let mut out: Vec<Section> = Vec::new();
+        for (p, (_, range)) in self.phases.iter().zip(self.phase_ranges()) {
+            match out.last_mut() {
+                Some(last) if last.prompt_bucket == p.prompt_bucket => last.ops.end = range.end,
+                _ => out.push(Section { ops: range, prompt_bucket: p.prompt_bucket }),
+            }
+        }
+        out
+    }
+
+    /// Whether a step with the full prompt runs the ops of this phase (those of the smaller
+    /// buckets are alternatives to it).
+    fn runs_at_capacity(&self, phase: &Phase) -> bool {
+        phase.prompt_bucket.is_none_or(|b| Some(&b) == self.prompt_buckets.last())
     }
 
     pub fn push(&mut self, op: Op) {
@@ -386,8 +438,15 @@ impl Plan {
         self.buffers.iter().map(|b| b.len * if b.ty == BufType::U8 { 1 } else { 4 }).sum()
     }
 
+    /// FLOPs of one step with the prompt filling every slot.
     pub fn flops(&self) -> u64 {
-        self.ops.iter().map(Op::flops).sum()
+        let ranges = self.phase_ranges();
+        self.phases
+            .iter()
+            .zip(ranges)
+            .filter(|(p, _)| self.runs_at_capacity(p))
+            .map(|(_, (_, r))| self.ops[r].iter().map(Op::flops).sum::<u64>())
+            .sum()
     }
 
     /// Ops of each phase as index ranges.
@@ -424,6 +483,9 @@ impl Plan {
         for note in &self.notes {
             let _ = writeln!(s, "note: {note}");
         }
+        if !self.prompt_buckets.is_empty() {
+            let _ = writeln!(s, "prompt buckets: {:?} slots (each step runs the smallest that holds its prompt)", self.prompt_buckets);
+        }
         let _ = writeln!(s, "buffers:");
         for (i, b) in self.buffers.iter().enumerate() {
             let io = match b.host {
@@ -436,7 +498,8 @@ impl Plan {
         for (p, (phase, range)) in self.phases.iter().zip(self.phase_ranges()) {
             let flops: u64 = self.ops[range.clone()].iter().map(Op::flops).sum();
             let concurrent = if p.concurrent { " (concurrent)" } else { "" };
-            let _ = writeln!(s, "phase {phase}{concurrent}: {} ops, {:.3} GFLOP", range.len(), flops as f64 / 1e9);
+            let bucket = p.prompt_bucket.map(|b| format!(" (prompt bucket: first {b} slots)")).unwrap_or_default();
+            let _ = writeln!(s, "phase {phase}{concurrent}{bucket}: {} ops, {:.3} GFLOP", range.len(), flops as f64 / 1e9);
             for i in range {
                 let _ = writeln!(s, "  {i:>5} {}", self.describe(&self.ops[i]));
             }
@@ -474,6 +537,9 @@ impl Plan {
             Op::GeluTanh { x } => format!("gelu_tanh {}", v(x)),
             Op::Positions { .. } => "positions (validity mask, RoPE positions)".to_string(),
             Op::Affine { x, out, .. } => format!("affine {} -> {}", v(x), v(out)),
+            Op::PromptBucket { token_mask } => {
+                format!("prompt_bucket of {}: one of {:?} slots", self.buffers[token_mask.0].name, self.prompt_buckets)
+            }
         }
     }
 }

@@ -61,6 +61,10 @@ pub struct PolicyConfig {
     pub max_frame_height: usize,
     /// Prompt token capacity; default: config.json `tokenizer_max_length` (else 200).
     pub prompt_len: Option<usize>,
+    /// Compute the prefix only for the prompt slots a step uses, rounded up to a bucket of 32,
+    /// 64, 128 or the capacity, chosen on the device each step (default on; off computes every
+    /// slot every step, the A/B for the saving).
+    pub prompt_buckets: bool,
     /// Denoise steps; default: config.json `num_inference_steps` (else 10).
     pub denoise_steps: Option<usize>,
     /// `tokenizer.json`; default: `tokenizer.json` in the checkpoint directory, if present.
@@ -87,6 +91,7 @@ impl PolicyConfig {
             max_frame_width: 1920,
             max_frame_height: 1080,
             prompt_len: None,
+            prompt_buckets: true,
             denoise_steps: None,
             tokenizer: None,
             state_dim: None,
@@ -263,6 +268,7 @@ impl Policy {
             out_action_dim,
             action_scale,
             action_offset,
+            prompt_buckets: config.prompt_buckets,
         };
         let bar = if config.progress { indicatif::ProgressBar::new(ckpt.data_bytes() as u64) } else { indicatif::ProgressBar::hidden() };
         bar.set_style(

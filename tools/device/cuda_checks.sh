@@ -3,7 +3,7 @@
 # benchmark). Binaries are built on the x86_64 build host by tools/device/build_carry.sh into
 # .device-carry/ (gitignored); this script only runs them.
 #
-#   bash tools/device/cuda_checks.sh tests        # 5a tiny parity, 5b every op, 5d no-alloc
+#   bash tools/device/cuda_checks.sh tests        # 5a tiny parity, 5b every op, 5d no-alloc, prompt buckets
 #   bash tools/device/cuda_checks.sh bench        # pi05-2v, cold then warm kernel cache
 #   bash tools/device/cuda_checks.sh views        # 1 and 3 views
 #   bash tools/device/cuda_checks.sh full         # lerobot f32 reference on the same weights, 5c
@@ -11,6 +11,7 @@
 #   bash tools/device/cuda_checks.sh ab           # pi05-2v without the fused attention
 #   bash tools/device/cuda_checks.sh overlap      # pi05-2v on one stream (no concurrent phase)
 #   bash tools/device/cuda_checks.sh slots        # pi05-2v's 64-token prompt in 96 and 64 prompt slots
+#   bash tools/device/cuda_checks.sh buckets      # pi05-2v computing all 200 prompt slots (no buckets)
 #   bash tools/device/cuda_checks.sh attention    # attention_mq256 variants alone (needs nvcc)
 # (bench/views/full synthesize the full-size checkpoint first if /tmp/flashrt_full lacks it.)
 #
@@ -58,8 +59,8 @@ for phase in "$@"; do
     SECONDS=0
     case "$phase" in
     tests)
-        echo "== tests: every op vs CPU, tiny fixture vs CPU, no allocation"
-        run "$BIN/cuda_pi05" --test-threads=1 --nocapture every_op tiny_fixture step_allocates
+        echo "== tests: every op vs CPU, tiny fixture vs CPU, prompt buckets, no allocation"
+        run "$BIN/cuda_pi05" --test-threads=1 --nocapture every_op tiny_fixture prompt_buckets step_allocates
         ;;
     bench)
         echo "== bench pi05-2v: cold kernel cache, then warm"
@@ -97,6 +98,11 @@ for phase in "$@"; do
         bench 2 pi05-2v-96-slots --prompt-capacity 96
         bench 2 pi05-2v-64-slots --prompt-capacity 64
         ;;
+    buckets)
+        echo "== pi05-2v without prompt buckets: the prefix computes all 200 slots for the 64-token prompt"
+        synth_full
+        bench 2 pi05-2v-no-prompt-buckets --no-prompt-buckets
+        ;;
     attention)
         echo "== attention_mq256 variants alone (tools/device/attention_bench.cu)"
         run env VARIANTS="${VARIANTS:--DATT_KEYS=32;-DATT_KEYS=64;-DBENCH_NO_COMBINE;-DBENCH_KV_COPIES=1}" bash tools/device/attention_bench.sh
@@ -110,7 +116,7 @@ for phase in "$@"; do
         FRT_FULL_PARITY_DIR="$FULL" run "$BIN/cuda_pi05" --test-threads=1 --nocapture full_size
         ;;
     *)
-        echo "unknown phase $phase (tests | bench | views | full | ab | overlap | slots | attention | profile)"
+        echo "unknown phase $phase (tests | bench | views | full | ab | overlap | slots | buckets | attention | profile)"
         status=2
         ;;
     esac

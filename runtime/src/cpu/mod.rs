@@ -11,7 +11,7 @@ use crate::checkpoint::Checkpoint;
 use crate::error::Result;
 use crate::image::{self, PixelFormat};
 use crate::models::pi05::WeightData;
-use crate::plan::{BufId, BufType, FRAME_INFO_FIELDS, Op, Plan, View, WeightId, WeightRole};
+use crate::plan::{BufId, BufType, FRAME_INFO_FIELDS, Op, Plan, Section, View, WeightId, WeightRole};
 use gemm::{PackedMatrix, Strided};
 
 pub use gemm::select_kernel;
@@ -47,6 +47,10 @@ pub struct CpuBackend {
     rope_half: usize,
     /// Attention scratch: transposed queries and scores of one query row.
     scores: Vec<f32>,
+    /// The plan's runs of phases by prompt bucket, and the bucket this step runs (set by
+    /// `Op::PromptBucket`).
+    sections: Vec<Section>,
+    bucket: Option<usize>,
 }
 
 impl CpuBackend {
@@ -92,7 +96,6 @@ impl CpuBackend {
         let half = head_dim / 2;
         let (rope_cos, rope_sin) = rope_tables(rope_positions, head_dim);
         CpuBackend {
-            plan,
             buffers,
             weights,
             checkpoint,
@@ -103,6 +106,9 @@ impl CpuBackend {
             rope_sin,
             rope_half: half,
             scores: vec![0.0; scratch],
+            sections: plan.sections(),
+            bucket: None,
+            plan,
         }
     }
 
@@ -338,6 +344,10 @@ impl CpuBackend {
                         r += 1;
                     });
                 });
+            }
+            Op::PromptBucket { token_mask } => {
+                let last_valid = self.i32(token_mask).iter().rposition(|&m| m != 0);
+                self.bucket = self.plan.bucket_for(last_valid);
             }
             Op::Affine { x, scale, offset, out } => {
                 self.with_out(out.buf, |this, d| {
@@ -641,7 +651,12 @@ impl Backend for CpuBackend {
     }
 
     fn run(&mut self) -> Result<()> {
-        self.run_ops(0..self.plan.ops.len());
+        for i in 0..self.sections.len() {
+            let Section { ops, prompt_bucket } = self.sections[i].clone();
+            if prompt_bucket.is_none() || prompt_bucket == self.bucket {
+                self.run_ops(ops);
+            }
+        }
         Ok(())
     }
 

@@ -24,15 +24,19 @@
 //! straight from mapped pinned memory, so only the pixels it samples cross the bus, whatever the
 //! configured maximum frame size.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
-use flashrt_kernels::{AttentionArgs, AttentionSplit, DevPtr, Dtype, Kernels, Mat, RopeArgs};
+use flashrt_kernels::{AttentionArgs, AttentionSplit, DevPtr, Dtype, Kernels, MAX_PROMPT_BUCKETS, Mat, RopeArgs};
 
-use super::device::{BlasLt, Context, DeviceMemory, Event, Graph, Pinned, Stream, check, time_replays};
+use super::device::{
+    BlasLt, CapturedGraph, Context, DeviceMemory, Event, Graph, Pinned, Stream, capture_if, check, conditional_handle, time_replays,
+};
 use super::gemm::{Matmul, MatmulSpec, Operand, WORKSPACE_BYTES};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
@@ -203,6 +207,11 @@ enum Step {
         scale: DevPtr,
         offset: DevPtr,
     },
+    /// Sets the conditional handles of the prompt buckets' IF nodes (only inside the step's graph).
+    PromptBucket {
+        token_mask: DevPtr,
+        prompt_len: usize,
+    },
 }
 
 /// How an attention op runs on the GPU. Decided once per op by [`AttentionLowering::of`], which
@@ -336,8 +345,15 @@ struct Schedule {
 }
 
 impl Schedule {
-    fn new(lanes: Vec<usize>, accesses: &[Accesses]) -> Schedule {
-        let waits = cross_lane_waits(&lanes, accesses);
+    /// Waits are computed within each of `sections` (step ranges): a prompt bucket's steps run as
+    /// one conditional body, which can only follow everything before it as a whole.
+    fn new(lanes: Vec<usize>, accesses: &[Accesses], sections: &[Range<usize>]) -> Schedule {
+        let mut waits = vec![Vec::new(); lanes.len()];
+        for r in sections {
+            for (i, w) in cross_lane_waits(&lanes[r.clone()], &accesses[r.clone()]).into_iter().enumerate() {
+                waits[r.start + i] = w.into_iter().map(|j| j + r.start).collect();
+            }
+        }
         let mut event_of = vec![None; lanes.len()];
         let mut events = 0;
         for &j in waits.iter().flatten() {
@@ -353,8 +369,8 @@ impl Schedule {
         self.event_of.iter().flatten().count()
     }
 
-    fn concurrent(&self) -> bool {
-        self.lanes.iter().any(|&l| l != 0)
+    fn concurrent(&self, steps: Range<usize>) -> bool {
+        self.lanes[steps].iter().any(|&l| l != 0)
     }
 }
 
@@ -376,6 +392,11 @@ pub struct CudaBackend {
     steps: Vec<Step>,
     /// `(phase name, first step)` for each plan phase, in order.
     phase_steps: Vec<(String, usize)>,
+    /// The steps as runs with the same prompt bucket (`None`: every step runs them).
+    sections: Vec<(Range<usize>, Option<usize>)>,
+    /// The IF-node handles of the prompt buckets while the step's graph is captured (zero
+    /// otherwise: `Step::PromptBucket` launches only into that graph).
+    bucket_handles: Cell<[u64; MAX_PROMPT_BUCKETS]>,
     matmuls: Vec<Matmul>,
     kernels: Kernels,
     bufs: Vec<DeviceBuf>,
@@ -540,12 +561,14 @@ impl CudaBackend {
             profile: None,
             steps: Vec::new(),
             phase_steps: Vec::new(),
+            sections: Vec::new(),
+            bucket_handles: Cell::new([0; MAX_PROMPT_BUCKETS]),
             matmuls: Vec::new(),
             kernels,
             bufs,
             host,
             workspace: scratch[0].workspace,
-            schedule: Schedule { lanes: Vec::new(), waits: Vec::new(), event_of: Vec::new() },
+            schedule: Schedule::new(Vec::new(), &[], &[]),
             events: Vec::new(),
             arena,
             weights: uploaded.memory,
@@ -565,11 +588,12 @@ impl CudaBackend {
             step_lanes: Vec::new(),
             step_accesses: Vec::new(),
             phase_steps: Vec::new(),
+            phase_buckets: Vec::new(),
             matmuls: Vec::new(),
         };
-        let Lowered { steps, schedule, phase_steps, matmuls } = lowering.lower()?;
+        let Lowered { steps, schedule, phase_steps, sections, matmuls } = lowering.lower()?;
         backend.events = (0..schedule.events()).map(|_| Event::ordering()).collect::<Result<_>>()?;
-        if schedule.concurrent() {
+        if schedule.concurrent(0..steps.len()) {
             log::info!(
                 "{} of {} launches on a second stream, {} cross-stream waits",
                 schedule.lanes.iter().filter(|&&l| l != 0).count(),
@@ -577,14 +601,15 @@ impl CudaBackend {
                 schedule.waits.iter().flatten().count()
             );
         }
-        (backend.steps, backend.schedule, backend.phase_steps, backend.matmuls) = (steps, schedule, phase_steps, matmuls);
+        (backend.steps, backend.schedule, backend.phase_steps, backend.sections, backend.matmuls) =
+            (steps, schedule, phase_steps, sections, matmuls);
         let started = std::time::Instant::now();
         backend.tune_gemms()?;
         log::info!("GEMM algorithms timed in {:.2?}", started.elapsed());
         let started = std::time::Instant::now();
         backend.issue_all()?;
         backend.synchronize("warm-up")?;
-        backend.graph = Some(Graph::capture(backend.stream.0, || backend.issue_all())?);
+        backend.graph = Some(backend.capture()?);
         backend.synchronize("graph upload")?;
         log::info!(
             "CUDA graph of {} ops ({} launches, {} GEMMs) captured in {:.2?}; {:.1} MiB weights, {:.1} MiB activations",
@@ -749,26 +774,33 @@ impl CudaBackend {
             }
             Step::Softmax { rows, keys, .. } => format!("softmax {rows}x{keys}"),
             Step::Affine { .. } => "affine".into(),
+            Step::PromptBucket { .. } => "prompt_bucket".into(),
         }
     }
 
-    /// Enqueues every step (eagerly, or into the graph under capture) on its lane's stream, each
-    /// after the events of its cross-stream waits. The second stream forks from the main one at
-    /// the start and joins it at the end (a capture must end with every stream joined).
+    /// Enqueues every step eagerly, every prompt bucket's included (the warm-up: each kernel and
+    /// product runs once before capture).
     fn issue_all(&self) -> Result<()> {
-        let concurrent = self.schedule.concurrent();
+        self.sections.iter().try_for_each(|(steps, _)| self.issue_steps(steps.clone()))
+    }
+
+    /// Enqueues `steps` (eagerly, or into a graph under capture) on their lanes' streams, each
+    /// after the events of its cross-stream waits. If some run on the second stream, it forks from
+    /// the main one first and joins it at the end (a capture must end with every stream joined).
+    fn issue_steps(&self, steps: Range<usize>) -> Result<()> {
+        let concurrent = self.schedule.concurrent(steps.clone());
         if concurrent {
             self.fork.record(self.stream.0)?;
             self.fork.wait(self.side.0)?;
         }
-        for (i, step) in self.steps.iter().enumerate() {
+        for i in steps {
             let stream = if self.schedule.lanes[i] == 0 { self.stream.0 } else { self.side.0 };
             for &j in &self.schedule.waits[i] {
                 self.events[self.schedule.event_of[j].expect("a waited-for step has an event")].wait(stream)?;
             }
             // SAFETY: every pointer in a step was resolved at lowering time into this backend's
             // arena, weights or pinned buffers, all alive as long as `self`.
-            unsafe { self.issue(step, stream) }?;
+            unsafe { self.issue(&self.steps[i], stream) }?;
             if let Some(e) = self.schedule.event_of[i] {
                 self.events[e].record(stream)?;
             }
@@ -778,6 +810,55 @@ impl CudaBackend {
             self.join.wait(self.stream.0)?;
         }
         Ok(())
+    }
+
+    /// Captures the step's graph. With prompt buckets, each bucket's steps become the body of an
+    /// IF node that `Step::PromptBucket` switches on for the bucket the prompt needs; if the
+    /// driver has no conditional nodes (before CUDA 12.3), every step computes the whole prompt.
+    fn capture(&self) -> Result<Graph> {
+        let Some(&full) = self.plan.prompt_buckets.last() else {
+            return Graph::capture(self.stream.0, || self.issue_all());
+        };
+        let bucketed = self.capture_bucketed();
+        self.bucket_handles.set([0; MAX_PROMPT_BUCKETS]);
+        bucketed.or_else(|e| {
+            log::warn!("prompt buckets off, every step computes all {full} prompt slots: {e}");
+            Graph::capture(self.stream.0, || {
+                self.sections.iter().filter(|(_, b)| b.is_none_or(|b| b == full)).try_for_each(|(steps, _)| self.issue_steps(steps.clone()))
+            })
+        })
+    }
+
+    fn capture_bucketed(&self) -> Result<Graph> {
+        let bodies: Vec<CapturedGraph> = self
+            .sections
+            .iter()
+            .filter(|(_, bucket)| bucket.is_some())
+            .map(|(steps, _)| CapturedGraph::capture(self.stream.0, || self.issue_steps(steps.clone())))
+            .collect::<Result<_>>()?;
+        if bodies.len() != self.plan.prompt_buckets.len() || bodies.len() > MAX_PROMPT_BUCKETS {
+            return Err(Error::Backend(format!("{} bucket sections for buckets {:?}", bodies.len(), self.plan.prompt_buckets)));
+        }
+        let graph = Graph::capture(self.stream.0, || {
+            let mut handles = [0; MAX_PROMPT_BUCKETS];
+            for h in &mut handles[..bodies.len()] {
+                *h = conditional_handle(self.stream.0, self.ctx.ctx)?;
+            }
+            self.bucket_handles.set(handles);
+            let mut bodies = bodies.iter().zip(handles);
+            for (steps, bucket) in &self.sections {
+                match bucket {
+                    None => self.issue_steps(steps.clone())?,
+                    Some(_) => {
+                        let (body, handle) = bodies.next().expect("one body per bucket");
+                        capture_if(self.stream.0, self.ctx.ctx, handle, body)?;
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        log::info!("prompt buckets {:?}: the prefix and first denoise step of each as a conditional body", self.plan.prompt_buckets);
+        Ok(graph)
     }
 
     /// Enqueues one step on stream `s`.
@@ -815,6 +896,14 @@ impl CudaBackend {
                     k.softmax_rows(p, scores, rows, queries, keys, key_valid, query_valid, s)
                 }
                 Step::Affine { out, x, scale, offset } => k.affine(out, x, scale, offset, s),
+                Step::PromptBucket { token_mask, prompt_len } => {
+                    let buckets = &self.plan.prompt_buckets;
+                    let handles = self.bucket_handles.get();
+                    if handles[0] == 0 {
+                        return Ok(());
+                    }
+                    k.prompt_bucket(token_mask, prompt_len, buckets, &handles[..buckets.len()], s)
+                }
             }
         };
         r.map_err(|e| Error::Backend(e.to_string()))
@@ -983,6 +1072,7 @@ struct Lowered {
     steps: Vec<Step>,
     schedule: Schedule,
     phase_steps: Vec<(String, usize)>,
+    sections: Vec<(Range<usize>, Option<usize>)>,
     matmuls: Vec<Matmul>,
 }
 
@@ -1005,6 +1095,8 @@ struct Lowering<'a> {
     step_lanes: Vec<usize>,
     step_accesses: Vec<Accesses>,
     phase_steps: Vec<(String, usize)>,
+    /// The prompt bucket of each phase (as `phase_steps`).
+    phase_buckets: Vec<Option<usize>>,
     matmuls: Vec<Matmul>,
 }
 
@@ -1080,7 +1172,12 @@ impl Lowering<'_> {
             if let Some(phase) = phase_at(i) {
                 // The host-to-device copies belong to the first phase.
                 let first = if self.phase_steps.is_empty() { 0 } else { self.steps.len() };
-                self.phase_steps.push((phase.name.clone(), first));
+                let name = match phase.prompt_bucket {
+                    Some(b) => format!("{} ({b} slots)", phase.name),
+                    None => phase.name.clone(),
+                };
+                self.phase_steps.push((name, first));
+                self.phase_buckets.push(phase.prompt_bucket);
             }
             self.lane = self.op_lanes[i];
             let from = self.steps.len();
@@ -1123,8 +1220,17 @@ impl Lowering<'_> {
                 self.tag_copy(self.steps.len() - 1, BufId(i), false);
             }
         }
-        let schedule = Schedule::new(self.step_lanes, &self.step_accesses);
-        Ok(Lowered { steps: self.steps, schedule, phase_steps: self.phase_steps, matmuls: self.matmuls })
+        let mut sections: Vec<(Range<usize>, Option<usize>)> = Vec::new();
+        for (k, (&(_, first), &bucket)) in self.phase_steps.iter().zip(&self.phase_buckets).enumerate() {
+            let end = self.phase_steps.get(k + 1).map_or(self.steps.len(), |p| p.1);
+            match sections.last_mut() {
+                Some((steps, b)) if *b == bucket => steps.end = end,
+                _ => sections.push((first..end, bucket)),
+            }
+        }
+        let ranges: Vec<Range<usize>> = sections.iter().map(|(r, _)| r.clone()).collect();
+        let schedule = Schedule::new(self.step_lanes, &self.step_accesses, &ranges);
+        Ok(Lowered { steps: self.steps, schedule, phase_steps: self.phase_steps, sections, matmuls: self.matmuls })
     }
 
     fn lower_op(&mut self, op: &Op) -> Result<()> {
@@ -1197,6 +1303,9 @@ impl Lowering<'_> {
                 scale: self.weight(scale, Elem::F32),
                 offset: self.weight(offset, Elem::F32),
             },
+            Op::PromptBucket { token_mask } => {
+                Step::PromptBucket { token_mask: self.ptr(token_mask), prompt_len: self.buf(token_mask).len }
+            }
         };
         self.steps.push(step);
         Ok(())

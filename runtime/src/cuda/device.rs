@@ -114,6 +114,93 @@ impl Drop for Stream {
     }
 }
 
+/// A captured graph, not instantiated: the body of a conditional node.
+pub struct CapturedGraph(sys::CUgraph);
+
+impl CapturedGraph {
+    /// Captures everything `issue` enqueues on `stream` (relaxed mode: cuBLASLt may query
+    /// function attributes while capturing).
+    pub fn capture(stream: sys::CUstream, issue: impl FnOnce() -> Result<()>) -> Result<CapturedGraph> {
+        // SAFETY: the caller owns the idle stream; the capture is ended on every path.
+        unsafe {
+            check("cuStreamBeginCapture", result::stream::begin_capture(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED))?;
+            let issued = issue();
+            let graph = result::stream::end_capture(stream);
+            issued?;
+            Ok(CapturedGraph(check("cuStreamEndCapture", graph)?))
+        }
+    }
+}
+
+impl Drop for CapturedGraph {
+    fn drop(&mut self) {
+        // SAFETY: created in `capture`, destroyed once.
+        let _ = unsafe { result::graph::destroy(self.0) };
+    }
+}
+
+/// The graph being captured on `stream`.
+fn capturing_graph(stream: sys::CUstream) -> Result<sys::CUgraph> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let (mut graph, mut deps, mut edges, mut count) = (std::ptr::null_mut(), std::ptr::null(), std::ptr::null(), 0);
+    // SAFETY: every out-pointer is a live local.
+    let r =
+        unsafe { sys::cuStreamGetCaptureInfo_v3(stream, &mut status, std::ptr::null_mut(), &mut graph, &mut deps, &mut edges, &mut count) };
+    check("cuStreamGetCaptureInfo", r.result())?;
+    if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
+        return Err(Error::Backend("a conditional node needs a stream under capture".into()));
+    }
+    Ok(graph)
+}
+
+/// Under capture on `stream`: a handle for an IF node of the graph being captured, 0 at the start
+/// of every launch until a kernel sets it (`cudaGraphSetConditional`).
+pub fn conditional_handle(stream: sys::CUstream, ctx: sys::CUcontext) -> Result<u64> {
+    let graph = capturing_graph(stream)?;
+    let mut handle = 0;
+    // SAFETY: `graph` is the live capture graph; `handle` a live local.
+    let r = unsafe { sys::cuGraphConditionalHandleCreate(&mut handle, graph, ctx, 0, sys::CU_GRAPH_COND_ASSIGN_DEFAULT) };
+    check("cuGraphConditionalHandleCreate", r.result())?;
+    Ok(handle)
+}
+
+/// Under capture on `stream`: an IF node on `handle` after the stream's work so far, whose body
+/// is a copy of `body`; the stream's later work follows it.
+pub fn capture_if(stream: sys::CUstream, ctx: sys::CUcontext, handle: u64, body: &CapturedGraph) -> Result<()> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let (mut graph, mut deps, mut edges, mut count) = (std::ptr::null_mut(), std::ptr::null(), std::ptr::null(), 0);
+    // SAFETY (whole block): out-pointers are live locals; `deps`/`edges` are the driver's arrays,
+    // read during the calls below before the capture changes; the conditional parameters are
+    // zero-initialised plain data with the union's `conditional` member set.
+    unsafe {
+        let r = sys::cuStreamGetCaptureInfo_v3(stream, &mut status, std::ptr::null_mut(), &mut graph, &mut deps, &mut edges, &mut count);
+        check("cuStreamGetCaptureInfo", r.result())?;
+        let mut params: sys::CUgraphNodeParams = std::mem::zeroed();
+        params.type_ = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL;
+        params.__bindgen_anon_1.conditional = sys::CUDA_CONDITIONAL_NODE_PARAMS {
+            handle,
+            type_: sys::CUgraphConditionalNodeType::CU_GRAPH_COND_TYPE_IF,
+            size: 1,
+            phGraph_out: std::ptr::null_mut(),
+            ctx,
+        };
+        let mut node = std::ptr::null_mut();
+        check("cuGraphAddNode (conditional)", sys::cuGraphAddNode_v2(&mut node, graph, deps, edges, count, &mut params).result())?;
+        let r = sys::cuStreamUpdateCaptureDependencies_v2(
+            stream,
+            &mut node,
+            std::ptr::null(),
+            1,
+            sys::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES as u32,
+        );
+        check("cuStreamUpdateCaptureDependencies", r.result())?;
+        let body_graph = *params.__bindgen_anon_1.conditional.phGraph_out;
+        let mut child = std::ptr::null_mut();
+        check("cuGraphAddChildGraphNode", sys::cuGraphAddChildGraphNode(&mut child, body_graph, std::ptr::null(), 0, body.0).result())?;
+    }
+    Ok(())
+}
+
 /// An instantiated CUDA graph and the graph it came from.
 pub struct Graph {
     graph: sys::CUgraph,
@@ -124,19 +211,17 @@ impl Graph {
     /// Captures everything `issue` enqueues on `stream` (relaxed mode: cuBLASLt may query
     /// function attributes while capturing) and instantiates it.
     pub fn capture(stream: sys::CUstream, issue: impl FnOnce() -> Result<()>) -> Result<Graph> {
-        // SAFETY: the caller owns the idle stream; the capture is ended on every path.
+        let captured = CapturedGraph::capture(stream, issue)?;
+        let mut g = Graph { graph: captured.0, exec: std::ptr::null_mut() };
+        std::mem::forget(captured);
+        // Kernel nodes keep the priority of the stream they were captured from.
+        let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+        // SAFETY: `g.graph` is a complete captured graph; the exec is destroyed with `g`.
         unsafe {
-            check("cuStreamBeginCapture", result::stream::begin_capture(stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED))?;
-            let issued = issue();
-            let graph = result::stream::end_capture(stream);
-            issued?;
-            let mut g = Graph { graph: check("cuStreamEndCapture", graph)?, exec: std::ptr::null_mut() };
-            // Kernel nodes keep the priority of the stream they were captured from.
-            let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
             g.exec = check("cuGraphInstantiate", result::graph::instantiate(g.graph, flags))?;
             check("cuGraphUpload", result::graph::upload(g.exec, stream))?;
-            Ok(g)
         }
+        Ok(g)
     }
 
     /// Enqueues one replay on `stream`.

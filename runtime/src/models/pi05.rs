@@ -406,7 +406,13 @@ pub struct BuildOptions {
     /// Action unnormalization as `x · scale + offset` per action column.
     pub action_scale: Vec<f32>,
     pub action_offset: Vec<f32>,
+    /// Build the prefix once per prompt bucket ([`PROMPT_BUCKETS`] below the prompt capacity, and
+    /// the capacity), so a step costs what its prompt needs (see `Plan::prompt_buckets`).
+    pub prompt_buckets: bool,
 }
+
+/// The smaller prompt buckets (slot counts) a plan gets when they are below its prompt capacity.
+pub const PROMPT_BUCKETS: [usize; 3] = [32, 64, 128];
 
 /// Reads tensors by name as f32, with a byte counter for progress reporting.
 struct Loader<'a> {
@@ -499,6 +505,16 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
     let positions = plan.buffer("positions", BufType::I32, kv_rows);
     let xt = plan.matrix("x_t", horizon, ad);
 
+    // Prompt buckets: powers of two from 32 below the capacity, then the capacity.
+    let buckets: Vec<usize> = if opts.prompt_buckets {
+        PROMPT_BUCKETS.iter().copied().filter(|&b| b < c.prompt_len).chain([c.prompt_len]).collect()
+    } else {
+        vec![c.prompt_len]
+    };
+    if buckets.len() > 1 {
+        plan.prompt_buckets = buckets.clone();
+    }
+
     plan.phase("inputs");
     plan.push(Op::Copy { src: noise, dst: xt });
     plan.push(Op::Positions {
@@ -511,6 +527,9 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
         valid,
         positions,
     });
+    if !plan.prompt_buckets.is_empty() {
+        plan.push(Op::PromptBucket { token_mask: io.token_mask });
+    }
 
     // ---- Vision tower, all cameras batched: [cams · 256, width].
     plan.phase("vision");
@@ -602,7 +621,6 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
     plan.push(Op::LayerNorm { x: vx, out: vout, gamma: post.0, beta: post.1, eps: EPS });
 
     // ---- Prefix: projected image tokens, then scaled prompt embeddings; the LM fills the K/V cache.
-    plan.phase("prefix");
     let embed = plan.matrix("prefix_embed", prefix, lw);
     let x = plan.matrix("prefix_x", prefix, lw);
     let h = plan.matrix("prefix_h", prefix, lw);
@@ -626,57 +644,72 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
         WeightRole::Embedding { vocab: c.vocab, width: lw },
         WeightData::Checkpoint(c.embedding_tensor.clone()),
     );
-    plan.push(Op::Gemm { a: vout, w: proj_w, bias: Some(proj_b), out: embed.rows(0, vrows), accumulate: false });
-    plan.push(Op::Embed { tokens: io.tokens, table: emb, scale: (lw as f32).sqrt(), out: embed.rows(vrows, c.prompt_len) });
-    plan.push(Op::Copy { src: embed, dst: x });
-    for (i, &(k_cache, v_cache)) in caches.iter().enumerate().take(c.lm_layers) {
+    // Per LM layer: the Q/K/V weight, and (all but the last layer) O, gate/up and down.
+    let mut lm_w = Vec::with_capacity(c.lm_layers);
+    for i in 0..c.lm_layers {
         let p = format!("{LM}layers.{i}.");
         let in_norm: Vec<f32> = ld.get(&format!("{p}input_layernorm.weight")).iter().map(|w| 1.0 + w).collect();
-        let last = i + 1 == c.lm_layers;
         // The last layer only feeds the K/V cache: its queries, attention and MLP are never used.
+        let last = i + 1 == c.lm_layers;
         let proj: &[&str] = if last { &["k", "v"] } else { &["q", "k", "v"] };
         let names: Vec<String> = proj.iter().map(|n| format!("{p}self_attn.{n}_proj.weight")).collect();
         let q_heads = if last { 0 } else { nh };
         let qkv_w = add(&mut plan, format!("lm.{i}.qkv*(1+input_norm)"), matrix((q_heads + 2) * hd, lw), ld.rows(&names, Some(in_norm)));
-        let qkv_view = qkv.cols(0, (q_heads + 2) * hd);
-        plan.push(Op::RmsNorm { x, out: h, eps: EPS });
-        plan.push(Op::Gemm { a: h, w: qkv_w, bias: None, out: qkv_view, accumulate: false });
-        plan.push(Op::RopeQkv {
-            qkv: qkv_view,
-            heads: q_heads,
-            head_dim: hd,
-            positions,
-            position_offset: 0,
-            k_cache,
-            v_cache,
-            cache_row: 0,
+        let rest = (!last).then(|| {
+            let post_norm: Vec<f32> = ld.get(&format!("{p}post_attention_layernorm.weight")).iter().map(|w| 1.0 + w).collect();
+            let o_w =
+                add(&mut plan, format!("lm.{i}.o_proj"), matrix(lw, nh * hd), ld.rows(&[format!("{p}self_attn.o_proj.weight")], None));
+            let gu_names = [format!("{p}mlp.gate_proj.weight"), format!("{p}mlp.up_proj.weight")];
+            let gu_w =
+                add(&mut plan, format!("lm.{i}.gate_up*(1+post_norm)"), matrix(2 * c.lm_mlp, lw), ld.rows(&gu_names, Some(post_norm)));
+            let down =
+                add(&mut plan, format!("lm.{i}.down_proj"), matrix(lw, c.lm_mlp), ld.rows(&[format!("{p}mlp.down_proj.weight")], None));
+            (o_w, gu_w, down)
         });
-        if last {
-            break;
-        }
-        let post_norm: Vec<f32> = ld.get(&format!("{p}post_attention_layernorm.weight")).iter().map(|w| 1.0 + w).collect();
-        let o_w = add(&mut plan, format!("lm.{i}.o_proj"), matrix(lw, nh * hd), ld.rows(&[format!("{p}self_attn.o_proj.weight")], None));
-        let gu_names = [format!("{p}mlp.gate_proj.weight"), format!("{p}mlp.up_proj.weight")];
-        let gu_w = add(&mut plan, format!("lm.{i}.gate_up*(1+post_norm)"), matrix(2 * c.lm_mlp, lw), ld.rows(&gu_names, Some(post_norm)));
-        let down = add(&mut plan, format!("lm.{i}.down_proj"), matrix(lw, c.lm_mlp), ld.rows(&[format!("{p}mlp.down_proj.weight")], None));
-        plan.push(Op::Attention {
-            q: qkv.cols(0, nh * hd),
-            k: k_cache.rows(0, prefix),
-            v: v_cache.rows(0, prefix),
-            out: att,
-            heads: nh,
-            kv_heads: 1,
-            head_dim: hd,
-            groups: 1,
-            key_valid: Some(valid),
-            query_valid: Some(valid),
-        });
-        plan.push(Op::Gemm { a: att, w: o_w, bias: None, out: x, accumulate: true });
-        plan.push(Op::RmsNorm { x, out: h, eps: EPS });
-        plan.push(Op::Gemm { a: h, w: gu_w, bias: None, out: gate_up, accumulate: false });
-        plan.push(Op::GeluTanhMul { gate_up, out: mlp });
-        plan.push(Op::Gemm { a: mlp, w: down, bias: None, out: x, accumulate: true });
+        lm_w.push((q_heads, qkv_w, rest));
     }
+    // The prefix for the first `slots` prompt slots (the prompt buckets below): every later slot
+    // is masked, so leaving its rows out changes no valid row.
+    let emit_prefix = |plan: &mut Plan, slots: usize| {
+        let rows = vrows + slots;
+        let (x, h, att, gate_up, mlp) = (x.rows(0, rows), h.rows(0, rows), att.rows(0, rows), gate_up.rows(0, rows), mlp.rows(0, rows));
+        plan.push(Op::Gemm { a: vout, w: proj_w, bias: Some(proj_b), out: embed.rows(0, vrows), accumulate: false });
+        plan.push(Op::Embed { tokens: io.tokens, table: emb, scale: (lw as f32).sqrt(), out: embed.rows(vrows, slots) });
+        plan.push(Op::Copy { src: embed.rows(0, rows), dst: x });
+        for (&(q_heads, qkv_w, rest), &(k_cache, v_cache)) in lm_w.iter().zip(&caches) {
+            let qkv_view = qkv.rows(0, rows).cols(0, (q_heads + 2) * hd);
+            plan.push(Op::RmsNorm { x, out: h, eps: EPS });
+            plan.push(Op::Gemm { a: h, w: qkv_w, bias: None, out: qkv_view, accumulate: false });
+            plan.push(Op::RopeQkv {
+                qkv: qkv_view,
+                heads: q_heads,
+                head_dim: hd,
+                positions,
+                position_offset: 0,
+                k_cache,
+                v_cache,
+                cache_row: 0,
+            });
+            let Some((o_w, gu_w, down)) = rest else { break };
+            plan.push(Op::Attention {
+                q: qkv.rows(0, rows).cols(0, nh * hd),
+                k: k_cache.rows(0, rows),
+                v: v_cache.rows(0, rows),
+                out: att,
+                heads: nh,
+                kv_heads: 1,
+                head_dim: hd,
+                groups: 1,
+                key_valid: Some(valid),
+                query_valid: Some(valid),
+            });
+            plan.push(Op::Gemm { a: att, w: o_w, bias: None, out: x, accumulate: true });
+            plan.push(Op::RmsNorm { x, out: h, eps: EPS });
+            plan.push(Op::Gemm { a: h, w: gu_w, bias: None, out: gate_up, accumulate: false });
+            plan.push(Op::GeluTanhMul { gate_up, out: mlp });
+            plan.push(Op::Gemm { a: mlp, w: down, bias: None, out: x, accumulate: true });
+        }
+    };
 
     // ---- Action expert: N Euler steps over the cached prefix.
     let eh = plan.matrix("expert_x", horizon, ew);
@@ -721,37 +754,44 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
     let final_dense = (ld.get(&format!("{EX}model.norm.dense.weight")), ld.get(&format!("{EX}model.norm.dense.bias")));
     let time_in = (ld.get("time_mlp_in.weight"), ld.get("time_mlp_in.bias"));
     let time_out = (ld.get("time_mlp_out.weight"), ld.get("time_mlp_out.bias"));
+    // Per step: each layer's (attention, MLP) adaRMS modulation and the final norm's.
+    let mut step_mods = Vec::with_capacity(steps);
+    for s in 0..steps {
+        // lerobot: time = 1 + step·dt in f64, then cast to f32.
+        let t = (1.0 + s as f64 * (-1.0 / steps as f64)) as f32;
+        let cond = time_condition(t, ew, (&time_in.0, &time_in.1), (&time_out.0, &time_out.1));
+        let layers: Vec<[WeightId; 2]> = (0..c.expert_layers)
+            .map(|i| {
+                [0, 1].map(|n| {
+                    let (w, b) = &dense[i][n];
+                    add(
+                        &mut plan,
+                        format!("expert.{i}.{}_mod@t={t}", ["attn", "mlp"][n]),
+                        WeightRole::Vector,
+                        WeightData::Dense(linear(w, b, &cond)),
+                    )
+                })
+            })
+            .collect();
+        let final_mod = add(
+            &mut plan,
+            format!("expert.norm_mod@t={t}"),
+            WeightRole::Vector,
+            WeightData::Dense(linear(&final_dense.0, &final_dense.1, &cond)),
+        );
+        step_mods.push((layers, final_mod));
+    }
     plan.notes.push(format!(
         "folded at load: Q/K/V and gate/up merged; (1+w) RMSNorm weights into the following GEMM; conv bias into the position table; \
          dt = {dt} into action_out_proj; time MLP and all {} adaRMS modulations precomputed for {steps} steps",
         steps * (2 * c.expert_layers + 1)
     ));
     plan.notes.push("last prefix layer computes only K/V (its queries, attention and MLP would be unused)".into());
-
-    for s in 0..steps {
-        // The first step reads the prefix only through each layer's K/V cache, so it may run
-        // beside the prefix (a GPU backend gives it a second stream), each layer as soon as that
-        // layer's cache rows are filled. The later steps each need the one before.
-        if s == 0 {
-            plan.concurrent_phase(format!("denoise step {s}"));
-        } else {
-            plan.phase(format!("denoise step {s}"));
-        }
-        // lerobot: time = 1 + step·dt in f64, then cast to f32.
-        let t = (1.0 + s as f64 * (-1.0 / steps as f64)) as f32;
-        let cond = time_condition(t, ew, (&time_in.0, &time_in.1), (&time_out.0, &time_out.1));
+    let emit_step = |plan: &mut Plan, s: usize| {
+        let (layer_mods, final_mod) = &step_mods[s];
         plan.push(Op::Gemm { a: xt, w: in_w, bias: Some(in_b), out: eh, accumulate: false });
-        for (i, &(qkv_w, o_w, gu_w, down_w)) in layer_w.iter().enumerate() {
+        for (i, (&(qkv_w, o_w, gu_w, down_w), &[attn_mod, mlp_mod])) in layer_w.iter().zip(layer_mods).enumerate() {
             let (k_cache, v_cache) = caches[i];
-            let [attn_mod, mlp_mod] = [0, 1].map(|n| {
-                let (w, b) = &dense[i][n];
-                add(
-                    &mut plan,
-                    format!("expert.{i}.{}_mod@t={t}", ["attn", "mlp"][n]),
-                    WeightRole::Vector,
-                    WeightData::Dense(linear(w, b, &cond)),
-                )
-            });
             plan.push(Op::AdaRmsNorm { x: eh, out: en, modulation: attn_mod, eps: EPS });
             plan.push(Op::Gemm { a: en, w: qkv_w, bias: None, out: eqkv, accumulate: false });
             plan.push(Op::RopeQkv {
@@ -784,14 +824,27 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
             plan.push(Op::Gemm { a: emlp, w: down_w, bias: None, out: etmp, accumulate: false });
             plan.push(Op::GatedResidual { x: eh, y: etmp, modulation: mlp_mod });
         }
-        let final_mod = add(
-            &mut plan,
-            format!("expert.norm_mod@t={t}"),
-            WeightRole::Vector,
-            WeightData::Dense(linear(&final_dense.0, &final_dense.1, &cond)),
-        );
-        plan.push(Op::AdaRmsNorm { x: eh, out: en, modulation: final_mod, eps: EPS });
+        plan.push(Op::AdaRmsNorm { x: eh, out: en, modulation: *final_mod, eps: EPS });
         plan.push(Op::Gemm { a: en, w: out_w, bias: Some(out_b), out: xt, accumulate: true });
+    };
+
+    // The prefix, and the first denoise step, once per prompt bucket (one when the plan has
+    // none). The first step reads the prefix only through each layer's K/V cache, so it may run
+    // beside the prefix (a GPU backend gives it a second stream), each layer as soon as that
+    // layer's cache rows are filled; it belongs to the bucket so that it can (a GPU backend runs
+    // a bucket as one conditional body). The later steps each need the one before.
+    for &slots in &buckets {
+        let bucket = (!plan.prompt_buckets.is_empty()).then_some(slots);
+        plan.bucket_phase("prefix", false, bucket);
+        emit_prefix(&mut plan, slots);
+        if steps > 0 {
+            plan.bucket_phase("denoise step 0", true, bucket);
+            emit_step(&mut plan, 0);
+        }
+    }
+    for s in 1..steps {
+        plan.phase(format!("denoise step {s}"));
+        emit_step(&mut plan, s);
     }
 
     plan.phase("outputs");
