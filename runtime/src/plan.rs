@@ -155,6 +155,22 @@ pub fn cross_lane_waits(lanes: &[usize], accesses: &[Accesses]) -> Vec<Vec<usize
     waits
 }
 
+/// Runs of `0..len` with the same bucket, given where each phase starts and its bucket (in
+/// order): what comes before the first phase runs unconditionally. Empty runs are dropped.
+pub fn sections_of(phase_starts: &[(usize, Option<usize>)], len: usize) -> Vec<(std::ops::Range<usize>, Option<usize>)> {
+    let starts: Vec<(usize, Option<usize>)> = [(0, None)].into_iter().chain(phase_starts.iter().copied()).collect();
+    let mut out: Vec<(std::ops::Range<usize>, Option<usize>)> = Vec::new();
+    for (k, &(first, bucket)) in starts.iter().enumerate() {
+        let end = starts.get(k + 1).map_or(len, |s| s.0);
+        match out.last_mut() {
+            Some((r, b)) if *b == bucket => r.end = end,
+            _ => out.push((first..end, bucket)),
+        }
+    }
+    out.retain(|(r, _)| !r.is_empty());
+    out
+}
+
 /// Per-camera frame metadata written by the host each step into an I32 buffer, 4 values per
 /// camera: `[present, width, height, pixel format]` (format codes of [`crate::image::PixelFormat`]).
 pub const FRAME_INFO_FIELDS: usize = 4;
@@ -412,16 +428,11 @@ impl Plan {
         self.prompt_buckets.iter().copied().find(|&b| b >= needed).or(self.prompt_buckets.last().copied())
     }
 
-    /// The plan as runs of phases with the same prompt bucket, in order.
+    /// The plan as runs of phases with the same prompt bucket, in order (ops before the first
+    /// phase, or of a plan without phases, run unconditionally).
     pub fn sections(&self) -> Vec<Section> {
-        let mut out: Vec<Section> = Vec::new();
-        for (p, (_, range)) in self.phases.iter().zip(self.phase_ranges()) {
-            match out.last_mut() {
-                Some(last) if last.prompt_bucket == p.prompt_bucket => last.ops.end = range.end,
-                _ => out.push(Section { ops: range, prompt_bucket: p.prompt_bucket }),
-            }
-        }
-        out
+        let starts: Vec<(usize, Option<usize>)> = self.phases.iter().map(|p| (p.first_op, p.prompt_bucket)).collect();
+        sections_of(&starts, self.ops.len()).into_iter().map(|(ops, prompt_bucket)| Section { ops, prompt_bucket }).collect()
     }
 
     /// Whether a step with the full prompt runs the ops of this phase (those of the smaller
@@ -575,6 +586,16 @@ mod tests {
         let rope = Accesses { reads: vec![], writes: writes.into_iter().filter(|w| w.buf != qkv.buf).collect() };
         assert!(!rope.conflicts(&attention_of_rows(12).accesses(&plan.buffers)));
         assert!(rope.conflicts(&attention_of_rows(13).accesses(&plan.buffers)));
+    }
+
+    #[test]
+    fn sections_cover_every_op_once() {
+        assert_eq!(sections_of(&[], 5), [(0..5, None)], "a plan without phases runs everything");
+        assert_eq!(
+            sections_of(&[(2, None), (4, Some(32)), (6, Some(32)), (7, Some(64)), (9, None)], 10),
+            [(0..4, None), (4..7, Some(32)), (7..9, Some(64)), (9..10, None)]
+        );
+        assert_eq!(sections_of(&[(0, Some(32)), (3, None)], 3), [(0..3, Some(32))], "empty runs are dropped");
     }
 
     /// Ops over 3 small buffers on 2 or 3 lanes, each reading and writing one random range.

@@ -42,7 +42,7 @@ use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::models::pi05::WeightData;
-use crate::plan::{Accesses, BufId, BufType, HostIo, Op, Plan, Span, View, WeightId, WeightRole, cross_lane_waits};
+use crate::plan::{Accesses, BufId, BufType, HostIo, Op, Plan, Span, View, WeightId, WeightRole, cross_lane_waits, sections_of};
 
 /// Open-time options of the CUDA backend.
 #[derive(Clone, Debug, Default)]
@@ -1220,14 +1220,8 @@ impl Lowering<'_> {
                 self.tag_copy(self.steps.len() - 1, BufId(i), false);
             }
         }
-        let mut sections: Vec<(Range<usize>, Option<usize>)> = Vec::new();
-        for (k, (&(_, first), &bucket)) in self.phase_steps.iter().zip(&self.phase_buckets).enumerate() {
-            let end = self.phase_steps.get(k + 1).map_or(self.steps.len(), |p| p.1);
-            match sections.last_mut() {
-                Some((steps, b)) if *b == bucket => steps.end = end,
-                _ => sections.push((first..end, bucket)),
-            }
-        }
+        let starts: Vec<(usize, Option<usize>)> = self.phase_steps.iter().map(|p| p.1).zip(self.phase_buckets.iter().copied()).collect();
+        let sections = sections_of(&starts, self.steps.len());
         let ranges: Vec<Range<usize>> = sections.iter().map(|(r, _)| r.clone()).collect();
         let schedule = Schedule::new(self.step_lanes, &self.step_accesses, &ranges);
         Ok(Lowered { steps: self.steps, schedule, phase_steps: self.phase_steps, sections, matmuls: self.matmuls })
