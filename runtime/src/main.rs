@@ -329,7 +329,9 @@ fn bench_command(
     inputs.step(&mut policy, 0, &mut actions)?;
     let cold_start = started.elapsed();
     let (summary, backend) = bench::run(&mut policy, &inputs, warmup, iterations)?;
-    let gflop = policy.plan().flops() as f64 / 1e9;
+    // The work of the prompt bucket these steps run (all slots without buckets).
+    let plan = policy.plan();
+    let gflop = plan.flops(plan.bucket_for(prompt_tokens.checked_sub(1))) as f64 / 1e9;
     let result = serde_json::json!({
         "workload": workload,
         "model": info.model,

@@ -435,12 +435,6 @@ impl Plan {
         sections_of(&starts, self.ops.len()).into_iter().map(|(ops, prompt_bucket)| Section { ops, prompt_bucket }).collect()
     }
 
-    /// Whether a step with the full prompt runs the ops of this phase (those of the smaller
-    /// buckets are alternatives to it).
-    fn runs_at_capacity(&self, phase: &Phase) -> bool {
-        phase.prompt_bucket.is_none_or(|b| Some(&b) == self.prompt_buckets.last())
-    }
-
     pub fn push(&mut self, op: Op) {
         self.ops.push(op);
     }
@@ -449,15 +443,12 @@ impl Plan {
         self.buffers.iter().map(|b| b.len * if b.ty == BufType::U8 { 1 } else { 4 }).sum()
     }
 
-    /// FLOPs of one step with the prompt filling every slot.
-    pub fn flops(&self) -> u64 {
-        let ranges = self.phase_ranges();
-        self.phases
-            .iter()
-            .zip(ranges)
-            .filter(|(p, _)| self.runs_at_capacity(p))
-            .map(|(_, (_, r))| self.ops[r].iter().map(Op::flops).sum::<u64>())
-            .sum()
+    /// FLOPs of one step that runs prompt bucket `bucket` (`None`: the whole capacity): the
+    /// phases of the other buckets are alternatives to it.
+    pub fn flops(&self, bucket: Option<usize>) -> u64 {
+        let bucket = bucket.or(self.prompt_buckets.last().copied());
+        let sections = self.sections().into_iter().filter(|s| s.prompt_bucket.is_none() || s.prompt_bucket == bucket);
+        sections.map(|s| self.ops[s.ops].iter().map(Op::flops).sum::<u64>()).sum()
     }
 
     /// Ops of each phase as index ranges.
@@ -489,7 +480,7 @@ impl Plan {
             self.buffers.len(),
             self.arena_bytes() as f64 / (1 << 20) as f64,
             self.weights.len(),
-            self.flops() as f64 / 1e9
+            self.flops(None) as f64 / 1e9
         );
         for note in &self.notes {
             let _ = writeln!(s, "note: {note}");
