@@ -16,7 +16,7 @@
 # (bench/views/full synthesize the full-size checkpoint first if /tmp/flashrt_full lacks it.)
 #
 # On this workplace's device tool: `run` with carry [".device-carry", ".whl"] and the command
-#   bash tools/device/cuda_checks.sh tests bench full views ab
+#   bash tools/device/cuda_checks.sh tests bench full views overlap buckets
 # Results (JSON) and the log land in $OUT; commit them under bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
