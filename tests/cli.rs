@@ -128,6 +128,21 @@ fn prompt_capacity_sizes_the_prefix() {
 }
 
 #[test]
+fn prompt_buckets_show_in_the_plan_and_can_be_turned_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = synth_tiny(dir.path(), "4");
+    let (ok, with, stderr) = flashrt(&["inspect", "--checkpoint", path(&ckpt)]);
+    assert!(ok, "{stderr}");
+    assert!(with.contains("prompt buckets: [32, 64, 128, 200] slots"), "{with}");
+    assert!(with.contains("phase prefix (prompt bucket: first 64 slots)"), "{with}");
+    assert!(with.contains("prompt_bucket of token_mask"), "{with}");
+    let (ok, without, stderr) = flashrt(&["inspect", "--checkpoint", path(&ckpt), "--no-prompt-buckets"]);
+    assert!(ok, "{stderr}");
+    assert!(!without.contains("prompt bucket"), "{without}");
+    assert_eq!(without.matches("phase prefix").count(), 1, "{without}");
+}
+
+#[test]
 fn bad_checkpoint_is_a_clear_error_not_a_panic() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("model.safetensors"), b"garbage").unwrap();
