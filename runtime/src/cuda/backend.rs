@@ -8,7 +8,8 @@
 //! step runs once eagerly (warm-up: lazy module loads, cuBLASLt kernel selection) and is then
 //! captured into a graph: H2D of the small host inputs, every op, D2H of the actions.
 //! `run` is one graph launch and one stream synchronisation: no allocation, no driver call that
-//! depends on the data.
+//! depends on the data. A plan's prompt buckets become conditional (IF) nodes of that graph,
+//! switched on the device by the prompt's token mask (`CudaBackend::capture`).
 //!
 //! Element types: a plan buffer lives in bf16 when it feeds a GEMM, attention or an element-wise
 //! op between GEMMs, and in f32 when it is a residual stream (accumulated into), a host buffer or
@@ -857,7 +858,7 @@ impl CudaBackend {
             }
             Ok(())
         })?;
-        log::info!("prompt buckets {:?}: the prefix and first denoise step of each as a conditional body", self.plan.prompt_buckets);
+        log::info!("prompt buckets {:?}: each one's phases as a conditional body", self.plan.prompt_buckets);
         Ok(graph)
     }
 

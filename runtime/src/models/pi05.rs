@@ -828,11 +828,12 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
         plan.push(Op::Gemm { a: en, w: out_w, bias: Some(out_b), out: xt, accumulate: true });
     };
 
-    // The prefix, and the first denoise step, once per prompt bucket (one when the plan has
+    // The prefix, and the first denoise step, once per prompt bucket (once when the plan has
     // none). The first step reads the prefix only through each layer's K/V cache, so it may run
     // beside the prefix (a GPU backend gives it a second stream), each layer as soon as that
-    // layer's cache rows are filled; it belongs to the bucket so that it can (a GPU backend runs
-    // a bucket as one conditional body). The later steps each need the one before.
+    // layer's cache rows are filled. It is part of each bucket because a GPU backend runs a bucket
+    // as one conditional body, which nothing outside can wait on layer by layer. The later steps
+    // each need the one before.
     for &slots in &buckets {
         let bucket = (!plan.prompt_buckets.is_empty()).then_some(slots);
         plan.bucket_phase("prefix", false, bucket);
