@@ -303,6 +303,13 @@ typedef struct FrtPolicyConfig {
    */
   size_t prompt_capacity;
   /**
+   * Compute the prefix only for the smallest bucket of 32, 64, 128 slots or the capacity that
+   * holds the step's prompt, picked on the device (default true). false: every slot every
+   * step, so the step time never depends on the prompt's length (Pi0.5's state tokens make
+   * that length move from step to step).
+   */
+  bool prompt_buckets;
+  /**
    * Denoising steps; 0: from the checkpoint (config.json `num_inference_steps`).
    */
   size_t denoise_steps;

@@ -83,6 +83,11 @@ pub struct FrtPolicyConfig {
     pub max_frame_height: usize,
     /// Prompt token capacity; 0: from the checkpoint (config.json `tokenizer_max_length`).
     pub prompt_capacity: usize,
+    /// Compute the prefix only for the smallest bucket of 32, 64, 128 slots or the capacity that
+    /// holds the step's prompt, picked on the device (default true). false: every slot every
+    /// step, so the step time never depends on the prompt's length (Pi0.5's state tokens make
+    /// that length move from step to step).
+    pub prompt_buckets: bool,
     /// Denoising steps; 0: from the checkpoint (config.json `num_inference_steps`).
     pub denoise_steps: usize,
     /// The robot's state width; 0: from the checkpoint. Needed only when the checkpoint states none.
@@ -133,6 +138,7 @@ pub unsafe extern "C" fn frt_policy_config_default(config: *mut FrtPolicyConfig)
             max_frame_width: d.max_frame_width,
             max_frame_height: d.max_frame_height,
             prompt_capacity: 0,
+            prompt_buckets: d.prompt_buckets,
             denoise_steps: 0,
             state_dim: 0,
             seed: d.seed,
@@ -211,6 +217,7 @@ pub(crate) unsafe fn read(config: *const FrtPolicyConfig) -> Result<(PolicyConfi
     out.max_frame_width = c.max_frame_width;
     out.max_frame_height = c.max_frame_height;
     out.prompt_len = optional(c.prompt_capacity);
+    out.prompt_buckets = c.prompt_buckets;
     out.denoise_steps = optional(c.denoise_steps);
     out.state_dim = optional(c.state_dim);
     out.seed = c.seed;

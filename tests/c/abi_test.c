@@ -143,6 +143,7 @@ static void test_config_default(void) {
     CHECK(c.backend == FRT_BACKEND_AUTO && c.precision == FRT_PRECISION_AUTO && c.device == 0);
     CHECK(c.log_level == FRT_LOG_LEVEL_WARN && c.log_callback == NULL && c.log_user_data == NULL);
     CHECK(c.cameras == 0 && c.prompt_capacity == 0 && c.denoise_steps == 0 && c.state_dim == 0);
+    CHECK(c.prompt_buckets);
     CHECK(c.max_frame_width == 1920 && c.max_frame_height == 1080);
     CHECK(c.seed == 0 && c.deadline_us == 0);
 }
@@ -443,6 +444,8 @@ static void test_info_explain(FrtPolicy *p) {
     plan = (char *)malloc(need + 1);
     EXPECT_STATUS(frt_policy_explain(p, plan, need + 1, &n), FRT_STATUS_OK);
     CHECK(n == need && strlen(plan) == need);
+    /* 64 prompt slots: the prefix exists for the first 32 and for all 64. */
+    CHECK(strstr(plan, "prompt buckets: [32, 64] slots") != NULL);
     free(plan);
 }
 
@@ -666,8 +669,18 @@ static void test_deadline(void) {
     FrtPolicy *p = NULL;
     FrtLatencyStats stats;
     static struct tick t;
+    size_t n = 0;
     c.deadline_us = 1; /* every step misses it */
+    c.prompt_buckets = false;
     EXPECT_STATUS(frt_policy_open(&c, &p), FRT_STATUS_OK);
+    /* Without buckets the plan has one prefix, for every slot: no bucket line in the explanation. */
+    EXPECT_STATUS(frt_policy_explain(p, NULL, 0, &n), FRT_STATUS_OK);
+    {
+        char *text = (char *)malloc(n + 1);
+        EXPECT_STATUS(frt_policy_explain(p, text, n + 1, &n), FRT_STATUS_OK);
+        CHECK(strstr(text, "prompt bucket") == NULL && strstr(text, "phase prefix") != NULL);
+        free(text);
+    }
     EXPECT_STATUS(frt_policy_set_prompt(p, "stack the cups", 14), FRT_STATUS_OK);
     reset_tick(&t);
     EXPECT_STATUS(step(p, &t), FRT_STATUS_OK);
