@@ -30,7 +30,7 @@ fn first_denoise_step_waits_for_each_prefix_layer_cache_and_nothing_later() {
     let mut first_step_ops = 0;
     for section in &buckets {
         // A bucket runs as a whole after everything before it: its waits stay inside it.
-        let r = section.ops.clone();
+        let r = section.range.clone();
         let waits = cross_lane_waits(&lanes[r.clone()], &accesses[r.clone()]);
         let phase = |name: &str| {
             let (_, p) = plan.phase_ranges().into_iter().find(|(n, p)| *n == name && r.contains(&p.start)).expect(name);

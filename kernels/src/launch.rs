@@ -96,10 +96,10 @@ pub struct AttentionSplit {
     pub partial_lens: (usize, usize),
 }
 
-/// Rows (query × head) per block and keys per chunk of `attention_mq256` (attention.cu).
 /// Most prompt buckets one `prompt_bucket_256` launch picks among.
 pub const MAX_PROMPT_BUCKETS: usize = 4;
 
+/// Rows (query × head) per block and keys per chunk of `attention_mq256` (attention.cu).
 const ATTENTION_ROWS: usize = 64;
 const ATTENTION_KEYS: usize = 32;
 const ATTENTION_HEAD_DIM: usize = 256;

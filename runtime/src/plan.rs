@@ -157,17 +157,17 @@ pub fn cross_lane_waits(lanes: &[usize], accesses: &[Accesses]) -> Vec<Vec<usize
 
 /// Runs of `0..len` with the same bucket, given where each phase starts and its bucket (in
 /// order): what comes before the first phase runs unconditionally. Empty runs are dropped.
-pub fn sections_of(phase_starts: &[(usize, Option<usize>)], len: usize) -> Vec<(std::ops::Range<usize>, Option<usize>)> {
+pub fn sections_of(phase_starts: &[(usize, Option<usize>)], len: usize) -> Vec<Section> {
     let starts: Vec<(usize, Option<usize>)> = [(0, None)].into_iter().chain(phase_starts.iter().copied()).collect();
-    let mut out: Vec<(std::ops::Range<usize>, Option<usize>)> = Vec::new();
-    for (k, &(first, bucket)) in starts.iter().enumerate() {
+    let mut out: Vec<Section> = Vec::new();
+    for (k, &(first, prompt_bucket)) in starts.iter().enumerate() {
         let end = starts.get(k + 1).map_or(len, |s| s.0);
         match out.last_mut() {
-            Some((r, b)) if *b == bucket => r.end = end,
-            _ => out.push((first..end, bucket)),
+            Some(last) if last.prompt_bucket == prompt_bucket => last.range.end = end,
+            _ => out.push(Section { range: first..end, prompt_bucket }),
         }
     }
-    out.retain(|(r, _)| !r.is_empty());
+    out.retain(|s| !s.range.is_empty());
     out
 }
 
@@ -358,10 +358,11 @@ pub struct Phase {
 }
 
 /// A run of consecutive phases with the same [`Phase::prompt_bucket`]: what a backend runs
-/// unconditionally (`None`) or only when that bucket is picked.
+/// unconditionally (`None`) or only when that bucket is picked. `range` indexes the plan's ops
+/// (or, in a backend, the steps it lowered them to).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Section {
-    pub ops: std::ops::Range<usize>,
+    pub range: std::ops::Range<usize>,
     pub prompt_bucket: Option<usize>,
 }
 
@@ -432,7 +433,7 @@ impl Plan {
     /// phase, or of a plan without phases, run unconditionally).
     pub fn sections(&self) -> Vec<Section> {
         let starts: Vec<(usize, Option<usize>)> = self.phases.iter().map(|p| (p.first_op, p.prompt_bucket)).collect();
-        sections_of(&starts, self.ops.len()).into_iter().map(|(ops, prompt_bucket)| Section { ops, prompt_bucket }).collect()
+        sections_of(&starts, self.ops.len())
     }
 
     pub fn push(&mut self, op: Op) {
@@ -448,7 +449,7 @@ impl Plan {
     pub fn flops(&self, bucket: Option<usize>) -> u64 {
         let bucket = bucket.or(self.prompt_buckets.last().copied());
         let sections = self.sections().into_iter().filter(|s| s.prompt_bucket.is_none() || s.prompt_bucket == bucket);
-        sections.map(|s| self.ops[s.ops].iter().map(Op::flops).sum::<u64>()).sum()
+        sections.map(|s| self.ops[s.range].iter().map(Op::flops).sum::<u64>()).sum()
     }
 
     /// Ops of each phase as index ranges.
@@ -581,12 +582,15 @@ mod tests {
 
     #[test]
     fn sections_cover_every_op_once() {
-        assert_eq!(sections_of(&[], 5), [(0..5, None)], "a plan without phases runs everything");
+        let runs = |starts: &[(usize, Option<usize>)], len: usize| -> Vec<(std::ops::Range<usize>, Option<usize>)> {
+            sections_of(starts, len).into_iter().map(|s| (s.range, s.prompt_bucket)).collect()
+        };
+        assert_eq!(runs(&[], 5), [(0..5, None)], "a plan without phases runs everything");
         assert_eq!(
-            sections_of(&[(2, None), (4, Some(32)), (6, Some(32)), (7, Some(64)), (9, None)], 10),
+            runs(&[(2, None), (4, Some(32)), (6, Some(32)), (7, Some(64)), (9, None)], 10),
             [(0..4, None), (4..7, Some(32)), (7..9, Some(64)), (9..10, None)]
         );
-        assert_eq!(sections_of(&[(0, Some(32)), (3, None)], 3), [(0..3, Some(32))], "empty runs are dropped");
+        assert_eq!(runs(&[(0, Some(32)), (3, None)], 3), [(0..3, Some(32))], "empty runs are dropped");
     }
 
     /// Ops over 3 small buffers on 2 or 3 lanes, each reading and writing one random range.

@@ -652,9 +652,9 @@ impl Backend for CpuBackend {
 
     fn run(&mut self) -> Result<()> {
         for i in 0..self.sections.len() {
-            let Section { ops, prompt_bucket } = self.sections[i].clone();
+            let Section { range, prompt_bucket } = self.sections[i].clone();
             if prompt_bucket.is_none() || prompt_bucket == self.bucket {
-                self.run_ops(ops);
+                self.run_ops(range);
             }
         }
         Ok(())

@@ -43,7 +43,7 @@ use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::models::pi05::WeightData;
-use crate::plan::{Accesses, BufId, BufType, HostIo, Op, Plan, Span, View, WeightId, WeightRole, cross_lane_waits, sections_of};
+use crate::plan::{Accesses, BufId, BufType, HostIo, Op, Plan, Section, Span, View, WeightId, WeightRole, cross_lane_waits, sections_of};
 
 /// Open-time options of the CUDA backend.
 #[derive(Clone, Debug, Default)]
@@ -394,7 +394,7 @@ pub struct CudaBackend {
     /// `(phase name, first step)` for each plan phase, in order.
     phase_steps: Vec<(String, usize)>,
     /// The steps as runs with the same prompt bucket (`None`: every step runs them).
-    sections: Vec<(Range<usize>, Option<usize>)>,
+    sections: Vec<Section>,
     /// The IF-node handles of the prompt buckets while the step's graph is captured (zero
     /// otherwise: `Step::PromptBucket` launches only into that graph).
     bucket_handles: Cell<[u64; MAX_PROMPT_BUCKETS]>,
@@ -782,7 +782,7 @@ impl CudaBackend {
     /// Enqueues every step eagerly, every prompt bucket's included (the warm-up: each kernel and
     /// product runs once before capture).
     fn issue_all(&self) -> Result<()> {
-        self.sections.iter().try_for_each(|(steps, _)| self.issue_steps(steps.clone()))
+        self.sections.iter().try_for_each(|s| self.issue_steps(s.range.clone()))
     }
 
     /// Enqueues `steps` (eagerly, or into a graph under capture) on their lanes' streams, each
@@ -825,7 +825,10 @@ impl CudaBackend {
         bucketed.or_else(|e| {
             log::warn!("prompt buckets off, every step computes all {full} prompt slots: {e}");
             Graph::capture(self.stream.0, || {
-                self.sections.iter().filter(|(_, b)| b.is_none_or(|b| b == full)).try_for_each(|(steps, _)| self.issue_steps(steps.clone()))
+                self.sections
+                    .iter()
+                    .filter(|s| s.prompt_bucket.is_none_or(|b| b == full))
+                    .try_for_each(|s| self.issue_steps(s.range.clone()))
             })
         })
     }
@@ -834,8 +837,8 @@ impl CudaBackend {
         let bodies: Vec<CapturedGraph> = self
             .sections
             .iter()
-            .filter(|(_, bucket)| bucket.is_some())
-            .map(|(steps, _)| CapturedGraph::capture(self.stream.0, || self.issue_steps(steps.clone())))
+            .filter(|s| s.prompt_bucket.is_some())
+            .map(|s| CapturedGraph::capture(self.stream.0, || self.issue_steps(s.range.clone())))
             .collect::<Result<_>>()?;
         if bodies.len() != self.plan.prompt_buckets.len() || bodies.len() > MAX_PROMPT_BUCKETS {
             return Err(Error::Backend(format!("{} bucket sections for buckets {:?}", bodies.len(), self.plan.prompt_buckets)));
@@ -847,9 +850,9 @@ impl CudaBackend {
             }
             self.bucket_handles.set(handles);
             let mut bodies = bodies.iter().zip(handles);
-            for (steps, bucket) in &self.sections {
-                match bucket {
-                    None => self.issue_steps(steps.clone())?,
+            for s in &self.sections {
+                match s.prompt_bucket {
+                    None => self.issue_steps(s.range.clone())?,
                     Some(_) => {
                         let (body, handle) = bodies.next().expect("one body per bucket");
                         capture_if(self.stream.0, self.ctx.ctx, handle, body)?;
@@ -1073,7 +1076,7 @@ struct Lowered {
     steps: Vec<Step>,
     schedule: Schedule,
     phase_steps: Vec<(String, usize)>,
-    sections: Vec<(Range<usize>, Option<usize>)>,
+    sections: Vec<Section>,
     matmuls: Vec<Matmul>,
 }
 
@@ -1223,7 +1226,7 @@ impl Lowering<'_> {
         }
         let starts: Vec<(usize, Option<usize>)> = self.phase_steps.iter().map(|p| p.1).zip(self.phase_buckets.iter().copied()).collect();
         let sections = sections_of(&starts, self.steps.len());
-        let ranges: Vec<Range<usize>> = sections.iter().map(|(r, _)| r.clone()).collect();
+        let ranges: Vec<Range<usize>> = sections.iter().map(|s| s.range.clone()).collect();
         let schedule = Schedule::new(self.step_lanes, &self.step_accesses, &ranges);
         Ok(Lowered { steps: self.steps, schedule, phase_steps: self.phase_steps, sections, matmuls: self.matmuls })
     }

@@ -139,24 +139,34 @@ impl Drop for CapturedGraph {
     }
 }
 
-/// The graph being captured on `stream`.
-fn capturing_graph(stream: sys::CUstream) -> Result<sys::CUgraph> {
+/// What stream capture on a stream has recorded so far: the graph, and the nodes (with their
+/// edge data; arrays owned by the driver, valid until the capture changes) that work enqueued
+/// next would depend on.
+struct CaptureState {
+    graph: sys::CUgraph,
+    deps: *const sys::CUgraphNode,
+    edges: *const sys::CUgraphEdgeData,
+    count: usize,
+}
+
+fn capture_state(stream: sys::CUstream) -> Result<CaptureState> {
     let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    let (mut graph, mut deps, mut edges, mut count) = (std::ptr::null_mut(), std::ptr::null(), std::ptr::null(), 0);
+    let mut c = CaptureState { graph: std::ptr::null_mut(), deps: std::ptr::null(), edges: std::ptr::null(), count: 0 };
     // SAFETY: every out-pointer is a live local.
-    let r =
-        unsafe { sys::cuStreamGetCaptureInfo_v3(stream, &mut status, std::ptr::null_mut(), &mut graph, &mut deps, &mut edges, &mut count) };
+    let r = unsafe {
+        sys::cuStreamGetCaptureInfo_v3(stream, &mut status, std::ptr::null_mut(), &mut c.graph, &mut c.deps, &mut c.edges, &mut c.count)
+    };
     check("cuStreamGetCaptureInfo", r.result())?;
     if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
         return Err(Error::Backend("a conditional node needs a stream under capture".into()));
     }
-    Ok(graph)
+    Ok(c)
 }
 
 /// Under capture on `stream`: a handle for an IF node of the graph being captured, 0 at the start
 /// of every launch until a kernel sets it (`cudaGraphSetConditional`).
 pub fn conditional_handle(stream: sys::CUstream, ctx: sys::CUcontext) -> Result<u64> {
-    let graph = capturing_graph(stream)?;
+    let graph = capture_state(stream)?.graph;
     let mut handle = 0;
     // SAFETY: `graph` is the live capture graph; `handle` a live local.
     let r = unsafe { sys::cuGraphConditionalHandleCreate(&mut handle, graph, ctx, 0, sys::CU_GRAPH_COND_ASSIGN_DEFAULT) };
@@ -167,14 +177,11 @@ pub fn conditional_handle(stream: sys::CUstream, ctx: sys::CUcontext) -> Result<
 /// Under capture on `stream`: an IF node on `handle` after the stream's work so far, whose body
 /// is a copy of `body`; the stream's later work follows it.
 pub fn capture_if(stream: sys::CUstream, ctx: sys::CUcontext, handle: u64, body: &CapturedGraph) -> Result<()> {
-    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    let (mut graph, mut deps, mut edges, mut count) = (std::ptr::null_mut(), std::ptr::null(), std::ptr::null(), 0);
-    // SAFETY (whole block): out-pointers are live locals; `deps`/`edges` are the driver's arrays,
-    // read during the calls below before the capture changes; the conditional parameters are
-    // zero-initialised plain data with the union's `conditional` member set.
+    let c = capture_state(stream)?;
+    // SAFETY (whole block): `c`'s arrays are read by the first call, before the capture changes;
+    // the conditional parameters are zero-initialised plain data with the union's `conditional`
+    // member set; out-pointers are live locals.
     unsafe {
-        let r = sys::cuStreamGetCaptureInfo_v3(stream, &mut status, std::ptr::null_mut(), &mut graph, &mut deps, &mut edges, &mut count);
-        check("cuStreamGetCaptureInfo", r.result())?;
         let mut params: sys::CUgraphNodeParams = std::mem::zeroed();
         params.type_ = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_CONDITIONAL;
         params.__bindgen_anon_1.conditional = sys::CUDA_CONDITIONAL_NODE_PARAMS {
@@ -185,7 +192,7 @@ pub fn capture_if(stream: sys::CUstream, ctx: sys::CUcontext, handle: u64, body:
             ctx,
         };
         let mut node = std::ptr::null_mut();
-        check("cuGraphAddNode (conditional)", sys::cuGraphAddNode_v2(&mut node, graph, deps, edges, count, &mut params).result())?;
+        check("cuGraphAddNode (conditional)", sys::cuGraphAddNode_v2(&mut node, c.graph, c.deps, c.edges, c.count, &mut params).result())?;
         let r = sys::cuStreamUpdateCaptureDependencies_v2(
             stream,
             &mut node,
