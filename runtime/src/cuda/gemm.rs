@@ -44,11 +44,6 @@ pub struct MatmulSpec {
 }
 
 impl MatmulSpec {
-    /// The K of the product (the dimension summed over).
-    pub fn reduction_depth(&self) -> usize {
-        if self.a.transpose { self.a.rows } else { self.a.cols }
-    }
-
     /// The same product for batch entry `i` alone (used when cuBLASLt rejects a batched form).
     pub fn entry(&self, i: usize) -> MatmulSpec {
         let at = |o: Operand| Operand { ptr: o.ptr + (i * o.batch_stride * o.dtype.size()) as u64, batch_stride: 0, ..o };
@@ -58,15 +53,6 @@ impl MatmulSpec {
 
 /// How many of the heuristic's algorithms are kept as candidates for timing at open.
 const CANDIDATES: usize = 8;
-
-/// Products whose reduction depth K is at least this many times their output features (the
-/// prefix's down projection: K 16384 for 2048 features over ~600 rows) also get split-K variants
-/// of the heuristic's algorithms as candidates: their few output tiles leave SMs idle in the
-/// last wave unless K is split. Not for products of at most [`SPLIT_K_MIN_ROWS`] rows: the
-/// expert's 50-row products gained nothing from it (item 17 of bench/NOTES.md).
-const SPLIT_K_MIN_DEPTH: usize = 4;
-const SPLIT_K_MIN_ROWS: usize = 64;
-const SPLIT_K: [u32; 3] = [2, 3, 4];
 
 /// A ready-to-launch product: descriptors and the heuristic's candidate algorithms, owned; the
 /// first candidate is used until [`Matmul::choose`] picks another (timed at open).
@@ -194,66 +180,8 @@ impl Matmul {
             if mm.algos.is_empty() {
                 return Err(format!("cuBLASLt found no algorithm for {spec:?}"));
             }
-            if spec.d.cols > SPLIT_K_MIN_ROWS && spec.reduction_depth() >= SPLIT_K_MIN_DEPTH * spec.d.rows {
-                let variants: Vec<_> = mm.algos.iter().flat_map(|algo| mm.split_k_variants(handle, algo)).collect();
-                mm.algos.extend(variants);
-            }
         }
         Ok(mm)
-    }
-
-    /// `algo` with K split [`SPLIT_K`] ways, where its capabilities allow it and cuBLASLt accepts
-    /// the result for this product within the workspace; partial sums reduced in f32 when the
-    /// algorithm offers it (else in place or in the output type).
-    ///
-    /// # Safety
-    /// The descriptors and layouts of `self` must be complete.
-    unsafe fn split_k_variants(&self, handle: sys::cublasLtHandle_t, algo: &sys::cublasLtMatmulAlgo_t) -> Vec<sys::cublasLtMatmulAlgo_t> {
-        use sys::cublasLtReductionScheme_t::*;
-        let (mut supported, mut schemes, mut written) = (0i32, 0u32, 0usize);
-        let (mut splits_now, [a, b, d]) = (1u32, self.layouts);
-        // SAFETY: each attribute is read into a value of the type cuBLASLt documents for it
-        // (int32 split-K support, uint32 scheme mask and split count); `algo` is initialised.
-        unsafe {
-            let caps = [
-                (sys::cublasLtMatmulAlgoCapAttributes_t::CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &mut supported as *mut i32 as *mut c_void),
-                (sys::cublasLtMatmulAlgoCapAttributes_t::CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &mut schemes as *mut u32 as *mut c_void),
-            ];
-            for (attr, value) in caps {
-                if sys::cublasLtMatmulAlgoCapGetAttribute(algo, attr, value, 4, &mut written).result().is_err() {
-                    return Vec::new();
-                }
-            }
-            let split_attr = sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM;
-            let _ =
-                sys::cublasLtMatmulAlgoConfigGetAttribute(algo, split_attr, &mut splits_now as *mut u32 as *mut c_void, 4, &mut written);
-            let scheme = [CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, CUBLASLT_REDUCTION_SCHEME_INPLACE, CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE]
-                .into_iter()
-                .map(|s| s as u32)
-                .find(|s| schemes & s != 0);
-            let (true, Some(scheme), 1) = (supported != 0, scheme, splits_now) else { return Vec::new() };
-            let mut variants = Vec::new();
-            for splits in SPLIT_K {
-                let mut variant = *algo;
-                let scheme_attr = sys::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME;
-                let configured =
-                    sys::cublasLtMatmulAlgoConfigSetAttribute(&mut variant, split_attr, &splits as *const u32 as *const c_void, 4)
-                        .result()
-                        .and_then(|_| {
-                            sys::cublasLtMatmulAlgoConfigSetAttribute(&mut variant, scheme_attr, &scheme as *const u32 as *const c_void, 4)
-                                .result()
-                        });
-                // SAFETY (zeroed): a plain C struct that cuBLASLt fills.
-                let mut check: sys::cublasLtMatmulHeuristicResult_t = std::mem::zeroed();
-                let accepted = configured
-                    .and_then(|_| sys::cublasLtMatmulAlgoCheck(handle, self.desc, a, b, d, d, &variant, &mut check).result())
-                    .is_ok();
-                if accepted && check.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && check.workspaceSize <= WORKSPACE_BYTES {
-                    variants.push(variant);
-                }
-            }
-            variants
-        }
     }
 
     /// Number of candidate algorithms.
