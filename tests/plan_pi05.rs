@@ -2,7 +2,7 @@
 //! and the first denoise step once per bucket of prompt slots, one bucket run per step) and, in
 //! each bucket, the first denoise step as a concurrent phase that needs the prefix only through
 //! each layer's K/V cache rows, so it may start each layer as soon as the prefix has filled that
-//! layer's cache; and the vision tower as two camera groups, the second a concurrent phase.
+//! layer's cache.
 
 use std::path::Path;
 
@@ -56,40 +56,7 @@ fn first_denoise_step_waits_for_each_prefix_layer_cache_and_nothing_later() {
             assert_eq!(latest, Some(prefix_ropes[layer]), "bucket {:?} layer {layer}", section.prompt_bucket);
         }
     }
-    let vision_ops = plan.phase_ranges().into_iter().find(|(n, _)| n.starts_with("vision, cameras")).map_or(0, |(_, r)| r.len());
-    assert_eq!(
-        lanes.iter().filter(|&&l| l == 1).count(),
-        first_step_ops + vision_ops,
-        "the first steps and a camera group are the only concurrent ops"
-    );
-}
-
-#[test]
-fn second_camera_group_runs_beside_the_first_and_needs_only_the_inputs() {
-    let policy = tiny_policy(true);
-    let plan = policy.plan();
-    let lanes: Vec<usize> = plan.concurrent_ops().into_iter().map(usize::from).collect();
-    let accesses: Vec<Accesses> = plan.ops.iter().map(|op| op.accesses(&plan.buffers)).collect();
-    let phases = plan.phase_ranges();
-    let names: Vec<&str> = phases.iter().map(|(n, _)| *n).collect();
-    assert_eq!(names[..3], ["inputs", "vision", "vision, cameras 2..3"], "the fixture's three cameras as groups of two and one");
-    let (inputs, first, second) = (phases[0].1.clone(), phases[1].1.clone(), phases[2].1.clone());
-    assert!(lanes[second.clone()].iter().all(|&l| l == 1) && lanes[first.clone()].iter().all(|&l| l == 0));
-    let count = |r: &std::ops::Range<usize>, op: &str| plan.ops[r.clone()].iter().filter(|o| o.name() == op).count();
-    assert_eq!((count(&first, "image_patches"), count(&second, "image_patches")), (2, 1), "each group cuts its own cameras' patches");
-    assert_eq!(count(&first, "gemm"), count(&second, "gemm"), "each group runs the whole tower");
-
-    // Within the unconditional section (inputs and vision) the second group waits for input ops
-    // only, and nothing of the first group waits for it: the two towers share no rows.
-    let section = plan.sections().into_iter().next().expect("a first section").range;
-    assert!(section.contains(&second.start) && section.end >= second.end, "the vision runs before the prompt buckets");
-    let waits = cross_lane_waits(&lanes[section.clone()], &accesses[section.clone()]);
-    for i in second.clone() {
-        assert!(waits[i].iter().all(|w| inputs.contains(w)), "op {i} of the second group waits for {:?}", waits[i]);
-    }
-    for i in first {
-        assert!(waits[i].is_empty(), "op {i} of the first group waits for {:?}", waits[i]);
-    }
+    assert_eq!(lanes.iter().filter(|&&l| l == 1).count(), first_step_ops, "the first steps are the only concurrent ops");
 }
 
 #[test]

@@ -12,7 +12,6 @@
 //! Euler step into `action_out_proj`, every time-dependent adaRMS modulation precomputed) and
 //! describes the whole step once, as a [`Plan`].
 
-use std::ops::Range;
 use std::path::Path;
 
 use crate::checkpoint::{Checkpoint, Expected};
@@ -469,23 +468,6 @@ fn time_condition(t: f32, width: usize, w_in: (&[f32], &[f32]), w_out: (&[f32], 
     linear(w_out.0, w_out.1, &hidden).into_iter().map(silu).collect()
 }
 
-/// One SigLIP layer's weights: (matrix or gamma, bias or beta) pairs.
-struct VisionLayer {
-    ln1: (WeightId, WeightId),
-    ln2: (WeightId, WeightId),
-    qkv: (WeightId, WeightId),
-    o: (WeightId, WeightId),
-    fc1: (WeightId, WeightId),
-    fc2: (WeightId, WeightId),
-}
-
-/// The cameras' vision towers as (at most) two groups that may run side by side: the first half
-/// (rounded up) and the rest.
-fn vision_groups(cameras: usize) -> Vec<Range<usize>> {
-    let first = cameras.div_ceil(2);
-    [0..first, first..cameras].into_iter().filter(|g| !g.is_empty()).collect()
-}
-
 /// Checks the checkpoint, loads and folds the weights, and builds the plan.
 pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &dyn Fn(usize)) -> Result<Model> {
     config.expected().check(ckpt)?;
@@ -549,10 +531,8 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
         plan.push(Op::PromptBucket { token_mask: io.token_mask });
     }
 
-    // ---- Vision tower, [cams · 256, width]. The cameras are independent until the prefix, so
-    // they run as two groups, the second as a concurrent phase (a GPU backend gives it the second
-    // stream): the few-hundred-row products of one group leave SMs idle and latency exposed that
-    // the other group's kernels fill.
+    // ---- Vision tower, all cameras batched: [cams · 256, width].
+    plan.phase("vision");
     let patches = plan.matrix("patches", vrows, patch_dim);
     let vx = plan.matrix("vision_x", vrows, vw);
     let vh = plan.matrix("vision_h", vrows, vw);
@@ -560,6 +540,17 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
     let vatt = plan.matrix("vision_attn", vrows, vw);
     let vmlp = plan.matrix("vision_mlp", vrows, c.vision_mlp);
     let vout = plan.matrix("vision_features", vrows, vw);
+    for cam in 0..cams {
+        plan.push(Op::ImagePatches {
+            camera: cam,
+            frames: io.frames,
+            frame_stride,
+            frame_info: io.frame_info,
+            size: c.image_size,
+            patch: c.patch,
+            out: patches.rows(cam * tpi, tpi),
+        });
+    }
     let patch_w = add(
         &mut plan,
         "vision.patch_embedding".into(),
@@ -573,7 +564,8 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
         row.iter_mut().zip(&conv_bias).for_each(|(t, b)| *t += b);
     }
     let pos_table = add(&mut plan, "vision.position_embedding+bias".into(), WeightRole::Vector, WeightData::Dense(table));
-    let mut vision_w = Vec::with_capacity(c.vision_layers);
+    plan.push(Op::Gemm { a: patches, w: patch_w, bias: None, out: vx, accumulate: false });
+    plan.push(Op::AddTable { x: vx, table: pos_table, table_rows: tpi });
     for i in 0..c.vision_layers {
         let p = format!("{VT}encoder.layers.{i}.");
         let mut vec = |plan: &mut Plan, name: &str| {
@@ -591,7 +583,26 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
         let o_w = add(&mut plan, format!("vision.{i}.out_proj"), matrix(vw, vw), ld.rows(&[format!("{p}self_attn.out_proj.weight")], None));
         let fc1 = add(&mut plan, format!("vision.{i}.fc1"), matrix(c.vision_mlp, vw), ld.rows(&[format!("{p}mlp.fc1.weight")], None));
         let fc2 = add(&mut plan, format!("vision.{i}.fc2"), matrix(vw, c.vision_mlp), ld.rows(&[format!("{p}mlp.fc2.weight")], None));
-        vision_w.push(VisionLayer { ln1, ln2, qkv: (qkv_w, qkv_b), o: (o_w, o_b), fc1: (fc1, fc1_b), fc2: (fc2, fc2_b) });
+
+        plan.push(Op::LayerNorm { x: vx, out: vh, gamma: ln1.0, beta: ln1.1, eps: EPS });
+        plan.push(Op::Gemm { a: vh, w: qkv_w, bias: Some(qkv_b), out: vqkv, accumulate: false });
+        plan.push(Op::Attention {
+            q: vqkv.cols(0, vw),
+            k: vqkv.cols(vw, vw),
+            v: vqkv.cols(2 * vw, vw),
+            out: vatt,
+            heads: c.vision_heads,
+            kv_heads: c.vision_heads,
+            head_dim: vw / c.vision_heads,
+            groups: cams,
+            key_valid: None,
+            query_valid: None,
+        });
+        plan.push(Op::Gemm { a: vatt, w: o_w, bias: Some(o_b), out: vx, accumulate: true });
+        plan.push(Op::LayerNorm { x: vx, out: vh, gamma: ln2.0, beta: ln2.1, eps: EPS });
+        plan.push(Op::Gemm { a: vh, w: fc1, bias: Some(fc1_b), out: vmlp, accumulate: false });
+        plan.push(Op::GeluTanh { x: vmlp });
+        plan.push(Op::Gemm { a: vmlp, w: fc2, bias: Some(fc2_b), out: vx, accumulate: true });
     }
     let post = (
         add(
@@ -607,50 +618,7 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
             WeightData::Dense(ld.get(&format!("{VT}post_layernorm.bias"))),
         ),
     );
-    for group in vision_groups(cams) {
-        if group.start == 0 {
-            plan.phase("vision");
-        } else {
-            plan.concurrent_phase(format!("vision, cameras {}..{}", group.start, group.end));
-        }
-        for cam in group.clone() {
-            plan.push(Op::ImagePatches {
-                camera: cam,
-                frames: io.frames,
-                frame_stride,
-                frame_info: io.frame_info,
-                size: c.image_size,
-                patch: c.patch,
-                out: patches.rows(cam * tpi, tpi),
-            });
-        }
-        let rows = |v: View| v.rows(group.start * tpi, group.len() * tpi);
-        let (vx, vh, vqkv, vatt, vmlp) = (rows(vx), rows(vh), rows(vqkv), rows(vatt), rows(vmlp));
-        plan.push(Op::Gemm { a: rows(patches), w: patch_w, bias: None, out: vx, accumulate: false });
-        plan.push(Op::AddTable { x: vx, table: pos_table, table_rows: tpi });
-        for l in &vision_w {
-            plan.push(Op::LayerNorm { x: vx, out: vh, gamma: l.ln1.0, beta: l.ln1.1, eps: EPS });
-            plan.push(Op::Gemm { a: vh, w: l.qkv.0, bias: Some(l.qkv.1), out: vqkv, accumulate: false });
-            plan.push(Op::Attention {
-                q: vqkv.cols(0, vw),
-                k: vqkv.cols(vw, vw),
-                v: vqkv.cols(2 * vw, vw),
-                out: vatt,
-                heads: c.vision_heads,
-                kv_heads: c.vision_heads,
-                head_dim: vw / c.vision_heads,
-                groups: group.len(),
-                key_valid: None,
-                query_valid: None,
-            });
-            plan.push(Op::Gemm { a: vatt, w: l.o.0, bias: Some(l.o.1), out: vx, accumulate: true });
-            plan.push(Op::LayerNorm { x: vx, out: vh, gamma: l.ln2.0, beta: l.ln2.1, eps: EPS });
-            plan.push(Op::Gemm { a: vh, w: l.fc1.0, bias: Some(l.fc1.1), out: vmlp, accumulate: false });
-            plan.push(Op::GeluTanh { x: vmlp });
-            plan.push(Op::Gemm { a: vmlp, w: l.fc2.0, bias: Some(l.fc2.1), out: vx, accumulate: true });
-        }
-        plan.push(Op::LayerNorm { x: vx, out: rows(vout), gamma: post.0, beta: post.1, eps: EPS });
-    }
+    plan.push(Op::LayerNorm { x: vx, out: vout, gamma: post.0, beta: post.1, eps: EPS });
 
     // ---- Prefix: projected image tokens, then scaled prompt embeddings; the LM fills the K/V cache.
     let embed = plan.matrix("prefix_embed", prefix, lw);
