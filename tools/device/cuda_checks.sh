@@ -13,6 +13,8 @@
 #   bash tools/device/cuda_checks.sh slots        # pi05-2v's 64-token prompt in 96 and 64 prompt slots
 #   bash tools/device/cuda_checks.sh buckets      # pi05-2v computing all 200 prompt slots (no buckets)
 #   bash tools/device/cuda_checks.sh attention    # attention_mq256 variants alone (needs nvcc)
+#   bash tools/device/cuda_checks.sh versus       # pi05-2v, this build against .device-carry/base/flashrt
+#                                                 # (another commit's CLI), alternating, twice each
 # (bench/views/full synthesize the full-size checkpoint first if /tmp/flashrt_full lacks it.)
 #
 # On this workplace's device tool: `run` with carry [".device-carry", ".whl"] and the command
@@ -52,7 +54,7 @@ synth_full() {
 bench() { # views workload [more bench options]
     local views=$1 workload=$2
     shift 2
-    XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" bench --checkpoint "$FULL" --backend cuda --cameras "$views" --iterations 1000 --views "$views" --workload "$workload" --out "$OUT/bench.json" "$@"
+    XDG_CACHE_HOME=/tmp/kcache run "${FLASHRT:-$BIN/flashrt}" bench --checkpoint "$FULL" --backend cuda --cameras "$views" --iterations 1000 --views "$views" --workload "$workload" --out "$OUT/bench.json" "$@"
 }
 
 for phase in "$@"; do
@@ -103,6 +105,14 @@ for phase in "$@"; do
         synth_full
         bench 2 pi05-2v-no-prompt-buckets --no-prompt-buckets
         ;;
+    versus)
+        echo "== pi05-2v: this build ($FRT_COMMIT) against base/ ($(cat "$BIN/base/COMMIT")), alternating"
+        synth_full
+        for round in 1 2; do
+            FLASHRT="$BIN/base/flashrt" FRT_COMMIT="$(cat "$BIN/base/COMMIT")" bench 2 "pi05-2v-base-$round"
+            bench 2 "pi05-2v-this-$round"
+        done
+        ;;
     attention)
         echo "== attention_mq256 variants alone (tools/device/attention_bench.cu)"
         run env VARIANTS="${VARIANTS:--DATT_KEYS=32;-DATT_KEYS=64;-DBENCH_NO_COMBINE;-DBENCH_KV_COPIES=1}" bash tools/device/attention_bench.sh
@@ -116,7 +126,7 @@ for phase in "$@"; do
         FRT_FULL_PARITY_DIR="$FULL" run "$BIN/cuda_pi05" --test-threads=1 --nocapture full_size
         ;;
     *)
-        echo "unknown phase $phase (tests | bench | views | full | ab | overlap | slots | buckets | attention | profile)"
+        echo "unknown phase $phase (tests | bench | views | full | ab | overlap | slots | buckets | attention | profile | versus)"
         status=2
         ;;
     esac
