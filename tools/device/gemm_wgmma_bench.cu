@@ -1,0 +1,328 @@
+// Experiment (bench/NOTES.md item 31): a few-row product out[r, n] = Σ_k a[r, k] · w[n, k] for the
+// action expert's 50 rows, in the form cuBLAS's own Hopper kernels take (warp-specialised: one
+// producer warp streams the weights by bulk copies into a ring of shared-memory stages, one
+// warpgroup multiplies with wgmma), plus what a runtime that owns its weights can do and cuBLAS
+// cannot: the weights pre-tiled at load into 64 × 64 blocks already in wgmma's 128-byte-swizzled
+// layout, so each stage is one 8 KB bulk copy. K may be split over blocks, the splits summed in a
+// fixed order by the last to finish. Checked against cuBLASLt and timed against every algorithm
+// of cuBLASLt's heuristic on the same rotation of weights (more than L2 holds), both as CUDA
+// graphs of back-to-back products. sm_90a only (wgmma). Built and run on the GPU machine:
+//   nvcc -O3 -std=c++17 -arch=sm_90a tools/device/gemm_wgmma_bench.cu -lcublasLt -o g && ./g
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#define CHECK(x)                                                                                  \
+    do {                                                                                          \
+        cudaError_t err_ = (x);                                                                   \
+        if (err_ != cudaSuccess) {                                                                \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(err_)); \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+#define CHECK_LT(x)                                                                     \
+    do {                                                                                \
+        cublasStatus_t st_ = (x);                                                       \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                                             \
+            fprintf(stderr, "%s:%d %s: cublas status %d\n", __FILE__, __LINE__, #x, st_); \
+            exit(1);                                                                    \
+        }                                                                               \
+    } while (0)
+
+constexpr int BN = 64;            // output columns per block (wgmma n)
+constexpr int BK = 64;            // K per tile: one 128-byte swizzle row of bf16
+constexpr int TILE_BYTES = BN * BK * 2;
+#ifndef STAGES
+#define STAGES 8
+#endif
+constexpr int THREADS = 160;      // warps 0-3: the wgmma warpgroup; warp 4: the producer
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void bar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void bar_expect(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst), "l"(src),
+                 "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+// wgmma shared-memory descriptor: K-major operand, 128-byte swizzle, 8-row groups 1024 bytes apart.
+__device__ __forceinline__ unsigned long long desc(unsigned addr) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_64x64(float* d, unsigned long long da, unsigned long long db) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]),
+          "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+          "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db));
+}
+
+// Grid (n / 64, splits); block y takes K chunks [y · chunks / splits, (y + 1) · chunks / splits).
+// `wt`: tile (nt, kc) of 64 × 64 at element offset (nt · k / 64 + kc) · 4096, 128B-swizzled.
+__global__ void __launch_bounds__(THREADS) gemm_wgmma(__nv_bfloat16* out, int out_stride, const __nv_bfloat16* a, int a_stride,
+                                                     const __nv_bfloat16* wt, int k, int rows, float* partial, int* counters) {
+    extern __shared__ __align__(1024) unsigned char shared[];
+    __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
+    __shared__ int last;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int tile = blockIdx.x, splits = gridDim.y, split = blockIdx.y;
+    const int k_chunks = k / BK, c0 = split * k_chunks / splits, c1 = (split + 1) * k_chunks / splits, chunks = c1 - c0;
+    // 1024-aligned: the swizzle pattern is a function of the address bits.
+    const unsigned base = (smem_addr(shared) + 1023) & ~1023u;
+    const unsigned w_stages = base, a_tiles = base + STAGES * TILE_BYTES;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            bar_init(smem_addr(&full[s]), 1);
+            bar_init(smem_addr(&empty[s]), 4);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp == 4) {  // producer
+        if (lane == 0) {
+            const __nv_bfloat16* w = wt + ((long)tile * k_chunks + c0) * (BN * BK);
+            for (int c = 0; c < chunks; ++c) {
+                const int s = c % STAGES;
+                if (c >= STAGES) bar_wait(smem_addr(&empty[s]), ((c / STAGES) - 1) & 1);
+                bar_expect(smem_addr(&full[s]), TILE_BYTES);
+                bulk_copy(w_stages + s * TILE_BYTES, w + (long)c * BN * BK, TILE_BYTES, smem_addr(&full[s]));
+            }
+        }
+        return;
+    }
+
+    // The warpgroup: this split's A (64 rows × chunks · 64) into swizzled tiles; rows past `rows` zero.
+    for (int i = threadIdx.x; i < chunks * 64 * 8; i += 128) {
+        const int c = i / 512, r = (i / 8) % 64, piece = i % 8;
+        const unsigned dst = a_tiles + c * TILE_BYTES + r * 128 + ((piece ^ (r & 7)) << 4);
+        const __nv_bfloat16* src = a + (long)min(r, rows - 1) * a_stride + (c0 + c) * BK + piece * 8;
+        const int bytes = r < rows ? 16 : 0;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic writes, read by wgmma
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+
+    float acc[32];
+    for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+    for (int c = 0; c < chunks; ++c) {
+        const int s = c % STAGES;
+        bar_wait(smem_addr(&full[s]), (c / STAGES) & 1);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        for (int kk = 0; kk < BK / 16; ++kk)
+            wgmma_64x64(acc, desc(a_tiles + c * TILE_BYTES + kk * 32), desc(w_stages + s * TILE_BYTES + kk * 32));
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        // The previous chunk's products are done: its stage may be refilled.
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        if (c > 0 && lane == 0) bar_arrive(smem_addr(&empty[(c - 1) % STAGES]));
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+
+    // Fragment: warp w, rows 16w + lane/4 (+8); column group j: columns 8j + 2(lane%4) (+1).
+    const int row0 = warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
+    if (splits > 1) {
+        float* mine = partial + ((long)tile * splits + split) * 64 * 64;
+        for (int j = 0; j < 8; ++j)
+            for (int h = 0; h < 2; ++h) *(float2*)(mine + (row0 + 8 * h) * 64 + 8 * j + col0) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        __threadfence();
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");
+        if (threadIdx.x == 0) last = atomicAdd(&counters[tile], 1) == splits - 1;
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");
+        if (!last) return;
+        __threadfence();
+        for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+        for (int sp = 0; sp < splits; ++sp) {
+            const float* p = partial + ((long)tile * splits + sp) * 64 * 64;
+            for (int j = 0; j < 8; ++j)
+                for (int h = 0; h < 2; ++h) {
+                    float2 v = __ldcg((const float2*)(p + (row0 + 8 * h) * 64 + 8 * j + col0));
+                    acc[4 * j + 2 * h] += v.x, acc[4 * j + 2 * h + 1] += v.y;
+                }
+        }
+        if (threadIdx.x == 0) counters[tile] = 0;
+    }
+    for (int j = 0; j < 8; ++j)
+        for (int h = 0; h < 2; ++h) {
+            const int r = row0 + 8 * h;
+            if (r < rows)
+                *(__nv_bfloat162*)(out + (long)r * out_stride + tile * BN + 8 * j + col0) =
+                    __floats2bfloat162_rn(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+}
+
+static size_t shared_bytes(int k, int splits) { return 1024 + (STAGES + (k / BK + splits - 1) / splits) * TILE_BYTES; }
+
+// Row-major w[n, k] into the pre-tiled, swizzled layout the kernel streams.
+static std::vector<__nv_bfloat16> pretile(const std::vector<__nv_bfloat16>& w, int n, int k) {
+    std::vector<__nv_bfloat16> t(w.size());
+    for (int nt = 0; nt < n / BN; ++nt)
+        for (int kc = 0; kc < k / BK; ++kc) {
+            __nv_bfloat16* dst = t.data() + ((long)nt * (k / BK) + kc) * BN * BK;
+            for (int r = 0; r < BN; ++r)
+                for (int piece = 0; piece < 8; ++piece)
+                    memcpy(dst + r * 64 + ((piece ^ (r & 7)) * 8), w.data() + (long)(nt * BN + r) * k + kc * BK + piece * 8, 16);
+        }
+    return t;
+}
+
+int main() {
+    struct Shape { const char* name; int n, k; std::vector<int> splits; };
+    const Shape shapes[] = {{"qkv", 2560, 1024, {1, 2, 3, 4}},
+                            {"o", 1024, 2048, {4, 8, 16}},
+                            {"gate_up", 8192, 1024, {1, 2}},
+                            {"down", 1024, 4096, {4, 8, 16}}};
+    const int rows = 50, copies = 32, replays = 20;
+    cudaStream_t st;
+    CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cublasLtHandle_t lt;
+    CHECK_LT(cublasLtCreate(&lt));
+    void* workspace;
+    CHECK(cudaMalloc(&workspace, 32 << 20));
+    CHECK(cudaFuncSetAttribute(gemm_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+    srand(1);
+    auto rnd = [] { return (float)rand() / RAND_MAX * 2.0f - 1.0f; };
+
+    for (const Shape& sh : shapes) {
+        const int n = sh.n, k = sh.k;
+        std::vector<__nv_bfloat16> ha((size_t)rows * k), hw((size_t)n * k);
+        for (auto& v : ha) v = __float2bfloat16(rnd());
+        __nv_bfloat16 *a, *w_plain, *w_tiled, *out_lt, *out_mine;
+        CHECK(cudaMalloc(&a, ha.size() * 2));
+        CHECK(cudaMemcpy(a, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
+        CHECK(cudaMalloc(&w_plain, hw.size() * 2 * copies));
+        CHECK(cudaMalloc(&w_tiled, hw.size() * 2 * copies));
+        for (int c = 0; c < copies; ++c) {
+            for (auto& v : hw) v = __float2bfloat16(rnd() * 0.05f);
+            const auto t = pretile(hw, n, k);
+            CHECK(cudaMemcpy(w_plain + c * hw.size(), hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
+            CHECK(cudaMemcpy(w_tiled + c * hw.size(), t.data(), t.size() * 2, cudaMemcpyHostToDevice));
+        }
+        CHECK(cudaMalloc(&out_lt, (size_t)rows * n * 2));
+        CHECK(cudaMalloc(&out_mine, (size_t)rows * n * 2));
+        float* partial;
+        int* counters;
+        CHECK(cudaMalloc(&partial, (size_t)n / BN * 16 * 64 * 64 * 4));
+        CHECK(cudaMalloc(&counters, n / BN * 4));
+        CHECK(cudaMemset(counters, 0, n / BN * 4));
+
+        // cuBLASLt as the runtime calls it: outᵀ (n × rows) = op_T(W: k × n) · aᵀ (k × rows).
+        cublasLtMatmulDesc_t op;
+        CHECK_LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        cublasOperation_t t = CUBLAS_OP_T;
+        CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t));
+        cublasLtMatrixLayout_t la, lb, ld;
+        CHECK_LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, n, k));
+        CHECK_LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, rows, k));
+        CHECK_LT(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, n, rows, n));
+        cublasLtMatmulPreference_t pref;
+        CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
+        size_t ws = 32 << 20;
+        CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+        cublasLtMatmulHeuristicResult_t heur[8];
+        int found = 0;
+        CHECK_LT(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 8, heur, &found));
+        const float one = 1.0f, zero = 0.0f;
+
+        auto time_graph = [&](auto&& launch_all) {
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            launch_all();
+            CHECK(cudaStreamEndCapture(st, &g));
+            CHECK(cudaGraphInstantiate(&ge, g, 0));
+            CHECK(cudaGraphLaunch(ge, st));
+            CHECK(cudaStreamSynchronize(st));
+            cudaEvent_t e0, e1;
+            CHECK(cudaEventCreate(&e0));
+            CHECK(cudaEventCreate(&e1));
+            CHECK(cudaEventRecord(e0, st));
+            for (int i = 0; i < replays; ++i) CHECK(cudaGraphLaunch(ge, st));
+            CHECK(cudaEventRecord(e1, st));
+            CHECK(cudaEventSynchronize(e1));
+            float ms;
+            CHECK(cudaEventElapsedTime(&ms, e0, e1));
+            CHECK(cudaGraphExecDestroy(ge));
+            CHECK(cudaGraphDestroy(g));
+            return ms * 1000.0f / (replays * copies);
+        };
+
+        float best_lt = 1e9f;
+        int best_algo = -1;
+        for (int h = 0; h < found; ++h) {
+            const float us = time_graph([&] {
+                for (int c = 0; c < copies; ++c)
+                    CHECK_LT(cublasLtMatmul(lt, op, &one, w_plain + c * hw.size(), la, a, lb, &zero, out_lt, ld, out_lt, ld, &heur[h].algo,
+                                            workspace, ws, st));
+            });
+            if (us < best_lt) best_lt = us, best_algo = h;
+        }
+        // Reference output: weight copy 0 through the fastest algorithm.
+        CHECK_LT(cublasLtMatmul(lt, op, &one, w_plain, la, a, lb, &zero, out_lt, ld, out_lt, ld, &heur[best_algo].algo, workspace, ws, st));
+        CHECK(cudaStreamSynchronize(st));
+        std::vector<__nv_bfloat16> ref((size_t)rows * n), mine((size_t)rows * n);
+        CHECK(cudaMemcpy(ref.data(), out_lt, ref.size() * 2, cudaMemcpyDeviceToHost));
+        printf("{\"shape\": \"%s\", \"n\": %d, \"k\": %d, \"rows\": %d, \"cublaslt_us\": %.2f, \"cublaslt_algos\": %d", sh.name, n, k, rows, best_lt,
+               found);
+
+        for (int splits : sh.splits) {
+            const dim3 grid(n / BN, splits);
+            const size_t smem = shared_bytes(k, splits);
+            CHECK(cudaMemset(out_mine, 0, mine.size() * 2));
+            gemm_wgmma<<<grid, THREADS, smem, st>>>(out_mine, n, a, k, w_tiled, k, rows, partial, counters);
+            CHECK(cudaGetLastError());
+            CHECK(cudaStreamSynchronize(st));
+            CHECK(cudaMemcpy(mine.data(), out_mine, mine.size() * 2, cudaMemcpyDeviceToHost));
+            double err = 0, norm = 0;
+            for (size_t i = 0; i < ref.size(); ++i) {
+                const double r = __bfloat162float(ref[i]), m = __bfloat162float(mine[i]);
+                err += (r - m) * (r - m), norm += r * r;
+            }
+            const float us = time_graph([&] {
+                for (int c = 0; c < copies; ++c)
+                    gemm_wgmma<<<grid, THREADS, smem, st>>>(out_mine, n, a, k, w_tiled + c * hw.size(), k, rows, partial, counters);
+            });
+            printf(", \"splits_%d\": {\"us\": %.2f, \"nmse\": %.2e, \"blocks\": %d, \"smem\": %zu}", splits, us, err / norm, grid.x * grid.y, smem);
+        }
+        printf(", \"weight_mb\": %.2f}\n", hw.size() * 2 / 1e6);
+        fflush(stdout);
+        cudaFree(a), cudaFree(w_plain), cudaFree(w_tiled), cudaFree(out_lt), cudaFree(out_mine), cudaFree(partial), cudaFree(counters);
+    }
+    return 0;
+}
