@@ -7,7 +7,9 @@
 // fixed order by the last to finish. Checked against cuBLASLt and timed against every algorithm
 // of cuBLASLt's heuristic on the same rotation of weights (more than L2 holds), both as CUDA
 // graphs of back-to-back products. sm_90a only (wgmma). Built and run on the GPU machine:
-//   nvcc -O3 -std=c++17 -arch=sm_90a tools/device/gemm_wgmma_bench.cu -lcublasLt -o g && ./g
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a tools/device/gemm_wgmma_bench.cu -lcublasLt -o g && ./g
+// Diagnostic variants: -DNO_MMA (stream the weights and A, no products), -DNO_W (no weight
+// stream: products on whatever the stages hold), -DNO_A (no A load).
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
@@ -94,6 +96,9 @@ __device__ __forceinline__ void wgmma_64x64(float* d, unsigned long long da, uns
 
 // Grid (n / 64, splits); block y takes K chunks [y · chunks / splits, (y + 1) · chunks / splits).
 // `wt`: tile (nt, kc) of 64 × 64 at element offset (nt · k / 64 + kc) · 4096, 128B-swizzled.
+// PDL: launched as a programmatic dependent of the kernel that writes A: the first STAGES weight
+// tiles (which no kernel writes) load before `griddepcontrol.wait`, during that kernel.
+template <bool PDL>
 __global__ void __launch_bounds__(THREADS) gemm_wgmma(__nv_bfloat16* out, int out_stride, const __nv_bfloat16* a, int a_stride,
                                                      const __nv_bfloat16* wt, int k, int rows, float* partial, int* counters) {
     extern __shared__ __align__(1024) unsigned char shared[];
@@ -120,15 +125,20 @@ __global__ void __launch_bounds__(THREADS) gemm_wgmma(__nv_bfloat16* out, int ou
             const __nv_bfloat16* w = wt + ((long)tile * k_chunks + c0) * (BN * BK);
             for (int c = 0; c < chunks; ++c) {
                 const int s = c % STAGES;
+#ifndef NO_W
                 if (c >= STAGES) bar_wait(smem_addr(&empty[s]), ((c / STAGES) - 1) & 1);
+                if (PDL && c == STAGES) asm volatile("griddepcontrol.wait;\n" ::: "memory");
                 bar_expect(smem_addr(&full[s]), TILE_BYTES);
                 bulk_copy(w_stages + s * TILE_BYTES, w + (long)c * BN * BK, TILE_BYTES, smem_addr(&full[s]));
+#endif
             }
         }
         return;
     }
 
     // The warpgroup: this split's A (64 rows × chunks · 64) into swizzled tiles; rows past `rows` zero.
+    if (PDL) asm volatile("griddepcontrol.wait;\n" ::: "memory");  // A is the previous kernel's output
+#ifndef NO_A
     for (int i = threadIdx.x; i < chunks * 64 * 8; i += 128) {
         const int c = i / 512, r = (i / 8) % 64, piece = i % 8;
         const unsigned dst = a_tiles + c * TILE_BYTES + r * 128 + ((piece ^ (r & 7)) << 4);
@@ -136,6 +146,7 @@ __global__ void __launch_bounds__(THREADS) gemm_wgmma(__nv_bfloat16* out, int ou
         const int bytes = r < rows ? 16 : 0;
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
     }
+#endif
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic writes, read by wgmma
     asm volatile("bar.sync 1, 128;\n" ::: "memory");
@@ -144,10 +155,14 @@ __global__ void __launch_bounds__(THREADS) gemm_wgmma(__nv_bfloat16* out, int ou
     for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
     for (int c = 0; c < chunks; ++c) {
         const int s = c % STAGES;
+#ifndef NO_W
         bar_wait(smem_addr(&full[s]), (c / STAGES) & 1);
+#endif
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#ifndef NO_MMA
         for (int kk = 0; kk < BK / 16; ++kk)
             wgmma_64x64(acc, desc(a_tiles + c * TILE_BYTES + kk * 32), desc(w_stages + s * TILE_BYTES + kk * 32));
+#endif
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         // The previous chunk's products are done: its stage may be refilled.
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
@@ -187,6 +202,22 @@ __global__ void __launch_bounds__(THREADS) gemm_wgmma(__nv_bfloat16* out, int ou
         }
 }
 
+// Stand-in for the kernel before a product in the step (the expert's norms): one block per row
+// of 1024 f32, RMS-normalised into A's bf16 row (its first 1024 columns). Lets its dependents
+// launch at once (programmatic dependent launch); they wait for its completion themselves.
+__global__ void __launch_bounds__(128) norm_rows(__nv_bfloat16* a, int a_stride, const float* x) {
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    __shared__ float part[4];
+    const float* row = x + blockIdx.x * 1024;
+    float v[8], ss = 0.0f;
+    for (int i = 0; i < 8; ++i) v[i] = row[threadIdx.x * 8 + i], ss += v[i] * v[i];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    const float scale = rsqrtf((part[0] + part[1] + part[2] + part[3]) / 1024.0f + 1e-6f);
+    for (int i = 0; i < 8; ++i) a[(long)blockIdx.x * a_stride + threadIdx.x * 8 + i] = __float2bfloat16(v[i] * scale);
+}
+
 static size_t shared_bytes(int k, int splits) { return 1024 + (STAGES + (k / BK + splits - 1) / splits) * TILE_BYTES; }
 
 // Row-major w[n, k] into the pre-tiled, swizzled layout the kernel streams.
@@ -204,10 +235,11 @@ static std::vector<__nv_bfloat16> pretile(const std::vector<__nv_bfloat16>& w, i
 
 int main() {
     struct Shape { const char* name; int n, k; std::vector<int> splits; };
-    const Shape shapes[] = {{"qkv", 2560, 1024, {1, 2, 3, 4}},
-                            {"o", 1024, 2048, {4, 8, 16}},
-                            {"gate_up", 8192, 1024, {1, 2}},
-                            {"down", 1024, 4096, {4, 8, 16}}};
+    // The first split count of each is the one timed after the norm.
+    const Shape shapes[] = {{"qkv", 2560, 1024, {1, 2}},
+                            {"o", 1024, 2048, {4, 8}},
+                            {"gate_up", 8192, 1024, {1}},
+                            {"down", 1024, 4096, {4, 8}}};
     const int rows = 50, copies = 32, replays = 20;
     cudaStream_t st;
     CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -215,7 +247,11 @@ int main() {
     CHECK_LT(cublasLtCreate(&lt));
     void* workspace;
     CHECK(cudaMalloc(&workspace, 32 << 20));
-    CHECK(cudaFuncSetAttribute(gemm_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+    CHECK(cudaFuncSetAttribute(gemm_wgmma<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes(1024, 1)));
+    CHECK(cudaFuncSetAttribute(gemm_wgmma<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes(1024, 1)));
+    float* x;
+    CHECK(cudaMalloc(&x, 64 * 1024 * 4));
+    CHECK(cudaMemset(x, 0, 64 * 1024 * 4));
     srand(1);
     auto rnd = [] { return (float)rand() / RAND_MAX * 2.0f - 1.0f; };
 
@@ -305,7 +341,7 @@ int main() {
             const dim3 grid(n / BN, splits);
             const size_t smem = shared_bytes(k, splits);
             CHECK(cudaMemset(out_mine, 0, mine.size() * 2));
-            gemm_wgmma<<<grid, THREADS, smem, st>>>(out_mine, n, a, k, w_tiled, k, rows, partial, counters);
+            gemm_wgmma<false><<<grid, THREADS, smem, st>>>(out_mine, n, a, k, w_tiled, k, rows, partial, counters);
             CHECK(cudaGetLastError());
             CHECK(cudaStreamSynchronize(st));
             CHECK(cudaMemcpy(mine.data(), out_mine, mine.size() * 2, cudaMemcpyDeviceToHost));
@@ -316,9 +352,50 @@ int main() {
             }
             const float us = time_graph([&] {
                 for (int c = 0; c < copies; ++c)
-                    gemm_wgmma<<<grid, THREADS, smem, st>>>(out_mine, n, a, k, w_tiled + c * hw.size(), k, rows, partial, counters);
+                    gemm_wgmma<false><<<grid, THREADS, smem, st>>>(out_mine, n, a, k, w_tiled + c * hw.size(), k, rows, partial, counters);
             });
             printf(", \"splits_%d\": {\"us\": %.2f, \"nmse\": %.2e, \"blocks\": %d, \"smem\": %zu}", splits, us, err / norm, grid.x * grid.y, smem);
+        }
+        // In sequence after the kernel that writes A, as in a step: norm + cuBLASLt, norm + this
+        // kernel, norm + this kernel as a programmatic dependent (weights prefetched meanwhile).
+        {
+            const int splits = sh.splits[0];
+            const dim3 grid(n / BN, splits);
+            const size_t smem = shared_bytes(k, splits);
+            auto norm = [&] { norm_rows<<<rows, 128, 0, st>>>(a, k, x); };
+            const float norm_us = time_graph([&] {
+                for (int c = 0; c < copies; ++c) norm();
+            });
+            const float with_lt = time_graph([&] {
+                for (int c = 0; c < copies; ++c) {
+                    norm();
+                    CHECK_LT(cublasLtMatmul(lt, op, &one, w_plain + c * hw.size(), la, a, lb, &zero, out_lt, ld, out_lt, ld, &heur[best_algo].algo,
+                                            workspace, ws, st));
+                }
+            });
+            const float with_mine = time_graph([&] {
+                for (int c = 0; c < copies; ++c) {
+                    norm();
+                    gemm_wgmma<false><<<grid, THREADS, smem, st>>>(out_mine, n, a, k, w_tiled + c * hw.size(), k, rows, partial, counters);
+                }
+            });
+            const float with_pdl = time_graph([&] {
+                for (int c = 0; c < copies; ++c) {
+                    norm();
+                    cudaLaunchConfig_t cfg = {};
+                    cfg.gridDim = grid, cfg.blockDim = dim3(THREADS), cfg.dynamicSmemBytes = smem, cfg.stream = st;
+                    cudaLaunchAttribute attr[1];
+                    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                    attr[0].val.programmaticStreamSerializationAllowed = 1;
+                    cfg.attrs = attr, cfg.numAttrs = 1;
+                    CHECK(cudaLaunchKernelEx(&cfg, gemm_wgmma<true>, out_mine, n, (const __nv_bfloat16*)a, k, (const __nv_bfloat16*)(w_tiled + c * hw.size()), k,
+                                             rows, partial, counters));
+                }
+            });
+            CHECK(cudaStreamSynchronize(st));
+            CHECK(cudaMemcpy(mine.data(), out_mine, mine.size() * 2, cudaMemcpyDeviceToHost));
+            printf(", \"after_norm\": {\"splits\": %d, \"norm_alone_us\": %.2f, \"norm_cublaslt_us\": %.2f, \"norm_mine_us\": %.2f, \"norm_mine_pdl_us\": %.2f}",
+                   splits, norm_us, with_lt, with_mine, with_pdl);
         }
         printf(", \"weight_mb\": %.2f}\n", hw.size() * 2 / 1e6);
         fflush(stdout);

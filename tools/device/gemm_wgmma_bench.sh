@@ -10,6 +10,6 @@ IFS=';' read -ra variants <<<"${VARIANTS:--DSTAGES=8}"
 for i in "${!variants[@]}"; do
     flags=${variants[$i]}
     # shellcheck disable=SC2086  # the flags are words
-    nvcc -O3 -std=c++17 -arch=sm_90a $flags tools/device/gemm_wgmma_bench.cu -lcublasLt -o "/tmp/gemm_wgmma_bench_$i"
+    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a $flags tools/device/gemm_wgmma_bench.cu -lcublasLt -lcuda -o "/tmp/gemm_wgmma_bench_$i"
     "/tmp/gemm_wgmma_bench_$i" | sed "s|^{|{\"flags\": \"$flags\", |" | tee -a "$out/gemm-wgmma-bench.jsonl"
 done
