@@ -8,6 +8,8 @@
 // product's output (its first K columns); no norms, RoPE, attention or GeGLU in between. Split K
 // sums with f32 reductions into zeroed outputs (order not fixed: an experiment, not the runtime).
 // Diagnostic variants (wrong results, timing only): -DNO_GRID_SYNC, -DNO_A_LOAD, -DNO_REDUCE.
+// -DBF16_ACT: bf16 activations (A by cp.async; split-K sums by bf16x2 reductions, which round
+// every partial sum: for timing, not the runtime's precision).
 // sm_90a only. Built and run on the GPU machine:
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a tools/device/expert_stream_bench.cu -lcublasLt -o e && ./e
 #include <cublasLt.h>
@@ -45,10 +47,16 @@ constexpr int BN = 64, BK = 64, TILE_BYTES = BN * BK * 2, THREADS = 160, MAX_A_C
 #define A_BATCH 8
 #endif
 
+#ifdef BF16_ACT
+typedef __nv_bfloat16 Act;
+#else
+typedef float Act;
+#endif
+
 struct Product {
     const __nv_bfloat16* wt;  // pre-tiled: tile (nt, kc) at element (nt · k / 64 + kc) · 4096
-    const float* a;           // A: rows × k f32 (zero-padded rows past `rows`), row stride a_stride
-    float* out;               // rows × n f32, zeroed before the launch, reduced into
+    const Act* a;             // A: rows × k (zero-padded rows past `rows`), row stride a_stride
+    Act* out;                 // rows × n, zeroed before the launch, reduced into
     int n, k, a_stride, splits;
 };
 __constant__ Product products[MAX_PRODUCTS];
@@ -158,7 +166,15 @@ __global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int row
         const int chunks = u.c1 - u.c0;
         // A: f32 → bf16 into swizzled tiles (rows past `rows` zero); read through L2 only (other
         // blocks wrote it in this launch).
-#ifndef NO_A_LOAD
+#if defined(BF16_ACT) && !defined(NO_A_LOAD)
+        for (int i = threadIdx.x; i < chunks * 64 * 8; i += 128) {
+            const int c = i / 512, r = (i / 8) % 64, piece = i % 8;
+            const unsigned dst = a_tiles + c * TILE_BYTES + r * 128 + ((piece ^ (r & 7)) << 4);
+            const Act* src = pr.a + (long)min(r, rows - 1) * pr.a_stride + (u.c0 + c) * BK + piece * 8;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(r < rows ? 16 : 0) : "memory");
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+#elif !defined(NO_A_LOAD)
         // In batches of A_BATCH pieces per thread: every load of a batch in flight before the first
         // conversion (one piece at a time, each waited for, cost ~40 µs per layer).
         const int pieces = chunks * 64 * 8;
@@ -213,8 +229,15 @@ __global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int row
 #ifdef NO_REDUCE
                 continue;
 #endif
-                float* o = pr.out + (long)r * pr.n + u.tile * BN + 8 * j + col0;
+                Act* o = pr.out + (long)r * pr.n + u.tile * BN + 8 * j + col0;
+#ifdef BF16_ACT
+                __nv_bfloat162 v = __floats2bfloat162_rn(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+                unsigned bits;
+                memcpy(&bits, &v, 4);
+                asm volatile("red.global.add.noftz.bf16x2 [%0], %1;\n" ::"l"(o), "r"(bits) : "memory");
+#else
                 asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(o), "f"(acc[4 * j + 2 * h]), "f"(acc[4 * j + 2 * h + 1]) : "memory");
+#endif
             }
     }
 }
@@ -245,17 +268,20 @@ int main() {
     // the persistent kernel, bf16 for cuBLASLt, one output buffer per product.
     std::vector<Product> prods;
     std::vector<__nv_bfloat16*> w_plain(layers * 4);
-    std::vector<float*> outs(layers * 4);
+    std::vector<Act*> outs(layers * 4);
     std::vector<__nv_bfloat16*> outs_bf16(layers * 4);
-    float* input;
+    Act* input;
     __nv_bfloat16* input_bf16;
     {
         std::vector<float> x(64 * 1024, 0.0f);
         std::vector<__nv_bfloat16> xb(64 * 1024);
         for (int i = 0; i < rows * 1024; ++i) x[i] = rnd();
         for (int i = 0; i < 64 * 1024; ++i) xb[i] = __float2bfloat16(x[i]);
-        CHECK(cudaMalloc(&input, x.size() * 4));
-        CHECK(cudaMemcpy(input, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+        CHECK(cudaMalloc(&input, x.size() * sizeof(Act)));
+        if (sizeof(Act) == 4)
+            CHECK(cudaMemcpy(input, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+        else
+            CHECK(cudaMemcpy(input, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
         CHECK(cudaMalloc(&input_bf16, xb.size() * 2));
         CHECK(cudaMemcpy(input_bf16, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
     }
@@ -272,10 +298,10 @@ int main() {
             CHECK(cudaMemcpy(w_plain[i], w.data(), w.size() * 2, cudaMemcpyHostToDevice));
             CHECK(cudaMalloc(&wt, t.size() * 2));
             CHECK(cudaMemcpy(wt, t.data(), t.size() * 2, cudaMemcpyHostToDevice));
-            CHECK(cudaMalloc(&outs[i], (size_t)64 * sh.n * 4));
+            CHECK(cudaMalloc(&outs[i], (size_t)64 * sh.n * sizeof(Act)));
             CHECK(cudaMalloc(&outs_bf16[i], (size_t)64 * sh.n * 2));
             CHECK(cudaMemset(outs_bf16[i], 0, (size_t)64 * sh.n * 2));
-            const float* a = i == 0 ? input : outs[i - 1];
+            const Act* a = i == 0 ? input : outs[i - 1];
             const int a_stride = i == 0 ? 1024 : shapes[(s + 3) % 4].n;
             prods.push_back({wt, a, outs[i], sh.n, sh.k, a_stride, sh.splits});
         }
@@ -298,7 +324,7 @@ int main() {
     int count = layers * 4, rows_arg = rows;
     std::vector<float> mine_us;
     for (int run = 0; run < runs; ++run) {
-        for (int i = 0; i < layers * 4; ++i) CHECK(cudaMemsetAsync(outs[i], 0, (size_t)64 * prods[i].n * 4, st));
+        for (int i = 0; i < layers * 4; ++i) CHECK(cudaMemsetAsync(outs[i], 0, (size_t)64 * prods[i].n * sizeof(Act), st));
         CHECK(cudaMemsetAsync(counter, 0, 4, st));
         void* args[] = {&count, &rows_arg, &counter};
         CHECK(cudaEventRecord(e0, st));
@@ -387,9 +413,11 @@ int main() {
     // Check: the first layer's down output, ours (f32) against cuBLASLt's (bf16 chain).
     chain(1);
     CHECK(cudaStreamSynchronize(st));
+    std::vector<Act> mine_act((size_t)64 * 1024);
     std::vector<float> mine((size_t)64 * 1024);
     std::vector<__nv_bfloat16> ref((size_t)64 * 1024);
-    CHECK(cudaMemcpy(mine.data(), outs[3], mine.size() * 4, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(mine_act.data(), outs[3], mine_act.size() * sizeof(Act), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < mine.size(); ++i) mine[i] = (float)mine_act[i];
     CHECK(cudaMemcpy(ref.data(), outs_bf16[3], ref.size() * 2, cudaMemcpyDeviceToHost));
     double err = 0, norm = 0;
     for (int i = 0; i < rows * 1024; ++i) {
