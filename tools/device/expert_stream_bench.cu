@@ -9,7 +9,11 @@
 // sums with f32 reductions into zeroed outputs (order not fixed: an experiment, not the runtime).
 // Diagnostic variants (wrong results, timing only): -DNO_GRID_SYNC, -DNO_A_LOAD, -DNO_REDUCE.
 // -DBF16_ACT: bf16 activations (A by cp.async; split-K sums by bf16x2 reductions, which round
-// every partial sum: for timing, not the runtime's precision).
+// every partial sum: for timing, not the runtime's precision). -DPHASES: the layer's shape of work
+// with exact split-K sums: products reduce into f32 (as by default), and after each a phase of
+// the same kernel (behind a grid barrier) converts that output to the bf16 the next product loads
+// by cp.async, standing in for the RoPE / norm / GeGLU between the real products; the cuBLASLt
+// chain gets the same stand-in as a kernel launch after each product.
 // sm_90a only. Built and run on the GPU machine:
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a tools/device/expert_stream_bench.cu -lcublasLt -o e && ./e
 #include "wgmma_common.cuh"
@@ -32,9 +36,17 @@ struct Product {
     const __nv_bfloat16* wt;  // pre-tiled: tile (nt, kc) at element (nt · k / 64 + kc) · 4096
     const Act* a;             // A: rows × k (zero-padded rows past `rows`), row stride a_stride
     Act* out;                 // rows × n, zeroed before the launch, reduced into
+    const __nv_bfloat16* a_bf16;  // -DPHASES: A as bf16 (the previous phase's output)
+    __nv_bfloat16* out_bf16;      // -DPHASES: where the phase after this product writes bf16
     int n, k, a_stride, splits;
 };
 __constant__ Product products[MAX_PRODUCTS];
+
+// The cuBLASLt chain's stand-in for the kernel between two products: a bf16 copy.
+__global__ void pass_on(__nv_bfloat16* out, const __nv_bfloat16* in, int groups) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < groups) ((uint4*)out)[i] = ((const uint4*)in)[i];
+}
 
 // The unit (column tile, K split) block `b` takes in product `p`, as chunk range [c0, c1).
 struct Unit {
@@ -95,9 +107,28 @@ __global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int row
     }
 
     int g = 0;
+#ifdef PHASES
+    unsigned generation = 0;
+#endif
     for (int p = 0; p < count; ++p) {
 #ifndef NO_GRID_SYNC
+#ifdef PHASES
+        if (p > 0) {
+            // The phase between products: the previous output, f32 → bf16, spread over all blocks.
+            grid_sync(counter, ++generation);
+            const Product& prev = products[p - 1];
+            const int groups = rows * prev.n / 8;
+            for (int i = blockIdx.x * 128 + threadIdx.x; i < groups; i += gridDim.x * 128) {
+                const float4 x = __ldcg((const float4*)(prev.out + 8 * (long)i)), y = __ldcg((const float4*)(prev.out + 8 * (long)i + 4));
+                __nv_bfloat162 h[4] = {__floats2bfloat162_rn(x.x, x.y), __floats2bfloat162_rn(x.z, x.w), __floats2bfloat162_rn(y.x, y.y),
+                                       __floats2bfloat162_rn(y.z, y.w)};
+                memcpy(prev.out_bf16 + 8 * (long)i, h, 16);
+            }
+            grid_sync(counter, ++generation);
+        }
+#else
         if (p > 0) grid_sync(counter, p);
+#endif
 #endif
         const Product& pr = products[p];
         const Unit u = unit_of(pr, blockIdx.x);
@@ -105,11 +136,15 @@ __global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int row
         const int chunks = u.c1 - u.c0;
         // A: f32 → bf16 into swizzled tiles (rows past `rows` zero); read through L2 only (other
         // blocks wrote it in this launch).
-#if defined(BF16_ACT) && !defined(NO_A_LOAD)
+#if (defined(BF16_ACT) || defined(PHASES)) && !defined(NO_A_LOAD)
         for (int i = threadIdx.x; i < chunks * 64 * 8; i += 128) {
             const int c = i / 512, r = (i / 8) % 64, piece = i % 8;
             const unsigned dst = a_tiles + c * TILE_BYTES + r * 128 + ((piece ^ (r & 7)) << 4);
+#ifdef PHASES
+            const __nv_bfloat16* src = pr.a_bf16 + (long)min(r, rows - 1) * pr.a_stride + (u.c0 + c) * BK + piece * 8;
+#else
             const Act* src = pr.a + (long)min(r, rows - 1) * pr.a_stride + (u.c0 + c) * BK + piece * 8;
+#endif
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(r < rows ? 16 : 0) : "memory");
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -196,6 +231,8 @@ int main() {
     std::vector<Product> prods;
     std::vector<__nv_bfloat16*> w_plain(layers * 4);
     std::vector<Act*> outs(layers * 4);
+    // Each product's output after the phase (or, for cuBLASLt, the stand-in kernel) that follows it.
+    std::vector<__nv_bfloat16*> passed(layers * 4);
     std::vector<__nv_bfloat16*> outs_bf16(layers * 4);
     Act* input;
     __nv_bfloat16* input_bf16;
@@ -230,7 +267,9 @@ int main() {
             CHECK(cudaMemset(outs_bf16[i], 0, (size_t)64 * sh.n * 2));
             const Act* a = i == 0 ? input : outs[i - 1];
             const int a_stride = i == 0 ? 1024 : shapes[(s + 3) % 4].n;
-            prods.push_back({wt, a, outs[i], sh.n, sh.k, a_stride, sh.splits});
+            CHECK(cudaMalloc(&passed[i], (size_t)64 * sh.n * 2));
+            CHECK(cudaMemset(passed[i], 0, (size_t)64 * sh.n * 2));
+            prods.push_back({wt, a, outs[i], i == 0 ? input_bf16 : passed[i - 1], passed[i], sh.n, sh.k, a_stride, sh.splits});
         }
     CHECK(cudaMemcpyToSymbol(products, prods.data(), prods.size() * sizeof(Product)));
     unsigned* counter;
@@ -295,9 +334,17 @@ int main() {
             const int s = i % 4;
             Lt& L = lts[s];
             // The first product's input has down's row stride (1024), as every later QKV's A.
+#ifdef PHASES
+            const __nv_bfloat16* a = i == 0 ? input_bf16 : passed[i - 1];
+#else
             const __nv_bfloat16* a = i == 0 ? input_bf16 : outs_bf16[i - 1];
+#endif
             CHECK_LT(cublasLtMatmul(lt, op, &one, w_plain[i], L.la, a, L.lb, &zero, outs_bf16[i], L.ld, outs_bf16[i], L.ld, &L.heur[L.best].algo,
                                     workspace, ws, st));
+#ifdef PHASES
+            const int groups = rows * shapes[s].n / 8;
+            pass_on<<<(groups + 255) / 256, 256, 0, st>>>(passed[i], outs_bf16[i], groups);
+#endif
         }
     };
     auto time_chain = [&] {
