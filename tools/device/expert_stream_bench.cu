@@ -13,7 +13,10 @@
 // with exact split-K sums: products reduce into f32 (as by default), and after each a phase of
 // the same kernel (behind a grid barrier) converts that output to the bf16 the next product loads
 // by cp.async, standing in for the RoPE / norm / GeGLU between the real products; the cuBLASLt
-// chain gets the same stand-in as a kernel launch after each product.
+// chain gets the same stand-in as a kernel launch after each product. -DFLAGS (with PHASES):
+// instead of grid barriers, per-tile counters and flags: the block converting an output tile
+// waits only for that tile's K splits, and a product's block only for the tiles its A chunks
+// come from (chunk c of A is tile c of the previous output: both are 64 wide).
 // sm_90a only. Built and run on the GPU machine:
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a tools/device/expert_stream_bench.cu -lcublasLt -o e && ./e
 #include "wgmma_common.cuh"
@@ -75,6 +78,14 @@ __device__ __forceinline__ void grid_sync(unsigned* counter, unsigned generation
     asm volatile("bar.sync 1, 128;\n" ::: "memory");
 }
 
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// `counter`: the grid barrier's; -DFLAGS: `counter` + p · 128 + t counts the finished K splits of
+// product p's output tile t, and `counter` + (MAX_PRODUCTS + p) · 128 + t flags it converted.
 __global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int rows, unsigned* counter) {
     extern __shared__ __align__(1024) unsigned char shared[];
     __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
@@ -111,7 +122,29 @@ __global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int row
     unsigned generation = 0;
 #endif
     for (int p = 0; p < count; ++p) {
-#ifndef NO_GRID_SYNC
+#if defined(FLAGS)
+        if (p > 0) {
+            // This block's share of the phase: convert the previous product's tiles b, b + 128, …
+            // once all their K splits are in.
+            const Product& prev = products[p - 1];
+            for (int t = blockIdx.x; t < prev.n / BN; t += gridDim.x) {
+                if (threadIdx.x == 0)
+                    while (load_acquire(counter + (p - 1) * 128 + t) < (unsigned)prev.splits) {
+                    }
+                asm volatile("bar.sync 1, 128;\n" ::: "memory");
+                for (int i = threadIdx.x; i < rows * 8; i += 128) {
+                    const long at = (long)(i / 8) * prev.n + t * BN + (i % 8) * 8;
+                    const float4 x = __ldcg((const float4*)(prev.out + at)), y = __ldcg((const float4*)(prev.out + at + 4));
+                    __nv_bfloat162 h[4] = {__floats2bfloat162_rn(x.x, x.y), __floats2bfloat162_rn(x.z, x.w), __floats2bfloat162_rn(y.x, y.y),
+                                           __floats2bfloat162_rn(y.z, y.w)};
+                    memcpy(prev.out_bf16 + at, h, 16);
+                }
+                __threadfence();
+                asm volatile("bar.sync 1, 128;\n" ::: "memory");
+                if (threadIdx.x == 0) asm volatile("st.release.gpu.global.u32 [%0], 1;\n" ::"l"(counter + (MAX_PRODUCTS + p - 1) * 128 + t) : "memory");
+            }
+        }
+#elif !defined(NO_GRID_SYNC)
 #ifdef PHASES
         if (p > 0) {
             // The phase between products: the previous output, f32 → bf16, spread over all blocks.
@@ -137,6 +170,12 @@ __global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int row
         // A: f32 → bf16 into swizzled tiles (rows past `rows` zero); read through L2 only (other
         // blocks wrote it in this launch).
 #if (defined(BF16_ACT) || defined(PHASES)) && !defined(NO_A_LOAD)
+#ifdef FLAGS
+        if (p > 0 && threadIdx.x < chunks)  // A's chunks: the previous output's converted tiles
+            while (load_acquire(counter + (MAX_PRODUCTS + p - 1) * 128 + u.c0 + threadIdx.x) == 0) {
+            }
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");
+#endif
         for (int i = threadIdx.x; i < chunks * 64 * 8; i += 128) {
             const int c = i / 512, r = (i / 8) % 64, piece = i % 8;
             const unsigned dst = a_tiles + c * TILE_BYTES + r * 128 + ((piece ^ (r & 7)) << 4);
@@ -213,6 +252,11 @@ __global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int row
                 asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(o), "f"(acc[4 * j + 2 * h]), "f"(acc[4 * j + 2 * h + 1]) : "memory");
 #endif
             }
+#ifdef FLAGS
+        __threadfence();
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");
+        if (threadIdx.x == 0) atomicAdd(counter + p * 128 + u.tile, 1);
+#endif
     }
 }
 
@@ -273,7 +317,8 @@ int main() {
         }
     CHECK(cudaMemcpyToSymbol(products, prods.data(), prods.size() * sizeof(Product)));
     unsigned* counter;
-    CHECK(cudaMalloc(&counter, 4));
+    const size_t counter_bytes = 2 * MAX_PRODUCTS * 128 * 4;
+    CHECK(cudaMalloc(&counter, counter_bytes));
     const size_t smem = 1024 + (STAGES + MAX_A_CHUNKS) * TILE_BYTES;
     CHECK(cudaFuncSetAttribute(stream_products, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 0, sms = 0;
@@ -291,7 +336,7 @@ int main() {
     std::vector<float> mine_us;
     for (int run = 0; run < runs; ++run) {
         for (int i = 0; i < layers * 4; ++i) CHECK(cudaMemsetAsync(outs[i], 0, (size_t)64 * prods[i].n * sizeof(Act), st));
-        CHECK(cudaMemsetAsync(counter, 0, 4, st));
+        CHECK(cudaMemsetAsync(counter, 0, counter_bytes, st));
         void* args[] = {&count, &rows_arg, &counter};
         CHECK(cudaEventRecord(e0, st));
         CHECK(cudaLaunchCooperativeKernel((void*)stream_products, blocks, THREADS, args, smem, st));
