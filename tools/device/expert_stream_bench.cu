@@ -63,6 +63,12 @@ __device__ __forceinline__ Unit unit_of(const Product& p, int b) {
     return {true, b % tiles, split * chunks / p.splits, (split + 1) * chunks / p.splits};
 }
 
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 // The consumers of every block (128 threads each) meet here: all of product `generation - 1`'s
 // reductions are visible after it.
 __device__ __forceinline__ void grid_sync(unsigned* counter, unsigned generation) {
@@ -70,18 +76,10 @@ __device__ __forceinline__ void grid_sync(unsigned* counter, unsigned generation
     if (threadIdx.x == 0) {
         __threadfence();
         atomicAdd(counter, 1);
-        unsigned seen;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
-        } while (seen < generation * gridDim.x);
+        while (load_acquire(counter) < generation * gridDim.x) {
+        }
     }
     asm volatile("bar.sync 1, 128;\n" ::: "memory");
-}
-
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-    return v;
 }
 
 // `counter`: the grid barrier's; -DFLAGS: `counter` + p · 128 + t counts the finished K splits of
@@ -134,10 +132,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int row
                 asm volatile("bar.sync 1, 128;\n" ::: "memory");
                 for (int i = threadIdx.x; i < rows * 8; i += 128) {
                     const long at = (long)(i / 8) * prev.n + t * BN + (i % 8) * 8;
-                    const float4 x = __ldcg((const float4*)(prev.out + at)), y = __ldcg((const float4*)(prev.out + at + 4));
-                    __nv_bfloat162 h[4] = {__floats2bfloat162_rn(x.x, x.y), __floats2bfloat162_rn(x.z, x.w), __floats2bfloat162_rn(y.x, y.y),
-                                           __floats2bfloat162_rn(y.z, y.w)};
-                    memcpy(prev.out_bf16 + at, h, 16);
+                    *(uint4*)(prev.out_bf16 + at) = pack8_bf16(__ldcg((const float4*)(prev.out + at)), __ldcg((const float4*)(prev.out + at + 4)));
                 }
                 __threadfence();
                 asm volatile("bar.sync 1, 128;\n" ::: "memory");
@@ -152,10 +147,8 @@ __global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int row
             const Product& prev = products[p - 1];
             const int groups = rows * prev.n / 8;
             for (int i = blockIdx.x * 128 + threadIdx.x; i < groups; i += gridDim.x * 128) {
-                const float4 x = __ldcg((const float4*)(prev.out + 8 * (long)i)), y = __ldcg((const float4*)(prev.out + 8 * (long)i + 4));
-                __nv_bfloat162 h[4] = {__floats2bfloat162_rn(x.x, x.y), __floats2bfloat162_rn(x.z, x.w), __floats2bfloat162_rn(y.x, y.y),
-                                       __floats2bfloat162_rn(y.z, y.w)};
-                memcpy(prev.out_bf16 + 8 * (long)i, h, 16);
+                const float* from = prev.out + 8 * (long)i;
+                *(uint4*)(prev.out_bf16 + 8 * (long)i) = pack8_bf16(__ldcg((const float4*)from), __ldcg((const float4*)(from + 4)));
             }
             grid_sync(counter, ++generation);
         }
@@ -178,7 +171,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int row
 #endif
         for (int i = threadIdx.x; i < chunks * 64 * 8; i += 128) {
             const int c = i / 512, r = (i / 8) % 64, piece = i % 8;
-            const unsigned dst = a_tiles + c * TILE_BYTES + r * 128 + ((piece ^ (r & 7)) << 4);
+            const unsigned dst = a_tiles + c * TILE_BYTES + swizzled(r, piece);
 #ifdef PHASES
             const __nv_bfloat16* src = pr.a_bf16 + (long)min(r, rows - 1) * pr.a_stride + (u.c0 + c) * BK + piece * 8;
 #else
@@ -206,11 +199,8 @@ __global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int row
             for (int j = 0; j < A_BATCH; ++j) {
                 const int i = first + j * 128, c = i / 512, r = (i / 8) % 64, piece = i % 8;
                 if (i >= pieces) break;
-                __nv_bfloat162 h[4] = {__floats2bfloat162_rn(x[j].x, x[j].y), __floats2bfloat162_rn(x[j].z, x[j].w),
-                                       __floats2bfloat162_rn(y[j].x, y[j].y), __floats2bfloat162_rn(y[j].z, y[j].w)};
-                uint4 packed;
-                memcpy(&packed, h, 16);
-                const unsigned dst = a_tiles + c * TILE_BYTES + r * 128 + ((piece ^ (r & 7)) << 4);
+                const uint4 packed = pack8_bf16(x[j], y[j]);
+                const unsigned dst = a_tiles + c * TILE_BYTES + swizzled(r, piece);
                 asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(packed.x), "r"(packed.y), "r"(packed.z),
                              "r"(packed.w)
                              : "memory");
@@ -270,8 +260,8 @@ int main() {
     srand(1);
     auto rnd = [] { return (float)rand() / RAND_MAX * 2.0f - 1.0f; };
 
-    // Weights (variance 1/k, so activations keep their scale), both layouts; activations: f32 for
-    // the persistent kernel, bf16 for cuBLASLt, one output buffer per product.
+    // Weights (variance 1/k, so activations keep their scale), both layouts; activations: `Act`
+    // for the persistent kernel, bf16 for cuBLASLt, one output buffer per product.
     std::vector<Product> prods;
     std::vector<__nv_bfloat16*> w_plain(layers * 4);
     std::vector<Act*> outs(layers * 4);

@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(THREADS) gemm_wgmma(__nv_bfloat16* out, int ou
 #ifndef NO_A
     for (int i = threadIdx.x; i < chunks * 64 * 8; i += 128) {
         const int c = i / 512, r = (i / 8) % 64, piece = i % 8;
-        const unsigned dst = a_tiles + c * TILE_BYTES + r * 128 + ((piece ^ (r & 7)) << 4);
+        const unsigned dst = a_tiles + c * TILE_BYTES + swizzled(r, piece);
         const __nv_bfloat16* src = a + (long)min(r, rows - 1) * a_stride + (c0 + c) * BK + piece * 8;
         const int bytes = r < rows ? 16 : 0;
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
@@ -305,8 +305,6 @@ int main() {
                                              rows, partial, counters));
                 }
             });
-            CHECK(cudaStreamSynchronize(st));
-            CHECK(cudaMemcpy(mine.data(), out_mine, mine.size() * 2, cudaMemcpyDeviceToHost));
             printf(", \"after_norm\": {\"splits\": %d, \"norm_alone_us\": %.2f, \"norm_cublaslt_us\": %.2f, \"norm_mine_us\": %.2f, \"norm_mine_pdl_us\": %.2f}",
                    splits, norm_us, with_lt, with_mine, with_pdl);
         }

@@ -56,6 +56,21 @@ __device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigne
                  : "memory");
 }
 
+// Byte offset of 16-byte piece `piece` (0-7) of row `r` in a 64 × 64 bf16 tile in the 128-byte
+// swizzle that wgmma reads through `desc` (and that the tensor-memory engine writes): the piece
+// index XOR the row within its group of 8. The one statement of the layout, for the kernels'
+// shared-memory tiles and `pretile`'s global ones.
+__host__ __device__ __forceinline__ unsigned swizzled(int r, int piece) { return r * 128 + ((piece ^ (r & 7)) << 4); }
+
+// Eight f32 (x, then y) as eight bf16, round to nearest even, in one 16-byte vector.
+__device__ __forceinline__ uint4 pack8_bf16(float4 x, float4 y) {
+    __nv_bfloat162 h[4] = {__floats2bfloat162_rn(x.x, x.y), __floats2bfloat162_rn(x.z, x.w), __floats2bfloat162_rn(y.x, y.y),
+                           __floats2bfloat162_rn(y.z, y.w)};
+    uint4 packed;
+    memcpy(&packed, h, 16);
+    return packed;
+}
+
 // wgmma shared-memory descriptor: K-major operand, 128-byte swizzle, 8-row groups 1024 bytes apart.
 __device__ __forceinline__ unsigned long long desc(unsigned addr) {
     return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
@@ -87,7 +102,7 @@ static std::vector<__nv_bfloat16> pretile(const std::vector<__nv_bfloat16>& w, i
             __nv_bfloat16* dst = t.data() + ((long)nt * (k / BK) + kc) * BN * BK;
             for (int r = 0; r < BN; ++r)
                 for (int piece = 0; piece < 8; ++piece)
-                    memcpy(dst + r * 64 + ((piece ^ (r & 7)) * 8), w.data() + (long)(nt * BN + r) * k + kc * BK + piece * 8, 16);
+                    memcpy((char*)dst + swizzled(r, piece), w.data() + (long)(nt * BN + r) * k + kc * BK + piece * 8, 16);
         }
     return t;
 }
