@@ -442,99 +442,46 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
     }
 FOR_TYPE(ATTENTION_MQ256, attention_mq256)
 
-// Merges the splits of `attention_mq256_*` for row r: out = Σ_s 2^(m_s - M) o_s / Σ_s 2^(m_s - M) l_s,
-// each thread of the block taking DIMS head dimensions (threadIdx.x + i · blockDim.x). Lane s of
-// each warp holds split s's (max, sum) (32 splits per round), so the statistics cost one load per
-// lane and a warp reduction, and the partial outputs are read in unrolled runs whose loads are in
-// flight together, not one split at a time. Reads bypass L1 (other blocks of the same launch may
-// have just written them).
-template <typename Tout, int DIMS>
-__device__ __forceinline__ void attention_mq256_merge_row(Tout* out, int out_stride, const float* partial_o,
-                                                          const float* partial_ml, const float* query_valid,
-                                                          int rows, int heads, int splits, int r) {
-    const int t = r / heads, h = r % heads, lane = threadIdx.x & 31;
+// Merges the splits of `attention_mq256_*`: out = Σ_s 2^(m_s - M) o_s / Σ_s 2^(m_s - M) l_s.
+// One block of 256 threads (one per head dimension) per row. Lane s of each warp holds split s's
+// (max, sum) (32 splits per round), so the statistics cost one load per lane and a warp
+// reduction, and the partial outputs are read in unrolled runs whose loads are in flight
+// together, not one split at a time.
+template <typename Tout>
+__device__ void attention_mq256_combine(Tout* out, int out_stride, const float* partial_o, const float* partial_ml,
+                                        const float* query_valid, int queries, int heads, int splits) {
+    const int rows = queries * heads, r = blockIdx.x, d = threadIdx.x, lane = threadIdx.x & 31;
+    const int t = r / heads, h = r % heads;
     const float neg_inf = __int_as_float(0xff800000);
     float mx = neg_inf;
-    for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, __ldcg(&partial_ml[((long)s * rows + r) * 2]));
+    for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, partial_ml[((long)s * rows + r) * 2]);
     mx = warp_max(mx);
-    float num[DIMS] = {}, den = 0.0f;
+    float num = 0.0f, den = 0.0f;
     if (mx != neg_inf && !(query_valid && query_valid[t] == 0.0f)) {
         for (int first = 0; first < splits; first += 32) {
             const int s = first + lane, n = min(32, splits - first);
             float w = 0.0f;
             if (s < splits) {
                 const long at = (long)s * rows + r;
-                w = exp2f(__ldcg(&partial_ml[at * 2]) - mx);
-                den += w * __ldcg(&partial_ml[at * 2 + 1]);
+                w = exp2f(partial_ml[at * 2] - mx);
+                den += w * partial_ml[at * 2 + 1];
             }
 #pragma unroll 8
             for (int i = 0; i < n; ++i) {
-                const float wi = __shfl_sync(0xffffffffu, w, i);
-                const float* po = partial_o + ((long)(first + i) * rows + r) * ATT_D + threadIdx.x;
-#pragma unroll
-                for (int j = 0; j < DIMS; ++j) num[j] += wi * __ldcg(po + j * blockDim.x);
+                num += __shfl_sync(0xffffffffu, w, i) * partial_o[((long)(first + i) * rows + r) * ATT_D + d];
             }
         }
         den = warp_sum(den);
     }
-#pragma unroll
-    for (int j = 0; j < DIMS; ++j) {
-        out[(long)t * out_stride + h * ATT_D + threadIdx.x + j * blockDim.x] = from_float<Tout>(den > 0.0f ? num[j] / den : 0.0f);
-    }
+    out[(long)t * out_stride + h * ATT_D + d] = from_float<Tout>(den > 0.0f ? num / den : 0.0f);
 }
-
-// The merge as its own kernel: one block of 256 threads (one per head dimension) per row.
 #define ATTENTION_MQ256_COMBINE(NAME, TOUT)                                                                 \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const float* partial_o, const float* partial_ml, \
                                     const float* query_valid, int queries, int heads, int splits) {          \
-        attention_mq256_merge_row<TOUT, 1>(out, out_stride, partial_o, partial_ml, query_valid, queries * heads, \
-                                           heads, splits, blockIdx.x);                                       \
+        attention_mq256_combine<TOUT>(out, out_stride, partial_o, partial_ml, query_valid, queries, heads,  \
+                                      splits);                                                              \
     }
 FOR_TYPE(ATTENTION_MQ256_COMBINE, attention_mq256_combine)
-
-// Waits until `count` blocks have arrived at `sync` (an arrival counter and a generation, both 0
-// before the first launch, left ready for the next): cooperative groups' grid barrier for a
-// subset of a launch's blocks, which must all be resident at once (the launcher checks).
-__device__ __forceinline__ void blocks_barrier(unsigned* sync, unsigned count) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned gen;
-        asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(gen) : "l"(sync + 1) : "memory");
-        __threadfence();  // this block's writes before its arrival
-        if (atomicAdd(sync, 1u) == count - 1) {
-            atomicExch(sync, 0u);
-            __threadfence();
-            atomicAdd(sync + 1, 1u);
-        } else {
-            unsigned now;
-            do {
-                asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(now) : "l"(sync + 1) : "memory");
-            } while (now == gen);
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
-
-// Split and merge in one launch (several splits): block (tile, split) writes its partial as
-// `attention_mq256` does, waits at its row tile's barrier (`tile_sync`: two words per row tile)
-// for the tile's other splits, then merges rows tile·64 + split, + splits, … of the tile. Saves
-// the merge kernel's launch and ramp; needs every block of a row tile resident together.
-#define ATTENTION_MQ256_MERGED(NAME, TOUT)                                                                        \
-    extern "C" __global__ void __launch_bounds__(128)                                                             \
-        NAME(TOUT* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride, const bf16* v,  \
-             int v_stride, const float* key_valid, const float* query_valid, int queries, int heads, int keys,    \
-             int keys_per_split, float scale_log2, float* partial_o, float* partial_ml, unsigned* tile_sync) {    \
-        attention_mq256<TOUT>(out, out_stride, q, q_stride, k, k_stride, v, v_stride, key_valid, query_valid,    \
-                              queries, heads, keys, keys_per_split, scale_log2, partial_o, partial_ml);          \
-        blocks_barrier(tile_sync + 2 * blockIdx.x, gridDim.y);                                                  \
-        const int rows = queries * heads, end = min(rows, (int)(blockIdx.x + 1) * ATT_ROWS);                   \
-        for (int r = blockIdx.x * ATT_ROWS + blockIdx.y; r < end; r += gridDim.y) {                              \
-            attention_mq256_merge_row<TOUT, ATT_D / 128>(out, out_stride, partial_o, partial_ml, query_valid,   \
-                                                         rows, heads, gridDim.y, r);                             \
-        }                                                                                                       \
-    }
-FOR_TYPE(ATTENTION_MQ256_MERGED, attention_mq256_merged)
 
 // ---- Fused attention for SigLIP: head_dim 72, one K/V head per query head, per-camera groups --
 //

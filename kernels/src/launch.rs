@@ -84,11 +84,6 @@ pub struct AttentionArgs {
     /// per split and row.
     pub partial_o: DevPtr,
     pub partial_ml: DevPtr,
-    /// Several splits: `Some` merges them in the same launch (`attention_mq256_merged`) through
-    /// `split.sync_words` u32 of barrier state, zero before the first launch and used by no
-    /// concurrent launch; only where [`Kernels::attention_merges_in_launch`] says so. `None`
-    /// merges them in a second kernel.
-    pub tile_sync: Option<DevPtr>,
 }
 
 /// How [`Kernels::attention_mq256`] splits the keys of one attention over blocks.
@@ -99,9 +94,6 @@ pub struct AttentionSplit {
     /// f32 elements of the partial outputs and of the (max, sum) pairs the splits leave for the
     /// merge kernel (none for one split).
     pub partial_lens: (usize, usize),
-    /// u32 words of barrier state a merge in the same launch needs: two per row tile (none for
-    /// one split).
-    pub sync_words: usize,
 }
 
 /// Most prompt buckets one `prompt_bucket_256` launch picks among.
@@ -153,7 +145,7 @@ impl Arg {
 }
 
 const IN_OUT: [&str; 5] = ["layer_norm", "rms_norm", "gated_residual_rms_norm", "copy", "gelu_tanh_mul"];
-const TYPED: [&str; 10] = [
+const TYPED: [&str; 9] = [
     "gated_residual",
     "gelu_tanh",
     "affine",
@@ -162,7 +154,6 @@ const TYPED: [&str; 10] = [
     "image_patches_u8",
     "attention_mq256",
     "attention_mq256_combine",
-    "attention_mq256_merged",
     "attention_mh72",
 ];
 const SINGLE: [&str; 4] = ["add_table_f32", "positions_scan_1024", "prompt_bucket_256", "softmax_rows_masked_f32_bf16"];
@@ -204,8 +195,6 @@ pub struct Kernels {
     /// Whether the device grants the fused attention kernels their shared memory (not
     /// sm_86/sm_89, 99 KB).
     fused_attention: bool,
-    /// Blocks of `attention_mq256_merged` one multiprocessor holds at once.
-    merged_attention_per_sm: usize,
 }
 
 // SAFETY: module and function handles are plain driver handles, valid in any thread that makes
@@ -215,8 +204,7 @@ unsafe impl Send for Kernels {}
 impl Kernels {
     /// Loads the cubins into the current context and resolves every kernel.
     pub fn load(cubins: &[Cubin]) -> Result<Kernels> {
-        let mut kernels =
-            Kernels { modules: Vec::with_capacity(cubins.len()), functions: Vec::new(), fused_attention: true, merged_attention_per_sm: 0 };
+        let mut kernels = Kernels { modules: Vec::with_capacity(cubins.len()), functions: Vec::new(), fused_attention: true };
         for cubin in cubins {
             // SAFETY: `image` is a complete cubin produced by NVRTC (or read back from the cache);
             // the driver copies it during the call.
@@ -234,11 +222,7 @@ impl Kernels {
             kernels.functions.push((name, f));
         }
         kernels.functions.sort_by(|a, b| a.0.cmp(&b.0));
-        for (base, bytes) in [
-            ("attention_mq256", ATTENTION_SHARED_BYTES),
-            ("attention_mq256_merged", ATTENTION_SHARED_BYTES),
-            ("attention_mh72", VISION_SHARED_BYTES),
-        ] {
+        for (base, bytes) in [("attention_mq256", ATTENTION_SHARED_BYTES), ("attention_mh72", VISION_SHARED_BYTES)] {
             for dtype in ["bf16", "f32"] {
                 let f = kernels.function(&format!("{base}_{dtype}"))?;
                 let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
@@ -246,14 +230,6 @@ impl Kernels {
                 let granted = unsafe { sys::cuFuncSetAttribute(f, attr, bytes as i32) }.result();
                 kernels.fused_attention &= granted.is_ok();
             }
-        }
-        if kernels.fused_attention {
-            let f = kernels.function("attention_mq256_merged_bf16")?;
-            let mut per_sm = 0;
-            // SAFETY: `f` is a resolved function; the driver writes one int.
-            let found =
-                unsafe { sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, f, 128, ATTENTION_SHARED_BYTES as usize) }.result();
-            kernels.merged_attention_per_sm = if found.is_ok() { per_sm.max(0) as usize } else { 0 };
         }
         Ok(kernels)
     }
@@ -746,16 +722,7 @@ impl Kernels {
         let keys_per_split = chunks.div_ceil(wanted) * ATTENTION_KEYS;
         let splits = keys.div_ceil(keys_per_split).max(1);
         let partial_lens = if splits > 1 { (splits * rows * ATTENTION_HEAD_DIM, splits * rows * 2) } else { (0, 0) };
-        let sync_words = if splits > 1 { 2 * row_tiles } else { 0 };
-        AttentionSplit { splits, keys_per_split, partial_lens, sync_words }
-    }
-
-    /// Whether `split`'s splits can be merged in the launch that computes them
-    /// ([`AttentionArgs::tile_sync`]): the blocks of a row tile wait for one another, so the whole
-    /// grid must be resident at once on `multiprocessors` SMs (on the H200: 84 blocks, two per SM
-    /// fit; not on Orin's 16 SMs).
-    pub fn attention_merges_in_launch(&self, split: &AttentionSplit, multiprocessors: usize) -> bool {
-        split.splits > 1 && split.sync_words / 2 * split.splits <= multiprocessors * self.merged_attention_per_sm
+        AttentionSplit { splits, keys_per_split, partial_lens }
     }
 
     /// Fused multi-query attention, head dimension 256: `softmax(q kᵀ / 16) v` per head with the
@@ -817,21 +784,6 @@ impl Kernels {
             Arg::P(args.partial_ml),
         ];
         let grid = (rows.div_ceil(ATTENTION_ROWS) as u32, split.splits as u32, 1);
-        if let Some(sync) = args.tile_sync {
-            if split.splits == 1 || split.sync_words != 2 * grid.0 as usize {
-                return Err(shape_error(
-                    what,
-                    format!("a merge in the launch needs several splits and two sync words per row tile, got {split:?}"),
-                ));
-            }
-            let name = format!("attention_mq256_merged_{}", out.dtype.suffix());
-            let mut merged = [Arg::P(sync); 18];
-            merged[..args_list.len()].copy_from_slice(&args_list);
-            // SAFETY: matches `attention_mq256_merged_*`: as `attention_mq256_*` plus the sync
-            // words; the caller checked `attention_merges_in_launch`, so no block waits for one
-            // that cannot become resident.
-            return unsafe { self.launch_with_shared(&name, grid, 128, ATTENTION_SHARED_BYTES, stream, merged) };
-        }
         let name = format!("{what}_{}", out.dtype.suffix());
         // SAFETY: matches `attention_mq256_*`: 128 threads, grid (row tiles, splits), the shared
         // memory granted at load.
@@ -974,21 +926,7 @@ mod tests {
             assert!(s.keys_per_split % ATTENTION_KEYS == 0 && s.splits * s.keys_per_split >= keys, "{s:?}");
             assert!((s.splits - 1) * s.keys_per_split < keys, "an empty split: {s:?}");
             assert_eq!(s.partial_lens == (0, 0), s.splits == 1, "{s:?}");
-            assert_eq!(s.sync_words, if s.splits == 1 { 0 } else { 2 * rows.div_ceil(ATTENTION_ROWS) }, "{s:?}");
         }
-    }
-
-    #[test]
-    fn attention_merges_in_its_launch_only_when_the_grid_is_resident() {
-        let kernels =
-            |per_sm| Kernels { modules: Vec::new(), functions: Vec::new(), fused_attention: true, merged_attention_per_sm: per_sm };
-        let expert = Kernels::attention_split(400, 762, 132); // 7 row tiles × 12 splits
-        assert!(kernels(2).attention_merges_in_launch(&expert, 132)); // the H200
-        assert!(kernels(1).attention_merges_in_launch(&expert, 84));
-        assert!(!kernels(1).attention_merges_in_launch(&expert, 83));
-        assert!(!kernels(1).attention_merges_in_launch(&Kernels::attention_split(400, 762, 16), 16)); // Orin: 7 × 3 > 16
-        assert!(!kernels(0).attention_merges_in_launch(&expert, 132)); // occupancy unknown
-        assert!(!kernels(2).attention_merges_in_launch(&Kernels::attention_split(64, 31, 8), 132)); // one split
     }
 
     #[test]

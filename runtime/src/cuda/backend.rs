@@ -318,11 +318,9 @@ struct Scratch {
     probs: DevPtr,
     /// bf16 copy of an f32 GEMM input.
     shadow: DevPtr,
-    /// Split partial outputs (f32) and (max, sum) pairs of the fused attention, and the barrier
-    /// state of its merge in the same launch (u32, zeroed at open).
+    /// Split partial outputs (f32) and (max, sum) pairs of the fused attention.
     attention_o: DevPtr,
     attention_ml: DevPtr,
-    attention_sync: DevPtr,
     workspace: DevPtr,
 }
 
@@ -333,7 +331,6 @@ struct ScratchSizes {
     shadow: usize,
     attention_o: usize,
     attention_ml: usize,
-    attention_sync: usize,
 }
 
 /// The streams the step runs on: the main one, and the one a concurrent phase takes.
@@ -477,7 +474,6 @@ impl CudaBackend {
                         AttentionLowering::ActionTokens(split) => {
                             let (o, ml) = split.partial_lens;
                             (size.attention_o, size.attention_ml) = (size.attention_o.max(o), size.attention_ml.max(ml));
-                            size.attention_sync = size.attention_sync.max(split.sync_words);
                         }
                         AttentionLowering::Vision => {}
                         AttentionLowering::Products => size.scores = size.scores.max(heads * (q.rows / groups) * (k.rows / groups)),
@@ -494,7 +490,7 @@ impl CudaBackend {
         let half = head_dim / 2;
         // A second stream with no ops gets no scratch (only the cuBLASLt workspace is unsized).
         let used_lanes = op_lanes.iter().max().map_or(1, |l| l + 1);
-        let scratch_at: Vec<[usize; 7]> = sizes[..used_lanes]
+        let scratch_at: Vec<[usize; 6]> = sizes[..used_lanes]
             .iter()
             .map(|size| {
                 [
@@ -503,7 +499,6 @@ impl CudaBackend {
                     layout.take(size.shadow * 2),
                     layout.take(size.attention_o * 4),
                     layout.take(size.attention_ml * 4),
-                    layout.take(size.attention_sync * 4),
                     layout.take(WORKSPACE_BYTES),
                 ]
             })
@@ -521,8 +516,7 @@ impl CudaBackend {
                 shadow: at(o[2]),
                 attention_o: at(o[3]),
                 attention_ml: at(o[4]),
-                attention_sync: at(o[5]),
-                workspace: at(o[6]),
+                workspace: at(o[5]),
             })
             .collect();
         let rope = (at(rope_at[0]), at(rope_at[1]));
@@ -775,13 +769,7 @@ impl CudaBackend {
             Step::Embed { .. } => "embed".into(),
             Step::Positions { .. } => "positions".into(),
             Step::Rope(_) => "rope_qkv".into(),
-            Step::FusedAttention(a) => format!(
-                "attention_mq256 {}x{} over {} keys{}",
-                a.q.rows,
-                a.heads,
-                a.k.rows,
-                if a.tile_sync.is_some() { ", merged in the launch" } else { "" }
-            ),
+            Step::FusedAttention(a) => format!("attention_mq256 {}x{} over {} keys", a.q.rows, a.heads, a.k.rows),
             Step::VisionAttention { q, k, heads, groups, .. } => {
                 format!("attention_mh72 {}x{} over {} keys, {groups} groups", q.rows / groups, heads, k.rows / groups)
             }
@@ -1405,10 +1393,6 @@ impl Lowering<'_> {
         let masked = key_valid.is_some() || query_valid.is_some();
         match AttentionLowering::of(q.rows, k.rows, heads, kv_heads, head_dim, groups, masked, self.fused_attention, self.multiprocessors) {
             AttentionLowering::ActionTokens(split) => {
-                // The merge joins the splits' launch on the main stream only: a block of the
-                // low-priority stream's launch could wait for tile-mates queued behind the other
-                // stream's kernels while holding its SM (bench/NOTES.md item 33).
-                let merged = self.lane == 0 && self.backend.kernels.attention_merges_in_launch(&split, self.multiprocessors);
                 self.steps.push(Step::FusedAttention(AttentionArgs {
                     q: qs,
                     k: ks,
@@ -1420,7 +1404,6 @@ impl Lowering<'_> {
                     split,
                     partial_o: self.scratch().attention_o,
                     partial_ml: self.scratch().attention_ml,
-                    tile_sync: merged.then_some(self.scratch().attention_sync),
                 }));
                 return Ok(());
             }
@@ -1626,7 +1609,6 @@ mod tests {
             ActionTokens(split) => {
                 assert!(split.splits > 1 && split.splits * split.keys_per_split >= 762, "{split:?}");
                 assert_eq!(split.partial_lens, (split.splits * 400 * 256, split.splits * 400 * 2));
-                assert_eq!(split.sync_words, 2 * 400_usize.div_ceil(64));
             }
             other => panic!("action tokens lowered as {other:?}"),
         }
