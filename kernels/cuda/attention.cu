@@ -432,16 +432,13 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
         }
     }
 }
-// `p0`/`p1`: weights to prefetch into L2 once the block's own work is done (see prefetch_l2).
 #define ATTENTION_MQ256(NAME, TOUT)                                                                           \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
         NAME(TOUT* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride, const bf16* v, \
              int v_stride, const float* key_valid, const float* query_valid, int queries, int heads, int keys, \
-             int keys_per_split, float scale_log2, float* partial_o, float* partial_ml, const char* p0,       \
-             unsigned long long bytes0, const char* p1, unsigned long long bytes1) {                          \
+             int keys_per_split, float scale_log2, float* partial_o, float* partial_ml) {                    \
         attention_mq256<TOUT>(out, out_stride, q, q_stride, k, k_stride, v, v_stride, key_valid, query_valid, \
                               queries, heads, keys, keys_per_split, scale_log2, partial_o, partial_ml);       \
-        prefetch_l2(p0, bytes0, p1, bytes1);                                                                  \
     }
 FOR_TYPE(ATTENTION_MQ256, attention_mq256)
 

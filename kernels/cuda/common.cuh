@@ -77,26 +77,6 @@ __device__ __forceinline__ void store8(float* p, const float* v) {
     ((float4*)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
 
-// Asks L2 to load [p0, p0 + bytes0) and [p1, p1 + bytes1) (byte counts multiples of 16), one
-// 16 KB bulk prefetch per thread of the grid at a time: the few-row kernels between the action
-// expert's products run while DRAM idles, so they load the weights of the products that follow
-// (bench/NOTES.md item 35). Fire and forget: nothing waits for it, and it changes no result.
-// sm_90 and later only (the bulk prefetch); a no-op before.
-__device__ __forceinline__ void prefetch_l2(const char* p0, unsigned long long bytes0, const char* p1, unsigned long long bytes1) {
-#if __CUDA_ARCH__ >= 900
-    const unsigned long long piece = 16384, blocks = (unsigned long long)gridDim.x * gridDim.y * gridDim.z;
-    const unsigned long long threads = blocks * blockDim.x;
-    const unsigned long long me = ((unsigned long long)blockIdx.z * gridDim.y * gridDim.x + (unsigned long long)blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
-    const unsigned long long pieces0 = (bytes0 + piece - 1) / piece, pieces = pieces0 + (bytes1 + piece - 1) / piece;
-    for (unsigned long long i = me; i < pieces; i += threads) {
-        const bool first = i < pieces0;
-        const unsigned long long off = (first ? i : i - pieces0) * piece, bytes = first ? bytes0 : bytes1;
-        const unsigned n = (unsigned)(bytes - off < piece ? bytes - off : piece);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"((first ? p0 : p1) + off), "r"(n) : "memory");
-    }
-#endif
-}
-
 // Instantiates `KERNEL(NAME, TIN, TOUT)` for the four f32/bf16 input/output combinations,
 // named `<name>_<in>_<out>` (the Rust launchers build the same names).
 #define FOR_IN_OUT(KERNEL, NAME)            \

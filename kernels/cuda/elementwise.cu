@@ -65,13 +65,9 @@ __device__ void gelu_tanh_mul(Tout* out, int out_stride, const Tin* gate_up, int
         *o = from_float<Tout>(gelu_tanh(to_float(g[0])) * to_float(g[cols]));
     }
 }
-// `p0`/`p1`: weights to prefetch into L2 (see prefetch_l2; zero bytes for none).
 #define GELU_TANH_MUL(NAME, TIN, TOUT)                                                             \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* gate_up, int gu_stride,  \
-                                    int rows, int cols, int per, const char* p0,                   \
-                                    unsigned long long bytes0, const char* p1,                     \
-                                    unsigned long long bytes1) {                                   \
-        prefetch_l2(p0, bytes0, p1, bytes1);                                                       \
+                                    int rows, int cols, int per) {                                 \
         gelu_tanh_mul<TIN, TOUT>(out, out_stride, gate_up, gu_stride, rows, cols, per);            \
     }
 FOR_IN_OUT(GELU_TANH_MUL, gelu_tanh_mul)

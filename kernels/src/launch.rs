@@ -84,23 +84,6 @@ pub struct AttentionArgs {
     /// per split and row.
     pub partial_o: DevPtr,
     pub partial_ml: DevPtr,
-    /// Weights the blocks ask L2 to load once their own work is done.
-    pub prefetch: Prefetch,
-}
-
-/// Up to two byte ranges a kernel asks L2 to load while it runs (sm_90 and later; no effect on
-/// any result): the weights of the few-row products that follow it (bench/NOTES.md item 35).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Prefetch {
-    /// (address, bytes); bytes a multiple of 16, 0 for an unused range.
-    pub ranges: [(DevPtr, usize); 2],
-}
-
-impl Prefetch {
-    fn args(&self) -> [Arg; 4] {
-        let [(p0, b0), (p1, b1)] = self.ranges;
-        [Arg::P(p0), Arg::L(b0 as i64), Arg::P(p1), Arg::L(b1 as i64)]
-    }
 }
 
 /// How [`Kernels::attention_mq256`] splits the keys of one attention over blocks.
@@ -485,7 +468,7 @@ impl Kernels {
     ///
     /// # Safety
     /// Both matrices must be live device memory.
-    pub unsafe fn gelu_tanh_mul(&self, out: Mat, gate_up: Mat, prefetch: Prefetch, stream: CUstream) -> Result<()> {
+    pub unsafe fn gelu_tanh_mul(&self, out: Mat, gate_up: Mat, stream: CUstream) -> Result<()> {
         if gate_up.rows != out.rows || gate_up.cols != 2 * out.cols {
             return Err(shape_error(
                 "gelu_tanh_mul",
@@ -496,7 +479,6 @@ impl Kernels {
         // The up half starts `out.cols` into each gate_up row: it must be aligned too.
         let per = Self::columns_per_thread(&[(out, out.cols), (gate_up, out.cols)]);
         let grid = Self::elementwise_grid(out.rows, out.cols.div_ceil(per), &name)?;
-        let [p0, b0, p1, b1] = prefetch.args();
         let args = [
             Arg::P(out.ptr),
             Arg::I(i32_of(out.stride, &name)?),
@@ -505,12 +487,8 @@ impl Kernels {
             Arg::I(out.rows as i32),
             Arg::I(i32_of(out.cols, &name)?),
             Arg::I(per as i32),
-            p0,
-            b0,
-            p1,
-            b1,
         ];
-        // SAFETY: matches `gelu_tanh_mul_*` in elementwise.cu; the prefetch ranges are only hints.
+        // SAFETY: matches `gelu_tanh_mul_*` in elementwise.cu.
         unsafe { self.launch(&name, grid, 256, stream, args) }
     }
 
@@ -786,7 +764,6 @@ impl Kernels {
         if split.splits == 0 || split.keys_per_split % ATTENTION_KEYS != 0 || split.splits * split.keys_per_split < keys {
             return Err(shape_error(what, format!("{split:?} does not cover {keys} keys in whole chunks")));
         }
-        let [p0, b0, p1, b1] = args.prefetch.args();
         let args_list = [
             Arg::P(out.ptr),
             Arg::I(i32_of(out.stride, what)?),
@@ -805,10 +782,6 @@ impl Kernels {
             Arg::F(std::f32::consts::LOG2_E / (d as f32).sqrt()),
             Arg::P(args.partial_o),
             Arg::P(args.partial_ml),
-            p0,
-            b0,
-            p1,
-            b1,
         ];
         let grid = (rows.div_ceil(ATTENTION_ROWS) as u32, split.splits as u32, 1);
         let name = format!("{what}_{}", out.dtype.suffix());

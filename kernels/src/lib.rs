@@ -22,9 +22,7 @@ pub use compile::{
     COMMON_HEADER, Cubin, SOURCES, Source, cubin_file_name, default_cache_dir, load_or_compile, nvrtc_available, nvrtc_version,
     supported_archs, write_cubins,
 };
-pub use launch::{
-    AttentionArgs, AttentionSplit, DevPtr, Dtype, Kernels, MAX_PROMPT_BUCKETS, Mat, Prefetch, RopeArgs, VISION_MAX_KEYS, kernel_names,
-};
+pub use launch::{AttentionArgs, AttentionSplit, DevPtr, Dtype, Kernels, MAX_PROMPT_BUCKETS, Mat, RopeArgs, VISION_MAX_KEYS, kernel_names};
 
 pub type Result<T, E = KernelError> = std::result::Result<T, E>;
 

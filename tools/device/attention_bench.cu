@@ -107,8 +107,7 @@ int main(int argc, char** argv) {  // argv[1]: run only the cases whose name con
             const bf16* kc = k + (size_t)(i % copies) * hk.size();
             const bf16* vc = v + (size_t)(i % copies) * hv.size();
             attention_mq256_bf16<<<dim3((rows + ATT_ROWS - 1) / ATT_ROWS, splits), ATT_ROWS * 2, ATT_SHARED_BYTES, st>>>(
-                out, heads * 256, q, q_stride, kc, 256, vc, 256, kv, qv, c.queries, heads, c.keys, per_split, scale_log2, po, pml,
-                nullptr, 0, nullptr, 0);  // no L2 prefetch
+                out, heads * 256, q, q_stride, kc, 256, vc, 256, kv, qv, c.queries, heads, c.keys, per_split, scale_log2, po, pml);
             // -DBENCH_NO_COMBINE: the split kernel alone (its time without the merge; the output
             // check then fails for several splits).
 #ifndef BENCH_NO_COMBINE

@@ -10,7 +10,6 @@
 #   bash tools/device/cuda_checks.sh profile      # per-phase and per-kernel profile, both paths
 #   bash tools/device/cuda_checks.sh ab           # pi05-2v without the fused attention
 #   bash tools/device/cuda_checks.sh overlap      # pi05-2v on one stream (no concurrent phase)
-#   bash tools/device/cuda_checks.sh prefetch     # pi05-2v without the L2 prefetch of the expert's weights
 #   bash tools/device/cuda_checks.sh slots        # pi05-2v's 64-token prompt in 96 and 64 prompt slots
 #   bash tools/device/cuda_checks.sh buckets      # pi05-2v computing all 200 prompt slots (no buckets)
 #   bash tools/device/cuda_checks.sh attention    # attention_mq256 variants alone (needs nvcc)
@@ -95,11 +94,6 @@ for phase in "$@"; do
         synth_full
         FRT_NO_OVERLAP=1 bench 2 pi05-2v-one-stream
         ;;
-    prefetch)
-        echo "== pi05-2v without the few-row kernels' L2 prefetch of the next products' weights"
-        synth_full
-        FRT_NO_L2_PREFETCH=1 bench 2 pi05-2v-no-l2-prefetch
-        ;;
     slots)
         echo "== pi05-2v with fewer prompt slots (--prompt-capacity): the prefix computes every slot"
         synth_full
@@ -132,7 +126,7 @@ for phase in "$@"; do
         FRT_FULL_PARITY_DIR="$FULL" run "$BIN/cuda_pi05" --test-threads=1 --nocapture full_size
         ;;
     *)
-        echo "unknown phase $phase (tests | bench | views | full | ab | overlap | prefetch | slots | buckets | attention | profile | versus)"
+        echo "unknown phase $phase (tests | bench | views | full | ab | overlap | slots | buckets | attention | profile | versus)"
         status=2
         ;;
     esac

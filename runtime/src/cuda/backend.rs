@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
-use flashrt_kernels::{AttentionArgs, AttentionSplit, DevPtr, Dtype, Kernels, MAX_PROMPT_BUCKETS, Mat, Prefetch, RopeArgs};
+use flashrt_kernels::{AttentionArgs, AttentionSplit, DevPtr, Dtype, Kernels, MAX_PROMPT_BUCKETS, Mat, RopeArgs};
 
 use super::device::{
     BlasLt, CapturedGraph, Context, DeviceMemory, Event, Graph, Pinned, Stream, capture_if, check, conditional_handle, time_replays,
@@ -163,7 +163,6 @@ enum Step {
     GeluTanhMul {
         out: Mat,
         gate_up: Mat,
-        prefetch: Prefetch,
     },
     Embed {
         out: Mat,
@@ -254,70 +253,6 @@ impl AttentionLowering {
             AttentionLowering::Products
         }
     }
-}
-
-/// Products of at most this many rows (the action expert's 50) take their time from their
-/// weights' bytes, not their arithmetic: worth loading into L2 ahead of them.
-const FEW_ROWS: usize = 64;
-
-/// Smallest L2 for which the few-row kernels prefetch weights (the H200 has 50 MB; an expert
-/// layer's four products 35 MB; Orin's 4 MB would only thrash).
-const MIN_PREFETCH_L2_BYTES: usize = 32 << 20;
-
-/// Weights closer than this are prefetched as one range, the gap included.
-const PREFETCH_MERGE_GAP: u64 = 4096;
-
-/// What a lowered step is to the L2 prefetch plan.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum PrefetchRole {
-    /// A few-row kernel of ours, during which DRAM idles: it can ask L2 to load weights.
-    Carrier,
-    /// A few-row product: its weights' address and bytes.
-    Weights(DevPtr, usize),
-    Other,
-}
-
-/// For each carrier (by step index): the weights of the few-row products after it on its
-/// stream, up to the next carrier there, as at most two ranges (neighbours merged; beyond two,
-/// the two largest). In the denoise loop the action tokens' attention so asks for the O and
-/// gate/up weights (21 MB) and their GeGLU for the down and next layer's QKV weights (14 MB),
-/// each loading while DRAM would idle (bench/NOTES.md item 35).
-fn prefetch_plan(roles: &[(usize, PrefetchRole)]) -> Vec<(usize, Prefetch)> {
-    let mut plan = Vec::new();
-    for (i, &(lane, role)) in roles.iter().enumerate() {
-        if role != PrefetchRole::Carrier {
-            continue;
-        }
-        let mut ranges: Vec<(DevPtr, usize)> = Vec::new();
-        for &(other_lane, next) in &roles[i + 1..] {
-            match (other_lane == lane, next) {
-                (true, PrefetchRole::Carrier) => break,
-                (true, PrefetchRole::Weights(ptr, bytes)) => ranges.push((ptr, bytes)),
-                _ => {}
-            }
-        }
-        ranges.sort_unstable();
-        let mut merged: Vec<(DevPtr, usize)> = Vec::new();
-        for (ptr, bytes) in ranges {
-            match merged.last_mut() {
-                Some((start, len)) if ptr <= *start + *len as u64 + PREFETCH_MERGE_GAP => {
-                    *len = (*len).max((ptr - *start) as usize + bytes);
-                }
-                _ => merged.push((ptr, bytes)),
-            }
-        }
-        merged.sort_unstable_by_key(|&(_, bytes)| std::cmp::Reverse(bytes));
-        if merged.is_empty() {
-            continue;
-        }
-        let mut prefetch = Prefetch::default();
-        for (slot, &range) in prefetch.ranges.iter_mut().zip(&merged) {
-            // Bulk prefetches take multiples of 16 bytes.
-            *slot = (range.0, range.1.next_multiple_of(16));
-        }
-        plan.push((i, prefetch));
-    }
-    plan
 }
 
 /// A diagnostic switch from the environment: set and not "0".
@@ -525,8 +460,6 @@ impl CudaBackend {
         let (mut rope_positions, mut head_dim) = (0, 2);
         let fused_attention = kernels.has_fused_attention() && !env_flag("FRT_NO_FUSED_ATTENTION");
         let multiprocessors = ctx.multiprocessors()?;
-        // The bulk prefetch exists from sm_90 on; the expert's products ask for 21 MB at a time.
-        let l2_prefetch = major >= 9 && ctx.l2_bytes()? >= MIN_PREFETCH_L2_BYTES && !env_flag("FRT_NO_L2_PREFETCH");
         // Concurrent phases take the second stream (FRT_NO_OVERLAP=1: everything on one stream).
         let op_lanes: Vec<usize> =
             if env_flag("FRT_NO_OVERLAP") { vec![0; plan.ops.len()] } else { plan.concurrent_ops().into_iter().map(usize::from).collect() };
@@ -652,8 +585,6 @@ impl CudaBackend {
             lane: 0,
             fused_attention,
             multiprocessors,
-            l2_prefetch,
-            few_row_weights: Vec::new(),
             steps: Vec::new(),
             step_lanes: Vec::new(),
             step_accesses: Vec::new(),
@@ -957,7 +888,7 @@ impl CudaBackend {
                 Step::GatedResidual { x, y, modulation } => k.gated_residual(x, y, modulation, s),
                 Step::GatedResidualRmsNorm { out, x, y, gate, norm, eps } => k.gated_residual_rms_norm(out, x, y, gate, norm, eps, s),
                 Step::GeluTanh { x } => k.gelu_tanh(x, s),
-                Step::GeluTanhMul { out, gate_up, prefetch } => k.gelu_tanh_mul(out, gate_up, prefetch, s),
+                Step::GeluTanhMul { out, gate_up } => k.gelu_tanh_mul(out, gate_up, s),
                 Step::Embed { out, tokens, table, vocab, scale } => k.embed(out, tokens, table, vocab, scale, s),
                 Step::Positions { valid, positions, frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix } => {
                     k.positions(valid, positions, frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix, s)
@@ -1163,11 +1094,6 @@ struct Lowering<'a> {
     /// FRT_NO_FUSED_ATTENTION=1), sized for this many SMs.
     fused_attention: bool,
     multiprocessors: usize,
-    /// Whether the few-row kernels prefetch the next products' weights into L2 (see
-    /// [`prefetch_plan`]; sm_90+ with a large L2, off with FRT_NO_L2_PREFETCH=1).
-    l2_prefetch: bool,
-    /// (step, weight address, bytes) of every few-row product.
-    few_row_weights: Vec<(usize, DevPtr, usize)>,
     steps: Vec<Step>,
     /// For each step: its lane, and what the plan ops it came from read and write.
     step_lanes: Vec<usize>,
@@ -1298,38 +1224,11 @@ impl Lowering<'_> {
                 self.tag_copy(self.steps.len() - 1, BufId(i), false);
             }
         }
-        if self.l2_prefetch {
-            self.add_prefetches();
-        }
         let starts: Vec<(usize, Option<usize>)> = self.phase_steps.iter().map(|p| p.1).zip(self.phase_buckets.iter().copied()).collect();
         let sections = sections_of(&starts, self.steps.len());
         let ranges: Vec<Range<usize>> = sections.iter().map(|s| s.range.clone()).collect();
         let schedule = Schedule::new(self.step_lanes, &self.step_accesses, &ranges);
         Ok(Lowered { steps: self.steps, schedule, phase_steps: self.phase_steps, sections, matmuls: self.matmuls })
-    }
-
-    /// Gives each carrier step the prefetch [`prefetch_plan`] finds for it.
-    fn add_prefetches(&mut self) {
-        let mut roles: Vec<(usize, PrefetchRole)> = self
-            .steps
-            .iter()
-            .zip(&self.step_lanes)
-            .map(|(step, &lane)| match step {
-                Step::FusedAttention(_) => (lane, PrefetchRole::Carrier),
-                Step::GeluTanhMul { out, .. } if out.rows <= FEW_ROWS => (lane, PrefetchRole::Carrier),
-                _ => (lane, PrefetchRole::Other),
-            })
-            .collect();
-        for &(step, ptr, bytes) in &self.few_row_weights {
-            roles[step].1 = PrefetchRole::Weights(ptr, bytes);
-        }
-        for (step, prefetch) in prefetch_plan(&roles) {
-            match &mut self.steps[step] {
-                Step::FusedAttention(args) => args.prefetch = prefetch,
-                Step::GeluTanhMul { prefetch: p, .. } => *p = prefetch,
-                _ => unreachable!("only carriers get a prefetch"),
-            }
-        }
     }
 
     fn lower_op(&mut self, op: &Op) -> Result<()> {
@@ -1360,9 +1259,7 @@ impl Lowering<'_> {
                 Step::GatedResidual { x: self.mat(x)?, y: self.mat(y)?, modulation: self.weight(modulation, Elem::F32) }
             }
             Op::GeluTanh { x } => Step::GeluTanh { x: self.mat(x)? },
-            Op::GeluTanhMul { gate_up, out } => {
-                Step::GeluTanhMul { out: self.mat(out)?, gate_up: self.mat(gate_up)?, prefetch: Prefetch::default() }
-            }
+            Op::GeluTanhMul { gate_up, out } => Step::GeluTanhMul { out: self.mat(out)?, gate_up: self.mat(gate_up)? },
             Op::Embed { tokens, table, scale, out } => {
                 let WeightRole::Embedding { vocab, width } = self.backend.plan.weights[table.0].role else {
                     return Err(self.error(format!("embed table {} is not an embedding", self.backend.plan.weights[table.0].name)));
@@ -1448,9 +1345,6 @@ impl Lowering<'_> {
             a_mat = shadow;
         }
         let d = self.mat(out)?;
-        if a.rows <= FEW_ROWS {
-            self.few_row_weights.push((self.steps.len(), self.weight(w, Elem::Bf16), n * k * 2));
-        }
         let spec = MatmulSpec {
             a: Operand { ptr: self.weight(w, Elem::Bf16), dtype: Dtype::Bf16, rows: k, cols: n, ld: k, transpose: true, batch_stride: 0 },
             b: Operand { ptr: a_mat.ptr, dtype: Dtype::Bf16, rows: k, cols: a.rows, ld: a_mat.stride, transpose: false, batch_stride: 0 },
@@ -1510,7 +1404,6 @@ impl Lowering<'_> {
                     split,
                     partial_o: self.scratch().attention_o,
                     partial_ml: self.scratch().attention_ml,
-                    prefetch: Prefetch::default(),
                 }));
                 return Ok(());
             }
@@ -1703,48 +1596,6 @@ mod tests {
         plan.push(Op::Gemm { a: x, w, bias: None, out: y, accumulate: false });
         let elems = element_types(&plan);
         assert_eq!(elems, vec![Elem::F32, Elem::Bf16, Elem::F32]);
-    }
-
-    #[test]
-    fn carriers_prefetch_the_few_row_weights_up_to_the_next_carrier() {
-        use PrefetchRole::{Carrier, Other, Weights};
-        // Two expert layers on lane 1 (weights laid out qkv, o, gate/up, down per layer, 256-byte
-        // aligned), a prefix product on lane 0 between them, then the output product far away.
-        let mb = 1 << 20;
-        let (qkv, o, gu, down) = (5 * mb, 4 * mb, 16 * mb, 8 * mb);
-        let layer = |base: u64| [base, base + qkv as u64, base + (qkv + o) as u64, base + (qkv + o + gu) as u64];
-        let (l0, l1) = (layer(1 << 30), layer((1 << 30) + (qkv + o + gu + down) as u64));
-        let out = (3 << 30, 65536);
-        let mut roles = Vec::new();
-        for w in [l0, l1] {
-            roles.extend([
-                (1, Other),
-                (1, Weights(w[0], qkv)),
-                (1, Other),
-                (1, Carrier),
-                (0, Weights(1 << 20, 100 * mb)), // another stream's product: not this carrier's
-                (1, Other),
-                (1, Weights(w[1], o)),
-                (1, Other),
-                (1, Weights(w[2], gu)),
-                (1, Carrier),
-                (1, Weights(w[3], down)),
-            ]);
-        }
-        roles.extend([(1, Other), (1, Weights(out.0, out.1)), (1, Weights(l0[0], qkv))]);
-        let plan = prefetch_plan(&roles);
-        let at = |step: usize| plan.iter().find(|(s, _)| *s == step).map(|p| p.1.ranges);
-        // The attention: O and gate/up, adjacent, as one range.
-        assert_eq!(at(3), Some([(l0[1], o + gu), (0, 0)]));
-        // Layer 0's GeGLU: its down and layer 1's QKV, adjacent.
-        assert_eq!(at(9), Some([(l0[3], down + qkv), (0, 0)]));
-        assert_eq!(at(14), Some([(l1[1], o + gu), (0, 0)]));
-        // The last GeGLU: down and the next step's QKV (the two largest of three ranges).
-        assert_eq!(at(20), Some([(l1[3], down), (l0[0], qkv)]));
-        assert_eq!(plan.len(), 4);
-        // A carrier with no product after it asks for nothing; byte counts round up to 16.
-        assert!(prefetch_plan(&[(0, Carrier), (0, Other)]).is_empty());
-        assert_eq!(prefetch_plan(&[(0, Carrier), (0, Weights(4096, 40))])[0].1.ranges[0], (4096, 48));
     }
 
     #[test]

@@ -74,11 +74,6 @@ impl Context {
         Ok(self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?.max(1) as usize)
     }
 
-    /// Bytes of L2 cache.
-    pub fn l2_bytes(&self) -> Result<usize> {
-        Ok(self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?.max(0) as usize)
-    }
-
     /// Bytes of device memory (on a Jetson: the module's DRAM as the OS reports it).
     pub fn total_memory(&self) -> Result<usize> {
         // SAFETY: `device` is valid.
