@@ -486,15 +486,20 @@ FOR_TYPE(ATTENTION_MQ256_COMBINE, attention_mq256_combine)
 // ---- Fused attention for SigLIP: head_dim 72, one K/V head per query head, per-camera groups --
 //
 // One kernel instead of the QKᵀ product, the softmax and the PV product per camera. A block
-// takes 64 query rows (4 warps × 16) of one head of one group and holds that head's whole K and
-// V (at most 256 keys) in shared memory, so each warp computes its 16 × keys scores in registers
-// and needs no online softmax. The head dimension is padded with zeros to 80 (five k16 steps).
+// takes 64 query rows of one head of one group and holds that head's whole K and V (at most 256
+// keys) in shared memory. Eight warps: warp w takes rows 16·(w % 4) … + 15 over half the keys
+// (w / 4), its scores in registers (no online softmax), so each warp's chain of products is half
+// as long and two warps share each scheduler; the halves merge through shared memory at the end.
+// The head dimension is padded with zeros to 80 (five k16 steps).
 #define VA_D 72
 #define VA_DP 80                     // padded head dimension (Q and K pieces past 72 are zero)
 #define VA_STRIDE 88                 // shared-memory row stride: ldmatrix's eight rows hit distinct banks
 #define VA_ROWS 64                   // query rows per block
 #define VA_MAX_KEYS 256              // keys per group held at once (SigLIP: 256 patches)
-// Dynamic shared memory in bytes (launch.rs mirrors it): the Q tile, then all of K and V.
+#define VA_HALF (VA_MAX_KEYS / 2)    // keys per warp
+#define VA_PART (VA_D + 2)           // floats per row of a second-half partial: output, max, sum
+// Dynamic shared memory in bytes (launch.rs mirrors it): the Q tile, then all of K and V (the
+// K region holds the second halves' partials at the end).
 #define VA_SHARED_BYTES ((VA_ROWS + 2 * VA_MAX_KEYS) * VA_STRIDE * 2)
 
 template <typename Tout>
@@ -506,6 +511,7 @@ __device__ void attention_mh72(Tout* out, int out_stride, const bf16* q, int q_s
     unsigned short* v_tile = k_tile + VA_MAX_KEYS * VA_STRIDE;
     const int h = blockIdx.y, g = blockIdx.z, row0 = blockIdx.x * VA_ROWS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, q4 = lane & 3;
+    const int tile = warp & 3, key0 = (warp >> 2) * VA_HALF;
     const float neg_inf = __int_as_float(0xff800000);
 
     // Q rows and every key's K and V of (group g, head h): nine 16-byte pieces per row, plus a
@@ -527,42 +533,44 @@ __device__ void attention_mh72(Tout* out, int out_stride, const bf16* q, int q_s
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
     __syncthreads();
 
-    // S = Q Kᵀ: 32 column tiles of 8 keys, five k16 steps over the padded head dimension.
-    float s[VA_MAX_KEYS / 8][4];
+    // S = Q Kᵀ over this warp's keys: 16 column tiles of 8 keys, five k16 steps over the padded
+    // head dimension.
+    float s[VA_HALF / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < VA_MAX_KEYS / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+    for (int nt = 0; nt < VA_HALF / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < VA_DP / 16; ++kk) {
         unsigned a[4];
-        ldmatrix_x4(a, &q_tile[(warp * 16 + (lane & 15)) * VA_STRIDE + kk * 16 + (lane >> 4) * 8]);
+        ldmatrix_x4(a, &q_tile[(tile * 16 + (lane & 15)) * VA_STRIDE + kk * 16 + (lane >> 4) * 8]);
 #pragma unroll
-        for (int nt = 0; nt < VA_MAX_KEYS / 8; nt += 2) {
-            if (nt * 8 >= keys) break;
+        for (int nt = 0; nt < VA_HALF / 8; nt += 2) {
+            if (key0 + nt * 8 >= keys) break;
             // Matrices: keys nt·8 … +7 at dims kk·16 + 0 / + 8, then the next eight keys.
             unsigned b[4];
-            ldmatrix_x4(b, &k_tile[(nt * 8 + (lane >> 4) * 8 + (lane & 7)) * VA_STRIDE + kk * 16 + ((lane >> 3) & 1) * 8]);
+            ldmatrix_x4(b, &k_tile[(key0 + nt * 8 + (lane >> 4) * 8 + (lane & 7)) * VA_STRIDE + kk * 16 + ((lane >> 3) & 1) * 8]);
             att_mma(s[nt], a, b[0], b[1]);
             att_mma(s[nt + 1], a, b[2], b[3]);
         }
     }
 
-    // Softmax over the keys of rows gq (e < 2) and gq + 8 (e >= 2), log2 domain.
+    // Softmax over the warp's keys of rows gq (e < 2) and gq + 8 (e >= 2), log2 domain. A half
+    // with no key (keys <= 128) keeps max -inf and sum 0, and weighs nothing in the merge.
     float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int nt = 0; nt < VA_MAX_KEYS / 8; ++nt) {
+    for (int nt = 0; nt < VA_HALF / 8; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            s[nt][e] = nt * 8 + 2 * q4 + (e & 1) < keys ? s[nt][e] * scale_log2 : neg_inf;
+            s[nt][e] = key0 + nt * 8 + 2 * q4 + (e & 1) < keys ? s[nt][e] * scale_log2 : neg_inf;
             m[e >> 1] = fmaxf(m[e >> 1], s[nt][e]);
         }
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) m[i] = quad_max(m[i]);
 #pragma unroll
-    for (int nt = 0; nt < VA_MAX_KEYS / 8; ++nt) {
+    for (int nt = 0; nt < VA_HALF / 8; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            s[nt][e] = exp2f(s[nt][e] - m[e >> 1]);  // masked keys: exp2(-inf) = 0
+            s[nt][e] = m[e >> 1] == neg_inf ? 0.0f : exp2f(s[nt][e] - m[e >> 1]);  // masked keys: exp2(-inf) = 0
             l[e >> 1] += s[nt][e];
         }
     }
@@ -575,37 +583,58 @@ __device__ void attention_mh72(Tout* out, int out_stride, const bf16* q, int q_s
 #pragma unroll
     for (int dt = 0; dt < VA_D / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
 #pragma unroll
-    for (int kt = 0; kt < VA_MAX_KEYS / 16; ++kt) {
-        if (kt * 16 >= keys) break;
+    for (int kt = 0; kt < VA_HALF / 16; ++kt) {
+        if (key0 + kt * 16 >= keys) break;
         const unsigned p[4] = {pack_bf16x2(s[2 * kt][0], s[2 * kt][1]), pack_bf16x2(s[2 * kt][2], s[2 * kt][3]),
                                pack_bf16x2(s[2 * kt + 1][0], s[2 * kt + 1][1]),
                                pack_bf16x2(s[2 * kt + 1][2], s[2 * kt + 1][3])};
 #pragma unroll
         for (int dt = 0; dt < VA_D / 8; dt += 2) {
-            const int tile = min(dt + (lane >> 4), VA_D / 8 - 1);
+            const int dtile = min(dt + (lane >> 4), VA_D / 8 - 1);
             unsigned b[4];
-            ldmatrix_x4_trans(b, &v_tile[(kt * 16 + (lane & 15)) * VA_STRIDE + tile * 8]);
+            ldmatrix_x4_trans(b, &v_tile[(key0 + kt * 16 + (lane & 15)) * VA_STRIDE + dtile * 8]);
             att_mma(o[dt], p, b[0], b[1]);
             if (dt + 1 < VA_D / 8) att_mma(o[dt + 1], p, b[2], b[3]);
         }
     }
 
+    // Merge: the second-half warps leave (output, max, sum) of their rows where K was (every
+    // warp is done with K and V after the barrier); each first-half lane reads back exactly the
+    // values its counterpart lane wrote.
+    float* part = (float*)k_tile;
+    __syncthreads();
+    if (warp >= 4) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float* row = part + (tile * 16 + gq + 8 * i) * VA_PART;
+#pragma unroll
+            for (int dt = 0; dt < VA_D / 8; ++dt) *(float2*)&row[dt * 8 + 2 * q4] = make_float2(o[dt][2 * i], o[dt][2 * i + 1]);
+            if (q4 == 0) row[VA_D] = m[i], row[VA_D + 1] = l[i];
+        }
+    }
+    __syncthreads();
+    if (warp >= 4) return;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        const int row = row0 + warp * 16 + gq + 8 * i;
-        if (row >= rows_per_group) continue;
-        const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-        Tout* dst = out + ((long)g * rows_per_group + row) * out_stride + h * VA_D;
+        const int r = row0 + tile * 16 + gq + 8 * i;
+        const float* other = part + (tile * 16 + gq + 8 * i) * VA_PART;
+        const float mo = other[VA_D], mx = fmaxf(m[i], mo);
+        const float c_mine = m[i] == neg_inf ? 0.0f : exp2f(m[i] - mx), c_other = mo == neg_inf ? 0.0f : exp2f(mo - mx);
+        const float sum = l[i] * c_mine + other[VA_D + 1] * c_other;
+        if (r >= rows_per_group) continue;
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        Tout* dst = out + ((long)g * rows_per_group + r) * out_stride + h * VA_D;
 #pragma unroll
         for (int dt = 0; dt < VA_D / 8; ++dt) {
             const int d = dt * 8 + 2 * q4;
-            dst[d] = from_float<Tout>(o[dt][2 * i] * inv);
-            dst[d + 1] = from_float<Tout>(o[dt][2 * i + 1] * inv);
+            const float2 po = *(const float2*)&other[d];
+            dst[d] = from_float<Tout>((o[dt][2 * i] * c_mine + po.x * c_other) * inv);
+            dst[d + 1] = from_float<Tout>((o[dt][2 * i + 1] * c_mine + po.y * c_other) * inv);
         }
     }
 }
 #define ATTENTION_MH72(NAME, TOUT)                                                                          \
-    extern "C" __global__ void __launch_bounds__(128)                                                       \
+    extern "C" __global__ void __launch_bounds__(256)                                                       \
         NAME(TOUT* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride,           \
              const bf16* v, int v_stride, int rows_per_group, int keys, float scale_log2) {                  \
         attention_mh72<TOUT>(out, out_stride, q, q_stride, k, k_stride, v, v_stride, rows_per_group, keys,  \

@@ -855,9 +855,9 @@ impl Kernels {
             Arg::F(std::f32::consts::LOG2_E / (d as f32).sqrt()),
         ];
         let grid = (rows.div_ceil(VISION_ROWS) as u32, i32_of(heads, &name)? as u32, i32_of(groups, &name)? as u32);
-        // SAFETY: matches `attention_mh72_*`: 128 threads, grid (query tiles, heads, groups), the
+        // SAFETY: matches `attention_mh72_*`: 256 threads, grid (query tiles, heads, groups), the
         // shared memory granted at load.
-        unsafe { self.launch_with_shared(&name, grid, 128, VISION_SHARED_BYTES, stream, args) }
+        unsafe { self.launch_with_shared(&name, grid, 256, VISION_SHARED_BYTES, stream, args) }
     }
 
     /// Resize-with-pad, normalise and patchify camera `camera` of the staged u8 frames into `out`
