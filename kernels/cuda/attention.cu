@@ -220,8 +220,15 @@ extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s,
 // chunk's loads are in flight while the tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate)
 // work on the current one. Scores in the log2 domain (exp2). Row r is query r / heads, head r % heads.
 #define ATT_D 256
+// Keys per chunk, a multiple of 16 dividing 64 (launch.rs mirrors it per architecture): from
+// sm_90 on two 64-key chunks fit (178 KB of shared memory, -0.6 us per expert layer on the H200,
+// bench/NOTES.md items 21 and 36); Orin's 163 KB take 32-key ones (105 KB).
 #ifndef ATT_KEYS
-#define ATT_KEYS 32                  // keys per chunk, a multiple of 16 (launch.rs mirrors it)
+#if __CUDA_ARCH__ >= 900
+#define ATT_KEYS 64
+#else
+#define ATT_KEYS 32
+#endif
 #endif
 #ifndef ATT_ROWS
 #define ATT_ROWS 64                  // rows per block (16 per warp; tools/device/attention_bench.cu tries others)

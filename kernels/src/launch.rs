@@ -99,20 +99,27 @@ pub struct AttentionSplit {
 /// Most prompt buckets one `prompt_bucket_256` launch picks among.
 pub const MAX_PROMPT_BUCKETS: usize = 4;
 
-/// Rows (query × head) per block and keys per chunk of `attention_mq256` (attention.cu).
+/// Rows (query × head) per block of `attention_mq256` (attention.cu), and keys per split: a
+/// multiple of its chunk (ATT_KEYS: 64 keys from sm_90 on, 32 before).
 const ATTENTION_ROWS: usize = 64;
-const ATTENTION_KEYS: usize = 32;
+const ATTENTION_SPLIT_KEYS: usize = 64;
 const ATTENTION_HEAD_DIM: usize = 256;
 /// bf16 elements per shared-memory row of Q and K, and of V (ATT_QK_STRIDE, ATT_V_STRIDE: padded
 /// against bank conflicts).
 const ATTENTION_QK_STRIDE: usize = ATTENTION_HEAD_DIM + 32;
 const ATTENTION_V_STRIDE: usize = ATTENTION_HEAD_DIM + 8;
-/// Its dynamic shared memory (ATT_SHARED_BYTES in attention.cu): the Q tile and two chunks each of
-/// K, V and key validity (f32).
-const ATTENTION_SHARED_BYTES: u32 = (ATTENTION_ROWS * ATTENTION_QK_STRIDE * 2
-    + 2 * ATTENTION_KEYS * ATTENTION_QK_STRIDE * 2
-    + 2 * ATTENTION_KEYS * ATTENTION_V_STRIDE * 2
-    + 2 * ATTENTION_KEYS * 4) as u32;
+/// Its dynamic shared memory (ATT_SHARED_BYTES in attention.cu) for chunks of `keys` keys: the Q
+/// tile and two chunks each of K, V and key validity (f32).
+const fn attention_shared_bytes(keys: usize) -> u32 {
+    (ATTENTION_ROWS * ATTENTION_QK_STRIDE * 2 + 2 * keys * ATTENTION_QK_STRIDE * 2 + 2 * keys * ATTENTION_V_STRIDE * 2 + 2 * keys * 4)
+        as u32
+}
+
+/// Keys per chunk of `attention_mq256` as compiled for `arch` ("sm_90"): ATT_KEYS in attention.cu.
+fn attention_chunk_keys(arch: &str) -> usize {
+    let major = arch.trim_start_matches("sm_").trim_end_matches(|c: char| !c.is_ascii_digit()).parse::<u32>().unwrap_or(0) / 10;
+    if major >= 9 { 64 } else { 32 }
+}
 
 /// Head dimension, query rows per block and most keys per group of `attention_mh72`
 /// (attention.cu: VA_D, VA_ROWS, VA_MAX_KEYS), its shared-memory row stride in bf16 elements
@@ -195,6 +202,8 @@ pub struct Kernels {
     /// Whether the device grants the fused attention kernels their shared memory (not
     /// sm_86/sm_89, 99 KB).
     fused_attention: bool,
+    /// `attention_mq256`'s dynamic shared memory for the loaded architecture's chunk size.
+    attention_shared_bytes: u32,
 }
 
 // SAFETY: module and function handles are plain driver handles, valid in any thread that makes
@@ -204,7 +213,13 @@ unsafe impl Send for Kernels {}
 impl Kernels {
     /// Loads the cubins into the current context and resolves every kernel.
     pub fn load(cubins: &[Cubin]) -> Result<Kernels> {
-        let mut kernels = Kernels { modules: Vec::with_capacity(cubins.len()), functions: Vec::new(), fused_attention: true };
+        let chunk_keys = cubins.first().map_or(32, |c| attention_chunk_keys(&c.arch));
+        let mut kernels = Kernels {
+            modules: Vec::with_capacity(cubins.len()),
+            functions: Vec::new(),
+            fused_attention: true,
+            attention_shared_bytes: attention_shared_bytes(chunk_keys),
+        };
         for cubin in cubins {
             // SAFETY: `image` is a complete cubin produced by NVRTC (or read back from the cache);
             // the driver copies it during the call.
@@ -222,7 +237,7 @@ impl Kernels {
             kernels.functions.push((name, f));
         }
         kernels.functions.sort_by(|a, b| a.0.cmp(&b.0));
-        for (base, bytes) in [("attention_mq256", ATTENTION_SHARED_BYTES), ("attention_mh72", VISION_SHARED_BYTES)] {
+        for (base, bytes) in [("attention_mq256", kernels.attention_shared_bytes), ("attention_mh72", VISION_SHARED_BYTES)] {
             for dtype in ["bf16", "f32"] {
                 let f = kernels.function(&format!("{base}_{dtype}"))?;
                 let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
@@ -708,7 +723,7 @@ impl Kernels {
     }
 
     /// Whether [`Kernels::attention_mq256`] and [`Kernels::attention_mh72`] can run on this
-    /// device (105 and 99 KB of shared memory per block).
+    /// device (178 KB from sm_90 on, else 105 KB, and 99 KB of shared memory per block).
     pub fn has_fused_attention(&self) -> bool {
         self.fused_attention
     }
@@ -717,9 +732,9 @@ impl Kernels {
     /// run; few rows (the action tokens) take several splits. Scratch sizing at open and the
     /// lowering both ask here.
     pub fn attention_split(rows: usize, keys: usize, target_blocks: usize) -> AttentionSplit {
-        let (row_tiles, chunks) = (rows.div_ceil(ATTENTION_ROWS).max(1), keys.div_ceil(ATTENTION_KEYS).max(1));
+        let (row_tiles, chunks) = (rows.div_ceil(ATTENTION_ROWS).max(1), keys.div_ceil(ATTENTION_SPLIT_KEYS).max(1));
         let wanted = target_blocks.div_ceil(row_tiles).clamp(1, chunks);
-        let keys_per_split = chunks.div_ceil(wanted) * ATTENTION_KEYS;
+        let keys_per_split = chunks.div_ceil(wanted) * ATTENTION_SPLIT_KEYS;
         let splits = keys.div_ceil(keys_per_split).max(1);
         let partial_lens = if splits > 1 { (splits * rows * ATTENTION_HEAD_DIM, splits * rows * 2) } else { (0, 0) };
         AttentionSplit { splits, keys_per_split, partial_lens }
@@ -737,7 +752,10 @@ impl Kernels {
         let AttentionArgs { q, k, v, out, heads, split, .. } = *args;
         let d = ATTENTION_HEAD_DIM;
         if !self.fused_attention {
-            return Err(shape_error(what, format!("the device does not grant {ATTENTION_SHARED_BYTES} bytes of shared memory per block")));
+            return Err(shape_error(
+                what,
+                format!("the device does not grant {} bytes of shared memory per block", self.attention_shared_bytes),
+            ));
         }
         if [q.dtype, k.dtype, v.dtype] != [Dtype::Bf16; 3]
             || heads == 0
@@ -761,7 +779,7 @@ impl Kernels {
             return Err(shape_error(what, "q, k and v rows must be 16-byte aligned".into()));
         }
         let (rows, keys) = (q.rows * heads, k.rows);
-        if split.splits == 0 || split.keys_per_split % ATTENTION_KEYS != 0 || split.splits * split.keys_per_split < keys {
+        if split.splits == 0 || split.keys_per_split % ATTENTION_SPLIT_KEYS != 0 || split.splits * split.keys_per_split < keys {
             return Err(shape_error(what, format!("{split:?} does not cover {keys} keys in whole chunks")));
         }
         let args_list = [
@@ -787,7 +805,7 @@ impl Kernels {
         let name = format!("{what}_{}", out.dtype.suffix());
         // SAFETY: matches `attention_mq256_*`: 128 threads, grid (row tiles, splits), the shared
         // memory granted at load.
-        unsafe { self.launch_with_shared(&name, grid, 128, ATTENTION_SHARED_BYTES, stream, args_list)? };
+        unsafe { self.launch_with_shared(&name, grid, 128, self.attention_shared_bytes, stream, args_list)? };
         if split.splits == 1 {
             return Ok(());
         }
@@ -923,10 +941,22 @@ mod tests {
         assert_eq!(split.partial_lens, (12 * 400 * ATTENTION_HEAD_DIM, 12 * 400 * 2));
         for (rows, keys, blocks) in [(1, 1, 132), (64, 31, 8), (400, 762, 16), (712 * 8, 712, 132), (8, 5000, 132)] {
             let s = Kernels::attention_split(rows, keys, blocks);
-            assert!(s.keys_per_split % ATTENTION_KEYS == 0 && s.splits * s.keys_per_split >= keys, "{s:?}");
+            assert!(s.keys_per_split % ATTENTION_SPLIT_KEYS == 0 && s.splits * s.keys_per_split >= keys, "{s:?}");
             assert!((s.splits - 1) * s.keys_per_split < keys, "an empty split: {s:?}");
             assert_eq!(s.partial_lens == (0, 0), s.splits == 1, "{s:?}");
         }
+    }
+
+    #[test]
+    fn attention_chunks_follow_the_architecture() {
+        assert_eq!(attention_chunk_keys("sm_87"), 32);
+        assert_eq!(attention_chunk_keys("sm_90"), 64);
+        assert_eq!(attention_chunk_keys("sm_90a"), 64);
+        assert_eq!(attention_chunk_keys("sm_110"), 64);
+        // Orin's 163 KB hold the 32-key chunks; the H200's 227 KB the 64-key ones.
+        assert_eq!(attention_shared_bytes(32), 107_776);
+        assert_eq!(attention_shared_bytes(64), 178_688);
+        assert_eq!(ATTENTION_SPLIT_KEYS % 64, 0);
     }
 
     #[test]
