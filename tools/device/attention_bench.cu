@@ -16,14 +16,7 @@
 #endif
 #include "attention.cu"
 
-#define CHECK(x)                                                                                  \
-    do {                                                                                          \
-        cudaError_t err_ = (x);                                                                   \
-        if (err_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(err_)); \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "check.cuh"
 
 // One block per (query, head) row; scores in shared memory (keys <= 1024).
 __global__ void reference(float* out, const bf16* q, int q_stride, const bf16* k, const bf16* v, const float* key_valid,

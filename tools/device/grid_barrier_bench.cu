@@ -21,14 +21,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK(x)                                                                                  \
-    do {                                                                                          \
-        cudaError_t err_ = (x);                                                                   \
-        if (err_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(err_)); \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "check.cuh"
 
 enum Kind { COUNTER, RED_COUNTER, FLAGS_PACKED, FLAGS_SPREAD, FLAGS_MASTER, CLUSTER2, KINDS };
 static const char* kind_names[KINDS] = {"counter", "red_counter", "flags_packed", "flags_spread", "flags_master", "cluster2"};

@@ -12,14 +12,8 @@
 #include <cstring>
 #include <vector>
 
-#define CHECK(x)                                                                                  \
-    do {                                                                                          \
-        cudaError_t err_ = (x);                                                                   \
-        if (err_ != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(err_)); \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "check.cuh"
+
 #define CHECK_LT(x)                                                                     \
     do {                                                                                \
         cublasStatus_t st_ = (x);                                                       \
