@@ -222,7 +222,7 @@ extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s,
 #define ATT_D 256
 // Keys per chunk, a multiple of 16 dividing 64 (launch.rs mirrors it per architecture): from
 // sm_90 on two 64-key chunks fit (178 KB of shared memory, -0.6 us per expert layer on the H200,
-// bench/NOTES.md items 21 and 36); Orin's 163 KB take 32-key ones (105 KB).
+// bench/NOTES.md items 21 and 37); Orin's 163 KB take 32-key ones (105 KB).
 #ifndef ATT_KEYS
 #if __CUDA_ARCH__ >= 900
 #define ATT_KEYS 64

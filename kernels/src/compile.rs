@@ -68,9 +68,15 @@ pub fn supported_archs() -> Result<Vec<i32>> {
     }
 }
 
+/// The number of an `sm_XY` architecture name, suffix dropped ("sm_90a" → 90); `None` for
+/// anything else.
+pub(crate) fn arch_number(arch: &str) -> Option<u32> {
+    let digits = arch.strip_prefix("sm_")?.trim_end_matches(['a', 'f']);
+    if digits.len() >= 2 && digits.bytes().all(|b| b.is_ascii_digit()) { digits.parse().ok() } else { None }
+}
+
 fn check_arch(arch: &str) -> Result<()> {
-    let digits = arch.strip_prefix("sm_").map(|s| s.trim_end_matches(['a', 'f'])).unwrap_or("");
-    if digits.len() >= 2 && digits.bytes().all(|b| b.is_ascii_digit()) { Ok(()) } else { Err(KernelError::Arch(arch.into())) }
+    arch_number(arch).map(|_| ()).ok_or_else(|| KernelError::Arch(arch.into()))
 }
 
 fn options(arch: &str) -> [String; 2] {

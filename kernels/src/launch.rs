@@ -6,7 +6,7 @@ use std::ffi::{CString, c_void};
 use cudarc::driver::result;
 use cudarc::driver::sys::{self, CUfunction, CUmodule, CUstream};
 
-use crate::compile::Cubin;
+use crate::compile::{Cubin, arch_number};
 use crate::{KernelError, Result};
 
 /// A device address (`CUdeviceptr`).
@@ -117,8 +117,7 @@ const fn attention_shared_bytes(keys: usize) -> u32 {
 
 /// Keys per chunk of `attention_mq256` as compiled for `arch` ("sm_90"): ATT_KEYS in attention.cu.
 fn attention_chunk_keys(arch: &str) -> usize {
-    let major = arch.trim_start_matches("sm_").trim_end_matches(|c: char| !c.is_ascii_digit()).parse::<u32>().unwrap_or(0) / 10;
-    if major >= 9 { 64 } else { 32 }
+    if arch_number(arch).is_some_and(|n| n >= 90) { 64 } else { 32 }
 }
 
 /// Head dimension, query rows per block and most keys per group of `attention_mh72`
