@@ -16,7 +16,7 @@
 #endif
 #include "attention.cu"
 
-#include "check.cuh"
+#include "bench.cuh"
 
 // One block per (query, head) row; scores in shared memory (keys <= 1024).
 __global__ void reference(float* out, const bf16* q, int q_stride, const bf16* k, const bf16* v, const float* key_valid,

@@ -319,21 +319,13 @@ int main() {
         return 1;
     }
 
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
     int count = layers * 4, rows_arg = rows;
     std::vector<float> mine_us;
     for (int run = 0; run < runs; ++run) {
         for (int i = 0; i < layers * 4; ++i) CHECK(cudaMemsetAsync(outs[i], 0, (size_t)64 * prods[i].n * sizeof(Act), st));
         CHECK(cudaMemsetAsync(counter, 0, counter_bytes, st));
         void* args[] = {&count, &rows_arg, &counter};
-        CHECK(cudaEventRecord(e0, st));
-        CHECK(cudaLaunchCooperativeKernel((void*)stream_products, blocks, THREADS, args, smem, st));
-        CHECK(cudaEventRecord(e1, st));
-        CHECK(cudaEventSynchronize(e1));
-        float ms;
-        CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        const float ms = elapsed_ms(st, [&] { CHECK(cudaLaunchCooperativeKernel((void*)stream_products, blocks, THREADS, args, smem, st)); });
         mine_us.push_back(ms * 1000.0f / layers);
     }
     std::sort(mine_us.begin(), mine_us.end());
@@ -382,30 +374,8 @@ int main() {
 #endif
         }
     };
-    auto time_chain = [&] {
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-        chain(0);
-        CHECK(cudaStreamEndCapture(st, &g));
-        CHECK(cudaGraphInstantiate(&ge, g, 0));
-        CHECK(cudaGraphLaunch(ge, st));
-        CHECK(cudaStreamSynchronize(st));
-        std::vector<float> us;
-        for (int run = 0; run < runs; ++run) {
-            CHECK(cudaEventRecord(e0, st));
-            CHECK(cudaGraphLaunch(ge, st));
-            CHECK(cudaEventRecord(e1, st));
-            CHECK(cudaEventSynchronize(e1));
-            float ms;
-            CHECK(cudaEventElapsedTime(&ms, e0, e1));
-            us.push_back(ms * 1000.0f / layers);
-        }
-        std::sort(us.begin(), us.end());
-        CHECK(cudaGraphExecDestroy(ge));
-        CHECK(cudaGraphDestroy(g));
-        return us[0];
-    };
+    // The fastest replay of the whole chain, µs per layer.
+    auto time_chain = [&] { return graph_replay_ms(st, runs, [&] { chain(0); })[0] * 1000.0f / layers; };
     // Pick each shape's fastest algorithm, one shape at a time (the others at their current pick).
     for (int s = 0; s < 4; ++s) {
         float best = 1e9f;

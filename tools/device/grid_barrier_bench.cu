@@ -21,7 +21,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "check.cuh"
+#include "bench.cuh"
 
 enum Kind { COUNTER, RED_COUNTER, FLAGS_PACKED, FLAGS_SPREAD, FLAGS_MASTER, CLUSTER2, KINDS };
 static const char* kind_names[KINDS] = {"counter", "red_counter", "flags_packed", "flags_spread", "flags_master", "cluster2"};
@@ -153,9 +153,6 @@ int main() {
     CHECK(cudaMalloc(&errors, 4));
     cudaStream_t st;
     CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
     void (*kernels[KINDS])(unsigned*, unsigned*, unsigned*, int) = {persistent<COUNTER>, persistent<RED_COUNTER>, persistent<FLAGS_PACKED>,
                                                                      persistent<FLAGS_SPREAD>, persistent<FLAGS_MASTER>, persistent<CLUSTER2>};
     for (auto k : kernels) CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -188,14 +185,9 @@ int main() {
                 }
                 cfg.attrs = attr;
                 cfg.numAttrs = 1;
-                CHECK(cudaEventRecord(e0, st));
-                launched = cudaLaunchKernelEx(&cfg, kernels[kind], state, slots, errors, rounds);
-                CHECK(cudaEventRecord(e1, st));
-                CHECK(cudaEventSynchronize(e1));
+                const float ms = elapsed_ms(st, [&] { launched = cudaLaunchKernelEx(&cfg, kernels[kind], state, slots, errors, rounds); });
                 if (launched != cudaSuccess) break;
                 CHECK(cudaGetLastError());
-                float ms;
-                CHECK(cudaEventElapsedTime(&ms, e0, e1));
                 us.push_back(ms * 1000.0f / rounds);
                 unsigned e;
                 CHECK(cudaMemcpy(&e, errors, 4, cudaMemcpyDeviceToHost));
@@ -216,32 +208,15 @@ int main() {
         const int launches = 1000;
         CHECK(cudaMemsetAsync(slots, 0, 2 * MAX_BLOCKS * 4, st));
         CHECK(cudaMemsetAsync(errors, 0, 4, st));
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-        for (int i = 1; i <= launches; ++i) one_round<<<blocks, THREADS, smem, st>>>(slots, errors, i);
-        CHECK(cudaStreamEndCapture(st, &g));
-        CHECK(cudaGraphInstantiate(&ge, g, 0));
-        CHECK(cudaGraphLaunch(ge, st));
-        CHECK(cudaStreamSynchronize(st));
-        std::vector<float> us;
-        for (int run = 0; run < runs; ++run) {
-            CHECK(cudaEventRecord(e0, st));
-            CHECK(cudaGraphLaunch(ge, st));
-            CHECK(cudaEventRecord(e1, st));
-            CHECK(cudaEventSynchronize(e1));
-            float ms;
-            CHECK(cudaEventElapsedTime(&ms, e0, e1));
-            us.push_back(ms * 1000.0f / launches);
-        }
-        std::sort(us.begin(), us.end());
+        std::vector<float> us = graph_replay_ms(st, runs, [&] {
+            for (int i = 1; i <= launches; ++i) one_round<<<blocks, THREADS, smem, st>>>(slots, errors, i);
+        });
+        for (float& t : us) t *= 1000.0f / launches;
         unsigned errs;
         CHECK(cudaMemcpy(&errs, errors, 4, cudaMemcpyDeviceToHost));
         printf("{\"kind\": \"kernel_boundary\", \"blocks\": %d, \"launches\": %d, \"us_per_barrier\": {\"min\": %.3f, \"median\": %.3f}, \"errors\": %u}\n",
                blocks, launches, us[0], us[runs / 2], errs);
         fflush(stdout);
-        CHECK(cudaGraphExecDestroy(ge));
-        CHECK(cudaGraphDestroy(g));
     }
     return 0;
 }

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <vector>
 
-#include "check.cuh"
+#include "bench.cuh"
 
 #define CHECK_LT(x)                                                                     \
     do {                                                                                \

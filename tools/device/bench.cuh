@@ -1,0 +1,54 @@
+// Shared by the device benches (attention_bench.cu, grid_barrier_bench.cu, and through
+// wgmma_common.cuh the wgmma experiments): a CUDA runtime error check that prints where and why
+// and exits, and the GPU-side timing of work enqueued on a stream, alone or as a replayed graph.
+#pragma once
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CHECK(x)                                                                                  \
+    do {                                                                                          \
+        cudaError_t err_ = (x);                                                                   \
+        if (err_ != cudaSuccess) {                                                                \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(err_)); \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
+// Milliseconds the work `enqueue` puts on `st` takes on the GPU, between two events.
+template <typename F>
+float elapsed_ms(cudaStream_t st, F enqueue) {
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    CHECK(cudaEventRecord(e0, st));
+    enqueue();
+    CHECK(cudaEventRecord(e1, st));
+    CHECK(cudaEventSynchronize(e1));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    CHECK(cudaEventDestroy(e0));
+    CHECK(cudaEventDestroy(e1));
+    return ms;
+}
+
+// Captures what `enqueue` launches on `st` as one graph, replays it once to warm up, then `runs`
+// times: each replay's milliseconds, ascending.
+template <typename F>
+std::vector<float> graph_replay_ms(cudaStream_t st, int runs, F enqueue) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    enqueue();
+    CHECK(cudaStreamEndCapture(st, &g));
+    CHECK(cudaGraphInstantiate(&ge, g, 0));
+    CHECK(cudaGraphLaunch(ge, st));
+    CHECK(cudaStreamSynchronize(st));
+    std::vector<float> ms;
+    for (int run = 0; run < runs; ++run) ms.push_back(elapsed_ms(st, [&] { CHECK(cudaGraphLaunch(ge, st)); }));
+    std::sort(ms.begin(), ms.end());
+    CHECK(cudaGraphExecDestroy(ge));
+    CHECK(cudaGraphDestroy(g));
+    return ms;
+}
