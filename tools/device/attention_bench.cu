@@ -127,24 +127,13 @@ int main(int argc, char** argv) {  // argv[1]: run only the cases whose name con
             se += e * e;
             sr += (double)want[i] * want[i];
         }
-        // Timing: 64 launches per graph, 5 replays.
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-        for (int i = 0; i < 64; ++i) launch(i);
-        CHECK(cudaStreamEndCapture(st, &g));
-        CHECK(cudaGraphInstantiate(&ge, g, 0));
-        CHECK(cudaGraphLaunch(ge, st));
-        CHECK(cudaStreamSynchronize(st));
-        cudaEvent_t t0, t1;
-        CHECK(cudaEventCreate(&t0));
-        CHECK(cudaEventCreate(&t1));
-        CHECK(cudaEventRecord(t0, st));
-        for (int i = 0; i < 5; ++i) CHECK(cudaGraphLaunch(ge, st));
-        CHECK(cudaEventRecord(t1, st));
-        CHECK(cudaEventSynchronize(t1));
-        float ms;
-        CHECK(cudaEventElapsedTime(&ms, t0, t1));
+        // Timing: 64 launches per graph, 5 replays back to back.
+        const float ms = graph_replay_ms(
+            st, 1,
+            [&] {
+                for (int i = 0; i < 64; ++i) launch(i);
+            },
+            5)[0];
         printf("{\"rows_per_block\": %d, \"case\": \"%s\", \"splits\": %d, \"blocks\": %d, \"us\": %.2f, \"max_abs_err\": %.3g, \"max_abs_ref\": %.3g, \"nmse\": %.3g}\n",
                ATT_ROWS, c.name, splits, (rows + ATT_ROWS - 1) / ATT_ROWS * splits, ms * 1000 / 320, max_err, max_ref, se / sr);
         fflush(stdout);

@@ -33,10 +33,10 @@ float elapsed_ms(cudaStream_t st, F enqueue) {
     return ms;
 }
 
-// Captures what `enqueue` launches on `st` as one graph, replays it once to warm up, then `runs`
-// times: each replay's milliseconds, ascending.
+// Captures what `enqueue` launches on `st` as one graph, replays it once to warm up, then times
+// `runs` runs of `replays` back-to-back replays each: each run's milliseconds, ascending.
 template <typename F>
-std::vector<float> graph_replay_ms(cudaStream_t st, int runs, F enqueue) {
+std::vector<float> graph_replay_ms(cudaStream_t st, int runs, F enqueue, int replays = 1) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
     CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
@@ -46,7 +46,10 @@ std::vector<float> graph_replay_ms(cudaStream_t st, int runs, F enqueue) {
     CHECK(cudaGraphLaunch(ge, st));
     CHECK(cudaStreamSynchronize(st));
     std::vector<float> ms;
-    for (int run = 0; run < runs; ++run) ms.push_back(elapsed_ms(st, [&] { CHECK(cudaGraphLaunch(ge, st)); }));
+    for (int run = 0; run < runs; ++run)
+        ms.push_back(elapsed_ms(st, [&] {
+            for (int i = 0; i < replays; ++i) CHECK(cudaGraphLaunch(ge, st));
+        }));
     std::sort(ms.begin(), ms.end());
     CHECK(cudaGraphExecDestroy(ge));
     CHECK(cudaGraphDestroy(g));

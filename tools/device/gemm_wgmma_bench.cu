@@ -209,28 +209,7 @@ int main() {
         CHECK_LT(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, 8, heur, &found));
         const float one = 1.0f, zero = 0.0f;
 
-        auto time_graph = [&](auto&& launch_all) {
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-            launch_all();
-            CHECK(cudaStreamEndCapture(st, &g));
-            CHECK(cudaGraphInstantiate(&ge, g, 0));
-            CHECK(cudaGraphLaunch(ge, st));
-            CHECK(cudaStreamSynchronize(st));
-            cudaEvent_t e0, e1;
-            CHECK(cudaEventCreate(&e0));
-            CHECK(cudaEventCreate(&e1));
-            CHECK(cudaEventRecord(e0, st));
-            for (int i = 0; i < replays; ++i) CHECK(cudaGraphLaunch(ge, st));
-            CHECK(cudaEventRecord(e1, st));
-            CHECK(cudaEventSynchronize(e1));
-            float ms;
-            CHECK(cudaEventElapsedTime(&ms, e0, e1));
-            CHECK(cudaGraphExecDestroy(ge));
-            CHECK(cudaGraphDestroy(g));
-            return ms * 1000.0f / (replays * copies);
-        };
+        auto time_graph = [&](auto&& launch_all) { return graph_replay_ms(st, 1, launch_all, replays)[0] * 1000.0f / (replays * copies); };
 
         float best_lt = 1e9f;
         int best_algo = -1;
