@@ -7,7 +7,7 @@
 #    needed.
 # 2. `flashrt` builds with each flavour: cuda-12 (cudarc cuda-12060, JetPack 6) and cuda-13
 #    (cudarc cuda-13000, the default: JetPack 7, the H200).
-# 3. Every kernel compiles with NVRTC: sm_87 and sm_90 with NVRTC 12.6; sm_87, sm_90 and sm_110
+# 3. Every kernel compiles with NVRTC: sm_87, sm_90 and sm_90a with NVRTC 12.6; sm_87, sm_90, sm_90a and sm_110
 #    with NVRTC 13.0 (kernels/tests/nvrtc_compile.rs), plus the crate's unit tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +30,7 @@ echo "== flashrt with CUDA 12 (cuda-12) and CUDA 13 (cuda-13, default)"
 cargo build -p flashrt --no-default-features --features cuda-12
 cargo build -p flashrt --features cuda-13
 
-echo "== NVRTC 13.0: every kernel for sm_87, sm_90, sm_110"
+echo "== NVRTC 13.0: every kernel for sm_87, sm_90, sm_90a, sm_110"
 LD_LIBRARY_PATH="$cu13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test -p flashrt-kernels -- --nocapture
-echo "== NVRTC 12.6: every kernel for sm_87, sm_90"
+echo "== NVRTC 12.6: every kernel for sm_87, sm_90, sm_90a"
 LD_LIBRARY_PATH="$cu12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test -p flashrt-kernels --no-default-features --features cuda-12 -- --nocapture

@@ -295,6 +295,94 @@ __device__ __forceinline__ void att_load_chunk(unsigned short* k_tile, unsigned 
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
+// One chunk's online softmax, shared by both forms of the kernel: the scores s[j][e] (row g for
+// e < 2, g + 8 for e >= 2; key 8j + 2·q4 + (e & 1): mma.sync's and wgmma's accumulator layout)
+// masked by `valid`, the running max `m` and sum `l` updated, the factor `correction` for the
+// output so far, and P as the bf16 A operand of the k16 steps of P V (keys 0-15, 16-31, ...).
+__device__ __forceinline__ void att_chunk_softmax(float (&s)[ATT_KEYS / 8][4], const float* valid, float scale_log2,
+                                                  float (&m)[2], float (&l)[2], float (&correction)[2],
+                                                  unsigned (&p)[ATT_KEYS / 16][4]) {
+    const float neg_inf = __int_as_float(0xff800000);
+    const int q4 = threadIdx.x & 3;
+    float chunk_max[2] = {neg_inf, neg_inf};
+#pragma unroll
+    for (int j = 0; j < ATT_KEYS / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[j][e] = valid[j * 8 + 2 * q4 + (e & 1)] != 0.0f ? s[j][e] * scale_log2 : neg_inf;
+            chunk_max[e >> 1] = fmaxf(chunk_max[e >> 1], s[j][e]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        chunk_max[i] = quad_max(chunk_max[i]);
+        const float new_max = fmaxf(m[i], chunk_max[i]);
+        // While every key so far is masked the max stays -inf: nothing to rescale.
+        correction[i] = new_max == neg_inf ? 1.0f : exp2f(m[i] - new_max);
+        m[i] = new_max;
+        l[i] *= correction[i];
+    }
+#pragma unroll
+    for (int j = 0; j < ATT_KEYS / 8; ++j) {
+        float e4[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float mx = m[e >> 1];
+            e4[e] = mx == neg_inf ? 0.0f : exp2f(s[j][e] - mx);
+            l[e >> 1] += e4[e];
+        }
+        // A fragment: reg 0 row g keys 2q4.., reg 1 row g+8, reg 2 row g keys 8+2q4.., reg 3 row g+8.
+        p[j >> 1][(j & 1) * 2 + 0] = pack_bf16x2(e4[0], e4[1]);
+        p[j >> 1][(j & 1) * 2 + 1] = pack_bf16x2(e4[2], e4[3]);
+    }
+}
+
+__device__ __forceinline__ void att_rescale(float (&o)[ATT_D / 8][4], const float (&correction)[2]) {
+#pragma unroll
+    for (int j = 0; j < ATT_D / 8; ++j) {
+        o[j][0] *= correction[0];
+        o[j][1] *= correction[0];
+        o[j][2] *= correction[1];
+        o[j][3] *= correction[1];
+    }
+}
+
+// The block's rows out of the accumulators: normalised (one split) or the unnormalised partial
+// with its (max, sum) for the merge kernel.
+template <typename Tout>
+__device__ __forceinline__ void att_write_rows(const float (&o)[ATT_D / 8][4], const float (&m)[2], float (&l)[2],
+                                               Tout* out, int out_stride, const float* query_valid, int rows,
+                                               int heads, float* partial_o, float* partial_ml) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q4 = lane & 3;
+    // Row sums: each lane of a quad summed its own keys.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[i] = quad_sum(l[i]);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int row = blockIdx.x * ATT_ROWS + warp * 16 + g + 8 * i;
+        if (row >= rows) continue;
+        const int t = row / heads, h = row % heads;
+        if (gridDim.y == 1) {
+            const bool dead = (query_valid && query_valid[t] == 0.0f) || l[i] == 0.0f;
+            const float inv = dead ? 0.0f : 1.0f / l[i];
+            Tout* dst = out + (long)t * out_stride + h * ATT_D;
+            for (int j = 0; j < ATT_D / 8; ++j) {
+                const int d = j * 8 + 2 * q4;
+                dst[d] = from_float<Tout>(o[j][2 * i] * inv);
+                dst[d + 1] = from_float<Tout>(o[j][2 * i + 1] * inv);
+            }
+        } else {
+            const long at = (long)blockIdx.y * rows + row;
+            float* dst = partial_o + at * ATT_D;
+            for (int j = 0; j < ATT_D / 8; ++j) {
+                const int d = j * 8 + 2 * q4;
+                *(float2*)&dst[d] = make_float2(o[j][2 * i], o[j][2 * i + 1]);
+            }
+            if (q4 == 0) *(float2*)&partial_ml[at * 2] = make_float2(m[i], l[i]);
+        }
+    }
+}
+
 template <typename Tout>
 __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride,
                                 const bf16* v, int v_stride, const float* key_valid, const float* query_valid,
@@ -336,7 +424,6 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
         __syncthreads();
         const unsigned short* k_tile = k_tiles + buf * (ATT_K_BYTES / 2);
         const unsigned short* v_tile = v_tiles + buf * (ATT_V_BYTES / 2);
-        const float* valid = valid_tiles + buf * ATT_KEYS;
 
         // S = Q Kᵀ over the chunk's keys (ATT_KEYS / 8 mma column tiles). Within each 32-wide block
         // of the head dimension, lane group q4 holds d = 8·q4 … 8·q4 + 7 for both operands (one
@@ -354,48 +441,10 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
                 att_mma(s[j], hi, kf.z, kf.w);
             }
         }
-
-        // Online softmax: s[j][e] is row g (e < 2) or g + 8 (e >= 2), key 8j + 2·q4 + (e & 1).
-        float chunk_max[2] = {neg_inf, neg_inf};
-#pragma unroll
-        for (int j = 0; j < ATT_KEYS / 8; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[j][e] = valid[j * 8 + 2 * q4 + (e & 1)] != 0.0f ? s[j][e] * scale_log2 : neg_inf;
-                chunk_max[e >> 1] = fmaxf(chunk_max[e >> 1], s[j][e]);
-            }
-        }
         float correction[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            chunk_max[i] = quad_max(chunk_max[i]);
-            const float new_max = fmaxf(m[i], chunk_max[i]);
-            // While every key so far is masked the max stays -inf: nothing to rescale.
-            correction[i] = new_max == neg_inf ? 1.0f : exp2f(m[i] - new_max);
-            m[i] = new_max;
-            l[i] *= correction[i];
-        }
-        unsigned p[ATT_KEYS / 16][4];  // P as the A operand of the k16 steps (keys 0-15, 16-31, ...)
-#pragma unroll
-        for (int j = 0; j < ATT_KEYS / 8; ++j) {
-            float e4[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float mx = m[e >> 1];
-                e4[e] = mx == neg_inf ? 0.0f : exp2f(s[j][e] - mx);
-                l[e >> 1] += e4[e];
-            }
-            // A fragment: reg 0 row g keys 2q4.., reg 1 row g+8, reg 2 row g keys 8+2q4.., reg 3 row g+8.
-            p[j >> 1][(j & 1) * 2 + 0] = pack_bf16x2(e4[0], e4[1]);
-            p[j >> 1][(j & 1) * 2 + 1] = pack_bf16x2(e4[2], e4[3]);
-        }
-#pragma unroll
-        for (int j = 0; j < ATT_D / 8; ++j) {
-            o[j][0] *= correction[0];
-            o[j][1] *= correction[0];
-            o[j][2] *= correction[1];
-            o[j][3] *= correction[1];
-        }
+        unsigned p[ATT_KEYS / 16][4];
+        att_chunk_softmax(s, valid_tiles + buf * ATT_KEYS, scale_log2, m, l, correction, p);
+        att_rescale(o, correction);
         // O += P V: V's 16x8 B fragments transposed out of shared memory, two column tiles per
         // ldmatrix.x4 (lanes 0-15 address keys 0-15 of tile dt, lanes 16-31 those of tile dt + 1).
 #pragma unroll
@@ -410,34 +459,7 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
         }
         __syncthreads();  // this chunk's buffers may be refilled
     }
-
-    // Row sums: each lane of a quad summed its own keys.
-#pragma unroll
-    for (int i = 0; i < 2; ++i) l[i] = quad_sum(l[i]);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int row = blockIdx.x * ATT_ROWS + warp * 16 + g + 8 * i;
-        if (row >= rows) continue;
-        const int t = row / heads, h = row % heads;
-        if (gridDim.y == 1) {
-            const bool dead = (query_valid && query_valid[t] == 0.0f) || l[i] == 0.0f;
-            const float inv = dead ? 0.0f : 1.0f / l[i];
-            Tout* dst = out + (long)t * out_stride + h * ATT_D;
-            for (int j = 0; j < ATT_D / 8; ++j) {
-                const int d = j * 8 + 2 * q4;
-                dst[d] = from_float<Tout>(o[j][2 * i] * inv);
-                dst[d + 1] = from_float<Tout>(o[j][2 * i + 1] * inv);
-            }
-        } else {
-            const long at = (long)blockIdx.y * rows + row;
-            float* dst = partial_o + at * ATT_D;
-            for (int j = 0; j < ATT_D / 8; ++j) {
-                const int d = j * 8 + 2 * q4;
-                *(float2*)&dst[d] = make_float2(o[j][2 * i], o[j][2 * i + 1]);
-            }
-            if (q4 == 0) *(float2*)&partial_ml[at * 2] = make_float2(m[i], l[i]);
-        }
-    }
+    att_write_rows(o, m, l, out, out_stride, query_valid, rows, heads, partial_o, partial_ml);
 }
 #define ATTENTION_MQ256(NAME, TOUT)                                                                           \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
@@ -448,6 +470,159 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
                               queries, heads, keys, keys_per_split, scale_log2, partial_o, partial_ml);       \
     }
 FOR_TYPE(ATTENTION_MQ256, attention_mq256)
+
+// The same attention on Hopper's warpgroup MMA (sm_90a only; mma.sync's form above elsewhere).
+// One warpgroup per block, the same rows, splits, chunks (64 keys) and outputs. Q, K and V sit in
+// shared memory as 64-row tiles of 64 bf16 in the 128-byte swizzle wgmma reads (four tiles along
+// the head dimension each); S = Q Kᵀ is 16 asynchronous m64n64k16 products with both operands in
+// shared memory (K as the K-major B), and O += P V takes P from registers, where the softmax
+// leaves it, and V as the N-major B (keys × d, d contiguous) of 16 more: 32 instructions per chunk
+// where mma.sync takes 256 per warp plus their operand loads (bench/NOTES.md item 38).
+#if ATT_KEYS == 64 && ATT_ROWS == 64 && (!defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL))
+#define ATTW_TILE_BYTES (64 * 128)                  // 64 rows × 64 bf16, swizzled
+#define ATTW_OPERAND_BYTES (4 * ATTW_TILE_BYTES)    // 64 rows × 256: four tiles along d
+// Dynamic shared memory (launch.rs mirrors it): 1024-byte alignment slack, the Q tile, two
+// chunks each of K and V, two chunks of key validity.
+#define ATTW_SHARED_BYTES (1024 + 5 * ATTW_OPERAND_BYTES + 2 * 64 * 4)
+#ifndef ATTW_V_LBO
+#define ATTW_V_LBO ATTW_TILE_BYTES   // N-major V: from one 64-wide block of d to the next
+#define ATTW_V_SBO 1024              // and from one group of 8 keys to the next
+#endif
+
+// Byte offset of 16-byte piece `c` (0-31 along the 256 of d) of row `r` of a 64-row operand.
+__device__ __forceinline__ unsigned attw_offset(int r, int c) {
+    return (c >> 3) * ATTW_TILE_BYTES + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+
+// Shared-memory matrix descriptor with the 128-byte swizzle: start, leading and stride byte offsets.
+__device__ __forceinline__ unsigned long long attw_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+           ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+#define ATTW_D32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define ATTW_D32_OPERANDS(d)                                                                                          \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),       \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),        \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),       \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+// d (64 × 64 f32, accumulated) += A B over 16 of k: A and B K-major in shared memory.
+__device__ __forceinline__ void attw_mma_ss(float* d, unsigned long long a, unsigned long long b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " ATTW_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : ATTW_D32_OPERANDS(d)
+                 : "l"(a), "l"(b));
+}
+// The same with A from registers (mma.sync's A fragment per warp) and B N-major in shared memory.
+__device__ __forceinline__ void attw_mma_rs(float* d, const unsigned* a, unsigned long long b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " ATTW_D32
+                 ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : ATTW_D32_OPERANDS(d)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+__device__ __forceinline__ void attw_copy16(unsigned dst, const void* global, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(valid ? 16 : 0));
+}
+
+// Queues the copies of keys [c0, c0 + 64) ∩ [.., key_end) of K and V, and their validity.
+__device__ __forceinline__ void attw_load_chunk(unsigned k_tile, unsigned v_tile, float* valid_tile, const bf16* k,
+                                                int k_stride, const bf16* v, int v_stride, const float* key_valid,
+                                                int c0, int key_end) {
+    for (int i = threadIdx.x; i < 64 * (ATT_D / 8); i += blockDim.x) {
+        const int r = i / (ATT_D / 8), c = i % (ATT_D / 8), key = min(c0 + r, key_end - 1);
+        attw_copy16(k_tile + attw_offset(r, c), k + (long)key * k_stride + c * 8, c0 + r < key_end);
+        attw_copy16(v_tile + attw_offset(r, c), v + (long)key * v_stride + c * 8, c0 + r < key_end);
+    }
+    if (threadIdx.x < 64) {
+        const int key = c0 + threadIdx.x;
+        valid_tile[threadIdx.x] = key < key_end && (!key_valid || key_valid[key] != 0.0f) ? 1.0f : 0.0f;
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <typename Tout>
+__device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, int q_stride, const bf16* k,
+                                      int k_stride, const bf16* v, int v_stride, const float* key_valid,
+                                      const float* query_valid, int queries, int heads, int keys,
+                                      int keys_per_split, float scale_log2, float* partial_o, float* partial_ml) {
+    extern __shared__ __align__(16) unsigned char att_shared[];
+    const unsigned base = ((unsigned)__cvta_generic_to_shared(att_shared) + 1023) & ~1023u;
+    const unsigned q_tile = base, k_tiles = base + ATTW_OPERAND_BYTES, v_tiles = base + 3 * ATTW_OPERAND_BYTES;
+    float* valid_tiles = (float*)(att_shared + (base + 5 * ATTW_OPERAND_BYTES - (unsigned)__cvta_generic_to_shared(att_shared)));
+    const float neg_inf = __int_as_float(0xff800000);
+    const int rows = queries * heads;
+    const int key_begin = blockIdx.y * keys_per_split, key_end = min(keys, key_begin + keys_per_split);
+
+    for (int i = threadIdx.x; i < ATT_ROWS * (ATT_D / 8); i += blockDim.x) {
+        const int r = i / (ATT_D / 8), c = i % (ATT_D / 8), row = min(blockIdx.x * ATT_ROWS + r, rows - 1);
+        const bf16* src = q + (long)(row / heads) * q_stride + (row % heads) * ATT_D + c * 8;
+        attw_copy16(q_tile + attw_offset(r, c), src, blockIdx.x * ATT_ROWS + r < rows);
+    }
+    attw_load_chunk(k_tiles, v_tiles, valid_tiles, k, k_stride, v, v_stride, key_valid, key_begin, key_end);
+
+    float o[ATT_D / 8][4];
+#pragma unroll
+    for (int j = 0; j < ATT_D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};
+
+    for (int c0 = key_begin, buf = 0; c0 < key_end; c0 += ATT_KEYS, buf ^= 1) {
+        if (c0 + ATT_KEYS < key_end) {
+            attw_load_chunk(k_tiles + (buf ^ 1) * ATTW_OPERAND_BYTES, v_tiles + (buf ^ 1) * ATTW_OPERAND_BYTES,
+                            valid_tiles + (buf ^ 1) * ATT_KEYS, k, k_stride, v, v_stride, key_valid, c0 + ATT_KEYS,
+                            key_end);
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        }
+        // The copies are generic-proxy writes; wgmma reads through the async proxy.
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        const unsigned k_tile = k_tiles + buf * ATTW_OPERAND_BYTES, v_tile = v_tiles + buf * ATTW_OPERAND_BYTES;
+
+        float s[ATT_KEYS / 8][4];
+#pragma unroll
+        for (int j = 0; j < ATT_KEYS / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kb = 0; kb < 4; ++kb)
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                const unsigned at = kb * ATTW_TILE_BYTES + kk * 32;
+                attw_mma_ss(&s[0][0], attw_desc(q_tile + at, 16, 1024), attw_desc(k_tile + at, 16, 1024));
+            }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+
+        float correction[2];
+        unsigned p[ATT_KEYS / 16][4];
+        att_chunk_softmax(s, valid_tiles + buf * ATT_KEYS, scale_log2, m, l, correction, p);
+        att_rescale(o, correction);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int kk = 0; kk < ATT_KEYS / 16; ++kk)
+#pragma unroll
+            for (int nb = 0; nb < 4; ++nb)
+                attw_mma_rs(&o[8 * nb][0], p[kk], attw_desc(v_tile + nb * ATTW_TILE_BYTES + kk * 2048, ATTW_V_LBO, ATTW_V_SBO));
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        __syncthreads();  // this chunk's buffers may be refilled
+    }
+    att_write_rows(o, m, l, out, out_stride, query_valid, rows, heads, partial_o, partial_ml);
+}
+#define ATTENTION_MQ256_WGMMA(NAME, TOUT)                                                                        \
+    extern "C" __global__ void __launch_bounds__(128)                                                            \
+        NAME(TOUT* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride, const bf16* v,    \
+             int v_stride, const float* key_valid, const float* query_valid, int queries, int heads, int keys,    \
+             int keys_per_split, float scale_log2, float* partial_o, float* partial_ml) {                       \
+        attention_mq256_wgmma<TOUT>(out, out_stride, q, q_stride, k, k_stride, v, v_stride, key_valid,          \
+                                    query_valid, queries, heads, keys, keys_per_split, scale_log2, partial_o,   \
+                                    partial_ml);                                                                \
+    }
+FOR_TYPE(ATTENTION_MQ256_WGMMA, attention_mq256_wgmma)
+#endif
 
 // Merges the splits of `attention_mq256_*`: out = Σ_s 2^(m_s - M) o_s / Σ_s 2^(m_s - M) l_s.
 // One block of 256 threads (one per head dimension) per row. Lane s of each warp holds split s's

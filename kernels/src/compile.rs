@@ -75,6 +75,13 @@ pub(crate) fn arch_number(arch: &str) -> Option<u32> {
     if digits.len() >= 2 && digits.bytes().all(|b| b.is_ascii_digit()) { digits.parse().ok() } else { None }
 }
 
+/// The architecture to compile for on a device of compute capability `major.minor`: its own
+/// `sm_XY`, except that the H100/H200 (9.0) get the arch-specific `sm_90a`, whose warpgroup MMA
+/// (wgmma) the attention uses, unless `wgmma` is false (`FRT_NO_WGMMA=1` in the runtime).
+pub fn device_arch(major: u32, minor: u32, wgmma: bool) -> String {
+    if (major, minor) == (9, 0) && wgmma { "sm_90a".into() } else { format!("sm_{major}{minor}") }
+}
+
 fn check_arch(arch: &str) -> Result<()> {
     arch_number(arch).map(|_| ()).ok_or_else(|| KernelError::Arch(arch.into()))
 }

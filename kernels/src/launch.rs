@@ -115,6 +115,11 @@ const fn attention_shared_bytes(keys: usize) -> u32 {
         as u32
 }
 
+/// `attention_mq256_wgmma`'s dynamic shared memory (ATTW_SHARED_BYTES): 1024 bytes of alignment
+/// slack, then the Q tile and two chunks each of K and V (64 rows × 256 bf16 each), and two chunks
+/// of key validity.
+const ATTENTION_WGMMA_SHARED_BYTES: u32 = (1024 + 5 * ATTENTION_ROWS * ATTENTION_HEAD_DIM * 2 + 2 * ATTENTION_SPLIT_KEYS * 4) as u32;
+
 /// Keys per chunk of `attention_mq256` as compiled for `arch` ("sm_90"): ATT_KEYS in attention.cu.
 fn attention_chunk_keys(arch: &str) -> usize {
     if arch_number(arch).is_some_and(|n| n >= 90) { 64 } else { 32 }
@@ -164,8 +169,15 @@ const TYPED: [&str; 9] = [
 ];
 const SINGLE: [&str; 4] = ["add_table_f32", "positions_scan_1024", "prompt_bucket_256", "softmax_rows_masked_f32_bf16"];
 
-/// Every kernel the launchers use, as the macros in `cuda/*.cu` instantiate them.
-pub fn kernel_names() -> Vec<String> {
+/// Whether modules compiled for `arch` hold the warpgroup-MMA forms (attention.cu's
+/// `attention_mq256_wgmma`): sm_90a, the arch-specific target of the H100/H200.
+pub fn has_wgmma(arch: &str) -> bool {
+    arch == "sm_90a"
+}
+
+/// Every kernel the launchers use in modules compiled for `arch`, as the macros in `cuda/*.cu`
+/// instantiate them.
+pub fn kernel_names(arch: &str) -> Vec<String> {
     let types = ["f32", "bf16"];
     let mut names: Vec<String> = SINGLE.iter().map(|s| s.to_string()).collect();
     for base in IN_OUT {
@@ -175,7 +187,8 @@ pub fn kernel_names() -> Vec<String> {
             }
         }
     }
-    for base in TYPED {
+    let wgmma: &[&str] = if has_wgmma(arch) { &["attention_mq256_wgmma"] } else { &[] };
+    for base in TYPED.iter().chain(wgmma) {
         for t in types {
             names.push(format!("{base}_{t}"));
         }
@@ -201,7 +214,9 @@ pub struct Kernels {
     /// Whether the device grants the fused attention kernels their shared memory (not
     /// sm_86/sm_89, 99 KB).
     fused_attention: bool,
-    /// `attention_mq256`'s dynamic shared memory for the loaded architecture's chunk size.
+    /// The form of the multi-query attention the loaded architecture runs best (`attention_mq256`
+    /// or, on sm_90a, `attention_mq256_wgmma`), and its dynamic shared memory.
+    attention_kernel: &'static str,
     attention_shared_bytes: u32,
 }
 
@@ -212,12 +227,18 @@ unsafe impl Send for Kernels {}
 impl Kernels {
     /// Loads the cubins into the current context and resolves every kernel.
     pub fn load(cubins: &[Cubin]) -> Result<Kernels> {
-        let chunk_keys = cubins.first().map_or(32, |c| attention_chunk_keys(&c.arch));
+        let arch = cubins.first().map_or("", |c| c.arch.as_str());
+        let (attention_kernel, attention_shared_bytes) = if has_wgmma(arch) {
+            ("attention_mq256_wgmma", ATTENTION_WGMMA_SHARED_BYTES)
+        } else {
+            ("attention_mq256", attention_shared_bytes(attention_chunk_keys(arch)))
+        };
         let mut kernels = Kernels {
             modules: Vec::with_capacity(cubins.len()),
             functions: Vec::new(),
             fused_attention: true,
-            attention_shared_bytes: attention_shared_bytes(chunk_keys),
+            attention_kernel,
+            attention_shared_bytes,
         };
         for cubin in cubins {
             // SAFETY: `image` is a complete cubin produced by NVRTC (or read back from the cache);
@@ -226,7 +247,7 @@ impl Kernels {
                 .map_err(|e| KernelError::cuda(format!("loading the {} module ({})", cubin.source, cubin.arch), e))?;
             kernels.modules.push(module);
         }
-        for name in kernel_names() {
+        for name in kernel_names(arch) {
             let cname = CString::new(name.as_str()).expect("kernel names have no NUL");
             let found = kernels.modules.iter().find_map(|&m| {
                 // SAFETY: `m` is a loaded module; a missing name returns an error, not UB.
@@ -236,7 +257,7 @@ impl Kernels {
             kernels.functions.push((name, f));
         }
         kernels.functions.sort_by(|a, b| a.0.cmp(&b.0));
-        for (base, bytes) in [("attention_mq256", kernels.attention_shared_bytes), ("attention_mh72", VISION_SHARED_BYTES)] {
+        for (base, bytes) in [(kernels.attention_kernel, kernels.attention_shared_bytes), ("attention_mh72", VISION_SHARED_BYTES)] {
             for dtype in ["bf16", "f32"] {
                 let f = kernels.function(&format!("{base}_{dtype}"))?;
                 let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
@@ -801,9 +822,9 @@ impl Kernels {
             Arg::P(args.partial_ml),
         ];
         let grid = (rows.div_ceil(ATTENTION_ROWS) as u32, split.splits as u32, 1);
-        let name = format!("{what}_{}", out.dtype.suffix());
-        // SAFETY: matches `attention_mq256_*`: 128 threads, grid (row tiles, splits), the shared
-        // memory granted at load.
+        let name = format!("{}_{}", self.attention_kernel, out.dtype.suffix());
+        // SAFETY: matches `attention_mq256_*` and `attention_mq256_wgmma_*` (the same signature):
+        // 128 threads, grid (row tiles, splits), the shared memory granted at load.
         unsafe { self.launch_with_shared(&name, grid, 128, self.attention_shared_bytes, stream, args_list)? };
         if split.splits == 1 {
             return Ok(());
@@ -930,6 +951,22 @@ mod tests {
 
     fn mat(ptr: DevPtr, rows: usize, cols: usize, stride: usize, dtype: Dtype) -> Mat {
         Mat { ptr, rows, cols, stride, dtype }
+    }
+
+    #[test]
+    fn the_wgmma_attention_is_asked_for_on_sm_90a_only() {
+        let wgmma = |arch: &str| kernel_names(arch).iter().filter(|n| n.starts_with("attention_mq256_wgmma")).count();
+        assert_eq!(wgmma("sm_90a"), 2);
+        for arch in ["sm_87", "sm_90", "sm_110"] {
+            assert_eq!(wgmma(arch), 0, "{arch}");
+        }
+        assert_eq!(kernel_names("sm_90a").len(), kernel_names("sm_90").len() + 2);
+        // ATTW_SHARED_BYTES in attention.cu: 1024 + 5 · 32 KB + 2 · 64 · 4.
+        assert_eq!(ATTENTION_WGMMA_SHARED_BYTES, 165_376);
+        assert_eq!(crate::device_arch(9, 0, true), "sm_90a");
+        assert_eq!(crate::device_arch(9, 0, false), "sm_90");
+        assert_eq!(crate::device_arch(8, 7, true), "sm_87");
+        assert_eq!(crate::device_arch(11, 0, true), "sm_110");
     }
 
     #[test]

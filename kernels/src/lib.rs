@@ -19,10 +19,12 @@ mod compile;
 mod launch;
 
 pub use compile::{
-    COMMON_HEADER, Cubin, SOURCES, Source, cubin_file_name, default_cache_dir, load_or_compile, nvrtc_available, nvrtc_version,
-    supported_archs, write_cubins,
+    COMMON_HEADER, Cubin, SOURCES, Source, cubin_file_name, default_cache_dir, device_arch, load_or_compile, nvrtc_available,
+    nvrtc_version, supported_archs, write_cubins,
 };
-pub use launch::{AttentionArgs, AttentionSplit, DevPtr, Dtype, Kernels, MAX_PROMPT_BUCKETS, Mat, RopeArgs, VISION_MAX_KEYS, kernel_names};
+pub use launch::{
+    AttentionArgs, AttentionSplit, DevPtr, Dtype, Kernels, MAX_PROMPT_BUCKETS, Mat, RopeArgs, VISION_MAX_KEYS, has_wgmma, kernel_names,
+};
 
 pub type Result<T, E = KernelError> = std::result::Result<T, E>;
 

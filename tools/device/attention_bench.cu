@@ -2,6 +2,7 @@
 // the Pi0.5 shapes: the denoise step (50 queries x 8 heads over 762 cached keys, several splits)
 // and the prefix (712 x 8 over 712 keys), with masked keys and queries. Built on the GPU machine:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I kernels/cuda tools/device/attention_bench.cu -o att && ./att
+// -DBENCH_WGMMA (with -gencode arch=compute_90a,code=sm_90a): the warpgroup-MMA form, attention_mq256_wgmma, instead.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -100,11 +101,18 @@ int main(int argc, char** argv) {  // argv[1]: run only the cases whose name con
         const float scale_log2 = 1.4426950408889634f / 16.f;
         cudaStream_t st;
         CHECK(cudaStreamCreate(&st));
-        CHECK(cudaFuncSetAttribute(attention_mq256_bf16, cudaFuncAttributeMaxDynamicSharedMemorySize, ATT_SHARED_BYTES));
+#ifdef BENCH_WGMMA
+        const auto kernel = attention_mq256_wgmma_bf16;
+        const int shared_bytes = ATTW_SHARED_BYTES;
+#else
+        const auto kernel = attention_mq256_bf16;
+        const int shared_bytes = ATT_SHARED_BYTES;
+#endif
+        CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
         auto launch = [&](int i) {
             const bf16* kc = k + (size_t)(i % copies) * hk.size();
             const bf16* vc = v + (size_t)(i % copies) * hv.size();
-            attention_mq256_bf16<<<dim3((rows + ATT_ROWS - 1) / ATT_ROWS, splits), ATT_ROWS * 2, ATT_SHARED_BYTES, st>>>(
+            kernel<<<dim3((rows + ATT_ROWS - 1) / ATT_ROWS, splits), ATT_ROWS * 2, shared_bytes, st>>>(
                 out, heads * 256, q, q_stride, kc, 256, vc, 256, kv, qv, c.queries, heads, c.keys, per_split, scale_log2, po, pml);
             // -DBENCH_NO_COMBINE: the split kernel alone (its time without the merge; the output
             // check then fails for several splits).
@@ -134,8 +142,13 @@ int main(int argc, char** argv) {  // argv[1]: run only the cases whose name con
                 for (int i = 0; i < 64; ++i) launch(i);
             },
             5)[0];
-        printf("{\"rows_per_block\": %d, \"case\": \"%s\", \"splits\": %d, \"blocks\": %d, \"us\": %.2f, \"max_abs_err\": %.3g, \"max_abs_ref\": %.3g, \"nmse\": %.3g}\n",
-               ATT_ROWS, c.name, splits, (rows + ATT_ROWS - 1) / ATT_ROWS * splits, ms * 1000 / 320, max_err, max_ref, se / sr);
+#ifdef BENCH_WGMMA
+        const char* form = "wgmma";
+#else
+        const char* form = "mma.sync";
+#endif
+        printf("{\"form\": \"%s\", \"rows_per_block\": %d, \"case\": \"%s\", \"splits\": %d, \"blocks\": %d, \"us\": %.2f, \"max_abs_err\": %.3g, \"max_abs_ref\": %.3g, \"nmse\": %.3g}\n",
+               form, ATT_ROWS, c.name, splits, (rows + ATT_ROWS - 1) / ATT_ROWS * splits, ms * 1000 / 320, max_err, max_ref, se / sr);
         fflush(stdout);
     }
     return 0;

@@ -27,9 +27,9 @@ build() { # name flags...
     echo "-- $name $*"
     "$nvcc" -O3 -std=c++17 -c "$@" -o "$out/bench.o"
 }
-for flags in "" "-DATT_KEYS=32" "-DBENCH_NO_COMBINE"; do
+for flags in "" "-DATT_KEYS=32" "-DBENCH_NO_COMBINE" "-DBENCH_WGMMA"; do
     # shellcheck disable=SC2086  # the flags are words
-    build attention_bench -arch=sm_90 $flags -I kernels/cuda tools/device/attention_bench.cu
+    build attention_bench -gencode arch=compute_90a,code=sm_90a $flags -I kernels/cuda tools/device/attention_bench.cu
 done
 build grid_barrier_bench -arch=sm_90 tools/device/grid_barrier_bench.cu
 build gemm_wgmma_bench -gencode arch=compute_90a,code=sm_90a tools/device/gemm_wgmma_bench.cu

@@ -430,7 +430,7 @@ impl CudaBackend {
         let device_name = super::probe(opts.device).map_err(Error::Backend)?;
         let ctx = Context::new(opts.device)?;
         let (major, minor) = ctx.compute_capability()?;
-        let arch = format!("sm_{major}{minor}");
+        let arch = flashrt_kernels::device_arch(major, minor, !env_flag("FRT_NO_WGMMA"));
         let board = crate::board::BoardProfile::for_compute_capability(major, minor);
         if let Some(board) = board {
             log::info!("board profile {} ({}): {:?} precision", board.name, board.description, board.precision);
