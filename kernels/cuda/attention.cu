@@ -627,14 +627,19 @@ FOR_TYPE(ATTENTION_MQ256_WGMMA, attention_mq256_wgmma)
 // Merges the splits of `attention_mq256_*`: out = Σ_s 2^(m_s - M) o_s / Σ_s 2^(m_s - M) l_s.
 // One block of 256 threads (one per head dimension) per row. Lane s of each warp holds split s's
 // (max, sum) (32 splits per round), so the statistics cost one load per lane and a warp
-// reduction, and the partial outputs are read in unrolled runs whose loads are in flight
-// together, not one split at a time.
+// reduction. The first ATT_MERGE_HELD splits' partial outputs are loaded before the statistics
+// (they do not depend on them), so for the expert's 12 splits the block waits for one round of
+// loads, not two; later splits are read in unrolled runs.
+#define ATT_MERGE_HELD 16
 template <typename Tout>
 __device__ void attention_mq256_combine(Tout* out, int out_stride, const float* partial_o, const float* partial_ml,
                                         const float* query_valid, int queries, int heads, int splits) {
     const int rows = queries * heads, r = blockIdx.x, d = threadIdx.x, lane = threadIdx.x & 31;
     const int t = r / heads, h = r % heads;
     const float neg_inf = __int_as_float(0xff800000);
+    float held[ATT_MERGE_HELD];
+#pragma unroll
+    for (int s = 0; s < ATT_MERGE_HELD; ++s) held[s] = s < splits ? partial_o[((long)s * rows + r) * ATT_D + d] : 0.0f;
     float mx = neg_inf;
     for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, partial_ml[((long)s * rows + r) * 2]);
     mx = warp_max(mx);
@@ -648,8 +653,12 @@ __device__ void attention_mq256_combine(Tout* out, int out_stride, const float* 
                 w = exp2f(partial_ml[at * 2] - mx);
                 den += w * partial_ml[at * 2 + 1];
             }
+            if (first == 0) {
+#pragma unroll
+                for (int i = 0; i < ATT_MERGE_HELD; ++i) num += __shfl_sync(0xffffffffu, w, i) * held[i];
+            }
 #pragma unroll 8
-            for (int i = 0; i < n; ++i) {
+            for (int i = first == 0 ? ATT_MERGE_HELD : 0; i < n; ++i) {
                 num += __shfl_sync(0xffffffffu, w, i) * partial_o[((long)(first + i) * rows + r) * ATT_D + d];
             }
         }
