@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# On the GPU machine: where the time of attention_mq256_wgmma's split kernel goes (bench/NOTES.md
+# item 40). Writes a copy of kernels/cuda/attention.cu into a temporary directory with the
+# kernel's parts behind -D switches (DIAG_NO_KV: no K/V copies, DIAG_NO_Q: no Q copies,
+# DIAG_NO_MMA: no wgmma, DIAG_NO_STORE: no output rows; each gives wrong results, timing only),
+# then times tools/device/attention_bench.cu (-DBENCH_WGMMA -DBENCH_NO_COMBINE) against that copy
+# for each set in DIAGS (';'-separated). Caveat measured there: without the output rows ptxas drops
+# the P V products and their softmax too, so DIAG_NO_STORE removes more than the stores.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out="${OUT:-/tmp/out}"
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+python3 - "$dir/attention.cu" <<'PY'
+import sys
+s = open("kernels/cuda/attention.cu").read()
+def guard(text, flag):
+    global s
+    assert text in s, text
+    s = s.replace(text, f"#ifndef {flag}\n{text}\n#endif")
+guard("        attw_copy16(k_tile + attw_offset(r, c), k + (long)key * k_stride + c * 8, c0 + r < key_end);\n"
+      "        attw_copy16(v_tile + attw_offset(r, c), v + (long)key * v_stride + c * 8, c0 + r < key_end);", "DIAG_NO_KV")
+guard("        attw_copy16(q_tile + attw_offset(r, c), src, blockIdx.x * ATT_ROWS + r < rows);", "DIAG_NO_Q")
+guard("                attw_mma_ss(&s[0][0], attw_desc(q_tile + at, 16, 1024), attw_desc(k_tile + at, 16, 1024));", "DIAG_NO_MMA")
+guard("                attw_mma_rs(&o[8 * nb][0], p[kk], attw_desc(v_tile + nb * ATTW_TILE_BYTES + kk * 2048, ATTW_V_LBO, ATTW_V_SBO));", "DIAG_NO_MMA")
+last = "    att_write_rows(o, m, l, out, out_stride, query_valid, rows, heads, partial_o, partial_ml);\n}\n#define ATTENTION_MQ256_WGMMA"
+assert last in s
+s = s.replace(last, "#ifndef DIAG_NO_STORE\n" + last.replace("partial_ml);\n}", "partial_ml);\n#endif\n}"))
+open(sys.argv[1], "w").write(s)
+PY
+IFS=';' read -ra diags <<<"${DIAGS:-;-DDIAG_NO_KV;-DDIAG_NO_Q;-DDIAG_NO_KV -DDIAG_NO_Q;-DDIAG_NO_MMA;-DDIAG_NO_STORE}"
+for i in "${!diags[@]}"; do
+    flags=${diags[$i]}
+    # shellcheck disable=SC2086  # the flags are words
+    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -DBENCH_WGMMA -DBENCH_NO_COMBINE $flags -I "$dir" -I kernels/cuda \
+        tools/device/attention_bench.cu -o "$dir/bench_$i"
+    "$dir/bench_$i" denoise | sed "s|^{|{\"diag\": \"$flags\", |" | tee -a "$out/attention-diag.jsonl"
+done
