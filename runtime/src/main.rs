@@ -74,7 +74,7 @@ enum Command {
     /// Compile every CUDA kernel ahead of time with NVRTC (no GPU needed) into DIR, named as the
     /// kernel cache names them: copy DIR into the target's `$XDG_CACHE_HOME/flashrt/kernels`.
     Kernels {
-        /// GPU architecture: sm_87 (Orin), sm_90 (H100/H200), sm_110 (Thor), ...
+        /// GPU architecture: sm_87 (Orin), sm_90a (H100/H200; sm_90 with FRT_NO_WGMMA=1), sm_110 (Thor), ...
         #[arg(long)]
         arch: String,
         #[arg(long)]
