@@ -86,7 +86,9 @@ extern "C" __global__ void prompt_bucket_256(const int* token_mask, int prompt_l
 
 // Split-half rotary embedding of the q heads (in place) and of k, written with v into row
 // `cache_row + r` of the layer's K/V cache. qkv row: [heads q | k | v], each head_dim wide.
-// cos/sin tables are [position][head_dim / 2], computed once at open like the CPU reference.
+// cos/sin tables are [position][head_dim / 2], computed once at open like the CPU reference, row
+// positions[position_offset + r] for row r; or, with `positions` null, the sequence's own rows
+// gathered by `rope_rows_gather`, row position_offset + r.
 // `per` 8 (head_dim a multiple of 16, rows 16-byte aligned, a block of at least
 // (heads + 1) · head_dim / 16 + head_dim / 8 threads): each thread rotates 8 pairs of one head, or
 // copies 8 values of v, with all its loads in flight at once. 1: strided single pairs.
@@ -95,9 +97,11 @@ __device__ void rope_qkv(T* qkv, int qkv_stride, int heads, int head_dim, const 
                          int position_offset, T* k_cache, int k_stride, T* v_cache, int v_stride, int cache_row,
                          const float* cos_table, const float* sin_table, int per) {
     const int r = blockIdx.x, half = head_dim / 2;
-    const int pos = max(positions[position_offset + r], 0);
-    const float* cs = cos_table + (long)pos * half;
-    const float* sn = sin_table + (long)pos * half;
+    // Without positions the tables are already the sequence's rows (`rope_rows_gather`): no load
+    // waits for another here.
+    const long at = positions ? max(positions[position_offset + r], 0) : position_offset + r;
+    const float* cs = cos_table + at * half;
+    const float* sn = sin_table + at * half;
     T* row = qkv + (long)r * qkv_stride;
     T* k = k_cache + (long)(cache_row + r) * k_stride;
     T* v = v_cache + (long)(cache_row + r) * v_stride;
@@ -146,6 +150,19 @@ __device__ void rope_qkv(T* qkv, int qkv_stride, int heads, int head_dim, const 
                     v_cache, v_stride, cache_row, cos_table, sin_table, per);                             \
     }
 FOR_TYPE(ROPE_QKV, rope_qkv)
+
+// The RoPE table rows of every slot of the sequence, once per step after `positions_scan_1024`:
+// cos_rows[s] = cos_table[positions[s]] (and sin), so that the step's many `rope_qkv` launches
+// read their rows directly instead of waiting for a position first (bench/NOTES.md item 43).
+// One block per slot, one thread per 4 of the `half` columns.
+extern "C" __global__ void rope_rows_gather(float* cos_rows, float* sin_rows, const int* positions, const float* cos_table,
+                                            const float* sin_table, int half) {
+    const long from = (long)max(positions[blockIdx.x], 0) * half, to = (long)blockIdx.x * half;
+    for (int j = threadIdx.x * 4; j < half; j += blockDim.x * 4) {
+        *(float4*)&cos_rows[to + j] = *(const float4*)&cos_table[from + j];
+        *(float4*)&sin_rows[to + j] = *(const float4*)&sin_table[from + j];
+    }
+}
 
 // p[r, :] = softmax(s[r, :]) over the keys with key_valid[j] != 0 (f32 math, bf16 probabilities
 // for the PV product); masked keys get 0 and a row with no valid key is all 0, as the CPU

@@ -52,13 +52,15 @@ pub struct RopeArgs {
     pub qkv: Mat,
     pub heads: usize,
     pub head_dim: usize,
-    /// i32 positions; row `r` uses `positions[position_offset + r]`.
-    pub positions: DevPtr,
+    /// i32 positions: row `r` uses table row `positions[position_offset + r]`; `None`: the tables
+    /// hold the sequence's rows ([`Kernels::rope_rows_gather`]) and row `r` uses row
+    /// `position_offset + r`.
+    pub positions: Option<DevPtr>,
     pub position_offset: usize,
     pub k_cache: Mat,
     pub v_cache: Mat,
     pub cache_row: usize,
-    /// f32 `[position][head_dim / 2]` tables.
+    /// f32 `[position][head_dim / 2]` tables (or `[slot][head_dim / 2]` rows, see `positions`).
     pub cos: DevPtr,
     pub sin: DevPtr,
 }
@@ -167,7 +169,7 @@ const TYPED: [&str; 9] = [
     "attention_mq256_combine",
     "attention_mh72",
 ];
-const SINGLE: [&str; 4] = ["add_table_f32", "positions_scan_1024", "prompt_bucket_256", "softmax_rows_masked_f32_bf16"];
+const SINGLE: [&str; 5] = ["add_table_f32", "positions_scan_1024", "prompt_bucket_256", "rope_rows_gather", "softmax_rows_masked_f32_bf16"];
 
 /// Whether modules compiled for `arch` hold the warpgroup-MMA forms (attention.cu's
 /// `attention_mq256_wgmma`): sm_90a, the arch-specific target of the H100/H200.
@@ -659,6 +661,34 @@ impl Kernels {
         unsafe { self.launch(name, (1, 1, 1), 1024, stream, args) }
     }
 
+    /// The RoPE table rows of the sequence's `slots` slots: `cos_rows[s] = cos[positions[s]]` (and
+    /// sin), `half` f32 each, for [`RopeArgs`] without positions.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory: `slots` positions, tables with a row for each of
+    /// them, and `slots · half` f32 for each output.
+    #[allow(clippy::too_many_arguments)] // two outputs, the positions and two tables, one to one
+    pub unsafe fn rope_rows_gather(
+        &self,
+        cos_rows: DevPtr,
+        sin_rows: DevPtr,
+        positions: DevPtr,
+        slots: usize,
+        cos: DevPtr,
+        sin: DevPtr,
+        half: usize,
+        stream: CUstream,
+    ) -> Result<()> {
+        let name = "rope_rows_gather";
+        if half % 4 != 0 || [cos_rows, sin_rows, cos, sin].iter().any(|p| p % 16 != 0) || slots == 0 {
+            return Err(shape_error(name, format!("needs 16-byte aligned tables of a multiple of 4 columns, got {half} columns")));
+        }
+        let args = [Arg::P(cos_rows), Arg::P(sin_rows), Arg::P(positions), Arg::P(cos), Arg::P(sin), Arg::I(i32_of(half, name)?)];
+        let threads = (half / 4).div_ceil(32).clamp(1, 8) as u32 * 32;
+        // SAFETY: matches `rope_rows_gather` in attention.cu: one block per slot.
+        unsafe { self.launch(name, (i32_of(slots, name)? as u32, 1, 1), threads, stream, args) }
+    }
+
     /// Rotary embedding of q (in place) and k, k and v written into the caches.
     ///
     /// # Safety
@@ -692,7 +722,7 @@ impl Kernels {
             Arg::I(i32_of(a.qkv.stride, &name)?),
             Arg::I(i32_of(a.heads, &name)?),
             Arg::I(i32_of(a.head_dim, &name)?),
-            Arg::P(a.positions),
+            Arg::P(a.positions.unwrap_or(0)),
             Arg::I(i32_of(a.position_offset, &name)?),
             Arg::P(a.k_cache.ptr),
             Arg::I(i32_of(a.k_cache.stride, &name)?),

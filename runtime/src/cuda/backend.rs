@@ -180,6 +180,8 @@ enum Step {
         token_mask: DevPtr,
         prompt_len: usize,
         suffix: usize,
+        /// Where the positions' RoPE table rows are gathered right after (see [`RopeRows`]).
+        rope_rows: Option<RopeRows>,
     },
     Rope(RopeArgs),
     /// Multi-query attention of few queries in one kernel (see `Kernels::attention_mq256`).
@@ -419,6 +421,19 @@ pub struct CudaBackend {
 // which every entry point that calls the driver ensures; host views go through `&mut self`.
 unsafe impl Send for CudaBackend {}
 
+/// The RoPE tables and, once per step, their rows for every slot of the sequence
+/// (`Kernels::rope_rows_gather`), which the step's RoPE launches then read without first waiting
+/// for a position (bench/NOTES.md item 43).
+#[derive(Clone, Copy, Debug)]
+struct RopeRows {
+    /// The plan's one positions buffer, whose slots the rows follow.
+    positions: BufId,
+    tables: (DevPtr, DevPtr),
+    rows: (DevPtr, DevPtr),
+    slots: usize,
+    half: usize,
+}
+
 /// FRT_PROFILE profiles after this many steps (a diagnostic mode: it allocates and takes seconds).
 const PROFILE_AFTER_RUNS: usize = 5;
 
@@ -458,6 +473,7 @@ impl CudaBackend {
             .map(|(b, e)| (!(b.ty == BufType::U8 && b.host == HostIo::Input)).then(|| layout.take(b.len * e.size())))
             .collect();
         let (mut rope_positions, mut head_dim) = (0, 2);
+        let mut positions_bufs = Vec::new();
         let fused_attention = kernels.has_fused_attention() && !env_flag("FRT_NO_FUSED_ATTENTION");
         let multiprocessors = ctx.multiprocessors()?;
         // Concurrent phases take the second stream (FRT_NO_OVERLAP=1: everything on one stream).
@@ -484,6 +500,7 @@ impl CudaBackend {
                     rope_positions = rope_positions.max(k_cache.rows);
                     head_dim = hd;
                 }
+                Op::Positions { positions, .. } => positions_bufs.push(positions),
                 _ => {}
             }
         }
@@ -504,6 +521,14 @@ impl CudaBackend {
             })
             .collect();
         let rope_at = [layout.take(rope_positions * half * 4), layout.take(rope_positions * half * 4)];
+        // Gathered rows need whole 16-byte groups (rope_rows_gather) and one positions buffer;
+        // else RoPE reads the positions itself.
+        let gathered = match positions_bufs[..] {
+            [positions] if half % 4 == 0 && rope_positions > 0 => Some((positions, plan.buffers[positions.0].len)),
+            _ => None,
+        };
+        let rows_len = gathered.map_or(0, |(_, slots)| slots * half * 4);
+        let rope_rows_at = [layout.take(rows_len), layout.take(rows_len)];
         let arena = DeviceMemory::new(layout.bytes, "activations")?;
         // SAFETY: zeroes the whole fresh allocation, so the warm-up never reads garbage.
         check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(arena.ptr, 0, arena.bytes) }.result())?;
@@ -520,6 +545,13 @@ impl CudaBackend {
             })
             .collect();
         let rope = (at(rope_at[0]), at(rope_at[1]));
+        let rope_rows = gathered.map(|(positions, slots)| RopeRows {
+            positions,
+            tables: rope,
+            rows: (at(rope_rows_at[0]), at(rope_rows_at[1])),
+            slots,
+            half,
+        });
         let (cos, sin) = crate::cpu::rope_tables(rope_positions, head_dim);
         // SAFETY: both regions were sized for these tables above.
         unsafe {
@@ -581,6 +613,7 @@ impl CudaBackend {
             weights: &uploaded.ptrs,
             scratch: &scratch,
             rope,
+            rope_rows,
             op_lanes: &op_lanes,
             lane: 0,
             fused_attention,
@@ -890,9 +923,12 @@ impl CudaBackend {
                 Step::GeluTanh { x } => k.gelu_tanh(x, s),
                 Step::GeluTanhMul { out, gate_up } => k.gelu_tanh_mul(out, gate_up, s),
                 Step::Embed { out, tokens, table, vocab, scale } => k.embed(out, tokens, table, vocab, scale, s),
-                Step::Positions { valid, positions, frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix } => {
-                    k.positions(valid, positions, frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix, s)
-                }
+                Step::Positions { valid, positions, frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix, rope_rows } => k
+                    .positions(valid, positions, frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix, s)
+                    .and_then(|_| match rope_rows {
+                        Some(r) => k.rope_rows_gather(r.rows.0, r.rows.1, positions, r.slots, r.tables.0, r.tables.1, r.half, s),
+                        None => Ok(()),
+                    }),
                 Step::Rope(ref args) => k.rope_qkv(args, s),
                 Step::FusedAttention(ref args) => k.attention_mq256(args, s),
                 Step::VisionAttention { out, q, k: keys, v, heads, groups } => k.attention_mh72(out, q, keys, v, heads, groups, s),
@@ -1087,6 +1123,7 @@ struct Lowering<'a> {
     /// Each lane's scratch regions, and the RoPE tables (read-only, shared).
     scratch: &'a [Scratch],
     rope: (DevPtr, DevPtr),
+    rope_rows: Option<RopeRows>,
     /// The lane of every plan op, and that of the op being lowered.
     op_lanes: &'a [usize],
     lane: usize,
@@ -1278,19 +1315,27 @@ impl Lowering<'_> {
                 token_mask: self.ptr(token_mask),
                 prompt_len,
                 suffix,
+                rope_rows: self.rope_rows.filter(|r| r.positions == positions),
             },
-            Op::RopeQkv { qkv, heads, head_dim, positions, position_offset, k_cache, v_cache, cache_row } => Step::Rope(RopeArgs {
-                qkv: self.mat(qkv)?,
-                heads,
-                head_dim,
-                positions: self.ptr(positions),
-                position_offset,
-                k_cache: self.mat(k_cache)?,
-                v_cache: self.mat(v_cache)?,
-                cache_row,
-                cos: self.rope.0,
-                sin: self.rope.1,
-            }),
+            Op::RopeQkv { qkv, heads, head_dim, positions, position_offset, k_cache, v_cache, cache_row } => {
+                let rows = self.rope_rows.filter(|r| r.positions == positions && r.half == head_dim / 2);
+                let (positions, (cos, sin)) = match rows {
+                    Some(r) => (None, r.rows),
+                    None => (Some(self.ptr(positions)), self.rope),
+                };
+                Step::Rope(RopeArgs {
+                    qkv: self.mat(qkv)?,
+                    heads,
+                    head_dim,
+                    positions,
+                    position_offset,
+                    k_cache: self.mat(k_cache)?,
+                    v_cache: self.mat(v_cache)?,
+                    cache_row,
+                    cos,
+                    sin,
+                })
+            }
             Op::Attention { q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid } => {
                 return self.attention(q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid);
             }
