@@ -642,25 +642,36 @@ FOR_TYPE(ATTENTION_MQ256_WGMMA, attention_mq256_wgmma)
 #endif
 
 // Merges the splits of `attention_mq256_*`: out = Σ_s 2^(m_s - M) o_s / Σ_s 2^(m_s - M) l_s.
-// One block of 256 threads (one per head dimension) per row. Lane s of each warp holds split s's
-// (max, sum) (32 splits per round), so the statistics cost one load per lane and a warp
-// reduction. The first ATT_MERGE_HELD splits' partial outputs are loaded before the statistics
-// (they do not depend on them), so for the expert's 12 splits the block waits for one round of
-// loads, not two; later splits are read in unrolled runs.
+// 64 threads per row, four head dimensions each (16-byte loads), ATT_MERGE_ROWS rows per block
+// of 256 threads. Lane s of each warp holds split s's (max, sum) (32 splits per round), so the
+// statistics cost one load per lane and a warp reduction. The first ATT_MERGE_HELD splits'
+// partial outputs are loaded before the statistics (they do not depend on them), so for the
+// expert's 12 splits a row waits for one round of loads, not two; later splits are read in
+// unrolled runs.
 #define ATT_MERGE_HELD 16
+#define ATT_MERGE_ROWS 4
+__device__ __forceinline__ void store4(float* p, float4 v) { *(float4*)p = v; }
+__device__ __forceinline__ void store4(bf16* p, float4 v) { *(uint2*)p = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w)); }
+__device__ __forceinline__ void fma4(float4& acc, float w, float4 x) {
+    acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+}
 template <typename Tout>
 __device__ void attention_mq256_combine(Tout* out, int out_stride, const float* partial_o, const float* partial_ml,
                                         const float* query_valid, int queries, int heads, int splits) {
-    const int rows = queries * heads, r = blockIdx.x, d = threadIdx.x, lane = threadIdx.x & 31;
+    const int rows = queries * heads, r = blockIdx.x * ATT_MERGE_ROWS + threadIdx.x / 64, lane = threadIdx.x & 31;
+    const int d = (threadIdx.x % 64) * 4;
+    if (r >= rows) return;  // whole warps: a row's 64 threads are two warps
     const int t = r / heads, h = r % heads;
     const float neg_inf = __int_as_float(0xff800000);
-    float held[ATT_MERGE_HELD];
+    float4 held[ATT_MERGE_HELD];
 #pragma unroll
-    for (int s = 0; s < ATT_MERGE_HELD; ++s) held[s] = s < splits ? partial_o[((long)s * rows + r) * ATT_D + d] : 0.0f;
+    for (int s = 0; s < ATT_MERGE_HELD; ++s)
+        held[s] = s < splits ? *(const float4*)&partial_o[((long)s * rows + r) * ATT_D + d] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float mx = neg_inf;
     for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, partial_ml[((long)s * rows + r) * 2]);
     mx = warp_max(mx);
-    float num = 0.0f, den = 0.0f;
+    float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float den = 0.0f;
     if (mx != neg_inf && !(query_valid && query_valid[t] == 0.0f)) {
         for (int first = 0; first < splits; first += 32) {
             const int s = first + lane, n = min(32, splits - first);
@@ -672,16 +683,17 @@ __device__ void attention_mq256_combine(Tout* out, int out_stride, const float* 
             }
             if (first == 0) {
 #pragma unroll
-                for (int i = 0; i < ATT_MERGE_HELD; ++i) num += __shfl_sync(0xffffffffu, w, i) * held[i];
+                for (int i = 0; i < ATT_MERGE_HELD; ++i) fma4(num, __shfl_sync(0xffffffffu, w, i), held[i]);
             }
 #pragma unroll 8
             for (int i = first == 0 ? ATT_MERGE_HELD : 0; i < n; ++i) {
-                num += __shfl_sync(0xffffffffu, w, i) * partial_o[((long)(first + i) * rows + r) * ATT_D + d];
+                fma4(num, __shfl_sync(0xffffffffu, w, i), *(const float4*)&partial_o[((long)(first + i) * rows + r) * ATT_D + d]);
             }
         }
         den = warp_sum(den);
     }
-    out[(long)t * out_stride + h * ATT_D + d] = from_float<Tout>(den > 0.0f ? num / den : 0.0f);
+    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+    store4(out + (long)t * out_stride + h * ATT_D + d, make_float4(num.x * inv, num.y * inv, num.z * inv, num.w * inv));
 }
 #define ATTENTION_MQ256_COMBINE(NAME, TOUT)                                                                 \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const float* partial_o, const float* partial_ml, \

@@ -106,6 +106,8 @@ pub const MAX_PROMPT_BUCKETS: usize = 4;
 const ATTENTION_ROWS: usize = 64;
 const ATTENTION_SPLIT_KEYS: usize = 64;
 const ATTENTION_HEAD_DIM: usize = 256;
+/// Rows per block of `attention_mq256_combine` (ATT_MERGE_ROWS).
+const ATTENTION_MERGE_ROWS: usize = 4;
 /// bf16 elements per shared-memory row of Q and K, and of V (ATT_QK_STRIDE, ATT_V_STRIDE: padded
 /// against bank conflicts).
 const ATTENTION_QK_STRIDE: usize = ATTENTION_HEAD_DIM + 32;
@@ -825,8 +827,8 @@ impl Kernels {
         if k.rows == 0 {
             return Err(shape_error(what, "no keys".into()));
         }
-        if [q, k, v].iter().any(|m| m.ptr % 16 != 0 || m.stride % 8 != 0) {
-            return Err(shape_error(what, "q, k and v rows must be 16-byte aligned".into()));
+        if [q, k, v, out].iter().any(|m| m.ptr % 16 != 0 || m.stride % 8 != 0) || args.partial_o % 16 != 0 {
+            return Err(shape_error(what, "q, k, v, out and the partial outputs must be 16-byte aligned".into()));
         }
         let (rows, keys) = (q.rows * heads, k.rows);
         if split.splits == 0 || split.keys_per_split % ATTENTION_SPLIT_KEYS != 0 || split.splits * split.keys_per_split < keys {
@@ -870,8 +872,8 @@ impl Kernels {
             Arg::I(i32_of(heads, name)?),
             Arg::I(split.splits as i32),
         ];
-        // SAFETY: matches `attention_mq256_combine`: one block of 256 threads per row.
-        unsafe { self.launch(name, (rows as u32, 1, 1), d as u32, stream, combine) }
+        // SAFETY: matches `attention_mq256_combine`: blocks of 256 threads, ATTENTION_MERGE_ROWS rows each.
+        unsafe { self.launch(name, (rows.div_ceil(ATTENTION_MERGE_ROWS) as u32, 1, 1), 256, stream, combine) }
     }
 
     /// Fused attention of SigLIP's shape: `heads` heads of dimension 72, each with its own K/V

@@ -117,7 +117,7 @@ int main(int argc, char** argv) {  // argv[1]: run only the cases whose name con
             // -DBENCH_NO_COMBINE: the split kernel alone (its time without the merge; the output
             // check then fails for several splits).
 #ifndef BENCH_NO_COMBINE
-            if (splits > 1) attention_mq256_combine_bf16<<<rows, 256, 0, st>>>(out, heads * 256, po, pml, qv, c.queries, heads, splits);
+            if (splits > 1) attention_mq256_combine_bf16<<<(rows + ATT_MERGE_ROWS - 1) / ATT_MERGE_ROWS, 256, 0, st>>>(out, heads * 256, po, pml, qv, c.queries, heads, splits);
 #endif
         };
         launch(0);
