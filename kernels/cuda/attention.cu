@@ -642,14 +642,18 @@ FOR_TYPE(ATTENTION_MQ256_WGMMA, attention_mq256_wgmma)
 #endif
 
 // Merges the splits of `attention_mq256_*`: out = Σ_s 2^(m_s - M) o_s / Σ_s 2^(m_s - M) l_s.
-// 64 threads per row, four head dimensions each (16-byte loads), ATT_MERGE_ROWS rows per block
-// of 256 threads. Lane s of each warp holds split s's (max, sum) (32 splits per round), so the
-// statistics cost one load per lane and a warp reduction. The first ATT_MERGE_HELD splits'
-// partial outputs are loaded before the statistics (they do not depend on them), so for the
-// expert's 12 splits a row waits for one round of loads, not two; later splits are read in
-// unrolled runs.
+// ATT_MERGE_DIMS head dimensions per thread in 16-byte loads, so 256 / ATT_MERGE_DIMS threads per
+// row and ATT_MERGE_ROWS rows per block of 256 threads (one thread per dimension, a block per
+// row, cost 0.7 us more per expert layer: bench/NOTES.md item 44). Lane s of each warp holds
+// split s's (max, sum) (32 splits per round), so the statistics cost one load per lane and a
+// warp reduction. The first ATT_MERGE_HELD splits' partial outputs are loaded before the
+// statistics (they do not depend on them), so for the expert's 12 splits a row waits for one
+// round of loads, not two; later splits are read in unrolled runs.
 #define ATT_MERGE_HELD 16
-#define ATT_MERGE_ROWS 4
+#ifndef ATT_MERGE_DIMS
+#define ATT_MERGE_DIMS 4
+#endif
+#define ATT_MERGE_ROWS (ATT_MERGE_DIMS)  // 256 threads / (ATT_D / ATT_MERGE_DIMS) per row
 __device__ __forceinline__ void store4(float* p, float4 v) { *(float4*)p = v; }
 __device__ __forceinline__ void store4(bf16* p, float4 v) { *(uint2*)p = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w)); }
 __device__ __forceinline__ void fma4(float4& acc, float w, float4 x) {
@@ -658,19 +662,24 @@ __device__ __forceinline__ void fma4(float4& acc, float w, float4 x) {
 template <typename Tout>
 __device__ void attention_mq256_combine(Tout* out, int out_stride, const float* partial_o, const float* partial_ml,
                                         const float* query_valid, int queries, int heads, int splits) {
-    const int rows = queries * heads, r = blockIdx.x * ATT_MERGE_ROWS + threadIdx.x / 64, lane = threadIdx.x & 31;
-    const int d = (threadIdx.x % 64) * 4;
-    if (r >= rows) return;  // whole warps: a row's 64 threads are two warps
+    constexpr int per_row = ATT_D / ATT_MERGE_DIMS, vecs = ATT_MERGE_DIMS / 4;
+    const int rows = queries * heads, r = blockIdx.x * ATT_MERGE_ROWS + threadIdx.x / per_row, lane = threadIdx.x & 31;
+    const int d = (threadIdx.x % per_row) * ATT_MERGE_DIMS;
+    if (r >= rows) return;  // whole warps: a row's threads are whole warps
     const int t = r / heads, h = r % heads;
-    const float neg_inf = __int_as_float(0xff800000);
-    float4 held[ATT_MERGE_HELD];
+    const float neg_inf = __int_as_float(0xff800000), zero4[4] = {};
+    float4 held[ATT_MERGE_HELD][vecs];
 #pragma unroll
     for (int s = 0; s < ATT_MERGE_HELD; ++s)
-        held[s] = s < splits ? *(const float4*)&partial_o[((long)s * rows + r) * ATT_D + d] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int v = 0; v < vecs; ++v)
+            held[s][v] = s < splits ? *(const float4*)&partial_o[((long)s * rows + r) * ATT_D + d + 4 * v] : *(const float4*)zero4;
     float mx = neg_inf;
     for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, partial_ml[((long)s * rows + r) * 2]);
     mx = warp_max(mx);
-    float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 num[vecs];
+#pragma unroll
+    for (int v = 0; v < vecs; ++v) num[v] = *(const float4*)zero4;
     float den = 0.0f;
     if (mx != neg_inf && !(query_valid && query_valid[t] == 0.0f)) {
         for (int first = 0; first < splits; first += 32) {
@@ -683,17 +692,27 @@ __device__ void attention_mq256_combine(Tout* out, int out_stride, const float* 
             }
             if (first == 0) {
 #pragma unroll
-                for (int i = 0; i < ATT_MERGE_HELD; ++i) fma4(num, __shfl_sync(0xffffffffu, w, i), held[i]);
+                for (int i = 0; i < ATT_MERGE_HELD; ++i) {
+                    const float wi = __shfl_sync(0xffffffffu, w, i);
+#pragma unroll
+                    for (int v = 0; v < vecs; ++v) fma4(num[v], wi, held[i][v]);
+                }
             }
-#pragma unroll 8
+#pragma unroll 4
             for (int i = first == 0 ? ATT_MERGE_HELD : 0; i < n; ++i) {
-                fma4(num, __shfl_sync(0xffffffffu, w, i), *(const float4*)&partial_o[((long)(first + i) * rows + r) * ATT_D + d]);
+                const float wi = __shfl_sync(0xffffffffu, w, i);
+#pragma unroll
+                for (int v = 0; v < vecs; ++v)
+                    fma4(num[v], wi, *(const float4*)&partial_o[((long)(first + i) * rows + r) * ATT_D + d + 4 * v]);
             }
         }
         den = warp_sum(den);
     }
     const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-    store4(out + (long)t * out_stride + h * ATT_D + d, make_float4(num.x * inv, num.y * inv, num.z * inv, num.w * inv));
+#pragma unroll
+    for (int v = 0; v < vecs; ++v)
+        store4(out + (long)t * out_stride + h * ATT_D + d + 4 * v,
+               make_float4(num[v].x * inv, num[v].y * inv, num[v].z * inv, num[v].w * inv));
 }
 #define ATTENTION_MQ256_COMBINE(NAME, TOUT)                                                                 \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const float* partial_o, const float* partial_ml, \

@@ -27,7 +27,7 @@ build() { # name flags...
     echo "-- $name $*"
     "$nvcc" -O3 -std=c++17 -c "$@" -o "$out/bench.o"
 }
-for flags in "" "-DATT_KEYS=32" "-DBENCH_NO_COMBINE" "-DBENCH_WGMMA"; do
+for flags in "" "-DATT_KEYS=32" "-DBENCH_NO_COMBINE" "-DBENCH_WGMMA" "-DBENCH_WGMMA -DATT_MERGE_DIMS=8"; do
     # shellcheck disable=SC2086  # the flags are words
     build attention_bench -gencode arch=compute_90a,code=sm_90a $flags -I kernels/cuda tools/device/attention_bench.cu
 done
