@@ -190,7 +190,9 @@ extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s,
 #pragma unroll
         for (int i = 0; i < SOFTMAX_HELD; ++i) {
             const int j = lane + 32 * i;
-            v[i] = j < keys && (!key_valid || key_valid[j] != 0.0f) ? sr[j] : neg_inf;
+            // Both loads issued before either is tested: one round trip, not a mask then a score.
+            const float score = j < keys ? sr[j] : neg_inf;
+            v[i] = j < keys && (!key_valid || key_valid[j] != 0.0f) ? score : neg_inf;
             m = fmaxf(m, v[i]);
         }
         m = warp_max(m);
@@ -674,8 +676,10 @@ __device__ void attention_mq256_combine(Tout* out, int out_stride, const float* 
 #pragma unroll
         for (int v = 0; v < vecs; ++v)
             held[s][v] = s < splits ? *(const float4*)&partial_o[((long)s * rows + r) * ATT_D + d + 4 * v] : *(const float4*)zero4;
-    float mx = neg_inf;
-    for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, partial_ml[((long)s * rows + r) * 2]);
+    // The first 32 splits' (max, sum) stay in their lanes' registers for the weights below.
+    const float2 ml = lane < splits ? *(const float2*)&partial_ml[((long)lane * rows + r) * 2] : make_float2(neg_inf, 0.0f);
+    float mx = ml.x;
+    for (int s = lane + 32; s < splits; s += 32) mx = fmaxf(mx, partial_ml[((long)s * rows + r) * 2]);
     mx = warp_max(mx);
     float4 num[vecs];
 #pragma unroll
@@ -686,9 +690,9 @@ __device__ void attention_mq256_combine(Tout* out, int out_stride, const float* 
             const int s = first + lane, n = min(32, splits - first);
             float w = 0.0f;
             if (s < splits) {
-                const long at = (long)s * rows + r;
-                w = exp2f(partial_ml[at * 2] - mx);
-                den += w * partial_ml[at * 2 + 1];
+                const float2 ms = first == 0 ? ml : *(const float2*)&partial_ml[((long)s * rows + r) * 2];
+                w = exp2f(ms.x - mx);
+                den += w * ms.y;
             }
             if (first == 0) {
 #pragma unroll
