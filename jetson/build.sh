@@ -51,10 +51,10 @@ cudarc_feature="$(field cudarc_feature)"
 ros2_distro="$(field ros2_distro)"
 
 # --- toolchain -----------------------------------------------------------------------------------
-packages=(rustc-web cargo-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu g++-aarch64-linux-gnu
+toolchain_packages=(rustc-web cargo-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu g++-aarch64-linux-gnu
   binutils-aarch64-linux-gnu cmake)
 missing=()
-for p in "${cargo_packages[@]}"; do
+for p in "${toolchain_packages[@]}"; do
   dpkg -s "$p" > /dev/null 2>&1 || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
