@@ -298,7 +298,15 @@ __device__ __forceinline__ float quad_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// Queues the copies of keys [c0, c0 + 32) ∩ [.., key_end) of K and V, and their validity.
+// 1 for each key of the chunk at c0 that is inside the split and not masked, else 0.
+__device__ __forceinline__ void att_load_validity(float* valid_tile, const float* key_valid, int c0, int key_end) {
+    if (threadIdx.x < ATT_KEYS) {
+        const int key = c0 + threadIdx.x;
+        valid_tile[threadIdx.x] = key < key_end && (!key_valid || key_valid[key] != 0.0f) ? 1.0f : 0.0f;
+    }
+}
+
+// Queues the copies of keys [c0, c0 + ATT_KEYS) ∩ [.., key_end) of K and V, and their validity.
 __device__ __forceinline__ void att_load_chunk(unsigned short* k_tile, unsigned short* v_tile, float* valid_tile,
                                                const bf16* k, int k_stride, const bf16* v, int v_stride,
                                                const float* key_valid, int c0, int key_end) {
@@ -307,10 +315,7 @@ __device__ __forceinline__ void att_load_chunk(unsigned short* k_tile, unsigned 
         att_copy16(&k_tile[r * ATT_QK_STRIDE + c * 8], k + (long)key * k_stride + c * 8, c0 + r < key_end);
         att_copy16(&v_tile[r * ATT_V_STRIDE + c * 8], v + (long)key * v_stride + c * 8, c0 + r < key_end);
     }
-    if (threadIdx.x < ATT_KEYS) {
-        const int key = c0 + threadIdx.x;
-        valid_tile[threadIdx.x] = key < key_end && (!key_valid || key_valid[key] != 0.0f) ? 1.0f : 0.0f;
-    }
+    att_load_validity(valid_tile, key_valid, c0, key_end);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
@@ -480,14 +485,17 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
     }
     att_write_rows(o, m, l, out, out_stride, query_valid, rows, heads, partial_o, partial_ml);
 }
-#define ATTENTION_MQ256(NAME, TOUT)                                                                           \
+// The kernel entry of either form (`FORM`): both take the same arguments, so launch.rs launches
+// whichever the loaded architecture has under one signature.
+#define ATTENTION_MQ256_ENTRY(NAME, TOUT, FORM)                                                                 \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
         NAME(TOUT* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride, const bf16* v, \
              int v_stride, const float* key_valid, const float* query_valid, int queries, int heads, int keys, \
              int keys_per_split, float scale_log2, float* partial_o, float* partial_ml) {                    \
-        attention_mq256<TOUT>(out, out_stride, q, q_stride, k, k_stride, v, v_stride, key_valid, query_valid, \
-                              queries, heads, keys, keys_per_split, scale_log2, partial_o, partial_ml);       \
+        FORM<TOUT>(out, out_stride, q, q_stride, k, k_stride, v, v_stride, key_valid, query_valid, queries,   \
+                   heads, keys, keys_per_split, scale_log2, partial_o, partial_ml);                          \
     }
+#define ATTENTION_MQ256(NAME, TOUT) ATTENTION_MQ256_ENTRY(NAME, TOUT, attention_mq256)
 FOR_TYPE(ATTENTION_MQ256, attention_mq256)
 
 // The same attention on Hopper's warpgroup MMA (sm_90a only; mma.sync's form above elsewhere).
@@ -555,10 +563,7 @@ __device__ __forceinline__ void attw_load_chunk(unsigned k_tile, unsigned v_tile
         attw_copy16(k_tile + attw_offset(r, c), k + (long)key * k_stride + c * 8, c0 + r < key_end);
         attw_copy16(v_tile + attw_offset(r, c), v + (long)key * v_stride + c * 8, c0 + r < key_end);
     }
-    if (threadIdx.x < 64) {
-        const int key = c0 + threadIdx.x;
-        valid_tile[threadIdx.x] = key < key_end && (!key_valid || key_valid[key] != 0.0f) ? 1.0f : 0.0f;
-    }
+    att_load_validity(valid_tile, key_valid, c0, key_end);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 
@@ -631,15 +636,7 @@ __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, 
     }
     att_write_rows(o, m, l, out, out_stride, query_valid, rows, heads, partial_o, partial_ml);
 }
-#define ATTENTION_MQ256_WGMMA(NAME, TOUT)                                                                        \
-    extern "C" __global__ void __launch_bounds__(128)                                                            \
-        NAME(TOUT* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride, const bf16* v,    \
-             int v_stride, const float* key_valid, const float* query_valid, int queries, int heads, int keys,    \
-             int keys_per_split, float scale_log2, float* partial_o, float* partial_ml) {                       \
-        attention_mq256_wgmma<TOUT>(out, out_stride, q, q_stride, k, k_stride, v, v_stride, key_valid,          \
-                                    query_valid, queries, heads, keys, keys_per_split, scale_log2, partial_o,   \
-                                    partial_ml);                                                                \
-    }
+#define ATTENTION_MQ256_WGMMA(NAME, TOUT) ATTENTION_MQ256_ENTRY(NAME, TOUT, attention_mq256_wgmma)
 FOR_TYPE(ATTENTION_MQ256_WGMMA, attention_mq256_wgmma)
 #endif
 

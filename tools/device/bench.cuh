@@ -1,6 +1,7 @@
-// Shared by the device benches (attention_bench.cu, grid_barrier_bench.cu, and through
-// wgmma_common.cuh the wgmma experiments): a CUDA runtime error check that prints where and why
-// and exits, and the GPU-side timing of work enqueued on a stream, alone or as a replayed graph.
+// Shared by the device benches (attention, grid-barrier, ingest and GEMM-algorithm benches, and
+// through wgmma_common.cuh the wgmma experiments): CUDA runtime and cuBLAS error checks that print
+// where and why and exit, and the GPU-side timing of work enqueued on a stream, alone or as a
+// replayed graph.
 #pragma once
 #include <algorithm>
 #include <cstdio>
@@ -14,6 +15,16 @@
             fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(err_)); \
             exit(1);                                                                              \
         }                                                                                         \
+    } while (0)
+
+// The same for a cuBLAS(Lt) status (for benches that include cublasLt.h).
+#define CHECK_LT(x)                                                                     \
+    do {                                                                                \
+        cublasStatus_t st_ = (x);                                                       \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                                             \
+            fprintf(stderr, "%s:%d %s: cublas status %d\n", __FILE__, __LINE__, #x, st_); \
+            exit(1);                                                                    \
+        }                                                                               \
     } while (0)
 
 // Milliseconds the work `enqueue` puts on `st` takes on the GPU, between two events.

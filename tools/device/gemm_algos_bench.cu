@@ -18,15 +18,6 @@
 
 #include "bench.cuh"
 
-#define CHECK_LT(x)                                                                     \
-    do {                                                                                \
-        cublasStatus_t st_ = (x);                                                       \
-        if (st_ != CUBLAS_STATUS_SUCCESS) {                                             \
-            fprintf(stderr, "%s:%d %s: cublas status %d\n", __FILE__, __LINE__, #x, st_); \
-            exit(1);                                                                    \
-        }                                                                               \
-    } while (0)
-
 struct Shape {
     const char* name;
     int m, k, n, count;  // count: products of this shape per step

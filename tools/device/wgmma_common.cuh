@@ -1,5 +1,5 @@
-// Shared by the wgmma experiments (gemm_wgmma_bench.cu, expert_stream_bench.cu): error checks,
-// mbarrier and bulk-copy helpers, the wgmma m64n64k16 product on 128-byte-swizzled K-major
+// Shared by the wgmma experiments (gemm_wgmma_bench.cu, expert_stream_bench.cu): bench.cuh's error
+// checks, mbarrier and bulk-copy helpers, the wgmma m64n64k16 product on 128-byte-swizzled K-major
 // shared-memory tiles, and the host-side pre-tiling of weights into those tiles. sm_90a only.
 #pragma once
 #include <cublasLt.h>
@@ -13,15 +13,6 @@
 #include <vector>
 
 #include "bench.cuh"
-
-#define CHECK_LT(x)                                                                     \
-    do {                                                                                \
-        cublasStatus_t st_ = (x);                                                       \
-        if (st_ != CUBLAS_STATUS_SUCCESS) {                                             \
-            fprintf(stderr, "%s:%d %s: cublas status %d\n", __FILE__, __LINE__, #x, st_); \
-            exit(1);                                                                    \
-        }                                                                               \
-    } while (0)
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
