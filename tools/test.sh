@@ -17,7 +17,7 @@ timed "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked
 # flashrt-kernels runs in kernels/ci.sh, which puts the PyPI NVRTC libraries on the library path.
 timed "workspace tests" cargo test --workspace --locked --exclude flashrt-kernels
 timed "C ABI: install, pkg-config and CMake builds, C++ controller example" bash ffi/ci.sh --no-cargo-test
-timed "CUDA: both cudarc flavours build, every kernel compiles with NVRTC for sm_87/sm_90/sm_110" bash kernels/ci.sh
+timed "CUDA: both cudarc flavours build, every kernel compiles with NVRTC for sm_87/sm_90/sm_90a/sm_110" bash kernels/ci.sh
 timed "ROS 2: interop with the cyclonedds peer in an isolated network namespace" bash ros2_bridge/ci.sh
 if [ "${FRT_CI_PRUNE:-0}" = 1 ]; then
   # CI only (.ci/run sets it): every later step builds into target/release or target/aarch64-cross.
