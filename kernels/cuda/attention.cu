@@ -554,14 +554,26 @@ __device__ __forceinline__ void attw_copy16(unsigned dst, const void* global, bo
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(valid ? 16 : 0));
 }
 
+// Which pieces of a 64-row operand a thread copies: 16-byte pieces c and c + 16 (c < 16) of rows
+// attw_row(n), n = 0 … 7, with c = attw_piece(): eight consecutive rows per thread, so a warp's
+// copy instruction covers two whole rows. Faster than piece-per-thread striding over the tile
+// (bench/NOTES.md item 48).
+__device__ __forceinline__ int attw_row(int n) { return (threadIdx.x >> 4) * 8 + n; }
+__device__ __forceinline__ int attw_piece() { return threadIdx.x & 15; }
+
 // Queues the copies of keys [c0, c0 + 64) ∩ [.., key_end) of K and V, and their validity.
 __device__ __forceinline__ void attw_load_chunk(unsigned k_tile, unsigned v_tile, float* valid_tile, const bf16* k,
                                                 int k_stride, const bf16* v, int v_stride, const float* key_valid,
                                                 int c0, int key_end) {
-    for (int i = threadIdx.x; i < 64 * (ATT_D / 8); i += blockDim.x) {
-        const int r = i / (ATT_D / 8), c = i % (ATT_D / 8), key = min(c0 + r, key_end - 1);
-        attw_copy16(k_tile + attw_offset(r, c), k + (long)key * k_stride + c * 8, c0 + r < key_end);
-        attw_copy16(v_tile + attw_offset(r, c), v + (long)key * v_stride + c * 8, c0 + r < key_end);
+    const int c = attw_piece();
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+        const int r = attw_row(n), key = min(c0 + r, key_end - 1);
+#pragma unroll
+        for (int half = 0; half < 32; half += 16) {
+            attw_copy16(k_tile + attw_offset(r, c + half), k + (long)key * k_stride + (c + half) * 8, c0 + r < key_end);
+            attw_copy16(v_tile + attw_offset(r, c + half), v + (long)key * v_stride + (c + half) * 8, c0 + r < key_end);
+        }
     }
     att_load_validity(valid_tile, key_valid, c0, key_end);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -580,10 +592,14 @@ __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, 
     const int rows = queries * heads;
     const int key_begin = blockIdx.y * keys_per_split, key_end = min(keys, key_begin + keys_per_split);
 
-    for (int i = threadIdx.x; i < ATT_ROWS * (ATT_D / 8); i += blockDim.x) {
-        const int r = i / (ATT_D / 8), c = i % (ATT_D / 8), row = min(blockIdx.x * ATT_ROWS + r, rows - 1);
-        const bf16* src = q + (long)(row / heads) * q_stride + (row % heads) * ATT_D + c * 8;
-        attw_copy16(q_tile + attw_offset(r, c), src, blockIdx.x * ATT_ROWS + r < rows);
+    const int c = attw_piece();
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+        const int r = attw_row(n), row = min(blockIdx.x * ATT_ROWS + r, rows - 1);
+        const bf16* src = q + (long)(row / heads) * q_stride + (row % heads) * ATT_D;
+#pragma unroll
+        for (int half = 0; half < 32; half += 16)
+            attw_copy16(q_tile + attw_offset(r, c + half), src + (c + half) * 8, blockIdx.x * ATT_ROWS + r < rows);
     }
     attw_load_chunk(k_tiles, v_tiles, valid_tiles, k, k_stride, v, v_stride, key_valid, key_begin, key_end);
 

@@ -15,6 +15,9 @@
 #   bash tools/device/cuda_checks.sh attention    # attention_mq256 variants alone (needs nvcc)
 #   bash tools/device/cuda_checks.sh versus       # pi05-2v, this build against .device-carry/base/flashrt
 #                                                 # (another commit's CLI), alternating, twice each
+#   SETTINGS="FRT_X=0 FRT_X=1,FRT_Y=1" bash tools/device/cuda_checks.sh settings
+#                                                 # pi05-2v under each environment setting (assignments
+#                                                 # joined by commas), alternating, ROUNDS (2) times each
 # (bench/views/full synthesize the full-size checkpoint first if /tmp/flashrt_full lacks it.)
 #
 # On this workplace's device tool: `run` with carry [".device-carry", ".whl"] and the command
@@ -113,6 +116,15 @@ for phase in "$@"; do
             bench 2 "pi05-2v-this-$round"
         done
         ;;
+    settings)
+        echo "== pi05-2v under each of: ${SETTINGS:?SETTINGS lists NAME=VALUE settings}, alternating"
+        synth_full
+        for round in $(seq "${ROUNDS:-2}"); do
+            for setting in $SETTINGS; do
+                (IFS=,; for assignment in $setting; do export "$assignment"; done; bench 2 "pi05-2v-$setting-$round"; exit $status) || status=1
+            done
+        done
+        ;;
     attention)
         echo "== attention_mq256 variants alone (tools/device/attention_bench.cu)"
         run env VARIANTS="${VARIANTS:--DATT_KEYS=32;-DATT_KEYS=64;-DBENCH_NO_COMBINE;-DBENCH_KV_COPIES=1}" bash tools/device/attention_bench.sh
@@ -126,7 +138,7 @@ for phase in "$@"; do
         FRT_FULL_PARITY_DIR="$FULL" run "$BIN/cuda_pi05" --test-threads=1 --nocapture full_size
         ;;
     *)
-        echo "unknown phase $phase (tests | bench | views | full | ab | overlap | slots | buckets | attention | profile | versus)"
+        echo "unknown phase $phase (tests | bench | views | full | ab | overlap | slots | buckets | settings | attention | profile | versus)"
         status=2
         ;;
     esac
