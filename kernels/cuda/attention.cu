@@ -555,9 +555,9 @@ __device__ __forceinline__ void attw_copy16(unsigned dst, const void* global, bo
 }
 
 // Which pieces of a 64-row operand a thread copies: 16-byte pieces c and c + 16 (c < 16) of rows
-// attw_row(n), n = 0 … 7, with c = attw_piece(): eight consecutive rows per thread, so a warp's
-// copy instruction covers two whole rows. Faster than piece-per-thread striding over the tile
-// (bench/NOTES.md item 48).
+// attw_row(n), n = 0 … 7, with c = attw_piece(): eight consecutive rows per thread, so each copy
+// instruction of a warp moves 256 contiguous bytes of each of two rows. Faster than one piece per
+// thread striding over the tile (bench/NOTES.md item 48).
 __device__ __forceinline__ int attw_row(int n) { return (threadIdx.x >> 4) * 8 + n; }
 __device__ __forceinline__ int attw_piece() { return threadIdx.x & 15; }
 
