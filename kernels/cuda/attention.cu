@@ -554,29 +554,45 @@ __device__ __forceinline__ void attw_copy16(unsigned dst, const void* global, bo
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(valid ? 16 : 0));
 }
 
-// Which pieces of a 64-row operand a thread copies: 16-byte pieces c and c + 16 (c < 16) of rows
-// attw_row(n), n = 0 … 7, with c = attw_piece(): eight consecutive rows per thread, so each copy
-// instruction of a warp moves 256 contiguous bytes of each of two rows. Faster than one piece per
-// thread striding over the tile (bench/NOTES.md item 48).
-__device__ __forceinline__ int attw_row(int n) { return (threadIdx.x >> 4) * 8 + n; }
-__device__ __forceinline__ int attw_piece() { return threadIdx.x & 15; }
+// Queues the copy of one 64-row operand (64 rows × 256 bf16) into its swizzled tiles: row r comes
+// from `row_of(r)`, or is zeros where `valid_row(r)` is false. Each thread copies the 16-byte
+// pieces c and c + 16 (c = threadIdx.x % 16) of eight consecutive rows, so each copy instruction
+// of a warp moves 256 contiguous bytes of each of two rows, all sixteen in flight at once: faster
+// than one piece per thread striding over the tile (bench/NOTES.md item 48).
+template <typename RowOf, typename ValidRow>
+__device__ __forceinline__ void attw_copy_operand(unsigned tile, RowOf row_of, ValidRow valid_row) {
+    const int c = threadIdx.x & 15;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+        const int r = (threadIdx.x >> 4) * 8 + n;
+        const bf16* src = row_of(r);
+        const bool valid = valid_row(r);
+#pragma unroll
+        for (int half = 0; half < 32; half += 16) attw_copy16(tile + attw_offset(r, c + half), src + (c + half) * 8, valid);
+    }
+}
 
-// Queues the copies of keys [c0, c0 + 64) ∩ [.., key_end) of K and V, and their validity.
+// Queues the copies of keys [c0, c0 + 64) ∩ [.., key_end) as two copy groups: K with the keys'
+// validity, then V, so that S = Q Kᵀ and its softmax run while V is still arriving.
 __device__ __forceinline__ void attw_load_chunk(unsigned k_tile, unsigned v_tile, float* valid_tile, const bf16* k,
                                                 int k_stride, const bf16* v, int v_stride, const float* key_valid,
                                                 int c0, int key_end) {
-    const int c = attw_piece();
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-        const int r = attw_row(n), key = min(c0 + r, key_end - 1);
-#pragma unroll
-        for (int half = 0; half < 32; half += 16) {
-            attw_copy16(k_tile + attw_offset(r, c + half), k + (long)key * k_stride + (c + half) * 8, c0 + r < key_end);
-            attw_copy16(v_tile + attw_offset(r, c + half), v + (long)key * v_stride + (c + half) * 8, c0 + r < key_end);
-        }
-    }
+    const auto key_of = [&](int r) { return min(c0 + r, key_end - 1); };
+    const auto in_range = [&](int r) { return c0 + r < key_end; };
+    attw_copy_operand(k_tile, [&](int r) { return k + (long)key_of(r) * k_stride; }, in_range);
     att_load_validity(valid_tile, key_valid, c0, key_end);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
+    attw_copy_operand(v_tile, [&](int r) { return v + (long)key_of(r) * v_stride; }, in_range);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most `pending` copy groups of this thread are in flight, then makes every
+// thread's landed copies visible to the block's wgmma (generic-proxy writes, async-proxy reads).
+template <int pending>
+__device__ __forceinline__ void attw_wait_copies() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
 }
 
 template <typename Tout>
@@ -592,15 +608,15 @@ __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, 
     const int rows = queries * heads;
     const int key_begin = blockIdx.y * keys_per_split, key_end = min(keys, key_begin + keys_per_split);
 
-    const int c = attw_piece();
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-        const int r = attw_row(n), row = min(blockIdx.x * ATT_ROWS + r, rows - 1);
-        const bf16* src = q + (long)(row / heads) * q_stride + (row % heads) * ATT_D;
-#pragma unroll
-        for (int half = 0; half < 32; half += 16)
-            attw_copy16(q_tile + attw_offset(r, c + half), src + (c + half) * 8, blockIdx.x * ATT_ROWS + r < rows);
-    }
+    // Prologue: the block's Q rows join the first chunk's K in its first copy group.
+    const int row0 = blockIdx.x * ATT_ROWS;
+    attw_copy_operand(
+        q_tile,
+        [&](int r) {
+            const int row = min(row0 + r, rows - 1);
+            return q + (long)(row / heads) * q_stride + (row % heads) * ATT_D;
+        },
+        [&](int r) { return row0 + r < rows; });
     attw_load_chunk(k_tiles, v_tiles, valid_tiles, k, k_stride, v, v_stride, key_valid, key_begin, key_end);
 
     float o[ATT_D / 8][4];
@@ -609,17 +625,17 @@ __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, 
     float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};
 
     for (int c0 = key_begin, buf = 0; c0 < key_end; c0 += ATT_KEYS, buf ^= 1) {
-        if (c0 + ATT_KEYS < key_end) {
+        // In flight: this chunk's K and V groups, then the next chunk's two when there is one.
+        const bool next = c0 + ATT_KEYS < key_end;
+        if (next) {
+            // The other buffer was released by the barrier at the end of the previous chunk.
             attw_load_chunk(k_tiles + (buf ^ 1) * ATTW_OPERAND_BYTES, v_tiles + (buf ^ 1) * ATTW_OPERAND_BYTES,
                             valid_tiles + (buf ^ 1) * ATT_KEYS, k, k_stride, v, v_stride, key_valid, c0 + ATT_KEYS,
                             key_end);
-            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+            attw_wait_copies<3>();
         } else {
-            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+            attw_wait_copies<1>();
         }
-        // The copies are generic-proxy writes; wgmma reads through the async proxy.
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
         const unsigned k_tile = k_tiles + buf * ATTW_OPERAND_BYTES, v_tile = v_tiles + buf * ATTW_OPERAND_BYTES;
 
         float s[ATT_KEYS / 8][4];
@@ -640,6 +656,11 @@ __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, 
         unsigned p[ATT_KEYS / 16][4];
         att_chunk_softmax(s, valid_tiles + buf * ATT_KEYS, scale_log2, m, l, correction, p);
         att_rescale(o, correction);
+        if (next) {
+            attw_wait_copies<2>();
+        } else {
+            attw_wait_copies<0>();
+        }
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
         for (int kk = 0; kk < ATT_KEYS / 16; ++kk)
