@@ -407,11 +407,17 @@ __device__ __forceinline__ void att_write_rows(const float (&o)[ATT_D / 8][4], c
     }
 }
 
+// A driver tensor map (CUtensorMap: 128 opaque bytes, made on the host by cuTensorMapEncodeTiled),
+// passed by value, aligned as CUDA 13 declares it; no toolkit header is included (common.cuh).
+struct __align__(128) TensorMap {
+    unsigned long long opaque[16];
+};
+
 template <typename Tout>
 __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride,
                                 const bf16* v, int v_stride, const float* key_valid, const float* query_valid,
                                 int queries, int heads, int keys, int keys_per_split, float scale_log2,
-                                float* partial_o, float* partial_ml) {
+                                float* partial_o, float* partial_ml, const TensorMap*, const TensorMap*) {
     extern __shared__ __align__(16) unsigned char att_shared[];
     unsigned short* q_tile = (unsigned short*)att_shared;
     unsigned short* k_tiles = (unsigned short*)(att_shared + ATT_Q_BYTES);
@@ -486,14 +492,16 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
     att_write_rows(o, m, l, out, out_stride, query_valid, rows, heads, partial_o, partial_ml);
 }
 // The kernel entry of either form (`FORM`): both take the same arguments, so launch.rs launches
-// whichever the loaded architecture has under one signature.
+// whichever the loaded architecture has under one signature. `k_map` and `v_map` describe K and V
+// for the Hopper form's bulk tensor copies; the mma.sync form ignores them.
 #define ATTENTION_MQ256_ENTRY(NAME, TOUT, FORM)                                                                 \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
         NAME(TOUT* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride, const bf16* v, \
              int v_stride, const float* key_valid, const float* query_valid, int queries, int heads, int keys, \
-             int keys_per_split, float scale_log2, float* partial_o, float* partial_ml) {                    \
+             int keys_per_split, float scale_log2, float* partial_o, float* partial_ml,                       \
+             const __grid_constant__ TensorMap k_map, const __grid_constant__ TensorMap v_map) {             \
         FORM<TOUT>(out, out_stride, q, q_stride, k, k_stride, v, v_stride, key_valid, query_valid, queries,   \
-                   heads, keys, keys_per_split, scale_log2, partial_o, partial_ml);                          \
+                   heads, keys, keys_per_split, scale_log2, partial_o, partial_ml, &k_map, &v_map);          \
     }
 #define ATTENTION_MQ256(NAME, TOUT) ATTENTION_MQ256_ENTRY(NAME, TOUT, attention_mq256)
 FOR_TYPE(ATTENTION_MQ256, attention_mq256)
@@ -504,13 +512,16 @@ FOR_TYPE(ATTENTION_MQ256, attention_mq256)
 // the head dimension each); S = Q Kᵀ is 16 asynchronous m64n64k16 products with both operands in
 // shared memory (K as the K-major B), and O += P V takes P from registers, where the softmax
 // leaves it, and V as the N-major B (keys × d, d contiguous) of 16 more: 32 instructions per chunk
-// where mma.sync takes 256 per warp plus their operand loads (bench/NOTES.md item 38).
+// where mma.sync takes 256 per warp plus their operand loads (bench/NOTES.md item 38). K and V
+// arrive by bulk tensor copies (TMA: one thread issues a chunk's eight 64 × 64 boxes onto two
+// transaction barriers) instead of 48 cp.async per thread (bench/NOTES.md item 50); Q, whose
+// rows are (query, head) pairs no tensor-map box spans for every head count, by cp.async.
 #if ATT_KEYS == 64 && ATT_ROWS == 64 && (!defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL))
 #define ATTW_TILE_BYTES (64 * 128)                  // 64 rows × 64 bf16, swizzled
 #define ATTW_OPERAND_BYTES (4 * ATTW_TILE_BYTES)    // 64 rows × 256: four tiles along d
 // Dynamic shared memory (launch.rs mirrors it): 1024-byte alignment slack, the Q tile, two
-// chunks each of K and V, two chunks of key validity.
-#define ATTW_SHARED_BYTES (1024 + 5 * ATTW_OPERAND_BYTES + 2 * 64 * 4)
+// chunks each of K and V, two chunks of key validity, and the K and V copies' barriers per chunk.
+#define ATTW_SHARED_BYTES (1024 + 5 * ATTW_OPERAND_BYTES + 2 * 64 * 4 + 4 * 8)
 #ifndef ATTW_V_LBO
 #define ATTW_V_LBO ATTW_TILE_BYTES   // N-major V: from one 64-wide block of d to the next
 #define ATTW_V_SBO 1024              // and from one group of 8 keys to the next
@@ -572,43 +583,70 @@ __device__ __forceinline__ void attw_copy_operand(unsigned tile, RowOf row_of, V
     }
 }
 
-// Queues the copies of keys [c0, c0 + 64) ∩ [.., key_end) as two copy groups: K with the keys'
-// validity, then V, so that S = Q Kᵀ and its softmax run while V is still arriving.
-__device__ __forceinline__ void attw_load_chunk(unsigned k_tile, unsigned v_tile, float* valid_tile, const bf16* k,
-                                                int k_stride, const bf16* v, int v_stride, const float* key_valid,
-                                                int c0, int key_end) {
-    const auto key_of = [&](int r) { return min(c0 + r, key_end - 1); };
-    const auto in_range = [&](int r) { return c0 + r < key_end; };
-    attw_copy_operand(k_tile, [&](int r) { return k + (long)key_of(r) * k_stride; }, in_range);
-    att_load_validity(valid_tile, key_valid, c0, key_end);
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-    attw_copy_operand(v_tile, [&](int r) { return v + (long)key_of(r) * v_stride; }, in_range);
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
+// Transaction barriers (mbarrier) in shared memory, for the bulk tensor copies.
+__device__ __forceinline__ void attw_barrier_init(unsigned bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+}
+// Waits until the barrier's phase `parity` has completed (its copies have landed).
+__device__ __forceinline__ void attw_barrier_wait(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nwait:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
 }
 
-// Waits until at most `pending` copy groups of this thread are in flight, then makes every
-// thread's landed copies visible to the block's wgmma (generic-proxy writes, async-proxy reads).
-template <int pending>
-__device__ __forceinline__ void attw_wait_copies() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
+// One thread queues the bulk tensor copies of rows [row, row + 64) of a 256-wide operand (four
+// 64 × 64 boxes, landing in wgmma's 128-byte swizzle: the map says so) onto barrier `bar`.
+// Rows past the tensor's end arrive as zeros.
+__device__ __forceinline__ void attw_load_operand(unsigned tile, const TensorMap* map, int row, unsigned bar) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "n"(ATTW_OPERAND_BYTES) : "memory");
+#pragma unroll
+    for (int kb = 0; kb < 4; ++kb)
+        asm volatile(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+                tile + kb * ATTW_TILE_BYTES),
+            "l"(map), "r"(kb * 64), "r"(row), "r"(bar)
+            : "memory");
+}
+
+// Queues keys [c0, c0 + 64) of K and V (thread 0, on their own barriers, so that S = Q Kᵀ and its
+// softmax run while V lands) and writes their validity (keys past key_end count as masked, so
+// the next split's rows a chunk may carry weigh nothing).
+__device__ __forceinline__ void attw_load_chunk(unsigned k_tile, unsigned v_tile, float* valid_tile, const TensorMap* k_map,
+                                                const TensorMap* v_map, unsigned k_bar, unsigned v_bar,
+                                                const float* key_valid, int c0, int key_end) {
+    if (threadIdx.x == 0) {
+        attw_load_operand(k_tile, k_map, c0, k_bar);
+        attw_load_operand(v_tile, v_map, c0, v_bar);
+    }
+    att_load_validity(valid_tile, key_valid, c0, key_end);
 }
 
 template <typename Tout>
-__device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, int q_stride, const bf16* k,
-                                      int k_stride, const bf16* v, int v_stride, const float* key_valid,
-                                      const float* query_valid, int queries, int heads, int keys,
-                                      int keys_per_split, float scale_log2, float* partial_o, float* partial_ml) {
+__device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, int q_stride, const bf16*, int,
+                                      const bf16*, int, const float* key_valid, const float* query_valid, int queries,
+                                      int heads, int keys, int keys_per_split, float scale_log2, float* partial_o,
+                                      float* partial_ml, const TensorMap* k_map, const TensorMap* v_map) {
     extern __shared__ __align__(16) unsigned char att_shared[];
     const unsigned base = ((unsigned)__cvta_generic_to_shared(att_shared) + 1023) & ~1023u;
     const unsigned q_tile = base, k_tiles = base + ATTW_OPERAND_BYTES, v_tiles = base + 3 * ATTW_OPERAND_BYTES;
     float* valid_tiles = (float*)(att_shared + (base + 5 * ATTW_OPERAND_BYTES - (unsigned)__cvta_generic_to_shared(att_shared)));
+    // Barriers: K of chunk buffer 0 and 1, then V of buffer 0 and 1.
+    const unsigned bars = base + 5 * ATTW_OPERAND_BYTES + 2 * 64 * 4;
     const float neg_inf = __int_as_float(0xff800000);
     const int rows = queries * heads;
     const int key_begin = blockIdx.y * keys_per_split, key_end = min(keys, key_begin + keys_per_split);
 
-    // Prologue: the block's Q rows join the first chunk's K in its first copy group.
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 4; ++i) attw_barrier_init(bars + 8 * i);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    // Prologue: the first chunk's bulk copies, then the block's Q rows by cp.async (a query's
+    // heads are not one box of a tensor map for every head count).
+    attw_load_chunk(k_tiles, v_tiles, valid_tiles, k_map, v_map, bars, bars + 16, key_valid, key_begin, key_end);
     const int row0 = blockIdx.x * ATT_ROWS;
     attw_copy_operand(
         q_tile,
@@ -617,25 +655,26 @@ __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, 
             return q + (long)(row / heads) * q_stride + (row % heads) * ATT_D;
         },
         [&](int r) { return row0 + r < rows; });
-    attw_load_chunk(k_tiles, v_tiles, valid_tiles, k, k_stride, v, v_stride, key_valid, key_begin, key_end);
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+    // The Q copies are generic-proxy writes; wgmma reads through the async proxy.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 
     float o[ATT_D / 8][4];
 #pragma unroll
     for (int j = 0; j < ATT_D / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};
 
-    for (int c0 = key_begin, buf = 0; c0 < key_end; c0 += ATT_KEYS, buf ^= 1) {
-        // In flight: this chunk's K and V groups, then the next chunk's two when there is one.
-        const bool next = c0 + ATT_KEYS < key_end;
-        if (next) {
+    for (int c0 = key_begin, chunk = 0; c0 < key_end; c0 += ATT_KEYS, ++chunk) {
+        const int buf = chunk & 1;
+        const unsigned parity = (chunk >> 1) & 1;  // each buffer's barriers complete once per use
+        if (c0 + ATT_KEYS < key_end) {
             // The other buffer was released by the barrier at the end of the previous chunk.
             attw_load_chunk(k_tiles + (buf ^ 1) * ATTW_OPERAND_BYTES, v_tiles + (buf ^ 1) * ATTW_OPERAND_BYTES,
-                            valid_tiles + (buf ^ 1) * ATT_KEYS, k, k_stride, v, v_stride, key_valid, c0 + ATT_KEYS,
-                            key_end);
-            attw_wait_copies<3>();
-        } else {
-            attw_wait_copies<1>();
+                            valid_tiles + (buf ^ 1) * ATT_KEYS, k_map, v_map, bars + 8 * (buf ^ 1),
+                            bars + 16 + 8 * (buf ^ 1), key_valid, c0 + ATT_KEYS, key_end);
         }
+        __syncthreads();  // every thread's Q copies (first chunk) and validity writes are visible
+        attw_barrier_wait(bars + 8 * buf, parity);
         const unsigned k_tile = k_tiles + buf * ATTW_OPERAND_BYTES, v_tile = v_tiles + buf * ATTW_OPERAND_BYTES;
 
         float s[ATT_KEYS / 8][4];
@@ -656,11 +695,7 @@ __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, 
         unsigned p[ATT_KEYS / 16][4];
         att_chunk_softmax(s, valid_tiles + buf * ATT_KEYS, scale_log2, m, l, correction, p);
         att_rescale(o, correction);
-        if (next) {
-            attw_wait_copies<2>();
-        } else {
-            attw_wait_copies<0>();
-        }
+        attw_barrier_wait(bars + 16 + 8 * buf, parity);
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
         for (int kk = 0; kk < ATT_KEYS / 16; ++kk)

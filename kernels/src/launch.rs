@@ -120,9 +120,10 @@ const fn attention_shared_bytes(keys: usize) -> u32 {
 }
 
 /// `attention_mq256_wgmma`'s dynamic shared memory (ATTW_SHARED_BYTES): 1024 bytes of alignment
-/// slack, then the Q tile and two chunks each of K and V (64 rows × 256 bf16 each), and two chunks
-/// of key validity.
-const ATTENTION_WGMMA_SHARED_BYTES: u32 = (1024 + 5 * ATTENTION_ROWS * ATTENTION_HEAD_DIM * 2 + 2 * ATTENTION_SPLIT_KEYS * 4) as u32;
+/// slack, then the Q tile and two chunks each of K and V (64 rows × 256 bf16 each), two chunks of
+/// key validity, and four copy barriers (8 bytes each).
+const ATTENTION_WGMMA_SHARED_BYTES: u32 =
+    (1024 + 5 * ATTENTION_ROWS * ATTENTION_HEAD_DIM * 2 + 2 * ATTENTION_SPLIT_KEYS * 4 + 4 * 8) as u32;
 
 /// Keys per chunk of `attention_mq256` as compiled for `arch` ("sm_90"): ATT_KEYS in attention.cu.
 fn attention_chunk_keys(arch: &str) -> usize {
@@ -146,6 +147,7 @@ enum Arg {
     I(i32),
     L(i64),
     F(f32),
+    M(TensorMap),
 }
 
 impl Arg {
@@ -155,7 +157,48 @@ impl Arg {
             Arg::I(v) => v as *const i32 as *mut c_void,
             Arg::L(v) => v as *const i64 as *mut c_void,
             Arg::F(v) => v as *const f32 as *mut c_void,
+            Arg::M(v) => v as *const TensorMap as *mut c_void,
         }
+    }
+}
+
+/// A driver tensor map (`CUtensorMap`, 128 opaque bytes) passed by value: attention.cu's
+/// `TensorMap`. Aligned as CUDA 13 declares it (12 asks for 64).
+#[derive(Clone, Copy)]
+#[repr(C, align(128))]
+struct TensorMap([u64; 16]);
+
+impl TensorMap {
+    /// A map the kernel never reads (the mma.sync attention's unused arguments).
+    const UNUSED: TensorMap = TensorMap([0; 16]);
+
+    /// A bf16 matrix `[rows, 256]` (row stride `m.stride` elements) read in 64 × 64 boxes that land
+    /// in shared memory with the 128-byte swizzle wgmma reads; rows past the end arrive as zeros.
+    fn bf16_rows_64x64(m: &Mat, what: &str) -> Result<TensorMap> {
+        let mut map = TensorMap::UNUSED;
+        let dims = [ATTENTION_HEAD_DIM as u64, m.rows as u64];
+        let strides = [(m.stride * 2) as u64];
+        let (boxes, element_strides) = ([64u32, 64], [1u32, 1]);
+        // SAFETY: the out-pointer is a 128-byte-aligned, 128-byte map; the arrays are as long as
+        // the rank (2) asks (strides: rank - 1); the driver only encodes, it reads no memory.
+        let status = unsafe {
+            sys::cuTensorMapEncodeTiled(
+                &mut map as *mut TensorMap as *mut sys::CUtensorMap,
+                sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                2,
+                m.ptr as *mut c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxes.as_ptr(),
+                element_strides.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        };
+        status.result().map_err(|e| KernelError::cuda(format!("{what}: tensor map of {}x{} (stride {})", m.rows, m.cols, m.stride), e))?;
+        Ok(map)
     }
 }
 
@@ -834,6 +877,13 @@ impl Kernels {
         if split.splits == 0 || split.keys_per_split % ATTENTION_SPLIT_KEYS != 0 || split.splits * split.keys_per_split < keys {
             return Err(shape_error(what, format!("{split:?} does not cover {keys} keys in whole chunks")));
         }
+        // The Hopper form reads K and V by bulk tensor copies; the maps are encoded here, at
+        // capture, and travel in the graph's launch parameters.
+        let (k_map, v_map) = if self.attention_kernel == "attention_mq256_wgmma" {
+            (TensorMap::bf16_rows_64x64(&k, what)?, TensorMap::bf16_rows_64x64(&v, what)?)
+        } else {
+            (TensorMap::UNUSED, TensorMap::UNUSED)
+        };
         let args_list = [
             Arg::P(out.ptr),
             Arg::I(i32_of(out.stride, what)?),
@@ -852,6 +902,8 @@ impl Kernels {
             Arg::F(std::f32::consts::LOG2_E / (d as f32).sqrt()),
             Arg::P(args.partial_o),
             Arg::P(args.partial_ml),
+            Arg::M(k_map),
+            Arg::M(v_map),
         ];
         let grid = (rows.div_ceil(ATTENTION_ROWS) as u32, split.splits as u32, 1);
         let name = format!("{}_{}", self.attention_kernel, out.dtype.suffix());
@@ -993,8 +1045,8 @@ mod tests {
             assert_eq!(wgmma(arch), 0, "{arch}");
         }
         assert_eq!(kernel_names("sm_90a").len(), kernel_names("sm_90").len() + 2);
-        // ATTW_SHARED_BYTES in attention.cu: 1024 + 5 · 32 KB + 2 · 64 · 4.
-        assert_eq!(ATTENTION_WGMMA_SHARED_BYTES, 165_376);
+        // ATTW_SHARED_BYTES in attention.cu: 1024 + 5 · 32 KB + 2 · 64 · 4 + 4 · 8.
+        assert_eq!(ATTENTION_WGMMA_SHARED_BYTES, 165_408);
         assert_eq!(crate::device_arch(9, 0, true), "sm_90a");
         assert_eq!(crate::device_arch(9, 0, false), "sm_90");
         assert_eq!(crate::device_arch(8, 7, true), "sm_87");

@@ -17,7 +17,24 @@
 #endif
 #include "attention.cu"
 
+#include <cuda.h>
+
 #include "bench.cuh"
+
+// The Hopper form's tensor map of a [rows, 256] bf16 operand, as launch.rs makes it.
+static TensorMap map_rows(const bf16* base, int rows) {
+    TensorMap m;
+    const cuuint64_t dims[2] = {256, (cuuint64_t)rows}, strides[1] = {512};
+    const cuuint32_t box[2] = {64, 64}, element_strides[2] = {1, 1};
+    const CUresult r = cuTensorMapEncodeTiled((CUtensorMap*)&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void*)base, dims, strides, box,
+                                              element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", (int)r);
+        exit(1);
+    }
+    return m;
+}
 
 // One block per (query, head) row; scores in shared memory (keys <= 1024).
 __global__ void reference(float* out, const bf16* q, int q_stride, const bf16* k, const bf16* v, const float* key_valid,
@@ -93,6 +110,11 @@ int main(int argc, char** argv) {  // argv[1]: run only the cases whose name con
             CHECK(cudaMemcpy(k + i * hk.size(), hk.data(), hk.size() * 2, cudaMemcpyHostToDevice));
             CHECK(cudaMemcpy(v + i * hv.size(), hv.data(), hv.size() * 2, cudaMemcpyHostToDevice));
         }
+        std::vector<TensorMap> k_maps, v_maps;
+        for (int i = 0; i < copies; ++i) {
+            k_maps.push_back(map_rows(k + i * hk.size(), c.keys));
+            v_maps.push_back(map_rows(v + i * hv.size(), c.keys));
+        }
         CHECK(cudaMemcpy(kv, kvalid.data(), c.keys * 4, cudaMemcpyHostToDevice));
         CHECK(cudaMemcpy(qv, qvalid.data(), c.queries * 4, cudaMemcpyHostToDevice));
         const int chunks = (c.keys + ATT_KEYS - 1) / ATT_KEYS;
@@ -113,7 +135,8 @@ int main(int argc, char** argv) {  // argv[1]: run only the cases whose name con
             const bf16* kc = k + (size_t)(i % copies) * hk.size();
             const bf16* vc = v + (size_t)(i % copies) * hv.size();
             kernel<<<dim3((rows + ATT_ROWS - 1) / ATT_ROWS, splits), ATT_ROWS * 2, shared_bytes, st>>>(
-                out, heads * 256, q, q_stride, kc, 256, vc, 256, kv, qv, c.queries, heads, c.keys, per_split, scale_log2, po, pml);
+                out, heads * 256, q, q_stride, kc, 256, vc, 256, kv, qv, c.queries, heads, c.keys, per_split, scale_log2, po, pml,
+                k_maps[i % copies], v_maps[i % copies]);
             // -DBENCH_NO_COMBINE: the split kernel alone (its time without the merge; the output
             // check then fails for several splits).
 #ifndef BENCH_NO_COMBINE

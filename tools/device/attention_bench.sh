@@ -10,6 +10,6 @@ IFS=';' read -ra variants <<<"${VARIANTS:--DATT_ROWS=64}"
 for i in "${!variants[@]}"; do
     flags=${variants[$i]}
     # shellcheck disable=SC2086  # the flags are words
-    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a $flags -I kernels/cuda tools/device/attention_bench.cu -o "/tmp/attention_bench_$i"
+    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a $flags -I kernels/cuda tools/device/attention_bench.cu -lcuda -o "/tmp/attention_bench_$i"
     "/tmp/attention_bench_$i" "${CASES:-denoise}" | sed "s|^{|{\"flags\": \"$flags\", |" | tee -a "$out/attention-bench.jsonl"
 done

@@ -33,6 +33,6 @@ for i in "${!diags[@]}"; do
     flags=${diags[$i]}
     # shellcheck disable=SC2086  # the flags are words
     nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -DBENCH_WGMMA -DBENCH_NO_COMBINE $flags -I "$dir" -I kernels/cuda \
-        tools/device/attention_bench.cu -o "$dir/bench_$i"
+        tools/device/attention_bench.cu -lcuda -o "$dir/bench_$i"
     "$dir/bench_$i" denoise | sed "s|^{|{\"diag\": \"$flags\", |" | tee -a "$out/attention-diag.jsonl"
 done

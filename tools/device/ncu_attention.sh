@@ -9,7 +9,7 @@
 set -euo pipefail
 flags=${FLAGS--DBENCH_WGMMA}
 # shellcheck disable=SC2086  # the flags are words
-nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a $flags -I kernels/cuda tools/device/attention_bench.cu -o /tmp/attention_bench_ncu
+nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a $flags -I kernels/cuda tools/device/attention_bench.cu -lcuda -o /tmp/attention_bench_ncu
 kernel=(-k regex:'attention_mq256(_wgmma)?_bf16')
 if [ "${STALLS:-0}" = 1 ]; then
     what=(--launch-skip 5 --launch-count 1 --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,smsp__cycles_active.avg,sm__cycles_elapsed.max')
