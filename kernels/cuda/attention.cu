@@ -417,7 +417,8 @@ template <typename Tout>
 __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride,
                                 const bf16* v, int v_stride, const float* key_valid, const float* query_valid,
                                 int queries, int heads, int keys, int keys_per_split, float scale_log2,
-                                float* partial_o, float* partial_ml, const TensorMap*, const TensorMap*) {
+                                float* partial_o, float* partial_ml, int, const TensorMap*, const TensorMap*,
+                                const TensorMap*) {
     extern __shared__ __align__(16) unsigned char att_shared[];
     unsigned short* q_tile = (unsigned short*)att_shared;
     unsigned short* k_tiles = (unsigned short*)(att_shared + ATT_Q_BYTES);
@@ -493,15 +494,18 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
 }
 // The kernel entry of either form (`FORM`): both take the same arguments, so launch.rs launches
 // whichever the loaded architecture has under one signature. `k_map` and `v_map` describe K and V
-// for the Hopper form's bulk tensor copies; the mma.sync form ignores them.
+// for the Hopper form's bulk tensor copies, and `q_map` Q's rows when `q_by_map` (the head count
+// divides 64); the mma.sync form ignores them.
 #define ATTENTION_MQ256_ENTRY(NAME, TOUT, FORM)                                                                 \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
         NAME(TOUT* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride, const bf16* v, \
              int v_stride, const float* key_valid, const float* query_valid, int queries, int heads, int keys, \
-             int keys_per_split, float scale_log2, float* partial_o, float* partial_ml,                       \
-             const __grid_constant__ TensorMap k_map, const __grid_constant__ TensorMap v_map) {             \
+             int keys_per_split, float scale_log2, float* partial_o, float* partial_ml, int q_by_map,         \
+             const __grid_constant__ TensorMap q_map, const __grid_constant__ TensorMap k_map,               \
+             const __grid_constant__ TensorMap v_map) {                                                       \
         FORM<TOUT>(out, out_stride, q, q_stride, k, k_stride, v, v_stride, key_valid, query_valid, queries,   \
-                   heads, keys, keys_per_split, scale_log2, partial_o, partial_ml, &k_map, &v_map);          \
+                   heads, keys, keys_per_split, scale_log2, partial_o, partial_ml, q_by_map, &q_map, &k_map, \
+                   &v_map);                                                                                   \
     }
 #define ATTENTION_MQ256(NAME, TOUT) ATTENTION_MQ256_ENTRY(NAME, TOUT, attention_mq256)
 FOR_TYPE(ATTENTION_MQ256, attention_mq256)
@@ -514,8 +518,9 @@ FOR_TYPE(ATTENTION_MQ256, attention_mq256)
 // leaves it, and V as the N-major B (keys × d, d contiguous) of 16 more: 32 instructions per chunk
 // where mma.sync takes 256 per warp plus their operand loads (bench/NOTES.md item 38). K and V
 // arrive by bulk tensor copies (TMA: one thread issues a chunk's eight 64 × 64 boxes onto two
-// transaction barriers) instead of 48 cp.async per thread (bench/NOTES.md item 50); Q, whose
-// rows are (query, head) pairs no tensor-map box spans for every head count, by cp.async.
+// transaction barriers) instead of 48 cp.async per thread (bench/NOTES.md item 50), and so does
+// Q when its (query, head) rows tile by whole queries (the head count divides 64; item 51),
+// else by cp.async.
 #if ATT_KEYS == 64 && ATT_ROWS == 64 && (!defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL))
 #define ATTW_TILE_BYTES (64 * 128)                  // 64 rows × 64 bf16, swizzled
 #define ATTW_OPERAND_BYTES (4 * ATTW_TILE_BYTES)    // 64 rows × 256: four tiles along d
@@ -597,17 +602,24 @@ __device__ __forceinline__ void attw_barrier_wait(unsigned bar, unsigned parity)
         : "memory");
 }
 
-// One thread queues the bulk tensor copies of rows [row, row + 64) of a 256-wide operand (four
-// 64 × 64 boxes, landing in wgmma's 128-byte swizzle: the map says so) onto barrier `bar`.
-// Rows past the tensor's end arrive as zeros.
-__device__ __forceinline__ void attw_load_operand(unsigned tile, const TensorMap* map, int row, unsigned bar) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "n"(ATTW_OPERAND_BYTES) : "memory");
+// One thread queues the bulk tensor copies of one 64-row operand of 256 (four boxes of 64 columns
+// at outer coordinates (y, z) of the map, landing in wgmma's 128-byte swizzle: the map says so)
+// onto barrier `bar`, adding their bytes to what its phase waits for; with `arrive` it is also
+// the phase's one arrival, so every other operand on that barrier is queued before it. Rows past
+// the tensor's end arrive as zeros.
+__device__ __forceinline__ void attw_load_operand(unsigned tile, const TensorMap* map, int y, int z, unsigned bar,
+                                                  bool arrive) {
+    if (arrive) {
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "n"(ATTW_OPERAND_BYTES) : "memory");
+    } else {
+        asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "n"(ATTW_OPERAND_BYTES) : "memory");
+    }
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb)
         asm volatile(
-            "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
                 tile + kb * ATTW_TILE_BYTES),
-            "l"(map), "r"(kb * 64), "r"(row), "r"(bar)
+            "l"(map), "r"(kb * 64), "r"(y), "r"(z), "r"(bar)
             : "memory");
 }
 
@@ -618,8 +630,8 @@ __device__ __forceinline__ void attw_load_chunk(unsigned k_tile, unsigned v_tile
                                                 const TensorMap* v_map, unsigned k_bar, unsigned v_bar,
                                                 const float* key_valid, int c0, int key_end) {
     if (threadIdx.x == 0) {
-        attw_load_operand(k_tile, k_map, c0, k_bar);
-        attw_load_operand(v_tile, v_map, c0, v_bar);
+        attw_load_operand(k_tile, k_map, c0, 0, k_bar, true);
+        attw_load_operand(v_tile, v_map, c0, 0, v_bar, true);
     }
     att_load_validity(valid_tile, key_valid, c0, key_end);
 }
@@ -628,7 +640,8 @@ template <typename Tout>
 __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, int q_stride, const bf16*, int,
                                       const bf16*, int, const float* key_valid, const float* query_valid, int queries,
                                       int heads, int keys, int keys_per_split, float scale_log2, float* partial_o,
-                                      float* partial_ml, const TensorMap* k_map, const TensorMap* v_map) {
+                                      float* partial_ml, int q_by_map, const TensorMap* q_map, const TensorMap* k_map,
+                                      const TensorMap* v_map) {
     extern __shared__ __align__(16) unsigned char att_shared[];
     const unsigned base = ((unsigned)__cvta_generic_to_shared(att_shared) + 1023) & ~1023u;
     const unsigned q_tile = base, k_tiles = base + ATTW_OPERAND_BYTES, v_tiles = base + 3 * ATTW_OPERAND_BYTES;
@@ -644,20 +657,25 @@ __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, 
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    // Prologue: the first chunk's bulk copies, then the block's Q rows by cp.async (a query's
-    // heads are not one box of a tensor map for every head count).
-    attw_load_chunk(k_tiles, v_tiles, valid_tiles, k_map, v_map, bars, bars + 16, key_valid, key_begin, key_end);
+    // Prologue: the block's Q rows, by a bulk copy onto the first chunk's K barrier (queued before
+    // K, whose copy arrives there) when a box spans them (the head count divides 64: 64 / heads
+    // queries, every head), else by cp.async; then the first chunk.
     const int row0 = blockIdx.x * ATT_ROWS;
-    attw_copy_operand(
-        q_tile,
-        [&](int r) {
-            const int row = min(row0 + r, rows - 1);
-            return q + (long)(row / heads) * q_stride + (row % heads) * ATT_D;
-        },
-        [&](int r) { return row0 + r < rows; });
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
-    // The Q copies are generic-proxy writes; wgmma reads through the async proxy.
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    if (q_by_map) {
+        if (threadIdx.x == 0) attw_load_operand(q_tile, q_map, 0, row0 / heads, bars, false);
+    } else {
+        attw_copy_operand(
+            q_tile,
+            [&](int r) {
+                const int row = min(row0 + r, rows - 1);
+                return q + (long)(row / heads) * q_stride + (row % heads) * ATT_D;
+            },
+            [&](int r) { return row0 + r < rows; });
+        asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+        // The Q copies are generic-proxy writes; wgmma reads through the async proxy.
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
+    attw_load_chunk(k_tiles, v_tiles, valid_tiles, k_map, v_map, bars, bars + 16, key_valid, key_begin, key_end);
 
     float o[ATT_D / 8][4];
 #pragma unroll
@@ -673,7 +691,7 @@ __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, 
                             valid_tiles + (buf ^ 1) * ATT_KEYS, k_map, v_map, bars + 8 * (buf ^ 1),
                             bars + 16 + 8 * (buf ^ 1), key_valid, c0 + ATT_KEYS, key_end);
         }
-        __syncthreads();  // every thread's Q copies (first chunk) and validity writes are visible
+        __syncthreads();  // every thread's cp.async Q rows (first chunk) and validity writes are visible
         attw_barrier_wait(bars + 8 * buf, parity);
         const unsigned k_tile = k_tiles + buf * ATTW_OPERAND_BYTES, v_tile = v_tiles + buf * ATTW_OPERAND_BYTES;
 

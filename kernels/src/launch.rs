@@ -175,18 +175,38 @@ impl TensorMap {
     /// A bf16 matrix `[rows, 256]` (row stride `m.stride` elements) read in 64 × 64 boxes that land
     /// in shared memory with the 128-byte swizzle wgmma reads; rows past the end arrive as zeros.
     fn bf16_rows_64x64(m: &Mat, what: &str) -> Result<TensorMap> {
+        Self::encode_bf16_256(m.ptr, [m.rows as u64, 1], [(m.stride * 2) as u64, 0], [64, 1], what)
+    }
+
+    /// The query rows of `q` (`[queries, heads · 256]`, row stride `q.stride`) as (query, head)
+    /// pairs, read 64 pairs at a time (64 / `heads` queries, every head) in the same boxes; `None`
+    /// when `heads` does not divide 64 (no box then spans a 64-row tile).
+    fn bf16_query_heads_64(q: &Mat, heads: usize, what: &str) -> Result<Option<TensorMap>> {
+        if heads == 0 || 64 % heads != 0 {
+            return Ok(None);
+        }
+        let dims = [heads as u64, q.rows as u64];
+        let strides = [(ATTENTION_HEAD_DIM * 2) as u64, (q.stride * 2) as u64];
+        Self::encode_bf16_256(q.ptr, dims, strides, [heads as u32, (64 / heads) as u32], what).map(Some)
+    }
+
+    /// A rank-3 map `[outer[1], outer[0], 256]` of bf16 (byte strides `strides` of the two outer
+    /// dimensions; a 1-long dimension's stride is unused) in boxes of 64 × `boxes`, 128-byte
+    /// swizzled; reads past any dimension's end arrive as zeros.
+    fn encode_bf16_256(ptr: DevPtr, outer: [u64; 2], strides: [u64; 2], boxes: [u32; 2], what: &str) -> Result<TensorMap> {
         let mut map = TensorMap::UNUSED;
-        let dims = [ATTENTION_HEAD_DIM as u64, m.rows as u64];
-        let strides = [(m.stride * 2) as u64];
-        let (boxes, element_strides) = ([64u32, 64], [1u32, 1]);
+        let dims = [ATTENTION_HEAD_DIM as u64, outer[0], outer[1]];
+        // The driver checks every stride, also a 1-long dimension's: give it a valid one.
+        let strides = [strides[0], if outer[1] == 1 { strides[0] * outer[0] } else { strides[1] }];
+        let (boxes, element_strides) = ([64, boxes[0], boxes[1]], [1u32; 3]);
         // SAFETY: the out-pointer is a 128-byte-aligned, 128-byte map; the arrays are as long as
-        // the rank (2) asks (strides: rank - 1); the driver only encodes, it reads no memory.
+        // the rank (3) asks (strides: rank - 1); the driver only encodes, it reads no memory.
         let status = unsafe {
             sys::cuTensorMapEncodeTiled(
                 &mut map as *mut TensorMap as *mut sys::CUtensorMap,
                 sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                2,
-                m.ptr as *mut c_void,
+                3,
+                ptr as *mut c_void,
                 dims.as_ptr(),
                 strides.as_ptr(),
                 boxes.as_ptr(),
@@ -197,7 +217,7 @@ impl TensorMap {
                 sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
             )
         };
-        status.result().map_err(|e| KernelError::cuda(format!("{what}: tensor map of {}x{} (stride {})", m.rows, m.cols, m.stride), e))?;
+        status.result().map_err(|e| KernelError::cuda(format!("{what}: tensor map of {dims:?} (strides {strides:?})"), e))?;
         Ok(map)
     }
 }
@@ -877,12 +897,13 @@ impl Kernels {
         if split.splits == 0 || split.keys_per_split % ATTENTION_SPLIT_KEYS != 0 || split.splits * split.keys_per_split < keys {
             return Err(shape_error(what, format!("{split:?} does not cover {keys} keys in whole chunks")));
         }
-        // The Hopper form reads K and V by bulk tensor copies; the maps are encoded here, at
-        // capture, and travel in the graph's launch parameters.
-        let (k_map, v_map) = if self.attention_kernel == "attention_mq256_wgmma" {
-            (TensorMap::bf16_rows_64x64(&k, what)?, TensorMap::bf16_rows_64x64(&v, what)?)
+        // The Hopper form reads K and V (and Q, when its heads tile 64 rows) by bulk tensor
+        // copies; the maps are encoded here, at capture, and travel in the graph's launch
+        // parameters.
+        let (q_map, k_map, v_map) = if self.attention_kernel == "attention_mq256_wgmma" {
+            (TensorMap::bf16_query_heads_64(&q, heads, what)?, TensorMap::bf16_rows_64x64(&k, what)?, TensorMap::bf16_rows_64x64(&v, what)?)
         } else {
-            (TensorMap::UNUSED, TensorMap::UNUSED)
+            (None, TensorMap::UNUSED, TensorMap::UNUSED)
         };
         let args_list = [
             Arg::P(out.ptr),
@@ -902,6 +923,8 @@ impl Kernels {
             Arg::F(std::f32::consts::LOG2_E / (d as f32).sqrt()),
             Arg::P(args.partial_o),
             Arg::P(args.partial_ml),
+            Arg::I(q_map.is_some() as i32),
+            Arg::M(q_map.unwrap_or(TensorMap::UNUSED)),
             Arg::M(k_map),
             Arg::M(v_map),
         ];

@@ -21,12 +21,14 @@
 
 #include "bench.cuh"
 
-// The Hopper form's tensor map of a [rows, 256] bf16 operand, as launch.rs makes it.
-static TensorMap map_rows(const bf16* base, int rows) {
+// The Hopper form's rank-3 tensor map of bf16 rows of 256, as launch.rs makes it: dims
+// {256, d1, d2}, byte strides {s1, s2}, boxes of {64, b1, b2}.
+static TensorMap map_3d(const bf16* base, cuuint64_t d1, cuuint64_t d2, cuuint64_t s1, cuuint64_t s2, cuuint32_t b1,
+                        cuuint32_t b2) {
     TensorMap m;
-    const cuuint64_t dims[2] = {256, (cuuint64_t)rows}, strides[1] = {512};
-    const cuuint32_t box[2] = {64, 64}, element_strides[2] = {1, 1};
-    const CUresult r = cuTensorMapEncodeTiled((CUtensorMap*)&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void*)base, dims, strides, box,
+    const cuuint64_t dims[3] = {256, d1, d2}, strides[2] = {s1, s2};
+    const cuuint32_t box[3] = {64, b1, b2}, element_strides[3] = {1, 1, 1};
+    const CUresult r = cuTensorMapEncodeTiled((CUtensorMap*)&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void*)base, dims, strides, box,
                                               element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
@@ -35,6 +37,8 @@ static TensorMap map_rows(const bf16* base, int rows) {
     }
     return m;
 }
+// K or V: [rows, 256], rows 512 bytes apart, 64 rows a box.
+static TensorMap map_rows(const bf16* base, int rows) { return map_3d(base, rows, 1, 512, 512 * (cuuint64_t)rows, 64, 1); }
 
 // One block per (query, head) row; scores in shared memory (keys <= 1024).
 __global__ void reference(float* out, const bf16* q, int q_stride, const bf16* k, const bf16* v, const float* key_valid,
@@ -110,6 +114,8 @@ int main(int argc, char** argv) {  // argv[1]: run only the cases whose name con
             CHECK(cudaMemcpy(k + i * hk.size(), hk.data(), hk.size() * 2, cudaMemcpyHostToDevice));
             CHECK(cudaMemcpy(v + i * hv.size(), hv.data(), hv.size() * 2, cudaMemcpyHostToDevice));
         }
+        // Q as (query, head) rows: 64 / heads queries of every head per box (heads divides 64).
+        const TensorMap q_map = map_3d(q, heads, c.queries, 512, (cuuint64_t)q_stride * 2, heads, 64 / heads);
         std::vector<TensorMap> k_maps, v_maps;
         for (int i = 0; i < copies; ++i) {
             k_maps.push_back(map_rows(k + i * hk.size(), c.keys));
@@ -136,7 +142,7 @@ int main(int argc, char** argv) {  // argv[1]: run only the cases whose name con
             const bf16* vc = v + (size_t)(i % copies) * hv.size();
             kernel<<<dim3((rows + ATT_ROWS - 1) / ATT_ROWS, splits), ATT_ROWS * 2, shared_bytes, st>>>(
                 out, heads * 256, q, q_stride, kc, 256, vc, 256, kv, qv, c.queries, heads, c.keys, per_split, scale_log2, po, pml,
-                k_maps[i % copies], v_maps[i % copies]);
+                1, q_map, k_maps[i % copies], v_maps[i % copies]);
             // -DBENCH_NO_COMBINE: the split kernel alone (its time without the merge; the output
             // check then fails for several splits).
 #ifndef BENCH_NO_COMBINE
