@@ -671,11 +671,12 @@ __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, 
                 return q + (long)(row / heads) * q_stride + (row % heads) * ATT_D;
             },
             [&](int r) { return row0 + r < rows; });
-        asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
-        // The Q copies are generic-proxy writes; wgmma reads through the async proxy.
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
     }
     attw_load_chunk(k_tiles, v_tiles, valid_tiles, k_map, v_map, bars, bars + 16, key_valid, key_begin, key_end);
+    // cp.async Q rows (if any) land while the chunk's bulk copies are already queued; they are
+    // generic-proxy writes, and wgmma reads through the async proxy.
+    asm volatile("cp.async.wait_group 0;\nfence.proxy.async.shared::cta;\n" ::: "memory");
 
     float o[ATT_D / 8][4];
 #pragma unroll

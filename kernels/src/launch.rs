@@ -175,7 +175,8 @@ impl TensorMap {
     /// A bf16 matrix `[rows, 256]` (row stride `m.stride` elements) read in 64 × 64 boxes that land
     /// in shared memory with the 128-byte swizzle wgmma reads; rows past the end arrive as zeros.
     fn bf16_rows_64x64(m: &Mat, what: &str) -> Result<TensorMap> {
-        Self::encode_bf16_256(m.ptr, [m.rows as u64, 1], [(m.stride * 2) as u64, 0], [64, 1], what)
+        let row_bytes = (m.stride * 2) as u64;
+        Self::encode_bf16_256(m.ptr, [m.rows as u64, 1], [row_bytes, row_bytes * m.rows as u64], [64, 1], what)
     }
 
     /// The query rows of `q` (`[queries, heads · 256]`, row stride `q.stride`) as (query, head)
@@ -191,13 +192,11 @@ impl TensorMap {
     }
 
     /// A rank-3 map `[outer[1], outer[0], 256]` of bf16 (byte strides `strides` of the two outer
-    /// dimensions; a 1-long dimension's stride is unused) in boxes of 64 × `boxes`, 128-byte
-    /// swizzled; reads past any dimension's end arrive as zeros.
+    /// dimensions) in boxes of 64 × `boxes`, 128-byte swizzled; reads past any dimension's end
+    /// arrive as zeros.
     fn encode_bf16_256(ptr: DevPtr, outer: [u64; 2], strides: [u64; 2], boxes: [u32; 2], what: &str) -> Result<TensorMap> {
         let mut map = TensorMap::UNUSED;
         let dims = [ATTENTION_HEAD_DIM as u64, outer[0], outer[1]];
-        // The driver checks every stride, also a 1-long dimension's: give it a valid one.
-        let strides = [strides[0], if outer[1] == 1 { strides[0] * outer[0] } else { strides[1] }];
         let (boxes, element_strides) = ([64, boxes[0], boxes[1]], [1u32; 3]);
         // SAFETY: the out-pointer is a 128-byte-aligned, 128-byte map; the arrays are as long as
         // the rank (3) asks (strides: rank - 1); the driver only encodes, it reads no memory.
