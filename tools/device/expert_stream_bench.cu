@@ -17,6 +17,15 @@
 // instead of grid barriers, per-tile counters and flags: the block converting an output tile
 // waits only for that tile's K splits, and a product's block only for the tiles its A chunks
 // come from (chunk c of A is tile c of the previous output: both are 64 wide).
+// -DMLP (with -DPHASES, item 52): the layer's MLP half as its own launch, as the runtime would
+// lower it: gate/up with GeGLU in its epilogue (weights pre-tiled so a 64-column tile holds 32
+// gate and the matching 32 up columns; no split K, bf16 out), one grid barrier, then down (split
+// K, f32 sums into an output the first phase zeroes); one launch per layer with a conversion
+// kernel (standing in for the residual norm) after it, against cuBLASLt's gate/up, a GeGLU kernel
+// and down with the same stand-in.
+// -DA_TILED (with -DMLP): every A arrives already in the swizzled 64 × 64 tiles the wgmma reads
+// (the stand-in and the GeGLU epilogue write it so), one bulk copy per chunk onto its own
+// mbarrier, so a chunk's products start as soon as its A lands.
 // sm_90a only. Built and run on the GPU machine:
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a tools/device/expert_stream_bench.cu -lcublasLt -o e && ./e
 #include "wgmma_common.cuh"
@@ -42,6 +51,7 @@ struct Product {
     const __nv_bfloat16* a_bf16;  // -DPHASES: A as bf16 (the previous phase's output)
     __nv_bfloat16* out_bf16;      // -DPHASES: where the phase after this product writes bf16
     int n, k, a_stride, splits;
+    int geglu;  // epilogue: GeGLU of the tile's 32 gate and 32 up columns into out_bf16 (n / 2 wide)
 };
 __constant__ Product products[MAX_PRODUCTS];
 
@@ -49,6 +59,37 @@ __constant__ Product products[MAX_PRODUCTS];
 __global__ void pass_on(__nv_bfloat16* out, const __nv_bfloat16* in, int groups) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < groups) ((uint4*)out)[i] = ((const uint4*)in)[i];
+}
+
+// Element offset of A's (row, column) in a product's A as the next product loads it: row-major
+// `width` wide, or with -DA_TILED chunk-major swizzled 64 × 64 tiles (64 rows).
+__host__ __device__ __forceinline__ long a_offset(int r, int col, int width) {
+#ifdef A_TILED
+    return (long)(col / BK) * BN * BK + swizzled(r, (col % BK) / 8) / 2 + col % 8;
+#else
+    return (long)r * width + col;
+#endif
+}
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+}
+
+// cuBLASLt's chain (-DMLP): h = gelu(gate) · up from the gate/up product's [gate | up] columns,
+// eight per thread.
+__global__ void geglu(__nv_bfloat16* h, const __nv_bfloat16* gu, int rows, int width) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, r = i / (width / 8), c = (i % (width / 8)) * 8;
+    if (r >= rows) return;
+    const __nv_bfloat16* g = gu + (long)r * 2 * width + c;
+    __nv_bfloat16 out[8];
+    for (int e = 0; e < 8; ++e) out[e] = __float2bfloat16(gelu_tanh(__bfloat162float(g[e])) * __bfloat162float(g[width + e]));
+    *(uint4*)(h + (long)r * width + c) = *(const uint4*)out;
+}
+
+// Our chain's stand-in for the residual norm after down (-DMLP): its f32 sums as the next bf16 A.
+__global__ void to_bf16(__nv_bfloat16* out, const float* in, int rows, int width) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, r = i / (width / 8), c = (i % (width / 8)) * 8;
+    if (r < rows) *(uint4*)(out + a_offset(r, c, width)) = pack8_bf16(((const float4*)in)[2 * i], ((const float4*)in)[2 * i + 1]);
 }
 
 // The unit (column tile, K split) block `b` takes in product `p`, as chunk range [c0, c1).
@@ -84,14 +125,20 @@ __device__ __forceinline__ void grid_sync(unsigned* counter, unsigned generation
 
 // `counter`: the grid barrier's; -DFLAGS: `counter` + p · 128 + t counts the finished K splits of
 // product p's output tile t, and `counter` + (MAX_PRODUCTS + p) · 128 + t flags it converted.
-__global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int rows, unsigned* counter) {
+// Runs products [first, first + count); the grid barriers count on from `generation` (a launch
+// per layer shares one counter); `zero` (`zero_floats`, a multiple of 4) is zeroed before the
+// first barrier, for a later product's reductions.
+__global__ void __launch_bounds__(THREADS, 1)
+    stream_products(int first, int count, int rows, unsigned* counter, unsigned generation, float* zero, int zero_floats) {
     extern __shared__ __align__(1024) unsigned char shared[];
-    __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
+    __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES], a_full[MAX_A_CHUNKS];
+    unsigned a_phase = 0;  // -DA_TILED: bit c, the parity a_full[c] completes next
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const unsigned base = (smem_addr(shared) + 1023) & ~1023u;
     const unsigned ring = base, a_tiles = base + STAGES * TILE_BYTES;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) bar_init(smem_addr(&full[s]), 1), bar_init(smem_addr(&empty[s]), 4);
+        for (int c = 0; c < MAX_A_CHUNKS; ++c) bar_init(smem_addr(&a_full[c]), 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -99,7 +146,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int row
     if (warp == 4) {  // producer: every product's tiles of this block, one stream
         if (lane == 0) {
             int g = 0;
-            for (int p = 0; p < count; ++p) {
+            for (int p = first; p < first + count; ++p) {
                 const Product& pr = products[p];
                 const Unit u = unit_of(pr, blockIdx.x);
                 if (!u.active) continue;
@@ -116,10 +163,8 @@ __global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int row
     }
 
     int g = 0;
-#ifdef PHASES
-    unsigned generation = 0;
-#endif
-    for (int p = 0; p < count; ++p) {
+    for (int i = blockIdx.x * 128 + threadIdx.x; i < zero_floats / 4; i += gridDim.x * 128) ((float4*)zero)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int p = first; p < first + count; ++p) {
 #if defined(FLAGS)
         if (p > 0) {
             // This block's share of the phase: convert the previous product's tiles b, b + 128, …
@@ -141,19 +186,22 @@ __global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int row
         }
 #elif !defined(NO_GRID_SYNC)
 #ifdef PHASES
-        if (p > 0) {
-            // The phase between products: the previous output, f32 → bf16, spread over all blocks.
+        if (p > first) {
+            // The phase between products: the previous output, f32 → bf16, spread over all blocks
+            // (none after a GeGLU epilogue, which wrote bf16 itself).
             grid_sync(counter, ++generation);
             const Product& prev = products[p - 1];
+            if (!prev.geglu) {
             const int groups = rows * prev.n / 8;
             for (int i = blockIdx.x * 128 + threadIdx.x; i < groups; i += gridDim.x * 128) {
                 const float* from = prev.out + 8 * (long)i;
                 *(uint4*)(prev.out_bf16 + 8 * (long)i) = pack8_bf16(__ldcg((const float4*)from), __ldcg((const float4*)(from + 4)));
             }
             grid_sync(counter, ++generation);
+            }
         }
 #else
-        if (p > 0) grid_sync(counter, p);
+        if (p > first) grid_sync(counter, ++generation);
 #endif
 #endif
         const Product& pr = products[p];
@@ -162,7 +210,15 @@ __global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int row
         const int chunks = u.c1 - u.c0;
         // A: f32 → bf16 into swizzled tiles (rows past `rows` zero); read through L2 only (other
         // blocks wrote it in this launch).
-#if (defined(BF16_ACT) || defined(PHASES)) && !defined(NO_A_LOAD)
+#if defined(A_TILED) && !defined(NO_A_LOAD)
+        if (threadIdx.x == 0) {
+            asm volatile("fence.proxy.async;\n" ::: "memory");  // A was written by other blocks' generic stores
+            for (int c = 0; c < chunks; ++c) {
+                bar_expect(smem_addr(&a_full[c]), TILE_BYTES);
+                bulk_copy(a_tiles + c * TILE_BYTES, pr.a_bf16 + (long)(u.c0 + c) * BN * BK, TILE_BYTES, smem_addr(&a_full[c]));
+            }
+        }
+#elif (defined(BF16_ACT) || defined(PHASES)) && !defined(NO_A_LOAD)
 #ifdef FLAGS
         if (p > 0 && threadIdx.x < chunks)  // A's chunks: the previous output's converted tiles
             while (load_acquire(counter + (MAX_PRODUCTS + p - 1) * 128 + u.c0 + threadIdx.x) == 0) {
@@ -215,6 +271,9 @@ __global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int row
         for (int c = 0; c < chunks; ++c, ++g) {
             const int s = g % STAGES;
             bar_wait(smem_addr(&full[s]), (g / STAGES) & 1);
+#if defined(A_TILED) && !defined(NO_A_LOAD)
+            bar_wait(smem_addr(&a_full[c]), (a_phase >> c) & 1);
+#endif
             asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
             for (int kk = 0; kk < BK / 16; ++kk) wgmma_64x64(acc, desc(a_tiles + c * TILE_BYTES + kk * 32), desc(ring + s * TILE_BYTES + kk * 32));
             asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -222,9 +281,23 @@ __global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int row
             if (c > 0 && lane == 0) bar_arrive(smem_addr(&empty[(g - 1) % STAGES]));
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        a_phase ^= (1u << chunks) - 1;
         if (lane == 0) bar_arrive(smem_addr(&empty[(g - 1) % STAGES]));  // the ring goes on into the next product
 
         const int row0 = warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
+        if (pr.geglu) {  // accumulator columns 8j + … (j < 4) are gate, 8(j + 4) + … the matching up
+            for (int j = 0; j < 4; ++j)
+                for (int h = 0; h < 2; ++h) {
+                    const int r = row0 + 8 * h;
+                    if (r >= rows) continue;
+                    const float* gate = &acc[4 * j + 2 * h];
+                    const float* up = &acc[4 * (j + 4) + 2 * h];
+                    *(__nv_bfloat162*)(pr.out_bf16 + a_offset(r, u.tile * (BN / 2) + 8 * j + col0, pr.n / 2)) =
+                        __floats2bfloat162_rn(gelu_tanh(gate[0]) * up[0], gelu_tanh(gate[1]) * up[1]);
+                }
+            asm volatile("fence.proxy.async;\n" ::: "memory");  // the next product bulk-copies it (-DA_TILED)
+            continue;
+        }
         for (int j = 0; j < 8; ++j)
             for (int h = 0; h < 2; ++h) {
                 const int r = row0 + 8 * h;
@@ -250,7 +323,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_products(int count, int row
     }
 }
 
-int main() {
+[[maybe_unused]] static int four_products() {
     struct Shape { const char* name; int n, k, splits; };
     const Shape shapes[4] = {{"qkv", 2560, 1024, 3}, {"o", 1024, 2048, 8}, {"gate_up", 8192, 1024, 1}, {"down", 1024, 4096, 8}};
     const int rows = 50, layers = 16, blocks = 128, runs = 10;
@@ -324,7 +397,10 @@ int main() {
     for (int run = 0; run < runs; ++run) {
         for (int i = 0; i < layers * 4; ++i) CHECK(cudaMemsetAsync(outs[i], 0, (size_t)64 * prods[i].n * sizeof(Act), st));
         CHECK(cudaMemsetAsync(counter, 0, counter_bytes, st));
-        void* args[] = {&count, &rows_arg, &counter};
+        int first = 0, zero_floats = 0;
+        unsigned generation = 0;
+        float* zero = nullptr;
+        void* args[] = {&first, &count, &rows_arg, &counter, &generation, &zero, &zero_floats};
         const float ms = elapsed_ms(st, [&] { CHECK(cudaLaunchCooperativeKernel((void*)stream_products, blocks, THREADS, args, smem, st)); });
         mine_us.push_back(ms * 1000.0f / layers);
     }
@@ -407,4 +483,181 @@ int main() {
            "\"cublaslt_us_per_layer\": %.2f, \"weight_mb_per_layer\": 34.6, \"nmse_layer0_down\": %.2e}\n",
            layers, rows, STAGES, blocks, mine_us[0], mine_us[runs / 2], lt_us, err / norm);
     return 0;
+}
+
+#ifdef MLP
+// The MLP half per layer (see the header): ours as one launch, cuBLASLt as three, each followed by
+// the stand-in for the residual norm; graphs of `layers` layers, µs per layer.
+static int mlp() {
+    const int rows = 50, layers = 16, blocks = 128, runs = 10, width = 1024, hidden = 4096;
+    CHECK(cudaSetDevice(0));
+    cudaStream_t st;
+    CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    srand(1);
+    auto rnd = [] { return (float)rand() / RAND_MAX * 2.0f - 1.0f; };
+    auto upload = [](const void* host, size_t bytes) {
+        void* d;
+        CHECK(cudaMalloc(&d, bytes));
+        CHECK(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
+        return d;
+    };
+    auto zeros = [](size_t bytes) {
+        void* d;
+        CHECK(cudaMalloc(&d, bytes));
+        CHECK(cudaMemset(d, 0, bytes));
+        return d;
+    };
+    auto random_weight = [&](int n, int k) {
+        std::vector<__nv_bfloat16> w((size_t)n * k);
+        const float scale = sqrtf(3.0f / k);
+        for (auto& v : w) v = __float2bfloat16(rnd() * scale);
+        return w;
+    };
+    std::vector<__nv_bfloat16> input(64 * width, __float2bfloat16(0.0f));
+    for (int i = 0; i < rows * width; ++i) input[i] = __float2bfloat16(rnd());
+
+    // Per layer: gate/up plain ([gate; up], cuBLASLt) and pre-tiled with 32 gate and 32 up rows per
+    // 64-row tile (ours); down both ways. Activations per chain: A of each layer's gate/up (layer
+    // 0's the input), h, down's output.
+    std::vector<Product> prods;
+    std::vector<__nv_bfloat16*> gu_plain(layers), down_plain(layers), x_ours(layers + 1), x_lt(layers + 1), h_ours(layers), h_lt(layers),
+        gu_lt(layers), down_lt(layers);
+    std::vector<float*> down_ours(layers);
+#ifdef A_TILED
+    const auto input_tiled = pretile(input, 64, width);
+    x_ours[0] = (__nv_bfloat16*)upload(input_tiled.data(), input_tiled.size() * 2);
+#else
+    x_ours[0] = (__nv_bfloat16*)upload(input.data(), input.size() * 2);
+#endif
+    x_lt[0] = (__nv_bfloat16*)upload(input.data(), input.size() * 2);
+    for (int l = 0; l < layers; ++l) {
+        const auto gu = random_weight(2 * hidden, width), down = random_weight(width, hidden);
+        std::vector<__nv_bfloat16> paired(gu.size());
+        for (int t = 0; t < 2 * hidden / BN; ++t)
+            for (int j = 0; j < BN; ++j) {
+                const int from = j < BN / 2 ? t * (BN / 2) + j : hidden + t * (BN / 2) + j - BN / 2;
+                memcpy(&paired[((size_t)t * BN + j) * width], &gu[(size_t)from * width], width * 2);
+            }
+        gu_plain[l] = (__nv_bfloat16*)upload(gu.data(), gu.size() * 2);
+        down_plain[l] = (__nv_bfloat16*)upload(down.data(), down.size() * 2);
+        const auto gu_tiled = pretile(paired, 2 * hidden, width), down_tiled = pretile(down, width, hidden);
+        auto* gu_t = (__nv_bfloat16*)upload(gu_tiled.data(), gu_tiled.size() * 2);
+        auto* down_t = (__nv_bfloat16*)upload(down_tiled.data(), down_tiled.size() * 2);
+        h_ours[l] = (__nv_bfloat16*)zeros((size_t)64 * hidden * 2);
+        h_lt[l] = (__nv_bfloat16*)zeros((size_t)64 * hidden * 2);
+        gu_lt[l] = (__nv_bfloat16*)zeros((size_t)64 * 2 * hidden * 2);
+        down_lt[l] = (__nv_bfloat16*)zeros((size_t)64 * width * 2);
+        down_ours[l] = (float*)zeros((size_t)64 * width * 4);
+        x_ours[l + 1] = (__nv_bfloat16*)zeros((size_t)64 * width * 2);
+        x_lt[l + 1] = (__nv_bfloat16*)zeros((size_t)64 * width * 2);
+        prods.push_back({gu_t, nullptr, nullptr, x_ours[l], h_ours[l], 2 * hidden, width, width, 1, 1});
+        prods.push_back({down_t, nullptr, down_ours[l], h_ours[l], nullptr, width, hidden, hidden, 8, 0});
+    }
+    CHECK(cudaMemcpyToSymbol(products, prods.data(), prods.size() * sizeof(Product)));
+    unsigned* counter = (unsigned*)zeros(4);
+    const size_t smem = 1024 + (STAGES + MAX_A_CHUNKS) * TILE_BYTES;
+    CHECK(cudaFuncSetAttribute(stream_products, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+
+    // Ours: layer l's launch meets at barrier generation l + 1 of the shared counter.
+    auto ours = [&](int count) {
+        CHECK(cudaMemsetAsync(counter, 0, 4, st));
+        for (int l = 0; l < count; ++l) {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = blocks, cfg.blockDim = THREADS, cfg.dynamicSmemBytes = smem, cfg.stream = st;
+            cudaLaunchAttribute coop;
+            coop.id = cudaLaunchAttributeCooperative, coop.val.cooperative = 1;
+            cfg.attrs = &coop, cfg.numAttrs = 1;
+            CHECK(cudaLaunchKernelEx(&cfg, stream_products, 2 * l, 2, rows, counter, (unsigned)l, down_ours[l], 64 * width));
+            to_bf16<<<(rows * width / 8 + 255) / 256, 256, 0, st>>>(x_ours[l + 1], down_ours[l], rows, width);
+        }
+    };
+
+    cublasLtHandle_t lt;
+    CHECK_LT(cublasLtCreate(&lt));
+    void* workspace;
+    const size_t ws = 32 << 20;
+    CHECK(cudaMalloc(&workspace, ws));
+    cublasLtMatmulDesc_t op;
+    CHECK_LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t t = CUBLAS_OP_T;
+    CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t));
+    cublasLtMatmulPreference_t pref;
+    CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
+    CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    const float one = 1.0f, zero = 0.0f;
+    struct Lt { cublasLtMatrixLayout_t la, lb, ld; cublasLtMatmulHeuristicResult_t heur[8]; int found, best; };
+    Lt lts[2];
+    const int ns[2] = {2 * hidden, width}, ks[2] = {width, hidden};
+    for (int s = 0; s < 2; ++s) {
+        CHECK_LT(cublasLtMatrixLayoutCreate(&lts[s].la, CUDA_R_16BF, ks[s], ns[s], ks[s]));
+        CHECK_LT(cublasLtMatrixLayoutCreate(&lts[s].lb, CUDA_R_16BF, ks[s], rows, ks[s]));
+        CHECK_LT(cublasLtMatrixLayoutCreate(&lts[s].ld, CUDA_R_16BF, ns[s], rows, ns[s]));
+        CHECK_LT(cublasLtMatmulAlgoGetHeuristic(lt, op, lts[s].la, lts[s].lb, lts[s].ld, lts[s].ld, pref, 8, lts[s].heur, &lts[s].found));
+        lts[s].best = 0;
+    }
+    auto cublaslt = [&](int count) {
+        for (int l = 0; l < count; ++l) {
+            CHECK_LT(cublasLtMatmul(lt, op, &one, gu_plain[l], lts[0].la, x_lt[l], lts[0].lb, &zero, gu_lt[l], lts[0].ld, gu_lt[l], lts[0].ld,
+                                    &lts[0].heur[lts[0].best].algo, workspace, ws, st));
+            geglu<<<(rows * hidden / 8 + 255) / 256, 256, 0, st>>>(h_lt[l], gu_lt[l], rows, hidden);
+            CHECK_LT(cublasLtMatmul(lt, op, &one, down_plain[l], lts[1].la, h_lt[l], lts[1].lb, &zero, down_lt[l], lts[1].ld, down_lt[l],
+                                    lts[1].ld, &lts[1].heur[lts[1].best].algo, workspace, ws, st));
+            pass_on<<<(rows * width / 8 + 255) / 256, 256, 0, st>>>(x_lt[l + 1], down_lt[l], rows * width / 8);
+        }
+    };
+    auto per_layer_us = [&](auto chain) {
+        const auto ms = graph_replay_ms(st, runs, [&] { chain(layers); });
+        return std::make_pair(ms[0] * 1000.0f / layers, ms[runs / 2] * 1000.0f / layers);
+    };
+    for (int s = 0; s < 2; ++s) {  // each shape's fastest heuristic algorithm in the chain
+        float best = 1e9f;
+        int best_h = 0;
+        for (int h = 0; h < lts[s].found; ++h) {
+            lts[s].best = h;
+            const float us = per_layer_us(cublaslt).first;
+            if (us < best) best = us, best_h = h;
+        }
+        lts[s].best = best_h;
+    }
+    const auto lt_us = per_layer_us(cublaslt);
+    const auto ours_us = per_layer_us(ours);
+
+    // Check layer 0: h and down's output, ours against cuBLASLt's.
+    ours(1);
+    cublaslt(1);
+    CHECK(cudaStreamSynchronize(st));
+    // Ours against cuBLASLt's, `n` = rows × `cols` values; ours bf16 as the next product loads it.
+    auto nmse = [&](const void* mine, bool mine_f32, const __nv_bfloat16* ref, int cols) {
+        const int n = rows * cols;
+        std::vector<float> a(n);
+        std::vector<__nv_bfloat16> b(n), ab((size_t)64 * cols);
+        if (mine_f32)
+            CHECK(cudaMemcpy(a.data(), mine, n * 4, cudaMemcpyDeviceToHost));
+        else {
+            CHECK(cudaMemcpy(ab.data(), mine, ab.size() * 2, cudaMemcpyDeviceToHost));
+            for (int i = 0; i < n; ++i) a[i] = __bfloat162float(ab[a_offset(i / cols, i % cols, cols)]);
+        }
+        CHECK(cudaMemcpy(b.data(), ref, n * 2, cudaMemcpyDeviceToHost));
+        double err = 0, norm = 0;
+        for (int i = 0; i < n; ++i) {
+            const double r = __bfloat162float(b[i]);
+            err += (r - a[i]) * (r - a[i]), norm += r * r;
+        }
+        return err / norm;
+    };
+    printf("{\"mode\": \"mlp\", \"layers\": %d, \"rows\": %d, \"stages\": %d, \"blocks\": %d, "
+           "\"ours_us_per_layer\": {\"min\": %.2f, \"median\": %.2f}, \"cublaslt_us_per_layer\": {\"min\": %.2f, \"median\": %.2f}, "
+           "\"weight_mb_per_layer\": 25.2, \"nmse_layer0_h\": %.2e, \"nmse_layer0_down\": %.2e}\n",
+           layers, rows, STAGES, blocks, ours_us.first, ours_us.second, lt_us.first, lt_us.second, nmse(h_ours[0], false, h_lt[0], hidden),
+           nmse(down_ours[0], true, down_lt[0], width));
+    return 0;
+}
+#endif
+
+int main() {
+#ifdef MLP
+    return mlp();
+#else
+    return four_products();
+#endif
 }
