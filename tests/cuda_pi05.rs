@@ -337,6 +337,29 @@ fn elementwise_case(seed: u64) -> Case {
     c
 }
 
+/// The expert's MLP: gate/up product, GeGLU, down product (f32 out, as the residual reads it).
+/// On sm_90a the CUDA backend runs it as one streamed launch (`mlp_stream_wgmma`); seed 2 takes
+/// Pi0.5's own shape.
+fn mlp_case(seed: u64) -> Case {
+    let mut c = Case::new(String::new(), seed);
+    let (rows, width, hidden) = if seed == 2 {
+        (50, 1024, 4096)
+    } else {
+        (c.rng.random_range(1..=64), 64 * c.rng.random_range(1..=16), 64 * c.rng.random_range(1..=32))
+    };
+    c.name = format!("mlp (gate/up, gelu_tanh_mul, down) {rows}x{width}, hidden {hidden}");
+    let a = c.input("a", rows, width);
+    let (w_gate_up, w_down) = (c.matrix_weight(2 * hidden, width), c.matrix_weight(width, hidden));
+    let (gate_up, h, out) =
+        (c.plan.matrix("gate_up", rows, 2 * hidden), c.plan.matrix("hidden", rows, hidden), c.plan.matrix("out", rows, width));
+    c.plan.push(Op::Gemm { a, w: w_gate_up, bias: None, out: gate_up, accumulate: false });
+    c.plan.push(Op::GeluTanhMul { gate_up, out: h });
+    c.plan.push(Op::Gemm { a: h, w: w_down, bias: None, out, accumulate: false });
+    c.check(h);
+    c.check(out);
+    c
+}
+
 fn embed_case(seed: u64, ckpt_dir: &Path) -> (Case, Arc<Checkpoint>) {
     let mut c = Case::new(String::new(), seed);
     let (vocab, width, rows) = (c.rng.random_range(8..600), c.rng.random_range(1..64) * 8, c.rng.random_range(1..200));
@@ -500,6 +523,7 @@ fn every_op_matches_cpu() {
             (norm_case(seed, 2), dummy.clone()),
             (residual_case(seed), dummy.clone()),
             (elementwise_case(seed), dummy.clone()),
+            (mlp_case(seed), dummy.clone()),
             (attention_case(seed), dummy.clone()),
             (image_case(seed), dummy.clone()),
         ];

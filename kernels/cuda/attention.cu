@@ -534,41 +534,20 @@ FOR_TYPE(ATTENTION_MQ256, attention_mq256)
 
 // Byte offset of 16-byte piece `c` (0-31 along the 256 of d) of row `r` of a 64-row operand.
 __device__ __forceinline__ unsigned attw_offset(int r, int c) {
-    return (c >> 3) * ATTW_TILE_BYTES + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+    return (c >> 3) * ATTW_TILE_BYTES + swizzle128(r, c & 7);
 }
 
-// Shared-memory matrix descriptor with the 128-byte swizzle: start, leading and stride byte offsets.
-__device__ __forceinline__ unsigned long long attw_desc(unsigned addr, unsigned lbo, unsigned sbo) {
-    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
-           ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
-}
 
-#define ATTW_D32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define ATTW_D32_OPERANDS(d)                                                                                          \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),       \
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),        \
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),       \
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
 
-// d (64 × 64 f32, accumulated) += A B over 16 of k: A and B K-major in shared memory.
-__device__ __forceinline__ void attw_mma_ss(float* d, unsigned long long a, unsigned long long b) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " ATTW_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : ATTW_D32_OPERANDS(d)
-                 : "l"(a), "l"(b));
-}
 // The same with A from registers (mma.sync's A fragment per warp) and B N-major in shared memory.
 __device__ __forceinline__ void attw_mma_rs(float* d, const unsigned* a, unsigned long long b) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " ATTW_D32
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D32
                  ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                 : ATTW_D32_OPERANDS(d)
+                 : WG_D32_OPERANDS(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
-__device__ __forceinline__ void attw_copy16(unsigned dst, const void* global, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(valid ? 16 : 0));
-}
 
 // Queues the copy of one 64-row operand (64 rows × 256 bf16) into its swizzled tiles: row r comes
 // from `row_of(r)`, or is zeros where `valid_row(r)` is false. Each thread copies the 16-byte
@@ -584,23 +563,10 @@ __device__ __forceinline__ void attw_copy_operand(unsigned tile, RowOf row_of, V
         const bf16* src = row_of(r);
         const bool valid = valid_row(r);
 #pragma unroll
-        for (int half = 0; half < 32; half += 16) attw_copy16(tile + attw_offset(r, c + half), src + (c + half) * 8, valid);
+        for (int half = 0; half < 32; half += 16) cp_async16(tile + attw_offset(r, c + half), src + (c + half) * 8, valid);
     }
 }
 
-// Transaction barriers (mbarrier) in shared memory, for the bulk tensor copies.
-__device__ __forceinline__ void attw_barrier_init(unsigned bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
-}
-// Waits until the barrier's phase `parity` has completed (its copies have landed).
-__device__ __forceinline__ void attw_barrier_wait(unsigned bar, unsigned parity) {
-    asm volatile(
-        "{\n.reg .pred done;\nwait:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra wait;\n}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
 
 // One thread queues the bulk tensor copies of one 64-row operand of 256 (four boxes of 64 columns
 // at outer coordinates (y, z) of the map, landing in wgmma's 128-byte swizzle: the map says so)
@@ -653,7 +619,7 @@ __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, 
     const int key_begin = blockIdx.y * keys_per_split, key_end = min(keys, key_begin + keys_per_split);
 
     if (threadIdx.x == 0) {
-        for (int i = 0; i < 4; ++i) attw_barrier_init(bars + 8 * i);
+        for (int i = 0; i < 4; ++i) mbarrier_init(bars + 8 * i, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -693,7 +659,7 @@ __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, 
                             bars + 16 + 8 * (buf ^ 1), key_valid, c0 + ATT_KEYS, key_end);
         }
         __syncthreads();  // every thread's cp.async Q rows (first chunk) and validity writes are visible
-        attw_barrier_wait(bars + 8 * buf, parity);
+        mbarrier_wait(bars + 8 * buf, parity);
         const unsigned k_tile = k_tiles + buf * ATTW_OPERAND_BYTES, v_tile = v_tiles + buf * ATTW_OPERAND_BYTES;
 
         float s[ATT_KEYS / 8][4];
@@ -705,7 +671,7 @@ __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, 
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
                 const unsigned at = kb * ATTW_TILE_BYTES + kk * 32;
-                attw_mma_ss(&s[0][0], attw_desc(q_tile + at, 16, 1024), attw_desc(k_tile + at, 16, 1024));
+                wg_mma_ss(&s[0][0], wg_desc(q_tile + at, 16, 1024), wg_desc(k_tile + at, 16, 1024));
             }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
@@ -714,13 +680,13 @@ __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, 
         unsigned p[ATT_KEYS / 16][4];
         att_chunk_softmax(s, valid_tiles + buf * ATT_KEYS, scale_log2, m, l, correction, p);
         att_rescale(o, correction);
-        attw_barrier_wait(bars + 16 + 8 * buf, parity);
+        mbarrier_wait(bars + 16 + 8 * buf, parity);
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
         for (int kk = 0; kk < ATT_KEYS / 16; ++kk)
 #pragma unroll
             for (int nb = 0; nb < 4; ++nb)
-                attw_mma_rs(&o[8 * nb][0], p[kk], attw_desc(v_tile + nb * ATTW_TILE_BYTES + kk * 2048, ATTW_V_LBO, ATTW_V_SBO));
+                attw_mma_rs(&o[8 * nb][0], p[kk], wg_desc(v_tile + nb * ATTW_TILE_BYTES + kk * 2048, ATTW_V_LBO, ATTW_V_SBO));
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         __syncthreads();  // this chunk's buffers may be refilled

@@ -89,3 +89,50 @@ __device__ __forceinline__ void store8(float* p, const float* v) {
 #define FOR_TYPE(KERNEL, NAME)  \
     KERNEL(NAME##_f32, float)   \
     KERNEL(NAME##_bf16, bf16)
+
+// ---- Hopper (sm_90a) building blocks: the warpgroup MMA kernels' (attention.cu, mlp.cu) --------
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Byte offset of 16-byte piece `piece` (0-7) of row `r` in a 64 × 64 bf16 tile in the 128-byte
+// swizzle wgmma reads (and bulk tensor copies write): the piece index XOR the row within its 8.
+__host__ __device__ __forceinline__ unsigned swizzle128(int r, int piece) { return r * 128 + ((piece ^ (r & 7)) << 4); }
+
+// Shared-memory matrix descriptor with the 128-byte swizzle: start, leading and stride byte offsets.
+__device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+           ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+#define WG_D32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WG_D32_OPERANDS(d)                                                                                            \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),       \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),        \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),       \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+
+// d (64 × 64 f32, accumulated) += A B over 16 of k: A and B K-major in shared memory.
+__device__ __forceinline__ void wg_mma_ss(float* d, unsigned long long a, unsigned long long b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : WG_D32_OPERANDS(d)
+                 : "l"(a), "l"(b));
+}
+
+// 16 bytes global → shared, asynchronous; zeros when `valid` is false.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* global, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(valid ? 16 : 0));
+}
+
+// Transaction barriers (mbarrier) in shared memory: `count` arrivals complete a phase.
+__device__ __forceinline__ void mbarrier_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Waits until the barrier's phase `parity` has completed.
+__device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nwait:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+#endif

@@ -17,11 +17,12 @@ pub struct Source {
 /// Included by every source as `common.cuh` (handed to NVRTC as an in-memory header).
 pub const COMMON_HEADER: &str = include_str!("../cuda/common.cuh");
 
-pub const SOURCES: [Source; 4] = [
+pub const SOURCES: [Source; 5] = [
     Source { name: "norm", code: include_str!("../cuda/norm.cu") },
     Source { name: "elementwise", code: include_str!("../cuda/elementwise.cu") },
     Source { name: "attention", code: include_str!("../cuda/attention.cu") },
     Source { name: "image", code: include_str!("../cuda/image.cu") },
+    Source { name: "mlp", code: include_str!("../cuda/mlp.cu") },
 ];
 
 /// A compiled module for one architecture.

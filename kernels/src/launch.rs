@@ -221,6 +221,12 @@ impl TensorMap {
     }
 }
 
+/// Dynamic shared memory of `mlp_stream_wgmma` (mlp.cu: MLP_SHARED_BYTES): alignment slack, eight
+/// weight stages and sixteen 64-column chunks of A, 8 KB each.
+const MLP_SHARED_BYTES: u32 = 1024 + (8 + 16) * 8192;
+/// Most 64-column chunks of A a block of `mlp_stream_wgmma` holds (MLP_A_CHUNKS).
+const MLP_A_CHUNKS: usize = 16;
+
 const IN_OUT: [&str; 5] = ["layer_norm", "rms_norm", "gated_residual_rms_norm", "copy", "gelu_tanh_mul"];
 const TYPED: [&str; 9] = [
     "gated_residual",
@@ -259,6 +265,9 @@ pub fn kernel_names(arch: &str) -> Vec<String> {
             names.push(format!("{base}_{t}"));
         }
     }
+    if has_wgmma(arch) {
+        names.extend(["mlp_stream_wgmma".to_string(), "retile_weight".to_string()]);
+    }
     names
 }
 
@@ -284,6 +293,8 @@ pub struct Kernels {
     /// or, on sm_90a, `attention_mq256_wgmma`), and its dynamic shared memory.
     attention_kernel: &'static str,
     attention_shared_bytes: u32,
+    /// Whether `mlp_stream_wgmma` is loaded (sm_90a) and granted its shared memory.
+    mlp_stream: bool,
 }
 
 // SAFETY: module and function handles are plain driver handles, valid in any thread that makes
@@ -305,6 +316,7 @@ impl Kernels {
             fused_attention: true,
             attention_kernel,
             attention_shared_bytes,
+            mlp_stream: false,
         };
         for cubin in cubins {
             // SAFETY: `image` is a complete cubin produced by NVRTC (or read back from the cache);
@@ -323,6 +335,12 @@ impl Kernels {
             kernels.functions.push((name, f));
         }
         kernels.functions.sort_by(|a, b| a.0.cmp(&b.0));
+        if has_wgmma(arch) {
+            let f = kernels.function("mlp_stream_wgmma")?;
+            let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            // SAFETY: `f` is a resolved function of a loaded module; the value is a byte count.
+            kernels.mlp_stream = unsafe { sys::cuFuncSetAttribute(f, attr, MLP_SHARED_BYTES as i32) }.result().is_ok();
+        }
         for (base, bytes) in [(kernels.attention_kernel, kernels.attention_shared_bytes), ("attention_mh72", VISION_SHARED_BYTES)] {
             for dtype in ["bf16", "f32"] {
                 let f = kernels.function(&format!("{base}_{dtype}"))?;
@@ -842,6 +860,124 @@ impl Kernels {
         self.fused_attention
     }
 
+    /// The K split of the down product when [`Kernels::mlp_stream`] runs an MLP of `rows` rows,
+    /// `width` features and `hidden` GeGLU features on this device (`multiprocessors` SMs), or
+    /// `None` when it cannot: not sm_90a, more than 64 rows, widths not whole 64-column tiles, A
+    /// chunks past what a block holds, or more blocks (hidden / 32, one per SM) than SMs. The
+    /// split is the largest that gives down no more units than there are blocks.
+    pub fn mlp_stream_splits(&self, rows: usize, width: usize, hidden: usize, multiprocessors: usize) -> Option<usize> {
+        let (width_chunks, hidden_chunks, blocks) = (width / 64, hidden / 64, hidden / 32);
+        if !self.mlp_stream
+            || !(1..=64).contains(&rows)
+            || width % 64 != 0
+            || hidden % 64 != 0
+            || !(1..=MLP_A_CHUNKS).contains(&width_chunks)
+            || blocks > multiprocessors
+        {
+            return None;
+        }
+        (1..=hidden_chunks).rev().find(|&s| hidden_chunks % s == 0 && width_chunks * s <= blocks && hidden_chunks / s <= MLP_A_CHUNKS)
+    }
+
+    /// The few-row MLP `out = (gelu(a · w_gateᵀ) ⊙ (a · w_upᵀ)) · w_downᵀ` in one cooperative
+    /// launch (mlp.cu), `hidden` receiving the GeGLU output (bf16) and `out` (f32) overwritten.
+    /// The weights must be tiled by [`Kernels::retile_weight`] (gate/up paired); `barrier` is a
+    /// device word no concurrent launch uses.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    #[allow(clippy::too_many_arguments)] // the op's operands and shape, one to one
+    pub unsafe fn mlp_stream(
+        &self,
+        out: Mat,
+        hidden: Mat,
+        a: Mat,
+        w_gate_up: DevPtr,
+        w_down: DevPtr,
+        barrier: DevPtr,
+        multiprocessors: usize,
+        stream: CUstream,
+    ) -> Result<()> {
+        let what = "mlp_stream_wgmma";
+        let (rows, width, hid) = (a.rows, a.cols, hidden.cols);
+        let splits = self.mlp_stream_splits(rows, width, hid, multiprocessors);
+        let aligned = |m: &Mat, bytes: u64| m.ptr % 16 == 0 && (m.stride as u64 * m.dtype.size() as u64) % bytes == 0;
+        let Some(splits) = splits.filter(|_| {
+            (a.dtype, hidden.dtype, out.dtype) == (Dtype::Bf16, Dtype::Bf16, Dtype::F32)
+                && (hidden.rows, out.rows, out.cols) == (rows, rows, width)
+                && aligned(&a, 16)
+                && aligned(&hidden, 16)
+                && aligned(&out, 16)
+                && barrier % 4 == 0
+        }) else {
+            return Err(shape_error(
+                what,
+                format!(
+                    "needs bf16 a [1-64 rows, 64·(1-16)], bf16 hidden [rows, 64·n], f32 out [rows, a's width], 16-byte aligned rows, \
+                     sm_90a with hidden / 32 ≤ {multiprocessors} SMs; got a {}x{} {:?}, hidden {}x{} {:?}, out {}x{} {:?}",
+                    a.rows, a.cols, a.dtype, hidden.rows, hidden.cols, hidden.dtype, out.rows, out.cols, out.dtype
+                ),
+            ));
+        };
+        let f = self.function(what)?;
+        let args = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, what)?),
+            Arg::P(hidden.ptr),
+            Arg::I(i32_of(hidden.stride, what)?),
+            Arg::P(a.ptr),
+            Arg::I(i32_of(a.stride, what)?),
+            Arg::P(w_gate_up),
+            Arg::P(w_down),
+            Arg::I(rows as i32),
+            Arg::I(width as i32),
+            Arg::I(i32_of(hid, what)?),
+            Arg::I(splits as i32),
+            Arg::P(barrier),
+        ];
+        let mut params: Vec<*mut c_void> = args.iter().map(|a| a.as_param()).collect();
+        // Cooperative: the blocks meet at a grid barrier, so all must be resident at once.
+        // SAFETY: the attribute value is a plain C union; all-zero bytes are a valid value.
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.cooperative = 1;
+        let mut cooperative = sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE, pad: [0; 4], value };
+        let config = sys::CUlaunchConfig {
+            gridDimX: (hid / 32) as u32,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: 160,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: MLP_SHARED_BYTES,
+            hStream: stream,
+            attrs: &mut cooperative,
+            numAttrs: 1,
+        };
+        // SAFETY: `params` points into `args`, alive until the driver has copied them; the
+        // arguments match `mlp_stream_wgmma`'s signature; the config's attribute outlives the call.
+        unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .map_err(|e| KernelError::cuda(format!("launching {what}"), e))
+    }
+
+    /// Copies the row-major bf16 weight `src` (`[n, k]`) into `out` as [`Kernels::mlp_stream`]
+    /// reads it: 64 × 64 swizzled tiles, with `paired_half` > 0 each tile's rows 32-63 the rows
+    /// `paired_half` below its rows 0-31 (gate/up).
+    ///
+    /// # Safety
+    /// `out` and `src` must be live, disjoint device memory of `n · k` bf16.
+    pub unsafe fn retile_weight(&self, out: DevPtr, src: DevPtr, n: usize, k: usize, paired_half: usize, stream: CUstream) -> Result<()> {
+        let what = "retile_weight";
+        let rows_ok = if paired_half > 0 { n == 2 * paired_half && paired_half % 32 == 0 } else { n % 64 == 0 };
+        if !rows_ok || k == 0 || k % 64 != 0 || out % 16 != 0 || src % 16 != 0 {
+            return Err(shape_error(what, format!("{n}x{k} (paired half {paired_half}) is not whole 64 x 64 tiles")));
+        }
+        let pieces = n * k / 8;
+        let args = [Arg::P(out), Arg::P(src), Arg::I(i32_of(n, what)?), Arg::I(i32_of(k, what)?), Arg::I(i32_of(paired_half, what)?)];
+        // SAFETY: matches `retile_weight` in mlp.cu: one thread per 16-byte piece.
+        unsafe { self.launch(what, (pieces.div_ceil(256) as u32, 1, 1), 256, stream, args) }
+    }
+
     /// How to split `keys` for `rows` (query × head) rows so that about `target_blocks` blocks
     /// run; few rows (the action tokens) take several splits. Scratch sizing at open and the
     /// lowering both ask here.
@@ -1060,13 +1196,20 @@ mod tests {
     }
 
     #[test]
-    fn the_wgmma_attention_is_asked_for_on_sm_90a_only() {
-        let wgmma = |arch: &str| kernel_names(arch).iter().filter(|n| n.starts_with("attention_mq256_wgmma")).count();
-        assert_eq!(wgmma("sm_90a"), 2);
+    fn the_wgmma_kernels_are_asked_for_on_sm_90a_only() {
+        let wgmma = |arch: &str| {
+            kernel_names(arch)
+                .iter()
+                .filter(|n| n.starts_with("attention_mq256_wgmma") || n.starts_with("mlp_stream") || *n == "retile_weight")
+                .count()
+        };
+        assert_eq!(wgmma("sm_90a"), 4);
         for arch in ["sm_87", "sm_90", "sm_110"] {
             assert_eq!(wgmma(arch), 0, "{arch}");
         }
-        assert_eq!(kernel_names("sm_90a").len(), kernel_names("sm_90").len() + 2);
+        assert_eq!(kernel_names("sm_90a").len(), kernel_names("sm_90").len() + 4);
+        // MLP_SHARED_BYTES in mlp.cu: 1024 + (8 + 16) · 8 KB.
+        assert_eq!(MLP_SHARED_BYTES, 197_632);
         // ATTW_SHARED_BYTES in attention.cu: 1024 + 5 · 32 KB + 2 · 64 · 4 + 4 · 8.
         assert_eq!(ATTENTION_WGMMA_SHARED_BYTES, 165_408);
         assert_eq!(crate::device_arch(9, 0, true), "sm_90a");

@@ -164,6 +164,17 @@ enum Step {
         out: Mat,
         gate_up: Mat,
     },
+    /// A few-row MLP (gate/up product, GeGLU, down product) in one launch (see
+    /// `Kernels::mlp_stream`), its weights tiled at open.
+    StreamedMlp {
+        out: Mat,
+        hidden: Mat,
+        a: Mat,
+        w_gate_up: DevPtr,
+        w_down: DevPtr,
+        barrier: DevPtr,
+        multiprocessors: usize,
+    },
     Embed {
         out: Mat,
         tokens: DevPtr,
@@ -324,6 +335,8 @@ struct Scratch {
     attention_o: DevPtr,
     attention_ml: DevPtr,
     workspace: DevPtr,
+    /// The grid barrier word of this stream's streamed MLPs (one runs at a time per stream).
+    grid_barrier: DevPtr,
 }
 
 /// Element counts of one stream's [`Scratch`] regions: the largest use among its ops.
@@ -412,6 +425,9 @@ pub struct CudaBackend {
     events: Vec<Event>,
     arena: DeviceMemory,
     weights: DeviceMemory,
+    /// Tiled copies of weights the streamed MLPs share with cuBLASLt products (see
+    /// [`mlp_weight_tiling`]).
+    tiled_weights: Option<DeviceMemory>,
     /// Declared last: dropped after every resource that lives in the context.
     ctx: Context,
 }
@@ -479,6 +495,16 @@ impl CudaBackend {
         // Concurrent phases take the second stream (FRT_NO_OVERLAP=1: everything on one stream).
         let op_lanes: Vec<usize> =
             if env_flag("FRT_NO_OVERLAP") { vec![0; plan.ops.len()] } else { plan.concurrent_ops().into_iter().map(usize::from).collect() };
+        // The expert's MLPs as one launch each where the device runs it (FRT_NO_FUSED_MLP=1: off).
+        let mlps = if env_flag("FRT_NO_FUSED_MLP") {
+            Vec::new()
+        } else {
+            // Not on the second stream: beside the prefix's products its launches would wait for
+            // every SM at once (bench/NOTES.md item 52).
+            fused_mlps(&plan, &elems, |first, rows, width, hidden| {
+                op_lanes[first] == 0 && kernels.mlp_stream_splits(rows, width, hidden, multiprocessors).is_some()
+            })
+        };
         let mut sizes = [ScratchSizes::default(); LANES];
         for (op, &lane) in plan.ops.iter().zip(&op_lanes) {
             let size = &mut sizes[lane];
@@ -507,7 +533,7 @@ impl CudaBackend {
         let half = head_dim / 2;
         // A second stream with no ops gets no scratch (only the cuBLASLt workspace is unsized).
         let used_lanes = op_lanes.iter().max().map_or(1, |l| l + 1);
-        let scratch_at: Vec<[usize; 6]> = sizes[..used_lanes]
+        let scratch_at: Vec<[usize; 7]> = sizes[..used_lanes]
             .iter()
             .map(|size| {
                 [
@@ -517,6 +543,7 @@ impl CudaBackend {
                     layout.take(size.attention_o * 4),
                     layout.take(size.attention_ml * 4),
                     layout.take(WORKSPACE_BYTES),
+                    layout.take(4),
                 ]
             })
             .collect();
@@ -542,6 +569,7 @@ impl CudaBackend {
                 attention_o: at(o[3]),
                 attention_ml: at(o[4]),
                 workspace: at(o[5]),
+                grid_barrier: at(o[6]),
             })
             .collect();
         let rope = (at(rope_at[0]), at(rope_at[1]));
@@ -576,6 +604,7 @@ impl CudaBackend {
         }
 
         let uploaded = upload_weights(&plan, weights, &checkpoint, &elems, stream.0)?;
+        let (tiled_memory, tiled) = retile_mlp_weights(&kernels, &plan, &mlps, &uploaded.ptrs, stream.0)?;
         if let Some(board) = board {
             let used = (uploaded.memory.bytes + arena.bytes) as u64;
             if let Some(warning) = board.budget_warning(used, ctx.total_memory()? as u64) {
@@ -605,6 +634,7 @@ impl CudaBackend {
             events: Vec::new(),
             arena,
             weights: uploaded.memory,
+            tiled_weights: tiled_memory,
             ctx,
             plan,
         };
@@ -618,6 +648,8 @@ impl CudaBackend {
             lane: 0,
             fused_attention,
             multiprocessors,
+            mlps: &mlps,
+            tiled: &tiled,
             steps: Vec::new(),
             step_lanes: Vec::new(),
             step_accesses: Vec::new(),
@@ -651,7 +683,7 @@ impl CudaBackend {
             backend.steps.len(),
             backend.matmuls.len(),
             started.elapsed(),
-            backend.weights.bytes as f64 / (1 << 20) as f64,
+            backend.weight_bytes() as f64 / (1 << 20) as f64,
             backend.arena.bytes as f64 / (1 << 20) as f64
         );
         backend.profile = std::env::var_os("FRT_PROFILE").map(PathBuf::from);
@@ -784,6 +816,11 @@ impl CudaBackend {
         std::fs::write(path, serde_json::to_string_pretty(&json).expect("json")).map_err(|source| Error::Io { path: path.into(), source })
     }
 
+    /// Device memory of the weights, tiled copies included.
+    fn weight_bytes(&self) -> usize {
+        self.weights.bytes + self.tiled_weights.as_ref().map_or(0, |m| m.bytes)
+    }
+
     /// A step's kernel (or cuBLASLt product shape), for the profile.
     fn step_kind(&self, step: &Step) -> String {
         match step {
@@ -799,6 +836,7 @@ impl CudaBackend {
             Step::GatedResidualRmsNorm { .. } => "gated_residual_rms_norm".into(),
             Step::GeluTanh { .. } => "gelu_tanh".into(),
             Step::GeluTanhMul { .. } => "gelu_tanh_mul".into(),
+            Step::StreamedMlp { .. } => "mlp_stream".into(),
             Step::Embed { .. } => "embed".into(),
             Step::Positions { .. } => "positions".into(),
             Step::Rope(_) => "rope_qkv".into(),
@@ -922,6 +960,9 @@ impl CudaBackend {
                 Step::GatedResidualRmsNorm { out, x, y, gate, norm, eps } => k.gated_residual_rms_norm(out, x, y, gate, norm, eps, s),
                 Step::GeluTanh { x } => k.gelu_tanh(x, s),
                 Step::GeluTanhMul { out, gate_up } => k.gelu_tanh_mul(out, gate_up, s),
+                Step::StreamedMlp { out, hidden, a, w_gate_up, w_down, barrier, multiprocessors } => {
+                    k.mlp_stream(out, hidden, a, w_gate_up, w_down, barrier, multiprocessors, s)
+                }
                 Step::Embed { out, tokens, table, vocab, scale } => k.embed(out, tokens, table, vocab, scale, s),
                 Step::Positions { valid, positions, frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix, rope_rows } => k
                     .positions(valid, positions, frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix, s)
@@ -1002,6 +1043,131 @@ fn parallel_ranges(n: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
             s.spawn(move || f(range));
         }
     });
+}
+
+/// The MLPs the lowering runs as one [`Kernels::mlp_stream`] launch (bench/NOTES.md item 52): the
+/// index of each first op of a gate/up product (bf16 in, no bias), the GeGLU over its output and
+/// the down product over that (f32 out, overwritten), in one phase, where `runs(first op, rows,
+/// width, hidden)` (the device runs the shape there). The fused kernel never writes the gate/up
+/// output, so a gate/up buffer that any other op reads rules out every MLP writing it.
+fn fused_mlps(plan: &Plan, elems: &[Elem], runs: impl Fn(usize, usize, usize, usize) -> bool) -> Vec<usize> {
+    let starts_phase = |i: usize| plan.phases.iter().any(|p| p.first_op == i);
+    let matrix = |w: WeightId| match plan.weights[w.0].role {
+        WeightRole::Matrix { n, k } => Some((n, k)),
+        _ => None,
+    };
+    let fits = |i: usize| -> Option<BufId> {
+        let [
+            Op::Gemm { a, w: w_gate_up, bias: None, out: gate_up, accumulate: false },
+            Op::GeluTanhMul { gate_up: g, out: hidden },
+            Op::Gemm { a: h, w: w_down, bias: None, out, accumulate: false },
+        ] = plan.ops.get(i..i + 3)?
+        else {
+            return None;
+        };
+        let (rows, width, hid) = (a.rows, a.cols, hidden.cols);
+        let shapes = matrix(*w_gate_up) == Some((2 * hid, width))
+            && matrix(*w_down) == Some((width, hid))
+            && g == gate_up
+            && h == hidden
+            && (hidden.rows, out.rows, out.cols) == (rows, rows, width);
+        let types = [elems[a.buf.0], elems[hidden.buf.0], elems[out.buf.0]] == [Elem::Bf16, Elem::Bf16, Elem::F32];
+        (shapes && types && !starts_phase(i + 1) && !starts_phase(i + 2) && runs(i, rows, width, hid)).then_some(gate_up.buf)
+    };
+    let mut candidates: Vec<(usize, BufId)> = (0..plan.ops.len()).filter_map(|i| fits(i).map(|g| (i, g))).collect();
+    let mut read_elsewhere = Vec::new();
+    for (j, op) in plan.ops.iter().enumerate() {
+        if !candidates.iter().any(|c| (c.0..c.0 + 3).contains(&j)) {
+            read_elsewhere.extend(op.accesses(&plan.buffers).reads.iter().map(|span| span.buf));
+        }
+    }
+    candidates.retain(|(_, g)| !read_elsewhere.contains(g));
+    candidates.iter().map(|c| c.0).collect()
+}
+
+/// The weights of the fused MLPs as [`Kernels::mlp_stream`] reads them: (weight, the gate/up
+/// pairing's half or 0 for down, whether in place). A weight that also serves an unfused product
+/// (the expert's in the first denoise step, which runs beside the prefix on cuBLASLt) is tiled
+/// into a copy; the others replace their row-major form.
+fn mlp_weight_tiling(plan: &Plan, mlps: &[usize]) -> Vec<(WeightId, usize, bool)> {
+    let mut tiled = Vec::new();
+    for &i in mlps {
+        if let (Op::Gemm { w: w_gate_up, .. }, Op::GeluTanhMul { out: hidden, .. }, Op::Gemm { w: w_down, .. }) =
+            (&plan.ops[i], &plan.ops[i + 1], &plan.ops[i + 2])
+        {
+            tiled.extend([(*w_gate_up, hidden.cols), (*w_down, 0)]);
+        }
+    }
+    tiled.sort_unstable_by_key(|(w, _)| w.0);
+    tiled.dedup();
+    let fused_op = |j: usize| mlps.iter().any(|&i| (i..i + 3).contains(&j));
+    let unfused: Vec<WeightId> = plan
+        .ops
+        .iter()
+        .enumerate()
+        .filter_map(|(j, op)| match op {
+            Op::Gemm { w, .. } if !fused_op(j) => Some(*w),
+            _ => None,
+        })
+        .collect();
+    tiled.into_iter().map(|(w, paired_half)| (w, paired_half, !unfused.contains(&w))).collect()
+}
+
+/// Tiles the fused MLPs' weights for [`Kernels::mlp_stream`] once, at open (see
+/// [`mlp_weight_tiling`]): in place through a staging copy, or into one allocation of copies.
+/// Returns that allocation (if any) and each tiled weight's address.
+fn retile_mlp_weights(
+    kernels: &Kernels,
+    plan: &Plan,
+    mlps: &[usize],
+    ptrs: &HashMap<(usize, Elem), DevPtr>,
+    stream: sys::CUstream,
+) -> Result<(Option<DeviceMemory>, HashMap<usize, DevPtr>)> {
+    let tiling = mlp_weight_tiling(plan, mlps);
+    let numel = |w: WeightId| match plan.weights[w.0].role {
+        WeightRole::Matrix { n, k } => n * k,
+        _ => 0,
+    };
+    let mut layout = Layout::default();
+    let copy_at: Vec<Option<usize>> = tiling.iter().map(|&(w, _, in_place)| (!in_place).then(|| layout.take(numel(w) * 2))).collect();
+    let copies = if layout.bytes > 0 { Some(DeviceMemory::new(layout.bytes, "tiled MLP weights")?) } else { None };
+    let staging_elems = tiling.iter().filter(|t| t.2).map(|t| numel(t.0)).max().unwrap_or(0);
+    let staging = if staging_elems > 0 { Some(DeviceMemory::new(staging_elems * 2, "weight tiling")?) } else { None };
+    let mut tiled = HashMap::with_capacity(tiling.len());
+    for (&(w, paired_half, _), &at) in tiling.iter().zip(&copy_at) {
+        let WeightRole::Matrix { n, k } = plan.weights[w.0].role else { continue };
+        let plain = ptrs[&(w.0, Elem::Bf16)];
+        // SAFETY: every region holds n · k bf16; the stream orders each copy before its tiling and
+        // that tiling before the staging buffer's next copy.
+        let dst = unsafe {
+            match (at, &copies, &staging) {
+                (Some(off), Some(copies), _) => {
+                    let dst = copies.ptr + off as u64;
+                    kernels.retile_weight(dst, plain, n, k, paired_half, stream).map_err(|e| Error::Backend(e.to_string()))?;
+                    dst
+                }
+                (_, _, Some(staging)) => {
+                    check("weight tiling copy", sys::cuMemcpyDtoDAsync_v2(staging.ptr, plain, n * k * 2, stream).result())?;
+                    kernels.retile_weight(plain, staging.ptr, n, k, paired_half, stream).map_err(|e| Error::Backend(e.to_string()))?;
+                    plain
+                }
+                _ => unreachable!("sized above for every tiled weight"),
+            }
+        };
+        tiled.insert(w.0, dst);
+    }
+    if !tiling.is_empty() {
+        // SAFETY: the stream belongs to the caller's backend; the staging buffer outlives its work.
+        check("weight tiling", unsafe { result::stream::synchronize(stream) })?;
+        let copied = copies.as_ref().map_or(0, |c| c.bytes);
+        log::info!(
+            "{} few-row MLPs run as one streamed launch each ({} weights tiled, {:.1} MiB of them as copies)",
+            mlps.len(),
+            tiling.len(),
+            copied as f64 / (1 << 20) as f64
+        );
+    }
+    Ok((copies, tiled))
 }
 
 /// Converts and uploads every used weight through two alternating pinned staging buffers.
@@ -1131,6 +1297,10 @@ struct Lowering<'a> {
     /// FRT_NO_FUSED_ATTENTION=1), sized for this many SMs.
     fused_attention: bool,
     multiprocessors: usize,
+    /// The first ops of the MLPs lowered as one streamed launch ([`fused_mlps`]), ascending.
+    mlps: &'a [usize],
+    /// The streamed MLPs' weights as that kernel reads them, by weight index.
+    tiled: &'a HashMap<usize, DevPtr>,
     steps: Vec<Step>,
     /// For each step: its lane, and what the plan ops it came from read and write.
     step_lanes: Vec<usize>,
@@ -1240,6 +1410,28 @@ impl Lowering<'_> {
                     self.tag_steps(from, i..i + 2);
                     continue;
                 }
+            }
+            // Fusion: the expert's MLP (product, GeGLU, product) as one streamed launch.
+            if self.mlps.binary_search(&i).is_ok() {
+                let (
+                    Op::Gemm { a, w: w_gate_up, .. },
+                    Some((_, Op::GeluTanhMul { out: hidden, .. })),
+                    Some((_, Op::Gemm { w: w_down, out, .. })),
+                ) = (op, ops.next(), ops.next())
+                else {
+                    return Err(self.error(format!("op {i} is not the first of a product, GeGLU, product sequence")));
+                };
+                self.steps.push(Step::StreamedMlp {
+                    out: self.mat(*out)?,
+                    hidden: self.mat(*hidden)?,
+                    a: self.mat(*a)?,
+                    w_gate_up: self.tiled[&w_gate_up.0],
+                    w_down: self.tiled[&w_down.0],
+                    barrier: self.scratch().grid_barrier,
+                    multiprocessors: self.multiprocessors,
+                });
+                self.tag_steps(from, i..i + 3);
+                continue;
             }
             // Fusion: a product and the GELU over its output (SigLIP's MLP) as cuBLASLt's epilogue.
             if let (Op::Gemm { a, w, bias, out, accumulate: false }, Some((next, Op::GeluTanh { x }))) = (op, ops.peek()) {
@@ -1557,7 +1749,7 @@ impl Backend for CudaBackend {
     }
 
     fn memory_bytes(&self) -> usize {
-        self.arena.bytes + self.weights.bytes
+        self.arena.bytes + self.weight_bytes()
     }
 
     fn input_u8(&mut self, id: BufId) -> &mut [u8] {
@@ -1641,6 +1833,62 @@ mod tests {
         plan.push(Op::Gemm { a: x, w, bias: None, out: y, accumulate: false });
         let elems = element_types(&plan);
         assert_eq!(elems, vec![Elem::F32, Elem::Bf16, Elem::F32]);
+    }
+
+    /// The expert's MLP shape in small: a → gate/up → GeGLU → down, `out` read by a residual
+    /// (so f32); `extra` adds what must rule the fusion out.
+    fn mlp_plan(extra: impl FnOnce(&mut Plan, WeightId, View)) -> (Plan, usize) {
+        let mut plan = Plan::default();
+        let (x, a, gate_up, hidden, out) = (
+            plan.matrix("x", 4, 64),
+            plan.matrix("a", 4, 64),
+            plan.matrix("gate_up", 4, 256),
+            plan.matrix("hidden", 4, 128),
+            plan.matrix("out", 4, 64),
+        );
+        let (w_gate_up, w_down) =
+            (plan.weight("gate_up", WeightRole::Matrix { n: 256, k: 64 }), plan.weight("down", WeightRole::Matrix { n: 64, k: 128 }));
+        let modulation = plan.weight("modulation", WeightRole::Vector);
+        plan.push(Op::RmsNorm { x, out: a, eps: 1e-6 });
+        let first = plan.ops.len();
+        plan.push(Op::Gemm { a, w: w_gate_up, bias: None, out: gate_up, accumulate: false });
+        plan.push(Op::GeluTanhMul { gate_up, out: hidden });
+        plan.push(Op::Gemm { a: hidden, w: w_down, bias: None, out, accumulate: false });
+        plan.push(Op::GatedResidual { x, y: out, modulation });
+        extra(&mut plan, w_down, gate_up);
+        (plan, first)
+    }
+
+    #[test]
+    fn the_expert_mlp_fuses_only_where_nothing_else_needs_its_parts() {
+        let fused = |plan: &Plan, runs: bool| fused_mlps(plan, &element_types(plan), |_, _, _, _| runs);
+        let (plan, first) = mlp_plan(|_, _, _| {});
+        assert_eq!(fused(&plan, true), vec![first]);
+        let (w_gate_up, w_down) = (WeightId(0), WeightId(1));
+        assert_eq!(mlp_weight_tiling(&plan, &[first]), vec![(w_gate_up, 128, true), (w_down, 0, true)]);
+        // The kernel cannot run the shape or on that stream.
+        assert_eq!(fused(&plan, false), Vec::<usize>::new());
+        // The down weight serves another product too: fused, with a tiled copy of it.
+        let (plan, _) = mlp_plan(|plan, w_down, _| {
+            let (h, y) = (plan.matrix("h2", 4, 128), plan.matrix("y2", 4, 64));
+            plan.push(Op::Gemm { a: h, w: w_down, bias: None, out: y, accumulate: false });
+        });
+        assert_eq!(fused(&plan, true), vec![first]);
+        assert_eq!(mlp_weight_tiling(&plan, &[first]), vec![(w_gate_up, 128, true), (w_down, 0, false)]);
+        // Another op reads the gate/up output the fused kernel never writes.
+        let (plan, _) = mlp_plan(|plan, _, gate_up| plan.push(Op::GeluTanh { x: gate_up }));
+        assert!(fused(&plan, true).is_empty());
+        // A phase starting inside the sequence.
+        let mut plan = Plan::default();
+        let (a, gate_up, hidden, out) =
+            (plan.matrix("a", 4, 64), plan.matrix("gate_up", 4, 256), plan.matrix("hidden", 4, 128), plan.matrix("out", 4, 64));
+        let (w1, w2) =
+            (plan.weight("gate_up", WeightRole::Matrix { n: 256, k: 64 }), plan.weight("down", WeightRole::Matrix { n: 64, k: 128 }));
+        plan.push(Op::Gemm { a, w: w1, bias: None, out: gate_up, accumulate: false });
+        plan.push(Op::GeluTanhMul { gate_up, out: hidden });
+        plan.phase("next");
+        plan.push(Op::Gemm { a: hidden, w: w2, bias: None, out, accumulate: false });
+        assert!(fused(&plan, true).is_empty());
     }
 
     #[test]
