@@ -1049,7 +1049,8 @@ fn parallel_ranges(n: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
 /// index of each first op of a gate/up product (bf16 in, no bias), the GeGLU over its output and
 /// the down product over that (f32 out, overwritten), in one phase, where `runs(first op, rows,
 /// width, hidden)` (the device runs the shape there). The fused kernel never writes the gate/up
-/// output, so a gate/up buffer that any other op reads rules out every MLP writing it.
+/// output, so an MLP whose gate/up output some later op reads (before anything writes that
+/// buffer again) is not fused.
 fn fused_mlps(plan: &Plan, elems: &[Elem], runs: impl Fn(usize, usize, usize, usize) -> bool) -> Vec<usize> {
     let starts_phase = |i: usize| plan.phases.iter().any(|p| p.first_op == i);
     let matrix = |w: WeightId| match plan.weights[w.0].role {
@@ -1074,15 +1075,30 @@ fn fused_mlps(plan: &Plan, elems: &[Elem], runs: impl Fn(usize, usize, usize, us
         let types = [elems[a.buf.0], elems[hidden.buf.0], elems[out.buf.0]] == [Elem::Bf16, Elem::Bf16, Elem::F32];
         (shapes && types && !starts_phase(i + 1) && !starts_phase(i + 2) && runs(i, rows, width, hid)).then_some(gate_up.buf)
     };
-    let mut candidates: Vec<(usize, BufId)> = (0..plan.ops.len()).filter_map(|i| fits(i).map(|g| (i, g))).collect();
-    let mut read_elsewhere = Vec::new();
-    for (j, op) in plan.ops.iter().enumerate() {
-        if !candidates.iter().any(|c| (c.0..c.0 + 3).contains(&j)) {
-            read_elsewhere.extend(op.accesses(&plan.buffers).reads.iter().map(|span| span.buf));
+    let candidates: Vec<(usize, BufId)> = (0..plan.ops.len()).filter_map(|i| fits(i).map(|g| (i, g))).collect();
+    let firsts: Vec<usize> = candidates.iter().map(|c| c.0).collect();
+    // Walking on from the MLP past other fused ones (which read nothing of it outside their own
+    // kernel): the first op to touch the buffer must write it. Unfusing another MLP only turns
+    // its product into such a write, so one pass decides.
+    let unread = |&(i, g): &(usize, BufId)| {
+        let mut j = i + 3;
+        while j < plan.ops.len() {
+            if firsts.contains(&j) {
+                j += 3;
+                continue;
+            }
+            let accesses = plan.ops[j].accesses(&plan.buffers);
+            if accesses.reads.iter().any(|span| span.buf == g) {
+                return false;
+            }
+            if accesses.writes.iter().any(|span| span.buf == g) {
+                return true;
+            }
+            j += 1;
         }
-    }
-    candidates.retain(|(_, g)| !read_elsewhere.contains(g));
-    candidates.iter().map(|c| c.0).collect()
+        true
+    };
+    candidates.iter().filter(|c| unread(c)).map(|c| c.0).collect()
 }
 
 /// The weights of the fused MLPs as [`Kernels::mlp_stream`] reads them: (weight, the gate/up
@@ -1878,6 +1894,20 @@ mod tests {
         // Another op reads the gate/up output the fused kernel never writes.
         let (plan, _) = mlp_plan(|plan, _, gate_up| plan.push(Op::GeluTanh { x: gate_up }));
         assert!(fused(&plan, true).is_empty());
+        // An unfused MLP after it (as on the second stream) writes the buffer before its GeGLU reads it.
+        let mut second = 0;
+        let (plan, first) = mlp_plan(|plan, _, gate_up| {
+            let (a, hidden, out) = (plan.matrix("a2", 4, 64), plan.matrix("hidden2", 4, 128), plan.matrix("out2", 4, 64));
+            let (w1, w2) =
+                (plan.weight("gate_up2", WeightRole::Matrix { n: 256, k: 64 }), plan.weight("down2", WeightRole::Matrix { n: 64, k: 128 }));
+            second = plan.ops.len();
+            plan.push(Op::Gemm { a, w: w1, bias: None, out: gate_up, accumulate: false });
+            plan.push(Op::GeluTanhMul { gate_up, out: hidden });
+            plan.push(Op::Gemm { a: hidden, w: w2, bias: None, out, accumulate: false });
+        });
+        assert_eq!(fused_mlps(&plan, &element_types(&plan), |i, _, _, _| i == first), vec![first]);
+        assert_eq!(fused_mlps(&plan, &element_types(&plan), |i, _, _, _| i == second), vec![second]);
+        assert_eq!(fused(&plan, true), vec![first, second]);
         // A phase starting inside the sequence.
         let mut plan = Plan::default();
         let (a, gate_up, hidden, out) =
