@@ -323,6 +323,26 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
 }
 
+// cuBLASLt as both chains call it: out (bf16, rows × n) = a (bf16, rows × k) · wᵀ, f32
+// accumulation, one workspace, and per shape its heuristic's algorithms (the chain picks one).
+struct Blas {
+    cublasLtHandle_t lt;
+    void* workspace;
+    size_t ws = 32 << 20;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatmulPreference_t pref;
+    Blas() {
+        CHECK_LT(cublasLtCreate(&lt));
+        CHECK(cudaMalloc(&workspace, ws));
+        CHECK_LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        cublasOperation_t t = CUBLAS_OP_T;
+        CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t));
+        CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
+        CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    }
+};
+struct Lt { cublasLtMatrixLayout_t la, lb, ld; cublasLtMatmulHeuristicResult_t heur[8]; int found, best; };
+
 [[maybe_unused]] static int four_products() {
     struct Shape { const char* name; int n, k, splits; };
     const Shape shapes[4] = {{"qkv", 2560, 1024, 3}, {"o", 1024, 2048, 8}, {"gate_up", 8192, 1024, 1}, {"down", 1024, 4096, 8}};
@@ -407,20 +427,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     std::sort(mine_us.begin(), mine_us.end());
 
     // cuBLASLt: the same chain, bf16 activations, the fastest heuristic algorithm per shape.
-    cublasLtHandle_t lt;
-    CHECK_LT(cublasLtCreate(&lt));
-    void* workspace;
-    const size_t ws = 32 << 20;
-    CHECK(cudaMalloc(&workspace, ws));
-    cublasLtMatmulDesc_t op;
-    CHECK_LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t t = CUBLAS_OP_T;
-    CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t));
-    cublasLtMatmulPreference_t pref;
-    CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
-    CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    Blas blas;
+    auto& [lt, workspace, ws, op, pref] = blas;
     const float one = 1.0f, zero = 0.0f;
-    struct Lt { cublasLtMatrixLayout_t la, lb, ld; cublasLtMatmulHeuristicResult_t heur[8]; int found, best; };
     Lt lts[4];
     for (int s = 0; s < 4; ++s) {
         const Shape& sh = shapes[s];
@@ -572,20 +581,9 @@ static int mlp() {
         }
     };
 
-    cublasLtHandle_t lt;
-    CHECK_LT(cublasLtCreate(&lt));
-    void* workspace;
-    const size_t ws = 32 << 20;
-    CHECK(cudaMalloc(&workspace, ws));
-    cublasLtMatmulDesc_t op;
-    CHECK_LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t t = CUBLAS_OP_T;
-    CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t));
-    cublasLtMatmulPreference_t pref;
-    CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
-    CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    Blas blas;
+    auto& [lt, workspace, ws, op, pref] = blas;
     const float one = 1.0f, zero = 0.0f;
-    struct Lt { cublasLtMatrixLayout_t la, lb, ld; cublasLtMatmulHeuristicResult_t heur[8]; int found, best; };
     Lt lts[2];
     const int ns[2] = {2 * hidden, width}, ks[2] = {width, hidden};
     for (int s = 0; s < 2; ++s) {
