@@ -22,8 +22,7 @@ extern "C" __global__ void retile_weight(unsigned short* out, const unsigned sho
     const long tile = i / 512;
     const int kc = tile % (k / 64), nt = tile / (k / 64);
     const int row = paired_half > 0 ? (r < 32 ? nt * 32 + r : paired_half + nt * 32 + r - 32) : nt * 64 + r;
-    const unsigned offset = r * 128 + ((piece ^ (r & 7)) << 4);  // swizzle128, which only sm_90a compiles
-    *(uint4*)((char*)out + tile * 8192 + offset) = *(const uint4*)(w + (long)row * k + kc * 64 + piece * 8);
+    *(uint4*)((char*)out + tile * 8192 + swizzle128(r, piece)) = *(const uint4*)(w + (long)row * k + kc * 64 + piece * 8);
 }
 
 #if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
