@@ -537,8 +537,6 @@ __device__ __forceinline__ unsigned attw_offset(int r, int c) {
     return (c >> 3) * ATTW_TILE_BYTES + swizzle128(r, c & 7);
 }
 
-
-
 // The same with A from registers (mma.sync's A fragment per warp) and B N-major in shared memory.
 __device__ __forceinline__ void attw_mma_rs(float* d, const unsigned* a, unsigned long long b) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
@@ -547,7 +545,6 @@ __device__ __forceinline__ void attw_mma_rs(float* d, const unsigned* a, unsigne
                  : WG_D32_OPERANDS(d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
-
 
 // Queues the copy of one 64-row operand (64 rows × 256 bf16) into its swizzled tiles: row r comes
 // from `row_of(r)`, or is zeros where `valid_row(r)` is false. Each thread copies the 16-byte
@@ -566,7 +563,6 @@ __device__ __forceinline__ void attw_copy_operand(unsigned tile, RowOf row_of, V
         for (int half = 0; half < 32; half += 16) cp_async16(tile + attw_offset(r, c + half), src + (c + half) * 8, valid);
     }
 }
-
 
 // One thread queues the bulk tensor copies of one 64-row operand of 256 (four boxes of 64 columns
 // at outer coordinates (y, z) of the map, landing in wgmma's 128-byte swizzle: the map says so)

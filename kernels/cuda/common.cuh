@@ -127,6 +127,10 @@ __device__ __forceinline__ void cp_async16(unsigned dst, const void* global, boo
 __device__ __forceinline__ void mbarrier_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
+// One arrival on the barrier's current phase.
+__device__ __forceinline__ void mbarrier_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
 // Waits until the barrier's phase `parity` has completed.
 __device__ __forceinline__ void mbarrier_wait(unsigned bar, unsigned parity) {
     asm volatile(

@@ -73,10 +73,10 @@ __device__ __forceinline__ void mlp_product(float* acc, unsigned a_tiles, unsign
         for (int kk = 0; kk < 4; ++kk)
             wg_mma_ss(acc, wg_desc(a_tiles + c * MLP_TILE_BYTES + kk * 32, 16, 1024), wg_desc(ring + s * MLP_TILE_BYTES + kk * 32, 16, 1024));
         asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        if (c > 0 && lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty + 8 * ((g - 1) % MLP_STAGES)) : "memory");
+        if (c > 0 && lane == 0) mbarrier_arrive(empty + 8 * ((g - 1) % MLP_STAGES));
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty + 8 * ((g - 1) % MLP_STAGES)) : "memory");
+    if (lane == 0) mbarrier_arrive(empty + 8 * ((g - 1) % MLP_STAGES));
 }
 
 // out[rows, width] (f32, zeroed here) = (gelu(a · w_gateᵀ) ⊙ (a · w_upᵀ)) · w_downᵀ, with

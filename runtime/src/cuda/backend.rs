@@ -606,7 +606,7 @@ impl CudaBackend {
         let uploaded = upload_weights(&plan, weights, &checkpoint, &elems, stream.0)?;
         let (tiled_memory, tiled) = retile_mlp_weights(&kernels, &plan, &mlps, &uploaded.ptrs, stream.0)?;
         if let Some(board) = board {
-            let used = (uploaded.memory.bytes + arena.bytes) as u64;
+            let used = (uploaded.memory.bytes + tiled_memory.as_ref().map_or(0, |m| m.bytes) + arena.bytes) as u64;
             if let Some(warning) = board.budget_warning(used, ctx.total_memory()? as u64) {
                 log::warn!("{warning}");
             }
