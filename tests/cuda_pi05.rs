@@ -360,6 +360,32 @@ fn mlp_case(seed: u64) -> Case {
     c
 }
 
+/// The expert's QKV product and its RoPE with the K/V cache write (qkv, rotated q, caches
+/// compared). On sm_90a the CUDA backend runs them as one streamed launch
+/// (`qkv_rope_stream_wgmma`), its K split 1, 2 or 4 by shape; seed 2 takes Pi0.5's own shape.
+/// RoPE reads its positions here; `attention_case` covers the gathered table rows.
+fn qkv_rope_case(seed: u64) -> Case {
+    let mut c = Case::new(String::new(), seed);
+    let (rows, width, heads, head_dim) = if seed == 2 {
+        (50, 1024, 8, 256)
+    } else {
+        (c.rng.random_range(1..=64), 64 * c.rng.random_range(1..=16), c.rng.random_range(1..=8), 64 * c.rng.random_range(1..=4))
+    };
+    c.name = format!("qkv product + rope {rows}x{width}, {heads} heads of {head_dim}");
+    let slots = rows + 20;
+    let positions = c.host_i32("positions", (0..slots as i32).map(|p| (p * 7) % slots as i32).collect());
+    let a = c.input("a", rows, width);
+    let w = c.matrix_weight((heads + 2) * head_dim, width);
+    let qkv = c.plan.matrix("qkv", rows, (heads + 2) * head_dim);
+    let (k_cache, v_cache) = (c.plan.matrix("k_cache", slots, head_dim), c.plan.matrix("v_cache", slots, head_dim));
+    c.plan.push(Op::Gemm { a, w, bias: None, out: qkv, accumulate: false });
+    c.plan.push(Op::RopeQkv { qkv, heads, head_dim, positions, position_offset: 3, k_cache, v_cache, cache_row: 20 });
+    for v in [qkv, k_cache, v_cache] {
+        c.check(v);
+    }
+    c
+}
+
 fn embed_case(seed: u64, ckpt_dir: &Path) -> (Case, Arc<Checkpoint>) {
     let mut c = Case::new(String::new(), seed);
     let (vocab, width, rows) = (c.rng.random_range(8..600), c.rng.random_range(1..64) * 8, c.rng.random_range(1..200));
@@ -415,7 +441,17 @@ fn attention_case(seed: u64) -> Case {
     let k_cache = c.plan.matrix("k_cache", slots, head_dim);
     let v_cache = c.plan.matrix("v_cache", slots, head_dim);
     for (part, rows, offset) in [("prefix", prefix, 0), ("suffix", suffix, prefix)] {
-        let qkv = c.input(&format!("{part}_qkv"), rows, (heads + 2) * head_dim);
+        // The suffix's q/k/v come from a product, as the expert's (with head size 256 the two
+        // run as one streamed launch on sm_90a, reading the gathered table rows).
+        let qkv = if part == "suffix" {
+            let a = c.input("suffix_a", rows, 128);
+            let w = c.matrix_weight((heads + 2) * head_dim, 128);
+            let qkv = c.plan.matrix("suffix_qkv", rows, (heads + 2) * head_dim);
+            c.plan.push(Op::Gemm { a, w, bias: None, out: qkv, accumulate: false });
+            qkv
+        } else {
+            c.input(&format!("{part}_qkv"), rows, (heads + 2) * head_dim)
+        };
         c.plan.push(Op::RopeQkv { qkv, heads, head_dim, positions, position_offset: offset, k_cache, v_cache, cache_row: offset });
         let (k, v) = if part == "prefix" { (k_cache.rows(0, prefix), v_cache.rows(0, prefix)) } else { (k_cache, v_cache) };
         let out = c.plan.matrix(format!("{part}_attn"), rows, heads * head_dim);
@@ -524,6 +560,7 @@ fn every_op_matches_cpu() {
             (residual_case(seed), dummy.clone()),
             (elementwise_case(seed), dummy.clone()),
             (mlp_case(seed), dummy.clone()),
+            (qkv_rope_case(seed), dummy.clone()),
             (attention_case(seed), dummy.clone()),
             (image_case(seed), dummy.clone()),
         ];
