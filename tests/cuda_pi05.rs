@@ -361,9 +361,8 @@ fn mlp_case(seed: u64) -> Case {
 }
 
 /// The expert's QKV product and its RoPE with the K/V cache write (qkv, rotated q, caches
-/// compared). On sm_90a the CUDA backend runs them as one streamed launch
-/// (`qkv_rope_stream_wgmma`), its K split 1, 2 or 4 by shape; seed 2 takes Pi0.5's own shape.
-/// RoPE reads its positions here; `attention_case` covers the gathered table rows.
+/// compared); seed 2 takes Pi0.5's own shape. RoPE reads its positions here; `attention_case`
+/// covers the gathered table rows.
 fn qkv_rope_case(seed: u64) -> Case {
     let mut c = Case::new(String::new(), seed);
     let (rows, width, heads, head_dim) = if seed == 2 {
@@ -441,9 +440,9 @@ fn attention_case(seed: u64) -> Case {
     let k_cache = c.plan.matrix("k_cache", slots, head_dim);
     let v_cache = c.plan.matrix("v_cache", slots, head_dim);
     for (part, rows, offset) in [("prefix", prefix, 0), ("suffix", suffix, prefix)] {
-        // With head size 256 the suffix's q/k/v come from a product, as the expert's (on sm_90a the
-        // two run as one streamed launch, reading the gathered table rows). Not with the others:
-        // their rounded product, amplified by the softmax, would hide the attention's own error.
+        // With head size 256 the suffix's q/k/v come from a product, as the expert's. Not with the
+        // others: their rounded product, amplified by the softmax, would hide the attention's own
+        // error.
         let qkv = if part == "suffix" && head_dim == 256 {
             let a = c.input("suffix_a", rows, 128);
             let w = c.matrix_weight((heads + 2) * head_dim, 128);

@@ -90,10 +90,10 @@ __device__ __forceinline__ void store8(float* p, const float* v) {
     KERNEL(NAME##_f32, float)   \
     KERNEL(NAME##_bf16, bf16)
 
-// ---- Hopper (sm_90a) building blocks: the warpgroup MMA kernels' (attention.cu, stream.cu) --------
+// ---- Hopper (sm_90a) building blocks: the warpgroup MMA kernels' (attention.cu, mlp.cu) --------
 // Byte offset of 16-byte piece `piece` (0-7) of row `r` in a 64 × 64 bf16 tile in the 128-byte
 // swizzle wgmma reads (and bulk tensor copies write): the piece index XOR the row within its 8.
-// Plain arithmetic, for every architecture (stream.cu's retile_weight prepares tiles anywhere).
+// Plain arithmetic, for every architecture (mlp.cu's retile_weight prepares tiles anywhere).
 __host__ __device__ __forceinline__ unsigned swizzle128(int r, int piece) { return r * 128 + ((piece ^ (r & 7)) << 4); }
 
 #if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)

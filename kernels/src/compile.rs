@@ -22,7 +22,7 @@ pub const SOURCES: [Source; 5] = [
     Source { name: "elementwise", code: include_str!("../cuda/elementwise.cu") },
     Source { name: "attention", code: include_str!("../cuda/attention.cu") },
     Source { name: "image", code: include_str!("../cuda/image.cu") },
-    Source { name: "stream", code: include_str!("../cuda/stream.cu") },
+    Source { name: "mlp", code: include_str!("../cuda/mlp.cu") },
 ];
 
 /// A compiled module for one architecture.

@@ -65,32 +65,6 @@ pub struct RopeArgs {
     pub sin: DevPtr,
 }
 
-/// How [`Kernels::retile_weight`] pairs a weight's rows in its tiles, so that one accumulator of a
-/// streamed product holds the two columns its epilogue combines: over the first `rows` rows, in
-/// groups of `2 · span` rows, a tile's rows 0-31 are 32 of the group's first `span` rows and its
-/// rows 32-63 the rows `span` further; the rows after are tiled in order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct TilePairing {
-    pub span: usize,
-    pub rows: usize,
-}
-
-impl TilePairing {
-    /// Rows tiled in order (down, and any product whose epilogue combines nothing).
-    pub const PLAIN: TilePairing = TilePairing { span: 0, rows: 0 };
-
-    /// Gate/up of `hidden` GeGLU features: gate row i with up row hidden + i.
-    pub fn geglu(hidden: usize) -> TilePairing {
-        TilePairing { span: hidden, rows: 2 * hidden }
-    }
-
-    /// Q heads, then k, then v (each `head_dim` rows): dimension d of each q head and of k with
-    /// d + head_dim / 2 (split-half RoPE); v in order.
-    pub fn rope(heads: usize, head_dim: usize) -> TilePairing {
-        TilePairing { span: head_dim / 2, rows: (heads + 1) * head_dim }
-    }
-}
-
 /// Arguments of [`Kernels::attention_mq256`] besides the stream: softmax attention of `heads`
 /// query heads of dimension 256 over one shared K/V head.
 #[derive(Clone, Copy, Debug)]
@@ -247,14 +221,11 @@ impl TensorMap {
     }
 }
 
-/// Dynamic shared memory the streamed products are granted (stream.cu: STREAM_SHARED_BYTES):
-/// alignment slack, eight weight stages and sixteen 64-column chunks of A, 8 KB each.
-const STREAM_SHARED_BYTES: u32 = 1024 + (8 + STREAM_A_CHUNKS as u32) * 8192;
-/// Most 64-column chunks of A a block of the streamed products holds (STREAM_A_CHUNKS); each
-/// block of a `qkv_rope_stream_wgmma` cluster gives two to a partial accumulator.
-const STREAM_A_CHUNKS: usize = 16;
-/// The streamed products' kernels (sm_90a), each granted STREAM_SHARED_BYTES.
-const STREAM_KERNELS: [&str; 2] = ["mlp_stream_wgmma", "qkv_rope_stream_wgmma"];
+/// Dynamic shared memory of `mlp_stream_wgmma` (mlp.cu: MLP_SHARED_BYTES): alignment slack, eight
+/// weight stages and sixteen 64-column chunks of A, 8 KB each.
+const MLP_SHARED_BYTES: u32 = 1024 + (8 + 16) * 8192;
+/// Most 64-column chunks of A a block of `mlp_stream_wgmma` holds (MLP_A_CHUNKS).
+const MLP_A_CHUNKS: usize = 16;
 
 const IN_OUT: [&str; 5] = ["layer_norm", "rms_norm", "gated_residual_rms_norm", "copy", "gelu_tanh_mul"];
 const TYPED: [&str; 9] = [
@@ -295,7 +266,7 @@ pub fn kernel_names(arch: &str) -> Vec<String> {
         }
     }
     if has_wgmma(arch) {
-        names.extend(STREAM_KERNELS.iter().chain(&["retile_weight"]).map(|n| n.to_string()));
+        names.extend(["mlp_stream_wgmma".to_string(), "retile_weight".to_string()]);
     }
     names
 }
@@ -322,9 +293,8 @@ pub struct Kernels {
     /// or, on sm_90a, `attention_mq256_wgmma`), and its dynamic shared memory.
     attention_kernel: &'static str,
     attention_shared_bytes: u32,
-    /// Whether the streamed products (`mlp_stream_wgmma`, `qkv_rope_stream_wgmma`) are loaded
-    /// (sm_90a) and granted their shared memory.
-    streamed: bool,
+    /// Whether `mlp_stream_wgmma` is loaded (sm_90a) and granted its shared memory.
+    mlp_stream: bool,
 }
 
 // SAFETY: module and function handles are plain driver handles, valid in any thread that makes
@@ -346,7 +316,7 @@ impl Kernels {
             fused_attention: true,
             attention_kernel,
             attention_shared_bytes,
-            streamed: false,
+            mlp_stream: false,
         };
         for cubin in cubins {
             // SAFETY: `image` is a complete cubin produced by NVRTC (or read back from the cache);
@@ -366,13 +336,10 @@ impl Kernels {
         }
         kernels.functions.sort_by(|a, b| a.0.cmp(&b.0));
         if has_wgmma(arch) {
-            kernels.streamed = true;
-            for name in STREAM_KERNELS {
-                let f = kernels.function(name)?;
-                let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-                // SAFETY: `f` is a resolved function of a loaded module; the value is a byte count.
-                kernels.streamed &= unsafe { sys::cuFuncSetAttribute(f, attr, STREAM_SHARED_BYTES as i32) }.result().is_ok();
-            }
+            let f = kernels.function("mlp_stream_wgmma")?;
+            let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            // SAFETY: `f` is a resolved function of a loaded module; the value is a byte count.
+            kernels.mlp_stream = unsafe { sys::cuFuncSetAttribute(f, attr, MLP_SHARED_BYTES as i32) }.result().is_ok();
         }
         for (base, bytes) in [(kernels.attention_kernel, kernels.attention_shared_bytes), ("attention_mh72", VISION_SHARED_BYTES)] {
             for dtype in ["bf16", "f32"] {
@@ -900,20 +867,20 @@ impl Kernels {
     /// split is the largest that gives down no more units than there are blocks.
     pub fn mlp_stream_splits(&self, rows: usize, width: usize, hidden: usize, multiprocessors: usize) -> Option<usize> {
         let (width_chunks, hidden_chunks, blocks) = (width / 64, hidden / 64, hidden / 32);
-        if !self.streamed
+        if !self.mlp_stream
             || !(1..=64).contains(&rows)
             || width % 64 != 0
             || hidden % 64 != 0
-            || !(1..=STREAM_A_CHUNKS).contains(&width_chunks)
+            || !(1..=MLP_A_CHUNKS).contains(&width_chunks)
             || blocks > multiprocessors
         {
             return None;
         }
-        (1..=hidden_chunks).rev().find(|&s| hidden_chunks % s == 0 && width_chunks * s <= blocks && hidden_chunks / s <= STREAM_A_CHUNKS)
+        (1..=hidden_chunks).rev().find(|&s| hidden_chunks % s == 0 && width_chunks * s <= blocks && hidden_chunks / s <= MLP_A_CHUNKS)
     }
 
     /// The few-row MLP `out = (gelu(a · w_gateᵀ) ⊙ (a · w_upᵀ)) · w_downᵀ` in one cooperative
-    /// launch (stream.cu), `hidden` receiving the GeGLU output (bf16) and `out` (f32) overwritten.
+    /// launch (mlp.cu), `hidden` receiving the GeGLU output (bf16) and `out` (f32) overwritten.
     /// The weights must be tiled by [`Kernels::retile_weight`] (gate/up paired); `barrier` is a
     /// device word no concurrent launch uses.
     ///
@@ -981,7 +948,7 @@ impl Kernels {
             blockDimX: 160,
             blockDimY: 1,
             blockDimZ: 1,
-            sharedMemBytes: STREAM_SHARED_BYTES,
+            sharedMemBytes: MLP_SHARED_BYTES,
             hStream: stream,
             attrs: &mut cooperative,
             numAttrs: 1,
@@ -993,128 +960,21 @@ impl Kernels {
             .map_err(|e| KernelError::cuda(format!("launching {what}"), e))
     }
 
-    /// The K split (the cluster size) when [`Kernels::qkv_rope_stream`] runs the QKV product of
-    /// `rows` rows of `width` features for `heads` query heads and one K/V head of `head_dim`, or
-    /// `None` when it cannot: not sm_90a, more than 64 rows, a width not whole 64-column chunks or
-    /// a head not whole 64-column tiles. The split is the largest of 4, 2, 1 that divides the
-    /// chunks, fits the block's shared memory and keeps the clusters (one per tile) within the SMs.
-    pub fn qkv_rope_stream_splits(
-        &self,
-        rows: usize,
-        width: usize,
-        heads: usize,
-        head_dim: usize,
-        multiprocessors: usize,
-    ) -> Option<usize> {
-        let (chunks, tiles) = (width / 64, (heads + 2) * head_dim / 64);
-        if !self.streamed || !(1..=64).contains(&rows) || width == 0 || width % 64 != 0 || head_dim == 0 || head_dim % 64 != 0 {
-            return None;
-        }
-        [4, 2, 1].into_iter().find(|&s| chunks % s == 0 && chunks / s + 2 * s <= STREAM_A_CHUNKS && tiles * s <= multiprocessors)
-    }
-
-    /// The few-row QKV product `qkv = a · wᵀ` with [`Kernels::rope_qkv`]'s RoPE and K/V cache
-    /// write in its epilogue, one launch (stream.cu; `rope.qkv` is the product's output). The
-    /// weight must be tiled by [`Kernels::retile_weight`] with [`TilePairing::rope`].
-    ///
-    /// # Safety
-    /// All pointers must be live device memory of the stated shapes.
-    pub unsafe fn qkv_rope_stream(&self, rope: &RopeArgs, a: Mat, w: DevPtr, multiprocessors: usize, stream: CUstream) -> Result<()> {
-        let what = "qkv_rope_stream_wgmma";
-        let (rows, width) = (a.rows, a.cols);
-        let aligned = |m: &Mat| m.ptr % 16 == 0 && (m.stride * m.dtype.size()) % 16 == 0;
-        let splits = self.qkv_rope_stream_splits(rows, width, rope.heads, rope.head_dim, multiprocessors).filter(|_| {
-            [a.dtype, rope.qkv.dtype, rope.k_cache.dtype, rope.v_cache.dtype] == [Dtype::Bf16; 4]
-                && (rope.qkv.rows, rope.qkv.cols) == (rows, (rope.heads + 2) * rope.head_dim)
-                && rope.k_cache.cols >= rope.head_dim
-                && rope.v_cache.cols >= rope.head_dim
-                && [&a, &rope.qkv, &rope.k_cache, &rope.v_cache].into_iter().all(aligned)
-                && rope.cos % 16 == 0
-                && rope.sin % 16 == 0
-                && w % 16 == 0
-        });
-        let Some(splits) = splits else {
-            return Err(shape_error(
-                what,
-                format!(
-                    "needs bf16 a [1-64 rows, 64·n], qkv [rows, (heads + 2) · head_dim] and caches, head_dim 64·n, 16-byte aligned \
-                     rows, sm_90a with the tiles' clusters within {multiprocessors} SMs; got a {}x{} {:?}, qkv {:?}, {} heads of {}",
-                    a.rows, a.cols, a.dtype, rope.qkv, rope.heads, rope.head_dim
-                ),
-            ));
-        };
-        let tiles = (rope.heads + 2) * rope.head_dim / 64;
-        let f = self.function(what)?;
-        let args = [
-            Arg::P(rope.qkv.ptr),
-            Arg::I(i32_of(rope.qkv.stride, what)?),
-            Arg::P(rope.k_cache.ptr),
-            Arg::I(i32_of(rope.k_cache.stride, what)?),
-            Arg::P(rope.v_cache.ptr),
-            Arg::I(i32_of(rope.v_cache.stride, what)?),
-            Arg::I(i32_of(rope.cache_row, what)?),
-            Arg::P(a.ptr),
-            Arg::I(i32_of(a.stride, what)?),
-            Arg::P(w),
-            Arg::I(rows as i32),
-            Arg::I(i32_of(width, what)?),
-            Arg::I(i32_of(rope.heads, what)?),
-            Arg::I(i32_of(rope.head_dim, what)?),
-            Arg::P(rope.positions.unwrap_or(0)),
-            Arg::I(i32_of(rope.position_offset, what)?),
-            Arg::P(rope.cos),
-            Arg::P(rope.sin),
-        ];
-        let mut params: Vec<*mut c_void> = args.iter().map(|a| a.as_param()).collect();
-        // SAFETY: the attribute value is a plain C union; all-zero bytes are a valid value.
-        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-        value.clusterDim.x = splits as u32;
-        value.clusterDim.y = 1;
-        value.clusterDim.z = 1;
-        let mut cluster =
-            sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, pad: [0; 4], value };
-        let config = sys::CUlaunchConfig {
-            gridDimX: (tiles * splits) as u32,
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: 160,
-            blockDimY: 1,
-            blockDimZ: 1,
-            // The ring, the cluster's partial accumulators, this block's chunks of A.
-            sharedMemBytes: (1024 + (8 + 2 * splits + width / 64 / splits) * 8192) as u32,
-            hStream: stream,
-            attrs: &mut cluster,
-            numAttrs: 1,
-        };
-        // SAFETY: `params` points into `args`, alive until the driver has copied them; the
-        // arguments match `qkv_rope_stream_wgmma`'s signature; the config's attribute outlives the call.
-        unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
-            .result()
-            .map_err(|e| KernelError::cuda(format!("launching {what}"), e))
-    }
-
-    /// Copies the row-major bf16 weight `src` (`[n, k]`) into `out` as the streamed products read
-    /// it: 64 × 64 swizzled tiles, their rows paired as `pairing` says.
+    /// Copies the row-major bf16 weight `src` (`[n, k]`) into `out` as [`Kernels::mlp_stream`]
+    /// reads it: 64 × 64 swizzled tiles, with `paired_half` > 0 each tile's rows 32-63 the rows
+    /// `paired_half` below its rows 0-31 (gate/up).
     ///
     /// # Safety
     /// `out` and `src` must be live, disjoint device memory of `n · k` bf16.
-    pub unsafe fn retile_weight(&self, out: DevPtr, src: DevPtr, n: usize, k: usize, pairing: TilePairing, stream: CUstream) -> Result<()> {
+    pub unsafe fn retile_weight(&self, out: DevPtr, src: DevPtr, n: usize, k: usize, paired_half: usize, stream: CUstream) -> Result<()> {
         let what = "retile_weight";
-        let TilePairing { span, rows } = pairing;
-        let paired_ok = rows == 0 || (span > 0 && span % 32 == 0 && rows % (2 * span) == 0 && rows <= n);
-        if !paired_ok || n % 64 != 0 || k == 0 || k % 64 != 0 || out % 16 != 0 || src % 16 != 0 {
-            return Err(shape_error(what, format!("{n}x{k} ({pairing:?}) is not whole 64 x 64 tiles")));
+        let rows_ok = if paired_half > 0 { n == 2 * paired_half && paired_half % 32 == 0 } else { n % 64 == 0 };
+        if !rows_ok || k == 0 || k % 64 != 0 || out % 16 != 0 || src % 16 != 0 {
+            return Err(shape_error(what, format!("{n}x{k} (paired half {paired_half}) is not whole 64 x 64 tiles")));
         }
         let pieces = n * k / 8;
-        let args = [
-            Arg::P(out),
-            Arg::P(src),
-            Arg::I(i32_of(n, what)?),
-            Arg::I(i32_of(k, what)?),
-            Arg::I(i32_of(span, what)?),
-            Arg::I(i32_of(rows, what)?),
-        ];
-        // SAFETY: matches `retile_weight` in stream.cu: one thread per 16-byte piece.
+        let args = [Arg::P(out), Arg::P(src), Arg::I(i32_of(n, what)?), Arg::I(i32_of(k, what)?), Arg::I(i32_of(paired_half, what)?)];
+        // SAFETY: matches `retile_weight` in mlp.cu: one thread per 16-byte piece.
         unsafe { self.launch(what, (pieces.div_ceil(256) as u32, 1, 1), 256, stream, args) }
     }
 
@@ -1340,16 +1200,16 @@ mod tests {
         let wgmma = |arch: &str| {
             kernel_names(arch)
                 .iter()
-                .filter(|n| n.starts_with("attention_mq256_wgmma") || n.contains("_stream_") || *n == "retile_weight")
+                .filter(|n| n.starts_with("attention_mq256_wgmma") || n.starts_with("mlp_stream") || *n == "retile_weight")
                 .count()
         };
-        assert_eq!(wgmma("sm_90a"), 5);
+        assert_eq!(wgmma("sm_90a"), 4);
         for arch in ["sm_87", "sm_90", "sm_110"] {
             assert_eq!(wgmma(arch), 0, "{arch}");
         }
-        assert_eq!(kernel_names("sm_90a").len(), kernel_names("sm_90").len() + 5);
-        // STREAM_SHARED_BYTES in stream.cu: 1024 + (8 + 16) · 8 KB.
-        assert_eq!(STREAM_SHARED_BYTES, 197_632);
+        assert_eq!(kernel_names("sm_90a").len(), kernel_names("sm_90").len() + 4);
+        // MLP_SHARED_BYTES in mlp.cu: 1024 + (8 + 16) · 8 KB.
+        assert_eq!(MLP_SHARED_BYTES, 197_632);
         // ATTW_SHARED_BYTES in attention.cu: 1024 + 5 · 32 KB + 2 · 64 · 4 + 4 · 8.
         assert_eq!(ATTENTION_WGMMA_SHARED_BYTES, 165_408);
         assert_eq!(crate::device_arch(9, 0, true), "sm_90a");

@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
-use flashrt_kernels::{AttentionArgs, AttentionSplit, DevPtr, Dtype, Kernels, MAX_PROMPT_BUCKETS, Mat, RopeArgs, TilePairing};
+use flashrt_kernels::{AttentionArgs, AttentionSplit, DevPtr, Dtype, Kernels, MAX_PROMPT_BUCKETS, Mat, RopeArgs};
 
 use super::device::{
     BlasLt, CapturedGraph, Context, DeviceMemory, Event, Graph, Pinned, Stream, capture_if, check, conditional_handle, time_replays,
@@ -173,14 +173,6 @@ enum Step {
         w_gate_up: DevPtr,
         w_down: DevPtr,
         barrier: DevPtr,
-        multiprocessors: usize,
-    },
-    /// A few-row QKV product with the RoPE after it in one launch (see
-    /// `Kernels::qkv_rope_stream`; `rope.qkv` is the product's output), its weight tiled at open.
-    StreamedQkvRope {
-        rope: RopeArgs,
-        a: Mat,
-        w: DevPtr,
         multiprocessors: usize,
     },
     Embed {
@@ -513,15 +505,6 @@ impl CudaBackend {
                 op_lanes[first] == 0 && kernels.mlp_stream_splits(rows, width, hidden, multiprocessors).is_some()
             })
         };
-        // The expert's QKV products with their RoPE as one launch each (FRT_NO_FUSED_QKV=1: off).
-        // On both streams: its blocks need no co-residency, so none waits for the whole device.
-        let qkvs = if env_flag("FRT_NO_FUSED_QKV") {
-            Vec::new()
-        } else {
-            fused_qkv_ropes(&plan, &elems, |rows, width, heads, head_dim| {
-                kernels.qkv_rope_stream_splits(rows, width, heads, head_dim, multiprocessors).is_some()
-            })
-        };
         let mut sizes = [ScratchSizes::default(); LANES];
         for (op, &lane) in plan.ops.iter().zip(&op_lanes) {
             let size = &mut sizes[lane];
@@ -621,7 +604,7 @@ impl CudaBackend {
         }
 
         let uploaded = upload_weights(&plan, weights, &checkpoint, &elems, stream.0)?;
-        let (tiled_memory, tiled) = retile_streamed_weights(&kernels, &plan, &mlps, &qkvs, &uploaded.ptrs, stream.0)?;
+        let (tiled_memory, tiled) = retile_mlp_weights(&kernels, &plan, &mlps, &uploaded.ptrs, stream.0)?;
         if let Some(board) = board {
             let used = (uploaded.memory.bytes + tiled_memory.as_ref().map_or(0, |m| m.bytes) + arena.bytes) as u64;
             if let Some(warning) = board.budget_warning(used, ctx.total_memory()? as u64) {
@@ -666,7 +649,6 @@ impl CudaBackend {
             fused_attention,
             multiprocessors,
             mlps: &mlps,
-            qkvs: &qkvs,
             tiled: &tiled,
             steps: Vec::new(),
             step_lanes: Vec::new(),
@@ -855,7 +837,6 @@ impl CudaBackend {
             Step::GeluTanh { .. } => "gelu_tanh".into(),
             Step::GeluTanhMul { .. } => "gelu_tanh_mul".into(),
             Step::StreamedMlp { .. } => "mlp_stream".into(),
-            Step::StreamedQkvRope { .. } => "qkv_rope_stream".into(),
             Step::Embed { .. } => "embed".into(),
             Step::Positions { .. } => "positions".into(),
             Step::Rope(_) => "rope_qkv".into(),
@@ -982,7 +963,6 @@ impl CudaBackend {
                 Step::StreamedMlp { out, hidden, a, w_gate_up, w_down, barrier, multiprocessors } => {
                     k.mlp_stream(out, hidden, a, w_gate_up, w_down, barrier, multiprocessors, s)
                 }
-                Step::StreamedQkvRope { ref rope, a, w, multiprocessors } => k.qkv_rope_stream(rope, a, w, multiprocessors, s),
                 Step::Embed { out, tokens, table, vocab, scale } => k.embed(out, tokens, table, vocab, scale, s),
                 Step::Positions { valid, positions, frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix, rope_rows } => k
                     .positions(valid, positions, frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix, s)
@@ -1121,47 +1101,22 @@ fn fused_mlps(plan: &Plan, elems: &[Elem], runs: impl Fn(usize, usize, usize, us
     candidates.iter().filter(|c| unread(c)).map(|c| c.0).collect()
 }
 
-/// The QKV products the lowering runs with their RoPE as one [`Kernels::qkv_rope_stream`] launch
-/// (bench/NOTES.md item 53): the index of each product (bf16 in, no bias, not accumulated) whose
-/// whole output the next op, in the same phase, rotates, where `runs(rows, width, heads,
-/// head_dim)` (the device runs the shape). The fused kernel leaves every buffer as the two ops do.
-fn fused_qkv_ropes(plan: &Plan, elems: &[Elem], runs: impl Fn(usize, usize, usize, usize) -> bool) -> Vec<usize> {
-    let starts_phase = |i: usize| plan.phases.iter().any(|p| p.first_op == i);
-    let fits = |i: usize| {
-        let [Op::Gemm { a, w, bias: None, out, accumulate: false }, Op::RopeQkv { qkv, heads, head_dim, .. }] = plan.ops.get(i..i + 2)?
-        else {
-            return None;
-        };
-        let shapes = plan.weights[w.0].role == WeightRole::Matrix { n: (heads + 2) * head_dim, k: a.cols }
-            && qkv == out
-            && out.cols == (heads + 2) * head_dim;
-        let types = elems[a.buf.0] == Elem::Bf16 && elems[out.buf.0] == Elem::Bf16;
-        (shapes && types && !starts_phase(i + 1) && runs(a.rows, a.cols, *heads, *head_dim)).then_some(i)
-    };
-    (0..plan.ops.len()).filter_map(fits).collect()
-}
-
-/// The weights of the fused MLPs and QKV products as the streamed kernels read them: (weight, its
-/// rows' pairing, whether in place). A weight that also serves an unfused product (the expert's
-/// MLP in the first denoise step, which runs beside the prefix on cuBLASLt) is tiled into a copy;
-/// the others replace their row-major form.
-fn streamed_weight_tiling(plan: &Plan, mlps: &[usize], qkvs: &[usize]) -> Vec<(WeightId, TilePairing, bool)> {
+/// The weights of the fused MLPs as [`Kernels::mlp_stream`] reads them: (weight, the gate/up
+/// pairing's half or 0 for down, whether in place). A weight that also serves an unfused product
+/// (the expert's in the first denoise step, which runs beside the prefix on cuBLASLt) is tiled
+/// into a copy; the others replace their row-major form.
+fn mlp_weight_tiling(plan: &Plan, mlps: &[usize]) -> Vec<(WeightId, usize, bool)> {
     let mut tiled = Vec::new();
     for &i in mlps {
         if let (Op::Gemm { w: w_gate_up, .. }, Op::GeluTanhMul { out: hidden, .. }, Op::Gemm { w: w_down, .. }) =
             (&plan.ops[i], &plan.ops[i + 1], &plan.ops[i + 2])
         {
-            tiled.extend([(*w_gate_up, TilePairing::geglu(hidden.cols)), (*w_down, TilePairing::PLAIN)]);
+            tiled.extend([(*w_gate_up, hidden.cols), (*w_down, 0)]);
         }
     }
-    for &i in qkvs {
-        if let (Op::Gemm { w, .. }, Op::RopeQkv { heads, head_dim, .. }) = (&plan.ops[i], &plan.ops[i + 1]) {
-            tiled.push((*w, TilePairing::rope(*heads, *head_dim)));
-        }
-    }
-    tiled.sort_unstable_by_key(|(w, pairing)| (w.0, *pairing));
+    tiled.sort_unstable_by_key(|(w, _)| w.0);
     tiled.dedup();
-    let fused_op = |j: usize| mlps.iter().any(|&i| (i..i + 3).contains(&j)) || qkvs.contains(&j);
+    let fused_op = |j: usize| mlps.iter().any(|&i| (i..i + 3).contains(&j));
     let unfused: Vec<WeightId> = plan
         .ops
         .iter()
@@ -1171,35 +1126,31 @@ fn streamed_weight_tiling(plan: &Plan, mlps: &[usize], qkvs: &[usize]) -> Vec<(W
             _ => None,
         })
         .collect();
-    tiled.into_iter().map(|(w, pairing)| (w, pairing, !unfused.contains(&w))).collect()
+    tiled.into_iter().map(|(w, paired_half)| (w, paired_half, !unfused.contains(&w))).collect()
 }
 
-/// Tiles the streamed products' weights once, at open (see [`streamed_weight_tiling`]): in place
-/// through a staging copy, or into one allocation of copies. Returns that allocation (if any) and
-/// each tiled weight's address.
-fn retile_streamed_weights(
+/// Tiles the fused MLPs' weights for [`Kernels::mlp_stream`] once, at open (see
+/// [`mlp_weight_tiling`]): in place through a staging copy, or into one allocation of copies.
+/// Returns that allocation (if any) and each tiled weight's address.
+fn retile_mlp_weights(
     kernels: &Kernels,
     plan: &Plan,
     mlps: &[usize],
-    qkvs: &[usize],
     ptrs: &HashMap<(usize, Elem), DevPtr>,
     stream: sys::CUstream,
 ) -> Result<(Option<DeviceMemory>, HashMap<usize, DevPtr>)> {
-    let tiling = streamed_weight_tiling(plan, mlps, qkvs);
-    if let Some(w) = tiling.windows(2).find(|p| p[0].0 == p[1].0) {
-        return Err(Error::Backend(format!("weight {} would need two tilings", plan.weights[w[0].0.0].name)));
-    }
+    let tiling = mlp_weight_tiling(plan, mlps);
     let numel = |w: WeightId| match plan.weights[w.0].role {
         WeightRole::Matrix { n, k } => n * k,
         _ => 0,
     };
     let mut layout = Layout::default();
     let copy_at: Vec<Option<usize>> = tiling.iter().map(|&(w, _, in_place)| (!in_place).then(|| layout.take(numel(w) * 2))).collect();
-    let copies = if layout.bytes > 0 { Some(DeviceMemory::new(layout.bytes, "tiled weights")?) } else { None };
+    let copies = if layout.bytes > 0 { Some(DeviceMemory::new(layout.bytes, "tiled MLP weights")?) } else { None };
     let staging_elems = tiling.iter().filter(|t| t.2).map(|t| numel(t.0)).max().unwrap_or(0);
     let staging = if staging_elems > 0 { Some(DeviceMemory::new(staging_elems * 2, "weight tiling")?) } else { None };
     let mut tiled = HashMap::with_capacity(tiling.len());
-    for (&(w, pairing, _), &at) in tiling.iter().zip(&copy_at) {
+    for (&(w, paired_half, _), &at) in tiling.iter().zip(&copy_at) {
         let WeightRole::Matrix { n, k } = plan.weights[w.0].role else { continue };
         let plain = ptrs[&(w.0, Elem::Bf16)];
         // SAFETY: every region holds n · k bf16; the stream orders each copy before its tiling and
@@ -1208,12 +1159,12 @@ fn retile_streamed_weights(
             match (at, &copies, &staging) {
                 (Some(off), Some(copies), _) => {
                     let dst = copies.ptr + off as u64;
-                    kernels.retile_weight(dst, plain, n, k, pairing, stream).map_err(|e| Error::Backend(e.to_string()))?;
+                    kernels.retile_weight(dst, plain, n, k, paired_half, stream).map_err(|e| Error::Backend(e.to_string()))?;
                     dst
                 }
                 (_, _, Some(staging)) => {
                     check("weight tiling copy", sys::cuMemcpyDtoDAsync_v2(staging.ptr, plain, n * k * 2, stream).result())?;
-                    kernels.retile_weight(plain, staging.ptr, n, k, pairing, stream).map_err(|e| Error::Backend(e.to_string()))?;
+                    kernels.retile_weight(plain, staging.ptr, n, k, paired_half, stream).map_err(|e| Error::Backend(e.to_string()))?;
                     plain
                 }
                 _ => unreachable!("sized above for every tiled weight"),
@@ -1226,9 +1177,8 @@ fn retile_streamed_weights(
         check("weight tiling", unsafe { result::stream::synchronize(stream) })?;
         let copied = copies.as_ref().map_or(0, |c| c.bytes);
         log::info!(
-            "{} few-row MLPs and {} QKV products run as one streamed launch each ({} weights tiled, {:.1} MiB of them as copies)",
+            "{} few-row MLPs run as one streamed launch each ({} weights tiled, {:.1} MiB of them as copies)",
             mlps.len(),
-            qkvs.len(),
             tiling.len(),
             copied as f64 / (1 << 20) as f64
         );
@@ -1365,9 +1315,6 @@ struct Lowering<'a> {
     multiprocessors: usize,
     /// The first ops of the MLPs lowered as one streamed launch ([`fused_mlps`]), ascending.
     mlps: &'a [usize],
-    /// The QKV products lowered with their RoPE as one streamed launch ([`fused_qkv_ropes`]),
-    /// ascending.
-    qkvs: &'a [usize],
     /// The streamed MLPs' weights as that kernel reads them, by weight index.
     tiled: &'a HashMap<usize, DevPtr>,
     steps: Vec<Step>,
@@ -1502,21 +1449,6 @@ impl Lowering<'_> {
                 self.tag_steps(from, i..i + 3);
                 continue;
             }
-            // Fusion: the expert's QKV product and its RoPE as one streamed launch.
-            if self.qkvs.binary_search(&i).is_ok() {
-                let (Op::Gemm { a, w, .. }, Some((_, rope @ Op::RopeQkv { .. }))) = (op, ops.next()) else {
-                    return Err(self.error(format!("op {i} is not a product followed by its RoPE")));
-                };
-                let step = Step::StreamedQkvRope {
-                    rope: self.rope_args(rope)?,
-                    a: self.mat(*a)?,
-                    w: self.tiled[&w.0],
-                    multiprocessors: self.multiprocessors,
-                };
-                self.steps.push(step);
-                self.tag_steps(from, i..i + 2);
-                continue;
-            }
             // Fusion: a product and the GELU over its output (SigLIP's MLP) as cuBLASLt's epilogue.
             if let (Op::Gemm { a, w, bias, out, accumulate: false }, Some((next, Op::GeluTanh { x }))) = (op, ops.peek()) {
                 if x == out && phase_at(*next).is_none() {
@@ -1542,30 +1474,6 @@ impl Lowering<'_> {
         let ranges: Vec<Range<usize>> = sections.iter().map(|s| s.range.clone()).collect();
         let schedule = Schedule::new(self.step_lanes, &self.step_accesses, &ranges);
         Ok(Lowered { steps: self.steps, schedule, phase_steps: self.phase_steps, sections, matmuls: self.matmuls })
-    }
-
-    /// The kernel arguments of a RoPE op (its table rows gathered once per step where they can be).
-    fn rope_args(&self, op: &Op) -> Result<RopeArgs> {
-        let Op::RopeQkv { qkv, heads, head_dim, positions, position_offset, k_cache, v_cache, cache_row } = *op else {
-            return Err(self.error(format!("{op:?} is not a RoPE op")));
-        };
-        let rows = self.rope_rows.filter(|r| r.positions == positions && r.half == head_dim / 2);
-        let (positions, (cos, sin)) = match rows {
-            Some(r) => (None, r.rows),
-            None => (Some(self.ptr(positions)), self.rope),
-        };
-        Ok(RopeArgs {
-            qkv: self.mat(qkv)?,
-            heads,
-            head_dim,
-            positions,
-            position_offset,
-            k_cache: self.mat(k_cache)?,
-            v_cache: self.mat(v_cache)?,
-            cache_row,
-            cos,
-            sin,
-        })
     }
 
     fn lower_op(&mut self, op: &Op) -> Result<()> {
@@ -1617,7 +1525,25 @@ impl Lowering<'_> {
                 suffix,
                 rope_rows: self.rope_rows.filter(|r| r.positions == positions),
             },
-            Op::RopeQkv { .. } => Step::Rope(self.rope_args(op)?),
+            Op::RopeQkv { qkv, heads, head_dim, positions, position_offset, k_cache, v_cache, cache_row } => {
+                let rows = self.rope_rows.filter(|r| r.positions == positions && r.half == head_dim / 2);
+                let (positions, (cos, sin)) = match rows {
+                    Some(r) => (None, r.rows),
+                    None => (Some(self.ptr(positions)), self.rope),
+                };
+                Step::Rope(RopeArgs {
+                    qkv: self.mat(qkv)?,
+                    heads,
+                    head_dim,
+                    positions,
+                    position_offset,
+                    k_cache: self.mat(k_cache)?,
+                    v_cache: self.mat(v_cache)?,
+                    cache_row,
+                    cos,
+                    sin,
+                })
+            }
             Op::Attention { q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid } => {
                 return self.attention(q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid);
             }
@@ -1955,8 +1881,7 @@ mod tests {
         let (plan, first) = mlp_plan(|_, _, _| {});
         assert_eq!(fused(&plan, true), vec![first]);
         let (w_gate_up, w_down) = (WeightId(0), WeightId(1));
-        let (geglu, plain) = (TilePairing::geglu(128), TilePairing::PLAIN);
-        assert_eq!(streamed_weight_tiling(&plan, &[first], &[]), vec![(w_gate_up, geglu, true), (w_down, plain, true)]);
+        assert_eq!(mlp_weight_tiling(&plan, &[first]), vec![(w_gate_up, 128, true), (w_down, 0, true)]);
         // The kernel cannot run the shape or on that stream.
         assert_eq!(fused(&plan, false), Vec::<usize>::new());
         // The down weight serves another product too: fused, with a tiled copy of it.
@@ -1965,7 +1890,7 @@ mod tests {
             plan.push(Op::Gemm { a: h, w: w_down, bias: None, out: y, accumulate: false });
         });
         assert_eq!(fused(&plan, true), vec![first]);
-        assert_eq!(streamed_weight_tiling(&plan, &[first], &[]), vec![(w_gate_up, geglu, true), (w_down, plain, false)]);
+        assert_eq!(mlp_weight_tiling(&plan, &[first]), vec![(w_gate_up, 128, true), (w_down, 0, false)]);
         // Another op reads the gate/up output the fused kernel never writes.
         let (plan, _) = mlp_plan(|plan, _, gate_up| plan.push(Op::GeluTanh { x: gate_up }));
         assert!(fused(&plan, true).is_empty());
@@ -1994,82 +1919,6 @@ mod tests {
         plan.phase("next");
         plan.push(Op::Gemm { a: hidden, w: w2, bias: None, out, accumulate: false });
         assert!(fused(&plan, true).is_empty());
-    }
-
-    /// The expert's attention input in small: a → QKV product → RoPE (2 heads of 64) → attention;
-    /// `change` alters what must rule the fusion out.
-    fn qkv_plan(change: impl FnOnce(&mut Plan, &mut Op, &mut Op)) -> (Plan, usize) {
-        let mut plan = Plan::default();
-        let (heads, head_dim) = (2, 64);
-        let (a, qkv, out) = (plan.matrix("a", 4, 64), plan.matrix("qkv", 4, 4 * head_dim), plan.matrix("out", 4, heads * head_dim));
-        let (k_cache, v_cache) = (plan.matrix("k_cache", 10, head_dim), plan.matrix("v_cache", 10, head_dim));
-        let positions = plan.buffer("positions", BufType::I32, 10);
-        let w = plan.weight("qkv", WeightRole::Matrix { n: 4 * head_dim, k: 64 });
-        let mut product = Op::Gemm { a, w, bias: None, out: qkv, accumulate: false };
-        let mut rope = Op::RopeQkv { qkv, heads, head_dim, positions, position_offset: 6, k_cache, v_cache, cache_row: 6 };
-        change(&mut plan, &mut product, &mut rope);
-        let first = plan.ops.len();
-        plan.push(product);
-        plan.push(rope);
-        let q = qkv.cols(0, heads * head_dim);
-        plan.push(Op::Attention {
-            q,
-            k: k_cache,
-            v: v_cache,
-            out,
-            heads,
-            kv_heads: 1,
-            head_dim,
-            groups: 1,
-            key_valid: None,
-            query_valid: None,
-        });
-        (plan, first)
-    }
-
-    #[test]
-    fn the_expert_qkv_fuses_with_its_rope_only_as_a_whole() {
-        let fused = |plan: &Plan| fused_qkv_ropes(plan, &element_types(plan), |_, _, _, _| true);
-        let (plan, first) = qkv_plan(|_, _, _| {});
-        assert_eq!(fused(&plan), vec![first]);
-        assert_eq!(
-            fused_qkv_ropes(&plan, &element_types(&plan), |rows, width, heads, head_dim| (rows, width, heads, head_dim) != (4, 64, 2, 64)),
-            Vec::<usize>::new()
-        );
-        assert_eq!(streamed_weight_tiling(&plan, &[], &[first]), vec![(WeightId(0), TilePairing::rope(2, 64), true)]);
-        // A bias, an accumulating product, a RoPE of another buffer or of part of the output, a
-        // phase between the two.
-        let bias = |plan: &mut Plan, product: &mut Op, _: &mut Op| {
-            let b = plan.weight("bias", WeightRole::Vector);
-            if let Op::Gemm { bias, .. } = product {
-                *bias = Some(b);
-            }
-        };
-        assert!(fused(&qkv_plan(bias).0).is_empty());
-        let accumulate = |_: &mut Plan, product: &mut Op, _: &mut Op| {
-            if let Op::Gemm { accumulate, .. } = product {
-                *accumulate = true;
-            }
-        };
-        assert!(fused(&qkv_plan(accumulate).0).is_empty());
-        let other = |plan: &mut Plan, _: &mut Op, rope: &mut Op| {
-            let elsewhere = plan.matrix("elsewhere", 4, 256);
-            if let Op::RopeQkv { qkv, .. } = rope {
-                *qkv = elsewhere;
-            }
-        };
-        assert!(fused(&qkv_plan(other).0).is_empty());
-        let fewer_heads = |_: &mut Plan, _: &mut Op, rope: &mut Op| {
-            if let Op::RopeQkv { heads, .. } = rope {
-                *heads = 1;
-            }
-        };
-        assert!(fused(&qkv_plan(fewer_heads).0).is_empty());
-        let phase = |plan: &mut Plan, _: &mut Op, _: &mut Op| plan.phase("next");
-        let (mut plan, first) = qkv_plan(phase);
-        // The phase must start at the RoPE, not before the product.
-        plan.phases.last_mut().unwrap().first_op = first + 1;
-        assert!(fused(&plan).is_empty());
     }
 
     #[test]

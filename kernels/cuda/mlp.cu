@@ -1,0 +1,155 @@
+// The action expert's MLP (gate/up product, GeGLU, down product; at most 64 rows) as one launch
+// on Hopper (bench/NOTES.md item 52). cuBLASLt runs each few-row product as its own launch, each
+// paying its start and tail, with the GeGLU kernel between them; here one block per SM streams its
+// share of both weight matrices through one ring of shared-memory stages, so down's weights load
+// while gate/up finishes and while the blocks meet at the grid barrier between the two products.
+//
+// Weights are pre-tiled at load (`retile_weight`) into 64 × 64 tiles in the 128-byte swizzle the
+// warpgroup MMA reads, each tile one 8 KB bulk copy. Gate/up's tile t holds gate rows 32t … 32t+31
+// and the matching up rows, so a block's accumulator holds both halves of 32 GeGLU outputs and
+// writes them as bf16 (no gate/up output, no GeGLU launch). Down splits K over blocks; each adds
+// its f32 partial sums into `out`, which the blocks zero before the grid barrier.
+#include "common.cuh"
+
+// Row-major w [n, k] (bf16) into 64 × 64 swizzled tiles, tile (nt, kc) at element
+// (nt · k / 64 + kc) · 4096; with `paired_half` > 0 a tile's rows 0-31 are rows 32·nt … of w and
+// rows 32-63 those `paired_half` further (gate/up pairs). One thread per 16-byte piece. Compiled
+// for every architecture (the module is never empty); used where `mlp_stream_wgmma` runs.
+extern "C" __global__ void retile_weight(unsigned short* out, const unsigned short* w, int n, int k, int paired_half) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)n * k / 8) return;
+    const int piece = i % 8, r = (i / 8) % 64;
+    const long tile = i / 512;
+    const int kc = tile % (k / 64), nt = tile / (k / 64);
+    const int row = paired_half > 0 ? (r < 32 ? nt * 32 + r : paired_half + nt * 32 + r - 32) : nt * 64 + r;
+    *(uint4*)((char*)out + tile * 8192 + swizzle128(r, piece)) = *(const uint4*)(w + (long)row * k + kc * 64 + piece * 8);
+}
+
+#if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define MLP_TILE_BYTES (64 * 128)  // one 64 × 64 bf16 tile
+#define MLP_STAGES 8               // weight tiles in flight per block
+#define MLP_A_CHUNKS 16            // 64-column chunks of A a block holds (width and down's K share ≤ 1024)
+// Dynamic shared memory (launch.rs mirrors it): 1024-byte alignment slack, the ring, A's chunks.
+#define MLP_SHARED_BYTES (1024 + (MLP_STAGES + MLP_A_CHUNKS) * MLP_TILE_BYTES)
+
+// All blocks of the (co-resident, cooperatively launched) grid meet; writes before it are
+// visible after it. Self-resetting (cooperative groups' scheme): block 0 adds 2³¹ − (blocks − 1),
+// the others 1, so the top bit flips once all have arrived and the low bits return to where they
+// were; `word` needs no initial value and no reset between launches.
+__device__ __forceinline__ void mlp_grid_barrier(unsigned* word) {
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+    if (threadIdx.x == 0) {
+        const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
+        __threadfence();
+        const unsigned old = atomicAdd(word, add);
+        unsigned now;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(now) : "l"(word) : "memory");
+        } while (((old ^ now) & 0x80000000u) == 0);
+    }
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+}
+
+// Consumers (128 threads): rows [0, 64) × chunks [c0, c0 + chunks) of row-major A (rows past
+// `rows` zero) into swizzled tiles.
+__device__ __forceinline__ void mlp_load_a(unsigned a_tiles, const bf16* a, int a_stride, int rows, int c0, int chunks) {
+    for (int i = threadIdx.x; i < chunks * 64 * 8; i += 128) {
+        const int c = i / 512, r = (i / 8) % 64, piece = i % 8;
+        cp_async16(a_tiles + c * MLP_TILE_BYTES + swizzle128(r, piece), a + (long)min(r, rows - 1) * a_stride + (c0 + c) * 64 + piece * 8,
+                   r < rows);
+    }
+    asm volatile("cp.async.wait_all;\nfence.proxy.async.shared::cta;\nbar.sync 1, 128;\n" ::: "memory");
+}
+
+// Consumers: acc (64 × 64) = A · the next `chunks` weight tiles of the ring; `g` counts the
+// ring's tiles consumed so far (stage and parity), and the stages are handed back as they empty.
+__device__ __forceinline__ void mlp_product(float* acc, unsigned a_tiles, unsigned ring, unsigned full, unsigned empty, int chunks, int& g) {
+    for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+    const int lane = threadIdx.x & 31;
+    for (int c = 0; c < chunks; ++c, ++g) {
+        const int s = g % MLP_STAGES;
+        mbarrier_wait(full + 8 * s, (g / MLP_STAGES) & 1);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        for (int kk = 0; kk < 4; ++kk)
+            wg_mma_ss(acc, wg_desc(a_tiles + c * MLP_TILE_BYTES + kk * 32, 16, 1024), wg_desc(ring + s * MLP_TILE_BYTES + kk * 32, 16, 1024));
+        asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        if (c > 0 && lane == 0) mbarrier_arrive(empty + 8 * ((g - 1) % MLP_STAGES));
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    if (lane == 0) mbarrier_arrive(empty + 8 * ((g - 1) % MLP_STAGES));
+}
+
+// out[rows, width] (f32, zeroed here) = (gelu(a · w_gateᵀ) ⊙ (a · w_upᵀ)) · w_downᵀ, with
+// hidden[rows, hidden_width] (bf16) the GeGLU output. Grid: hidden_width / 32 blocks (gate/up's
+// tiles); down's (width / 64) × down_splits units go to the first blocks. 160 threads: one
+// warpgroup of consumers and a producer warp.
+extern "C" __global__ void __launch_bounds__(160, 1)
+    mlp_stream_wgmma(float* out, int out_stride, bf16* hidden, int hidden_stride, const bf16* a, int a_stride,
+                     const bf16* w_gate_up, const bf16* w_down, int rows, int width, int hidden_width, int down_splits,
+                     unsigned* barrier) {
+    extern __shared__ __align__(16) unsigned char mlp_shared[];
+    __shared__ __align__(8) unsigned long long bars[2 * MLP_STAGES];  // full, then empty, per stage
+    const unsigned base = ((unsigned)__cvta_generic_to_shared(mlp_shared) + 1023) & ~1023u;
+    const unsigned ring = base, a_tiles = base + MLP_STAGES * MLP_TILE_BYTES;
+    const unsigned full = (unsigned)__cvta_generic_to_shared(bars), empty = full + 8 * MLP_STAGES;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int width_chunks = width / 64, hidden_chunks = hidden_width / 64, down_chunks = hidden_chunks / down_splits;
+    const int down_tile = blockIdx.x % width_chunks, down_c0 = blockIdx.x / width_chunks * down_chunks;
+    const bool down_active = blockIdx.x < width_chunks * down_splits;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < MLP_STAGES; ++s) mbarrier_init(full + 8 * s, 1), mbarrier_init(empty + 8 * s, 4);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp == 4) {  // producer: this block's gate/up tiles, then its down tiles, one stream
+        if (lane == 0) {
+            const int tiles = width_chunks + (down_active ? down_chunks : 0);
+            for (int g = 0; g < tiles; ++g) {
+                const int s = g % MLP_STAGES;
+                if (g >= MLP_STAGES) mbarrier_wait(empty + 8 * s, (g / MLP_STAGES - 1) & 1);
+                const bf16* tile = g < width_chunks ? w_gate_up + ((long)blockIdx.x * width_chunks + g) * 4096
+                                                    : w_down + ((long)down_tile * hidden_chunks + down_c0 + g - width_chunks) * 4096;
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(full + 8 * s), "n"(MLP_TILE_BYTES) : "memory");
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                                 ring + s * MLP_TILE_BYTES),
+                             "l"(tile), "n"(MLP_TILE_BYTES), "r"(full + 8 * s)
+                             : "memory");
+            }
+        }
+        return;
+    }
+
+    // Zero `out` for down's sums (before the barrier, after which they are added).
+    for (int i = blockIdx.x * 128 + threadIdx.x; i < rows * (width / 4); i += gridDim.x * 128)
+        *(float4*)(out + (long)(i / (width / 4)) * out_stride + 4 * (i % (width / 4))) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+    float acc[32];
+    int g = 0;
+    const int row0 = warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
+    mlp_load_a(a_tiles, a, a_stride, rows, 0, width_chunks);
+    mlp_product(acc, a_tiles, ring, full, empty, width_chunks, g);
+    // Accumulator columns 8j + col0 (+1) of j < 4 are gate columns, those of j + 4 the matching up.
+    for (int j = 0; j < 4; ++j)
+        for (int h = 0; h < 2; ++h) {
+            const int r = row0 + 8 * h;
+            if (r >= rows) continue;
+            const float* gate = &acc[4 * j + 2 * h];
+            const float* up = &acc[4 * (j + 4) + 2 * h];
+            *(unsigned*)(hidden + (long)r * hidden_stride + blockIdx.x * 32 + 8 * j + col0) =
+                pack_bf16x2(gelu_tanh(gate[0]) * up[0], gelu_tanh(gate[1]) * up[1]);
+        }
+
+    mlp_grid_barrier(barrier);
+    if (!down_active) return;
+    mlp_load_a(a_tiles, hidden, hidden_stride, rows, down_c0, down_chunks);
+    mlp_product(acc, a_tiles, ring, full, empty, down_chunks, g);
+    for (int j = 0; j < 8; ++j)
+        for (int h = 0; h < 2; ++h) {
+            const int r = row0 + 8 * h;
+            if (r >= rows) continue;
+            float* o = out + (long)r * out_stride + down_tile * 64 + 8 * j + col0;
+            asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(o), "f"(acc[4 * j + 2 * h]), "f"(acc[4 * j + 2 * h + 1]) : "memory");
+        }
+}
+#endif
