@@ -339,7 +339,7 @@ fn elementwise_case(seed: u64) -> Case {
 
 /// The expert's MLP: gate/up product, GeGLU, down product (f32 out, as the residual reads it).
 /// On sm_90a the CUDA backend runs it as one streamed launch (`mlp_stream_wgmma`); seed 2 takes
-/// Pi0.5's own shape.
+/// Pi0.5's own shape and input.
 fn mlp_case(seed: u64) -> Case {
     let mut c = Case::new(String::new(), seed);
     let (rows, width, hidden) = if seed == 2 {
@@ -347,8 +347,28 @@ fn mlp_case(seed: u64) -> Case {
     } else {
         (c.rng.random_range(1..=64), 64 * c.rng.random_range(1..=16), 64 * c.rng.random_range(1..=32))
     };
-    c.name = format!("mlp (gate/up, gelu_tanh_mul, down) {rows}x{width}, hidden {hidden}");
-    let a = c.input("a", rows, width);
+    // A from a copy (row-major, cp.async), from an RMS norm (which also stores it as tiles for the
+    // fused kernel) and, Pi0.5's seed 2, from the gated residual with the adaRMS norm after it.
+    let sources = ["copy", "rms_norm", "gated_residual + ada_rms_norm"];
+    c.name = format!("mlp (gate/up, gelu_tanh_mul, down) {rows}x{width}, hidden {hidden}, a from {}", sources[seed as usize % 3]);
+    let a = match seed % 3 {
+        0 => c.input("a", rows, width),
+        1 => {
+            let (x, a) = (c.input("x", rows, width), c.plan.matrix("a", rows, width));
+            c.plan.push(Op::RmsNorm { x, out: a, eps: 1e-6 });
+            c.check(a);
+            a
+        }
+        _ => {
+            let (x, y, a) = (c.input("x", rows, width), c.input("y", rows, width), c.plan.matrix("a", rows, width));
+            let (m1, m2) = (c.normal(3 * width, 0.5), c.normal(3 * width, 0.5));
+            let (gate, norm) = (c.vector_weight(m1), c.vector_weight(m2));
+            c.plan.push(Op::GatedResidual { x, y, modulation: gate });
+            c.plan.push(Op::AdaRmsNorm { x, out: a, modulation: norm, eps: 1e-6 });
+            c.check(a);
+            a
+        }
+    };
     let (w_gate_up, w_down) = (c.matrix_weight(2 * hidden, width), c.matrix_weight(width, hidden));
     let (gate_up, h, out) =
         (c.plan.matrix("gate_up", rows, 2 * hidden), c.plan.matrix("hidden", rows, hidden), c.plan.matrix("out", rows, width));
