@@ -347,8 +347,8 @@ fn mlp_case(seed: u64) -> Case {
     } else {
         (c.rng.random_range(1..=64), 64 * c.rng.random_range(1..=16), 64 * c.rng.random_range(1..=32))
     };
-    // A from a copy (row-major, cp.async), from an RMS norm (which also stores it as tiles for the
-    // fused kernel) and, Pi0.5's seed 2, from the gated residual with the adaRMS norm after it.
+    // A from a copy, from an RMS norm and, Pi0.5's seed 2, from the gated residual with the
+    // adaRMS norm after it (as in the expert, whose norms the backend fuses with the residual).
     let sources = ["copy", "rms_norm", "gated_residual + ada_rms_norm"];
     c.name = format!("mlp (gate/up, gelu_tanh_mul, down) {rows}x{width}, hidden {hidden}, a from {}", sources[seed as usize % 3]);
     let a = match seed % 3 {
@@ -460,18 +460,7 @@ fn attention_case(seed: u64) -> Case {
     let k_cache = c.plan.matrix("k_cache", slots, head_dim);
     let v_cache = c.plan.matrix("v_cache", slots, head_dim);
     for (part, rows, offset) in [("prefix", prefix, 0), ("suffix", suffix, prefix)] {
-        // With head size 256 the suffix's q/k/v come from a product, as the expert's. Not with the
-        // others: their rounded product, amplified by the softmax, would hide the attention's own
-        // error.
-        let qkv = if part == "suffix" && head_dim == 256 {
-            let a = c.input("suffix_a", rows, 128);
-            let w = c.matrix_weight((heads + 2) * head_dim, 128);
-            let qkv = c.plan.matrix("suffix_qkv", rows, (heads + 2) * head_dim);
-            c.plan.push(Op::Gemm { a, w, bias: None, out: qkv, accumulate: false });
-            qkv
-        } else {
-            c.input(&format!("{part}_qkv"), rows, (heads + 2) * head_dim)
-        };
+        let qkv = c.input(&format!("{part}_qkv"), rows, (heads + 2) * head_dim);
         c.plan.push(Op::RopeQkv { qkv, heads, head_dim, positions, position_offset: offset, k_cache, v_cache, cache_row: offset });
         let (k, v) = if part == "prefix" { (k_cache.rows(0, prefix), v_cache.rows(0, prefix)) } else { (k_cache, v_cache) };
         let out = c.plan.matrix(format!("{part}_attn"), rows, heads * head_dim);

@@ -95,9 +95,6 @@ __device__ __forceinline__ void store8(float* p, const float* v) {
 // swizzle wgmma reads (and bulk tensor copies write): the piece index XOR the row within its 8.
 // Plain arithmetic, for every architecture (mlp.cu's retile_weight prepares tiles anywhere).
 __host__ __device__ __forceinline__ unsigned swizzle128(int r, int piece) { return r * 128 + ((piece ^ (r & 7)) << 4); }
-// Element offset of bf16 (r, c) in a matrix of at most 64 rows stored as such tiles, one per 64
-// columns in order (mlp.cu's A operands: a bulk copy per tile lands ready for the MMA).
-__host__ __device__ __forceinline__ long tiled_offset(int r, int c) { return (long)(c / 64) * 4096 + swizzle128(r, (c % 64) / 8) / 2 + c % 8; }
 
 #if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Shared-memory matrix descriptor with the 128-byte swizzle: start, leading and stride byte offsets.

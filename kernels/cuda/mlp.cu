@@ -8,10 +8,7 @@
 // warpgroup MMA reads, each tile one 8 KB bulk copy. Gate/up's tile t holds gate rows 32t … 32t+31
 // and the matching up rows, so a block's accumulator holds both halves of 32 GeGLU outputs and
 // writes them as bf16 (no gate/up output, no GeGLU launch). Down splits K over blocks; each adds
-// its f32 partial sums into `out`, which the blocks zero before the grid barrier. Down's A (the
-// GeGLU output) goes through global memory in 64-row swizzled tiles (`tiled_offset`), so each
-// block bulk-copies its chunks of it; gate/up's A comes the same way when the RMS norm before
-// the MLP wrote it so, else row-major by cp.async (bench/NOTES.md item 54).
+// its f32 partial sums into `out`, which the blocks zero before the grid barrier.
 #include "common.cuh"
 
 // Row-major w [n, k] (bf16) into 64 × 64 swizzled tiles, tile (nt, kc) at element
@@ -64,34 +61,13 @@ __device__ __forceinline__ void mlp_load_a(unsigned a_tiles, const bf16* a, int 
     asm volatile("cp.async.wait_all;\nfence.proxy.async.shared::cta;\nbar.sync 1, 128;\n" ::: "memory");
 }
 
-// Thread 0: chunks [c0, c0 + chunks) of tiled A (`tiled_offset`) by one bulk copy each into
-// the block's chunks 0 … chunks - 1, each completing its own barrier of `a_full`. The fence
-// orders the copies after the generic-proxy stores that wrote A (and earlier ones to the chunks).
-__device__ __forceinline__ void mlp_copy_a(unsigned a_tiles, unsigned a_full, const bf16* tiles, int c0, int chunks) {
-    asm volatile("fence.proxy.async;\n" ::: "memory");
-    for (int c = 0; c < chunks; ++c) {
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a_full + 8 * c), "n"(MLP_TILE_BYTES) : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                         a_tiles + c * MLP_TILE_BYTES),
-                     "l"(tiles + (long)(c0 + c) * 4096), "n"(MLP_TILE_BYTES), "r"(a_full + 8 * c)
-                     : "memory");
-    }
-}
-
 // Consumers: acc (64 × 64) = A · the next `chunks` weight tiles of the ring; `g` counts the
 // ring's tiles consumed so far (stage and parity), and the stages are handed back as they empty.
-// With `a_full` (A by `mlp_copy_a`), chunk c is waited for on its barrier, whose next phase's
-// parity is bit c of `a_phase` (flipped here).
-__device__ __forceinline__ void mlp_product(float* acc, unsigned a_tiles, unsigned a_full, unsigned& a_phase, unsigned ring, unsigned full,
-                                            unsigned empty, int chunks, int& g) {
+__device__ __forceinline__ void mlp_product(float* acc, unsigned a_tiles, unsigned ring, unsigned full, unsigned empty, int chunks, int& g) {
     for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
     const int lane = threadIdx.x & 31;
     for (int c = 0; c < chunks; ++c, ++g) {
         const int s = g % MLP_STAGES;
-        if (a_full) {
-            mbarrier_wait(a_full + 8 * c, (a_phase >> c) & 1);
-            a_phase ^= 1u << c;
-        }
         mbarrier_wait(full + 8 * s, (g / MLP_STAGES) & 1);
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
         for (int kk = 0; kk < 4; ++kk)
@@ -104,27 +80,24 @@ __device__ __forceinline__ void mlp_product(float* acc, unsigned a_tiles, unsign
 }
 
 // out[rows, width] (f32, zeroed here) = (gelu(a · w_gateᵀ) ⊙ (a · w_upᵀ)) · w_downᵀ, with
-// hidden[rows, hidden_width] (bf16) the GeGLU output, written row-major and into `hidden_tiles`
-// (64 × hidden_width, tiled). `a_tiled`: A as tiles (`tiled_offset`), or null for row-major `a`.
-// Grid: hidden_width / 32 blocks (gate/up's tiles); down's (width / 64) × down_splits units go
-// to the first blocks. 160 threads: one warpgroup of consumers and a producer warp.
+// hidden[rows, hidden_width] (bf16) the GeGLU output. Grid: hidden_width / 32 blocks (gate/up's
+// tiles); down's (width / 64) × down_splits units go to the first blocks. 160 threads: one
+// warpgroup of consumers and a producer warp.
 extern "C" __global__ void __launch_bounds__(160, 1)
-    mlp_stream_wgmma(float* out, int out_stride, bf16* hidden, int hidden_stride, bf16* hidden_tiles, const bf16* a, int a_stride,
-                     const bf16* a_tiled, const bf16* w_gate_up, const bf16* w_down, int rows, int width, int hidden_width,
-                     int down_splits, unsigned* barrier) {
+    mlp_stream_wgmma(float* out, int out_stride, bf16* hidden, int hidden_stride, const bf16* a, int a_stride,
+                     const bf16* w_gate_up, const bf16* w_down, int rows, int width, int hidden_width, int down_splits,
+                     unsigned* barrier) {
     extern __shared__ __align__(16) unsigned char mlp_shared[];
-    // full, then empty, per stage; then one per chunk of A
-    __shared__ __align__(8) unsigned long long bars[2 * MLP_STAGES + MLP_A_CHUNKS];
+    __shared__ __align__(8) unsigned long long bars[2 * MLP_STAGES];  // full, then empty, per stage
     const unsigned base = ((unsigned)__cvta_generic_to_shared(mlp_shared) + 1023) & ~1023u;
     const unsigned ring = base, a_tiles = base + MLP_STAGES * MLP_TILE_BYTES;
-    const unsigned full = (unsigned)__cvta_generic_to_shared(bars), empty = full + 8 * MLP_STAGES, a_full = empty + 8 * MLP_STAGES;
+    const unsigned full = (unsigned)__cvta_generic_to_shared(bars), empty = full + 8 * MLP_STAGES;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int width_chunks = width / 64, hidden_chunks = hidden_width / 64, down_chunks = hidden_chunks / down_splits;
     const int down_tile = blockIdx.x % width_chunks, down_c0 = blockIdx.x / width_chunks * down_chunks;
     const bool down_active = blockIdx.x < width_chunks * down_splits;
     if (threadIdx.x == 0) {
         for (int s = 0; s < MLP_STAGES; ++s) mbarrier_init(full + 8 * s, 1), mbarrier_init(empty + 8 * s, 4);
-        for (int c = 0; c < MLP_A_CHUNKS; ++c) mbarrier_init(a_full + 8 * c, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -153,14 +126,9 @@ extern "C" __global__ void __launch_bounds__(160, 1)
 
     float acc[32];
     int g = 0;
-    unsigned a_phase = 0;
     const int row0 = warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
-    if (!a_tiled) {
-        mlp_load_a(a_tiles, a, a_stride, rows, 0, width_chunks);
-    } else if (threadIdx.x == 0) {
-        mlp_copy_a(a_tiles, a_full, a_tiled, 0, width_chunks);
-    }
-    mlp_product(acc, a_tiles, a_tiled ? a_full : 0, a_phase, ring, full, empty, width_chunks, g);
+    mlp_load_a(a_tiles, a, a_stride, rows, 0, width_chunks);
+    mlp_product(acc, a_tiles, ring, full, empty, width_chunks, g);
     // Accumulator columns 8j + col0 (+1) of j < 4 are gate columns, those of j + 4 the matching up.
     for (int j = 0; j < 4; ++j)
         for (int h = 0; h < 2; ++h) {
@@ -168,17 +136,14 @@ extern "C" __global__ void __launch_bounds__(160, 1)
             if (r >= rows) continue;
             const float* gate = &acc[4 * j + 2 * h];
             const float* up = &acc[4 * (j + 4) + 2 * h];
-            const int c = blockIdx.x * 32 + 8 * j + col0;
-            const unsigned geglu = pack_bf16x2(gelu_tanh(gate[0]) * up[0], gelu_tanh(gate[1]) * up[1]);
-            *(unsigned*)(hidden + (long)r * hidden_stride + c) = geglu;
-            *(unsigned*)(hidden_tiles + tiled_offset(r, c)) = geglu;
+            *(unsigned*)(hidden + (long)r * hidden_stride + blockIdx.x * 32 + 8 * j + col0) =
+                pack_bf16x2(gelu_tanh(gate[0]) * up[0], gelu_tanh(gate[1]) * up[1]);
         }
-    asm volatile("fence.proxy.async;\n" ::: "memory");  // other blocks bulk-copy the tiles
 
     mlp_grid_barrier(barrier);
     if (!down_active) return;
-    if (threadIdx.x == 0) mlp_copy_a(a_tiles, a_full, hidden_tiles, down_c0, down_chunks);
-    mlp_product(acc, a_tiles, a_full, a_phase, ring, full, empty, down_chunks, g);
+    mlp_load_a(a_tiles, hidden, hidden_stride, rows, down_c0, down_chunks);
+    mlp_product(acc, a_tiles, ring, full, empty, down_chunks, g);
     for (int j = 0; j < 8; ++j)
         for (int h = 0; h < 2; ++h) {
             const int r = row0 + 8 * h;

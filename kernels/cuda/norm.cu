@@ -67,10 +67,8 @@ FOR_IN_OUT(LAYER_NORM, layer_norm)
 // Normalises this thread's 8 values of a row (columns c … c + 7, `mine` whether they exist) by
 // the row's RMS, then `* (1 + scale) + shift` when an adaRMS modulation `[scale | shift | gate]`
 // (3 * cols floats) is given, and stores them. `ss` is the thread's sum of squares.
-// The RMS norms also store their output into `tiles` when it is not null (bf16 only, at most 64
-// rows: the 64-row swizzled tiles of `tiled_offset`, which the fused MLP copies as they are).
 template <typename Tout>
-__device__ __forceinline__ void rms_finish8(Tout* orow, Tout* tiles, int c, bool mine, float* v, float ss, const float* modulation,
+__device__ __forceinline__ void rms_finish8(Tout* orow, int c, bool mine, float* v, float ss, const float* modulation,
                                             int cols, float eps, float* scratch) {
     float scale[8], shift[8];
     if (modulation) {
@@ -84,26 +82,24 @@ __device__ __forceinline__ void rms_finish8(Tout* orow, Tout* tiles, int c, bool
         if (modulation) v[i] = v[i] * (1.0f + scale[i]) + shift[i];
     }
     store8(orow + c, v);
-    if (tiles) store8(tiles + tiled_offset(blockIdx.x, c), v);
 }
 
 // The strided form of the above: `ss` is this thread's partial sum of squares over its columns
 // of `xr`, which is read again.
 template <typename Tin, typename Tout>
-__device__ void rms_finish(Tout* orow, Tout* tiles, const Tin* xr, float ss, const float* modulation, int cols, float eps,
+__device__ void rms_finish(Tout* orow, const Tin* xr, float ss, const float* modulation, int cols, float eps,
                            float* scratch) {
     const float inv = 1.0f / sqrtf(block_sum(ss, scratch) / cols + eps);
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float o = to_float(xr[c]) * inv;
         if (modulation) o = o * (1.0f + modulation[c]) + modulation[cols + c];
         orow[c] = from_float<Tout>(o);
-        if (tiles) tiles[tiled_offset(blockIdx.x, c)] = from_float<Tout>(o);
     }
 }
 
 template <typename Tin, typename Tout>
 __device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, const float* modulation,
-                         int cols, float eps, int per, Tout* tiles) {
+                         int cols, float eps, int per) {
     __shared__ float scratch[32];
     const Tin* xr = x + (long)blockIdx.x * x_stride;
     Tout* orow = out + (long)blockIdx.x * out_stride;
@@ -114,21 +110,20 @@ __device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, 
         float v[8];
         load8_or_zero(xr + c, v, mine);
         for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
-        rms_finish8<Tout>(orow, tiles, c, mine, v, ss, modulation, cols, eps, scratch);
+        rms_finish8<Tout>(orow, c, mine, v, ss, modulation, cols, eps, scratch);
         return;
     }
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         const float v = to_float(xr[c]);
         ss += v * v;
     }
-    rms_finish<Tin, Tout>(orow, tiles, xr, ss, modulation, cols, eps, scratch);
+    rms_finish<Tin, Tout>(orow, xr, ss, modulation, cols, eps, scratch);
 }
 
 #define RMS_NORM(NAME, TIN, TOUT)                                                                   \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* x, int x_stride,         \
-                                    const float* modulation, int cols, float eps, int per,          \
-                                    TOUT* tiles) {                                                  \
-        rms_norm<TIN, TOUT>(out, out_stride, x, x_stride, modulation, cols, eps, per, tiles);       \
+                                    const float* modulation, int cols, float eps, int per) {        \
+        rms_norm<TIN, TOUT>(out, out_stride, x, x_stride, modulation, cols, eps, per);              \
     }
 FOR_IN_OUT(RMS_NORM, rms_norm)
 
@@ -154,7 +149,7 @@ FOR_TYPE(GATED_RESIDUAL, gated_residual)
 template <typename Ty, typename Tout>
 __device__ void gated_residual_rms_norm(Tout* out, int out_stride, float* x, int x_stride, const Ty* y,
                                         int y_stride, const float* gate_modulation,
-                                        const float* norm_modulation, int cols, float eps, int per, Tout* tiles) {
+                                        const float* norm_modulation, int cols, float eps, int per) {
     __shared__ float scratch[32];
     float* xr = x + (long)blockIdx.x * x_stride;
     const Ty* yr = y + (long)blockIdx.x * y_stride;
@@ -173,7 +168,7 @@ __device__ void gated_residual_rms_norm(Tout* out, int out_stride, float* x, int
             ss += v[i] * v[i];
         }
         if (mine) store8(xr + c, v);
-        rms_finish8<Tout>(orow, tiles, c, mine, v, ss, norm_modulation, cols, eps, scratch);
+        rms_finish8<Tout>(orow, c, mine, v, ss, norm_modulation, cols, eps, scratch);
         return;
     }
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
@@ -182,15 +177,14 @@ __device__ void gated_residual_rms_norm(Tout* out, int out_stride, float* x, int
         ss += v * v;
     }
     // Each thread reads back only the elements it wrote itself: no barrier needed for x.
-    rms_finish<float, Tout>(orow, tiles, xr, ss, norm_modulation, cols, eps, scratch);
+    rms_finish<float, Tout>(orow, xr, ss, norm_modulation, cols, eps, scratch);
 }
 
 #define GATED_RESIDUAL_RMS_NORM(NAME, TY, TOUT)                                                     \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, float* x, int x_stride, const TY* y, \
                                     int y_stride, const float* gate_modulation,                     \
-                                    const float* norm_modulation, int cols, float eps, int per,     \
-                                    TOUT* tiles) {                                                  \
+                                    const float* norm_modulation, int cols, float eps, int per) {   \
         gated_residual_rms_norm<TY, TOUT>(out, out_stride, x, x_stride, y, y_stride,                \
-                                          gate_modulation, norm_modulation, cols, eps, per, tiles); \
+                                          gate_modulation, norm_modulation, cols, eps, per);        \
     }
 FOR_IN_OUT(GATED_RESIDUAL_RMS_NORM, gated_residual_rms_norm)

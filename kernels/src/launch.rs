@@ -482,38 +482,14 @@ impl Kernels {
         unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
     }
 
-    /// Whether an output of `out`'s shape can also be stored as 64-row tiles (`tiled_offset` in
-    /// common.cuh): bf16, at most 64 rows, whole 64-column chunks, a 16-byte aligned address.
-    fn check_tiles(what: &str, out: &Mat, tiles: Option<DevPtr>) -> Result<()> {
-        match tiles {
-            Some(t) if out.dtype != Dtype::Bf16 || out.rows > 64 || out.cols % 64 != 0 || t % 16 != 0 => Err(shape_error(
-                what,
-                format!(
-                    "a tiled copy needs bf16 output of at most 64 rows and 64·n columns at a 16-byte aligned address; got {out:?} to {t:#x}"
-                ),
-            )),
-            _ => Ok(()),
-        }
-    }
-
     /// Row-wise RMS norm; with `modulation` (`[scale | shift | gate]`, 3 · cols f32) the adaRMS
-    /// form `rms(x) · (1 + scale) + shift`. With `tiles` the output is stored there too, as
-    /// [`Kernels::mlp_stream`] reads a tiled A (see [`Kernels::check_tiles`]).
+    /// form `rms(x) · (1 + scale) + shift`.
     ///
     /// # Safety
-    /// All pointers must be live device memory of the stated shapes (`tiles`: 64 · cols bf16).
-    pub unsafe fn rms_norm(
-        &self,
-        out: Mat,
-        x: Mat,
-        modulation: Option<DevPtr>,
-        eps: f32,
-        tiles: Option<DevPtr>,
-        stream: CUstream,
-    ) -> Result<()> {
+    /// All pointers must be live device memory of the stated shapes.
+    pub unsafe fn rms_norm(&self, out: Mat, x: Mat, modulation: Option<DevPtr>, eps: f32, stream: CUstream) -> Result<()> {
         Self::same_shape("rms_norm", &out, &x)?;
         let name = format!("rms_norm_{}_{}", x.dtype.suffix(), out.dtype.suffix());
-        Self::check_tiles(&name, &out, tiles)?;
         let (per, threads) = Self::row_launch(&[(out, 0), (x, 0)], &[modulation.unwrap_or(0)], x.cols);
         let args = [
             Arg::P(out.ptr),
@@ -524,7 +500,6 @@ impl Kernels {
             Arg::I(i32_of(x.cols, &name)?),
             Arg::F(eps),
             Arg::I(per),
-            Arg::P(tiles.unwrap_or(0)),
         ];
         // SAFETY: matches `rms_norm_*` in norm.cu (a null modulation means plain RMS).
         unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
@@ -555,10 +530,10 @@ impl Kernels {
     }
 
     /// `x += y ⊙ gate(gate_modulation)`, then `out = rms(x) · (1 + scale) + shift` with
-    /// `norm_modulation`, in one pass per row; `tiles` as for [`Kernels::rms_norm`].
+    /// `norm_modulation`, in one pass per row.
     ///
     /// # Safety
-    /// All pointers must be live device memory of the stated shapes (`tiles`: 64 · cols bf16).
+    /// All pointers must be live device memory of the stated shapes.
     #[allow(clippy::too_many_arguments)] // mirrors the kernel's signature: two matrices in, two modulations
     pub unsafe fn gated_residual_rms_norm(
         &self,
@@ -568,7 +543,6 @@ impl Kernels {
         gate_modulation: DevPtr,
         norm_modulation: DevPtr,
         eps: f32,
-        tiles: Option<DevPtr>,
         stream: CUstream,
     ) -> Result<()> {
         Self::same_shape("gated_residual_rms_norm", &x, &y)?;
@@ -577,7 +551,6 @@ impl Kernels {
             return Err(shape_error("gated_residual_rms_norm", "the residual stream must be f32".into()));
         }
         let name = format!("gated_residual_rms_norm_{}_{}", y.dtype.suffix(), out.dtype.suffix());
-        Self::check_tiles(&name, &out, tiles)?;
         let (per, threads) = Self::row_launch(&[(out, 0), (x, 0), (y, 0)], &[gate_modulation, norm_modulation], x.cols);
         let args = [
             Arg::P(out.ptr),
@@ -591,7 +564,6 @@ impl Kernels {
             Arg::I(i32_of(x.cols, &name)?),
             Arg::F(eps),
             Arg::I(per),
-            Arg::P(tiles.unwrap_or(0)),
         ];
         // SAFETY: matches `gated_residual_rms_norm_*` in norm.cu.
         unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
@@ -909,10 +881,8 @@ impl Kernels {
 
     /// The few-row MLP `out = (gelu(a · w_gateᵀ) ⊙ (a · w_upᵀ)) · w_downᵀ` in one cooperative
     /// launch (mlp.cu), `hidden` receiving the GeGLU output (bf16) and `out` (f32) overwritten.
-    /// `hidden_tiles` (64 · hidden's width bf16) receives the GeGLU output again as tiles for
-    /// down's loads; `a_tiled`, when given, holds `a` as such tiles (a norm's `tiles` output) and
-    /// is read instead of `a`. The weights must be tiled by [`Kernels::retile_weight`] (gate/up
-    /// paired); `barrier` is a device word no concurrent launch uses.
+    /// The weights must be tiled by [`Kernels::retile_weight`] (gate/up paired); `barrier` is a
+    /// device word no concurrent launch uses.
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
@@ -921,9 +891,7 @@ impl Kernels {
         &self,
         out: Mat,
         hidden: Mat,
-        hidden_tiles: DevPtr,
         a: Mat,
-        a_tiled: Option<DevPtr>,
         w_gate_up: DevPtr,
         w_down: DevPtr,
         barrier: DevPtr,
@@ -940,8 +908,6 @@ impl Kernels {
                 && aligned(&a, 16)
                 && aligned(&hidden, 16)
                 && aligned(&out, 16)
-                && hidden_tiles % 16 == 0
-                && a_tiled.is_none_or(|t| t % 16 == 0)
                 && barrier % 4 == 0
         }) else {
             return Err(shape_error(
@@ -959,10 +925,8 @@ impl Kernels {
             Arg::I(i32_of(out.stride, what)?),
             Arg::P(hidden.ptr),
             Arg::I(i32_of(hidden.stride, what)?),
-            Arg::P(hidden_tiles),
             Arg::P(a.ptr),
             Arg::I(i32_of(a.stride, what)?),
-            Arg::P(a_tiled.unwrap_or(0)),
             Arg::P(w_gate_up),
             Arg::P(w_down),
             Arg::I(rows as i32),

@@ -138,13 +138,11 @@ enum Step {
         beta: DevPtr,
         eps: f32,
     },
-    /// `tiles`: the output again as the streamed MLP after it reads its A (see `Kernels::rms_norm`).
     RmsNorm {
         out: Mat,
         x: Mat,
         modulation: Option<DevPtr>,
         eps: f32,
-        tiles: Option<DevPtr>,
     },
     GatedResidual {
         x: Mat,
@@ -158,7 +156,6 @@ enum Step {
         gate: DevPtr,
         norm: DevPtr,
         eps: f32,
-        tiles: Option<DevPtr>,
     },
     GeluTanh {
         x: Mat,
@@ -168,14 +165,11 @@ enum Step {
         gate_up: Mat,
     },
     /// A few-row MLP (gate/up product, GeGLU, down product) in one launch (see
-    /// `Kernels::mlp_stream`), its weights tiled at open; `a_tiled`: A as the norm before it
-    /// also stored it.
+    /// `Kernels::mlp_stream`), its weights tiled at open.
     StreamedMlp {
         out: Mat,
         hidden: Mat,
-        hidden_tiles: DevPtr,
         a: Mat,
-        a_tiled: Option<DevPtr>,
         w_gate_up: DevPtr,
         w_down: DevPtr,
         barrier: DevPtr,
@@ -343,9 +337,6 @@ struct Scratch {
     workspace: DevPtr,
     /// The grid barrier word of this stream's streamed MLPs (one runs at a time per stream).
     grid_barrier: DevPtr,
-    /// The streamed MLPs' A and GeGLU output as 64-row tiles (bf16).
-    mlp_a_tiles: DevPtr,
-    mlp_hidden_tiles: DevPtr,
 }
 
 /// Element counts of one stream's [`Scratch`] regions: the largest use among its ops.
@@ -355,8 +346,6 @@ struct ScratchSizes {
     shadow: usize,
     attention_o: usize,
     attention_ml: usize,
-    mlp_a_tiles: usize,
-    mlp_hidden_tiles: usize,
 }
 
 /// The streams the step runs on: the main one, and the one a concurrent phase takes.
@@ -541,21 +530,10 @@ impl CudaBackend {
                 _ => {}
             }
         }
-        // The streamed MLPs' tiles; A's only where the norm before the MLP stores them.
-        let tiled_inputs = mlps_with_tiled_input(&plan, &mlps, &op_lanes);
-        for &first in &mlps {
-            if let (Op::Gemm { a, .. }, Op::GeluTanhMul { out: hidden, .. }) = (&plan.ops[first], &plan.ops[first + 1]) {
-                let size = &mut sizes[op_lanes[first]];
-                size.mlp_hidden_tiles = size.mlp_hidden_tiles.max(64 * hidden.cols);
-                if tiled_inputs.binary_search(&first).is_ok() {
-                    size.mlp_a_tiles = size.mlp_a_tiles.max(64 * a.cols);
-                }
-            }
-        }
         let half = head_dim / 2;
         // A second stream with no ops gets no scratch (only the cuBLASLt workspace is unsized).
         let used_lanes = op_lanes.iter().max().map_or(1, |l| l + 1);
-        let scratch_at: Vec<[usize; 9]> = sizes[..used_lanes]
+        let scratch_at: Vec<[usize; 7]> = sizes[..used_lanes]
             .iter()
             .map(|size| {
                 [
@@ -566,8 +544,6 @@ impl CudaBackend {
                     layout.take(size.attention_ml * 4),
                     layout.take(WORKSPACE_BYTES),
                     layout.take(4),
-                    layout.take(size.mlp_a_tiles * 2),
-                    layout.take(size.mlp_hidden_tiles * 2),
                 ]
             })
             .collect();
@@ -594,8 +570,6 @@ impl CudaBackend {
                 attention_ml: at(o[4]),
                 workspace: at(o[5]),
                 grid_barrier: at(o[6]),
-                mlp_a_tiles: at(o[7]),
-                mlp_hidden_tiles: at(o[8]),
             })
             .collect();
         let rope = (at(rope_at[0]), at(rope_at[1]));
@@ -675,7 +649,6 @@ impl CudaBackend {
             fused_attention,
             multiprocessors,
             mlps: &mlps,
-            tiled_inputs: &tiled_inputs,
             tiled: &tiled,
             steps: Vec::new(),
             step_lanes: Vec::new(),
@@ -982,15 +955,13 @@ impl CudaBackend {
                 }
                 Step::AddTable { x, table, table_rows } => k.add_table(x, table, table_rows, s),
                 Step::LayerNorm { out, x, gamma, beta, eps } => k.layer_norm(out, x, gamma, beta, eps, s),
-                Step::RmsNorm { out, x, modulation, eps, tiles } => k.rms_norm(out, x, modulation, eps, tiles, s),
+                Step::RmsNorm { out, x, modulation, eps } => k.rms_norm(out, x, modulation, eps, s),
                 Step::GatedResidual { x, y, modulation } => k.gated_residual(x, y, modulation, s),
-                Step::GatedResidualRmsNorm { out, x, y, gate, norm, eps, tiles } => {
-                    k.gated_residual_rms_norm(out, x, y, gate, norm, eps, tiles, s)
-                }
+                Step::GatedResidualRmsNorm { out, x, y, gate, norm, eps } => k.gated_residual_rms_norm(out, x, y, gate, norm, eps, s),
                 Step::GeluTanh { x } => k.gelu_tanh(x, s),
                 Step::GeluTanhMul { out, gate_up } => k.gelu_tanh_mul(out, gate_up, s),
-                Step::StreamedMlp { out, hidden, hidden_tiles, a, a_tiled, w_gate_up, w_down, barrier, multiprocessors } => {
-                    k.mlp_stream(out, hidden, hidden_tiles, a, a_tiled, w_gate_up, w_down, barrier, multiprocessors, s)
+                Step::StreamedMlp { out, hidden, a, w_gate_up, w_down, barrier, multiprocessors } => {
+                    k.mlp_stream(out, hidden, a, w_gate_up, w_down, barrier, multiprocessors, s)
                 }
                 Step::Embed { out, tokens, table, vocab, scale } => k.embed(out, tokens, table, vocab, scale, s),
                 Step::Positions { valid, positions, frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix, rope_rows } => k
@@ -1128,26 +1099,6 @@ fn fused_mlps(plan: &Plan, elems: &[Elem], runs: impl Fn(usize, usize, usize, us
         true
     };
     candidates.iter().filter(|c| unread(c)).map(|c| c.0).collect()
-}
-
-/// The fused MLPs (of `mlps`) whose A the RMS norm right before them, on the same stream and in
-/// the same phase, also stores as tiles for them (bench/NOTES.md item 54): the norm's output is
-/// the MLP's whole A.
-fn mlps_with_tiled_input(plan: &Plan, mlps: &[usize], op_lanes: &[usize]) -> Vec<usize> {
-    let starts_phase = |i: usize| plan.phases.iter().any(|p| p.first_op == i);
-    mlps.iter()
-        .copied()
-        .filter(|&i| {
-            let (Some(norm), Op::Gemm { a, .. }) = (i.checked_sub(1).map(|j| &plan.ops[j]), &plan.ops[i]) else {
-                return false;
-            };
-            let out = match norm {
-                Op::RmsNorm { out, .. } | Op::AdaRmsNorm { out, .. } => out,
-                _ => return false,
-            };
-            out == a && op_lanes[i - 1] == op_lanes[i] && !starts_phase(i)
-        })
-        .collect()
 }
 
 /// The weights of the fused MLPs as [`Kernels::mlp_stream`] reads them: (weight, the gate/up
@@ -1362,10 +1313,8 @@ struct Lowering<'a> {
     /// FRT_NO_FUSED_ATTENTION=1), sized for this many SMs.
     fused_attention: bool,
     multiprocessors: usize,
-    /// The first ops of the MLPs lowered as one streamed launch ([`fused_mlps`]), ascending, and
-    /// those of them whose A the norm before stores as tiles ([`mlps_with_tiled_input`]).
+    /// The first ops of the MLPs lowered as one streamed launch ([`fused_mlps`]), ascending.
     mlps: &'a [usize],
-    tiled_inputs: &'a [usize],
     /// The streamed MLPs' weights as that kernel reads them, by weight index.
     tiled: &'a HashMap<usize, DevPtr>,
     steps: Vec<Step>,
@@ -1471,7 +1420,6 @@ impl Lowering<'_> {
                         gate: self.weight(*modulation, Elem::F32),
                         norm: self.weight(*norm, Elem::F32),
                         eps: *eps,
-                        tiles: self.norm_tiles(*next),
                     };
                     self.steps.push(step);
                     ops.next();
@@ -1489,13 +1437,10 @@ impl Lowering<'_> {
                 else {
                     return Err(self.error(format!("op {i} is not the first of a product, GeGLU, product sequence")));
                 };
-                let tiled_input = self.tiled_inputs.binary_search(&i).is_ok();
                 self.steps.push(Step::StreamedMlp {
                     out: self.mat(*out)?,
                     hidden: self.mat(*hidden)?,
-                    hidden_tiles: self.scratch().mlp_hidden_tiles,
                     a: self.mat(*a)?,
-                    a_tiled: tiled_input.then_some(self.scratch().mlp_a_tiles),
                     w_gate_up: self.tiled[&w_gate_up.0],
                     w_down: self.tiled[&w_down.0],
                     barrier: self.scratch().grid_barrier,
@@ -1513,7 +1458,7 @@ impl Lowering<'_> {
                     continue;
                 }
             }
-            self.lower_op(i, op)?;
+            self.lower_op(op)?;
             self.tag_steps(from, i..i + 1);
         }
         for (i, b) in plan.buffers.iter().enumerate() {
@@ -1531,13 +1476,7 @@ impl Lowering<'_> {
         Ok(Lowered { steps: self.steps, schedule, phase_steps: self.phase_steps, sections, matmuls: self.matmuls })
     }
 
-    /// Where the norm op `i` also stores its output as tiles: the scratch the MLP after it reads.
-    fn norm_tiles(&self, i: usize) -> Option<DevPtr> {
-        self.tiled_inputs.binary_search(&(i + 1)).is_ok().then_some(self.scratch().mlp_a_tiles)
-    }
-
-    /// Lowers plan op `i`.
-    fn lower_op(&mut self, i: usize, op: &Op) -> Result<()> {
+    fn lower_op(&mut self, op: &Op) -> Result<()> {
         let step = match *op {
             Op::ImagePatches { camera, frames, frame_stride, frame_info, size, patch, out } => Step::ImagePatches {
                 out: self.mat(out)?,
@@ -1557,12 +1496,9 @@ impl Lowering<'_> {
                 beta: self.weight(beta, Elem::F32),
                 eps,
             },
-            Op::RmsNorm { x, out, eps } => {
-                Step::RmsNorm { out: self.mat(out)?, x: self.mat(x)?, modulation: None, eps, tiles: self.norm_tiles(i) }
-            }
+            Op::RmsNorm { x, out, eps } => Step::RmsNorm { out: self.mat(out)?, x: self.mat(x)?, modulation: None, eps },
             Op::AdaRmsNorm { x, out, modulation, eps } => {
-                let modulation = Some(self.weight(modulation, Elem::F32));
-                Step::RmsNorm { out: self.mat(out)?, x: self.mat(x)?, modulation, eps, tiles: self.norm_tiles(i) }
+                Step::RmsNorm { out: self.mat(out)?, x: self.mat(x)?, modulation: Some(self.weight(modulation, Elem::F32)), eps }
             }
             Op::GatedResidual { x, y, modulation } => {
                 Step::GatedResidual { x: self.mat(x)?, y: self.mat(y)?, modulation: self.weight(modulation, Elem::F32) }
@@ -1983,30 +1919,6 @@ mod tests {
         plan.phase("next");
         plan.push(Op::Gemm { a: hidden, w: w2, bias: None, out, accumulate: false });
         assert!(fused(&plan, true).is_empty());
-    }
-
-    #[test]
-    fn the_norm_before_a_fused_mlp_stores_its_a_as_tiles() {
-        let (plan, first) = mlp_plan(|_, _, _| {});
-        let lanes = vec![0; plan.ops.len()];
-        assert_eq!(mlps_with_tiled_input(&plan, &[first], &lanes), vec![first]);
-        // Not across streams, nor into a phase, nor from anything but an RMS norm of the whole A.
-        let mut other_lane = lanes.clone();
-        other_lane[first - 1] = 1;
-        assert!(mlps_with_tiled_input(&plan, &[first], &other_lane).is_empty());
-        let mut phased = plan.clone();
-        phased.phase("mlp");
-        phased.phases.last_mut().unwrap().first_op = first;
-        assert!(mlps_with_tiled_input(&phased, &[first], &lanes).is_empty());
-        let mut copied = plan.clone();
-        let Op::RmsNorm { x, out, .. } = copied.ops[first - 1] else { panic!("mlp_plan starts with the norm") };
-        copied.ops[first - 1] = Op::Copy { src: x, dst: out };
-        assert!(mlps_with_tiled_input(&copied, &[first], &lanes).is_empty());
-        let mut partial = plan.clone();
-        if let Op::RmsNorm { out, .. } = &mut partial.ops[first - 1] {
-            *out = out.cols(0, 32);
-        }
-        assert!(mlps_with_tiled_input(&partial, &[first], &lanes).is_empty());
     }
 
     #[test]
