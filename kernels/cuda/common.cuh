@@ -90,6 +90,15 @@ __device__ __forceinline__ void store8(float* p, const float* v) {
     KERNEL(NAME##_f32, float)   \
     KERNEL(NAME##_bf16, bf16)
 
+// Programmatic dependent launch (sm_90 on; a no-op where the next kernel is not launched as a
+// programmatic dependent): lets the next kernel's blocks start now. They wait for this grid
+// with `griddepcontrol.wait` before reading what it writes.
+__device__ __forceinline__ void launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // ---- Hopper (sm_90a) building blocks: the warpgroup MMA kernels' (attention.cu, mlp.cu) --------
 // Byte offset of 16-byte piece `piece` (0-7) of row `r` in a 64 × 64 bf16 tile in the 128-byte
 // swizzle wgmma reads (and bulk tensor copies write): the piece index XOR the row within its 8.

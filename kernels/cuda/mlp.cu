@@ -8,7 +8,9 @@
 // warpgroup MMA reads, each tile one 8 KB bulk copy. Gate/up's tile t holds gate rows 32t … 32t+31
 // and the matching up rows, so a block's accumulator holds both halves of 32 GeGLU outputs and
 // writes them as bf16 (no gate/up output, no GeGLU launch). Down splits K over blocks; each adds
-// its f32 partial sums into `out`, which the blocks zero before the grid barrier.
+// its f32 partial sums into `out`, which the blocks zero before the grid barrier. Launched as a
+// programmatic dependent of the norm before it, a block streams its first weight stages while
+// that norm still runs (bench/NOTES.md item 56).
 #include "common.cuh"
 
 // Row-major w [n, k] (bf16) into 64 × 64 swizzled tiles, tile (nt, kc) at element
@@ -123,6 +125,9 @@ extern "C" __global__ void __launch_bounds__(160, 1)
     // Zero `out` for down's sums (before the barrier, after which they are added).
     for (int i = blockIdx.x * 128 + threadIdx.x; i < rows * (width / 4); i += gridDim.x * 128)
         *(float4*)(out + (long)(i / (width / 4)) * out_stride + 4 * (i % (width / 4))) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    // Launched as a programmatic dependent of the norm that writes `a`, the weights (above) and
+    // the zeroing start under it; A waits for it (a no-op in a plain launch).
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
 
     float acc[32];
     int g = 0;

@@ -882,7 +882,9 @@ impl Kernels {
     /// The few-row MLP `out = (gelu(a · w_gateᵀ) ⊙ (a · w_upᵀ)) · w_downᵀ` in one cooperative
     /// launch (mlp.cu), `hidden` receiving the GeGLU output (bf16) and `out` (f32) overwritten.
     /// The weights must be tiled by [`Kernels::retile_weight`] (gate/up paired); `barrier` is a
-    /// device word no concurrent launch uses.
+    /// device word no concurrent launch uses. `programmatic`: launched as a programmatic dependent
+    /// of the kernel before it on the stream, which must be the RMS norm writing `a` (it lets the
+    /// MLP start early; the MLP waits for it before reading `a`).
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
@@ -896,6 +898,7 @@ impl Kernels {
         w_down: DevPtr,
         barrier: DevPtr,
         multiprocessors: usize,
+        programmatic: bool,
         stream: CUstream,
     ) -> Result<()> {
         let what = "mlp_stream_wgmma";
@@ -940,7 +943,16 @@ impl Kernels {
         // SAFETY: the attribute value is a plain C union; all-zero bytes are a valid value.
         let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
         value.cooperative = 1;
-        let mut cooperative = sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE, pad: [0; 4], value };
+        let cooperative = sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE, pad: [0; 4], value };
+        // SAFETY: as above.
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.programmaticStreamSerializationAllowed = 1;
+        let early = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
+        };
+        let mut attrs = [cooperative, early];
         let config = sys::CUlaunchConfig {
             gridDimX: (hid / 32) as u32,
             gridDimY: 1,
@@ -950,11 +962,11 @@ impl Kernels {
             blockDimZ: 1,
             sharedMemBytes: MLP_SHARED_BYTES,
             hStream: stream,
-            attrs: &mut cooperative,
-            numAttrs: 1,
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: if programmatic { 2 } else { 1 },
         };
         // SAFETY: `params` points into `args`, alive until the driver has copied them; the
-        // arguments match `mlp_stream_wgmma`'s signature; the config's attribute outlives the call.
+        // arguments match `mlp_stream_wgmma`'s signature; the config's attributes outlive the call.
         unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
             .result()
             .map_err(|e| KernelError::cuda(format!("launching {what}"), e))

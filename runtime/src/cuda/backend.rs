@@ -174,6 +174,8 @@ enum Step {
         w_down: DevPtr,
         barrier: DevPtr,
         multiprocessors: usize,
+        /// Launched as a programmatic dependent of the norm step before it (see `mlps_after_their_norm`).
+        programmatic: bool,
     },
     Embed {
         out: Mat,
@@ -505,6 +507,9 @@ impl CudaBackend {
                 op_lanes[first] == 0 && kernels.mlp_stream_splits(rows, width, hidden, multiprocessors).is_some()
             })
         };
+        // Each fused MLP right after the norm that writes its A starts under that norm, streaming
+        // its first weights meanwhile (FRT_NO_EARLY_MLP=1: off).
+        let early_mlps = if env_flag("FRT_NO_EARLY_MLP") { Vec::new() } else { mlps_after_their_norm(&plan, &mlps, &op_lanes) };
         let mut sizes = [ScratchSizes::default(); LANES];
         for (op, &lane) in plan.ops.iter().zip(&op_lanes) {
             let size = &mut sizes[lane];
@@ -649,6 +654,7 @@ impl CudaBackend {
             fused_attention,
             multiprocessors,
             mlps: &mlps,
+            early_mlps: &early_mlps,
             tiled: &tiled,
             steps: Vec::new(),
             step_lanes: Vec::new(),
@@ -960,8 +966,8 @@ impl CudaBackend {
                 Step::GatedResidualRmsNorm { out, x, y, gate, norm, eps } => k.gated_residual_rms_norm(out, x, y, gate, norm, eps, s),
                 Step::GeluTanh { x } => k.gelu_tanh(x, s),
                 Step::GeluTanhMul { out, gate_up } => k.gelu_tanh_mul(out, gate_up, s),
-                Step::StreamedMlp { out, hidden, a, w_gate_up, w_down, barrier, multiprocessors } => {
-                    k.mlp_stream(out, hidden, a, w_gate_up, w_down, barrier, multiprocessors, s)
+                Step::StreamedMlp { out, hidden, a, w_gate_up, w_down, barrier, multiprocessors, programmatic } => {
+                    k.mlp_stream(out, hidden, a, w_gate_up, w_down, barrier, multiprocessors, programmatic, s)
                 }
                 Step::Embed { out, tokens, table, vocab, scale } => k.embed(out, tokens, table, vocab, scale, s),
                 Step::Positions { valid, positions, frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix, rope_rows } => k
@@ -1099,6 +1105,26 @@ fn fused_mlps(plan: &Plan, elems: &[Elem], runs: impl Fn(usize, usize, usize, us
         true
     };
     candidates.iter().filter(|c| unread(c)).map(|c| c.0).collect()
+}
+
+/// The fused MLPs (of `mlps`) that directly follow, on the same stream and in the same phase, the
+/// RMS norm writing their whole A: launched as its programmatic dependent, each streams its first
+/// weight stages while the norm runs (bench/NOTES.md item 56).
+fn mlps_after_their_norm(plan: &Plan, mlps: &[usize], op_lanes: &[usize]) -> Vec<usize> {
+    let starts_phase = |i: usize| plan.phases.iter().any(|p| p.first_op == i);
+    mlps.iter()
+        .copied()
+        .filter(|&i| {
+            let (Some(norm), Op::Gemm { a, .. }) = (i.checked_sub(1).map(|j| &plan.ops[j]), &plan.ops[i]) else {
+                return false;
+            };
+            let out = match norm {
+                Op::RmsNorm { out, .. } | Op::AdaRmsNorm { out, .. } => out,
+                _ => return false,
+            };
+            out == a && op_lanes[i - 1] == op_lanes[i] && !starts_phase(i)
+        })
+        .collect()
 }
 
 /// The weights of the fused MLPs as [`Kernels::mlp_stream`] reads them: (weight, the gate/up
@@ -1313,8 +1339,10 @@ struct Lowering<'a> {
     /// FRT_NO_FUSED_ATTENTION=1), sized for this many SMs.
     fused_attention: bool,
     multiprocessors: usize,
-    /// The first ops of the MLPs lowered as one streamed launch ([`fused_mlps`]), ascending.
+    /// The first ops of the MLPs lowered as one streamed launch ([`fused_mlps`]), ascending, and
+    /// those of them launched as programmatic dependents of their norm ([`mlps_after_their_norm`]).
     mlps: &'a [usize],
+    early_mlps: &'a [usize],
     /// The streamed MLPs' weights as that kernel reads them, by weight index.
     tiled: &'a HashMap<usize, DevPtr>,
     steps: Vec<Step>,
@@ -1445,6 +1473,7 @@ impl Lowering<'_> {
                     w_down: self.tiled[&w_down.0],
                     barrier: self.scratch().grid_barrier,
                     multiprocessors: self.multiprocessors,
+                    programmatic: self.early_mlps.binary_search(&i).is_ok(),
                 });
                 self.tag_steps(from, i..i + 3);
                 continue;
@@ -1919,6 +1948,30 @@ mod tests {
         plan.phase("next");
         plan.push(Op::Gemm { a: hidden, w: w2, bias: None, out, accumulate: false });
         assert!(fused(&plan, true).is_empty());
+    }
+
+    #[test]
+    fn a_fused_mlp_starts_early_only_right_after_the_norm_of_its_a() {
+        let (plan, first) = mlp_plan(|_, _, _| {});
+        let lanes = vec![0; plan.ops.len()];
+        assert_eq!(mlps_after_their_norm(&plan, &[first], &lanes), vec![first]);
+        // Not across streams, nor into a phase, nor after anything but an RMS norm of the whole A.
+        let mut other_lane = lanes.clone();
+        other_lane[first - 1] = 1;
+        assert!(mlps_after_their_norm(&plan, &[first], &other_lane).is_empty());
+        let mut phased = plan.clone();
+        phased.phase("mlp");
+        phased.phases.last_mut().unwrap().first_op = first;
+        assert!(mlps_after_their_norm(&phased, &[first], &lanes).is_empty());
+        let mut copied = plan.clone();
+        let Op::RmsNorm { x, out, .. } = copied.ops[first - 1] else { panic!("mlp_plan has the norm before the MLP") };
+        copied.ops[first - 1] = Op::Copy { src: x, dst: out };
+        assert!(mlps_after_their_norm(&copied, &[first], &lanes).is_empty());
+        let mut partial = plan.clone();
+        if let Op::RmsNorm { out, .. } = &mut partial.ops[first - 1] {
+            *out = out.cols(0, 32);
+        }
+        assert!(mlps_after_their_norm(&partial, &[first], &lanes).is_empty());
     }
 
     #[test]
