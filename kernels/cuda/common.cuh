@@ -99,6 +99,25 @@ __device__ __forceinline__ void launch_dependents() {
 #endif
 }
 
+// All blocks of the (co-resident, cooperatively launched) grid meet, 128 threads of each (the
+// first four warps, mlp.cu's consumers: named barrier 1); writes before it are visible after it.
+// Self-resetting (cooperative groups' scheme): block 0 adds 2³¹ − (blocks − 1), the others 1, so
+// the top bit flips once all have arrived and the low bits return to where they were; `word`
+// needs no initial value and no reset between launches.
+__device__ __forceinline__ void grid_barrier_128(unsigned* word) {
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+    if (threadIdx.x == 0) {
+        const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
+        __threadfence();
+        const unsigned old = atomicAdd(word, add);
+        unsigned now;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(now) : "l"(word) : "memory");
+        } while (((old ^ now) & 0x80000000u) == 0);
+    }
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+}
+
 // ---- Hopper (sm_90a) building blocks: the warpgroup MMA kernels' (attention.cu, mlp.cu) --------
 // Byte offset of 16-byte piece `piece` (0-7) of row `r` in a 64 × 64 bf16 tile in the 128-byte
 // swizzle wgmma reads (and bulk tensor copies write): the piece index XOR the row within its 8.

@@ -34,24 +34,6 @@ extern "C" __global__ void retile_weight(unsigned short* out, const unsigned sho
 // Dynamic shared memory (launch.rs mirrors it): 1024-byte alignment slack, the ring, A's chunks.
 #define MLP_SHARED_BYTES (1024 + (MLP_STAGES + MLP_A_CHUNKS) * MLP_TILE_BYTES)
 
-// All blocks of the (co-resident, cooperatively launched) grid meet; writes before it are
-// visible after it. Self-resetting (cooperative groups' scheme): block 0 adds 2³¹ − (blocks − 1),
-// the others 1, so the top bit flips once all have arrived and the low bits return to where they
-// were; `word` needs no initial value and no reset between launches.
-__device__ __forceinline__ void mlp_grid_barrier(unsigned* word) {
-    asm volatile("bar.sync 1, 128;\n" ::: "memory");
-    if (threadIdx.x == 0) {
-        const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
-        __threadfence();
-        const unsigned old = atomicAdd(word, add);
-        unsigned now;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(now) : "l"(word) : "memory");
-        } while (((old ^ now) & 0x80000000u) == 0);
-    }
-    asm volatile("bar.sync 1, 128;\n" ::: "memory");
-}
-
 // Consumers (128 threads): rows [0, 64) × chunks [c0, c0 + chunks) of row-major A (rows past
 // `rows` zero) into swizzled tiles.
 __device__ __forceinline__ void mlp_load_a(unsigned a_tiles, const bf16* a, int a_stride, int rows, int c0, int chunks) {
@@ -145,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(160, 1)
                 pack_bf16x2(gelu_tanh(gate[0]) * up[0], gelu_tanh(gate[1]) * up[1]);
         }
 
-    mlp_grid_barrier(barrier);
+    grid_barrier_128(barrier);
     if (!down_active) return;
     mlp_load_a(a_tiles, hidden, hidden_stride, rows, down_c0, down_chunks);
     mlp_product(acc, a_tiles, ring, full, empty, down_chunks, g);

@@ -120,6 +120,8 @@ __device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, 
     rms_finish<Tin, Tout>(orow, xr, ss, modulation, cols, eps, scratch);
 }
 
+// The RMS norms let a programmatic dependent start at once (`launch_dependents`): the streamed
+// MLP after the expert's norms loads its weights meanwhile (bench/NOTES.md item 56).
 #define RMS_NORM(NAME, TIN, TOUT)                                                                   \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* x, int x_stride,         \
                                     const float* modulation, int cols, float eps, int per) {        \
@@ -143,9 +145,6 @@ __device__ void gated_residual(float* x, int x_stride, const Ty* y, int y_stride
         gated_residual<TY>(x, x_stride, y, y_stride, modulation, rows, cols);                       \
     }
 FOR_TYPE(GATED_RESIDUAL, gated_residual)
-
-// The RMS norms let a programmatic dependent start at once (`launch_dependents`): the streamed
-// MLP after the expert's norms loads its weights meanwhile (bench/NOTES.md item 56).
 
 // The expert's "residual, then the next adaRMS norm" pair in one pass over the row:
 // x += y * gate(gate_modulation); out = rms(x) * (1 + scale) + shift with norm_modulation.

@@ -14,32 +14,18 @@
 //   alternating    plain and smem launches alternating (whether a change of the shared-memory
 //                  configuration between kernels costs anything beyond the two launches)
 // Built and run on the GPU machine (tools/device/launch_cost_bench.sh):
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a tools/device/launch_cost_bench.cu -o b && ./b
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I kernels/cuda tools/device/launch_cost_bench.cu -o b && ./b
 #include <cstdio>
 #include <vector>
 
 #include "bench.cuh"
+#include "common.cuh"  // grid_barrier_128, as mlp.cu meets
 
 constexpr int THREADS = 160, LAUNCHES = 200, RUNS = 10;
 
 __device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory"); }
 __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release;\n" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory"); }
-
-// As mlp.cu's mlp_grid_barrier, for all 160 threads.
-__device__ __forceinline__ void grid_barrier(unsigned* word) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
-        __threadfence();
-        const unsigned old = atomicAdd(word, add);
-        unsigned now;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(now) : "l"(word) : "memory");
-        } while (((old ^ now) & 0x80000000u) == 0);
-    }
-    __syncthreads();
-}
 
 enum Stage { MBAR = 1, CLUSTER = 2, DSMEM = 4, GRID_BARRIER = 8 };
 
@@ -67,7 +53,7 @@ __global__ void __launch_bounds__(THREADS, 1) skeleton(float* sink, unsigned* wo
         cluster_arrive();
         cluster_wait();
     }
-    if (STAGES & GRID_BARRIER) grid_barrier(word);
+    if ((STAGES & GRID_BARRIER) && threadIdx.x < 128) grid_barrier_128(word);  // the MLP's consumers
     if (blockIdx.x == 0 && threadIdx.x == 0) sink[0] += 1.0f;
 }
 

@@ -7,5 +7,5 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="${OUT:-/tmp/out}"
 mkdir -p "$out"
-nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a tools/device/launch_cost_bench.cu -o /tmp/launch_cost_bench
+nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I kernels/cuda tools/device/launch_cost_bench.cu -o /tmp/launch_cost_bench
 /tmp/launch_cost_bench | tee -a "$out/launch-cost-bench.jsonl"

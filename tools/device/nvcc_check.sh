@@ -32,7 +32,7 @@ for flags in "" "-DATT_KEYS=32" "-DBENCH_NO_COMBINE" "-DBENCH_WGMMA" "-DBENCH_WG
     build attention_bench -gencode arch=compute_90a,code=sm_90a $flags -I kernels/cuda tools/device/attention_bench.cu
 done
 build grid_barrier_bench -arch=sm_90 tools/device/grid_barrier_bench.cu
-build launch_cost_bench -gencode arch=compute_90a,code=sm_90a tools/device/launch_cost_bench.cu
+build launch_cost_bench -gencode arch=compute_90a,code=sm_90a -I kernels/cuda tools/device/launch_cost_bench.cu
 build gemm_algos_bench -arch=sm_90 tools/device/gemm_algos_bench.cu
 build ingest_bench -gencode arch=compute_90a,code=sm_90a tools/device/ingest_bench.cu
 build gemm_wgmma_bench -gencode arch=compute_90a,code=sm_90a tools/device/gemm_wgmma_bench.cu
