@@ -223,7 +223,7 @@ impl TensorMap {
 
 /// Dynamic shared memory of `mlp_stream_wgmma` (mlp.cu: MLP_SHARED_BYTES): alignment slack, eight
 /// weight stages and sixteen 64-column chunks of A, 8 KB each.
-const MLP_SHARED_BYTES: u32 = 1024 + (8 + 16) * 8192;
+const MLP_SHARED_BYTES: u32 = 1024 + (8 + MLP_A_CHUNKS as u32) * 8192;
 /// Most 64-column chunks of A a block of `mlp_stream_wgmma` holds (MLP_A_CHUNKS).
 const MLP_A_CHUNKS: usize = 16;
 

@@ -422,6 +422,11 @@ impl Plan {
         self.phases.push(Phase { name: name.into(), first_op: self.ops.len(), concurrent, prompt_bucket });
     }
 
+    /// The phase that starts at op `op`, if one does (fusions never reach across a phase start).
+    pub fn phase_starting_at(&self, op: usize) -> Option<&Phase> {
+        self.phases.iter().find(|p| p.first_op == op)
+    }
+
     /// The bucket a step whose last valid prompt slot is `last_valid` runs: the smallest of
     /// [`Plan::prompt_buckets`] above it (the first when no slot is valid); `None` without buckets.
     pub fn bucket_for(&self, last_valid: Option<usize>) -> Option<usize> {

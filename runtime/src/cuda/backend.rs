@@ -1058,7 +1058,7 @@ fn parallel_ranges(n: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
 /// output, so an MLP whose gate/up output some later op reads (before anything writes that
 /// buffer again) is not fused.
 fn fused_mlps(plan: &Plan, elems: &[Elem], runs: impl Fn(usize, usize, usize, usize) -> bool) -> Vec<usize> {
-    let starts_phase = |i: usize| plan.phases.iter().any(|p| p.first_op == i);
+    let starts_phase = |i: usize| plan.phase_starting_at(i).is_some();
     let matrix = |w: WeightId| match plan.weights[w.0].role {
         WeightRole::Matrix { n, k } => Some((n, k)),
         _ => None,
@@ -1111,7 +1111,6 @@ fn fused_mlps(plan: &Plan, elems: &[Elem], runs: impl Fn(usize, usize, usize, us
 /// RMS norm writing their whole A: launched as its programmatic dependent, each streams its first
 /// weight stages while the norm runs (bench/NOTES.md item 56).
 fn mlps_after_their_norm(plan: &Plan, mlps: &[usize], op_lanes: &[usize]) -> Vec<usize> {
-    let starts_phase = |i: usize| plan.phases.iter().any(|p| p.first_op == i);
     mlps.iter()
         .copied()
         .filter(|&i| {
@@ -1122,7 +1121,7 @@ fn mlps_after_their_norm(plan: &Plan, mlps: &[usize], op_lanes: &[usize]) -> Vec
                 Op::RmsNorm { out, .. } | Op::AdaRmsNorm { out, .. } => out,
                 _ => return false,
             };
-            out == a && op_lanes[i - 1] == op_lanes[i] && !starts_phase(i)
+            out == a && op_lanes[i - 1] == op_lanes[i] && plan.phase_starting_at(i).is_none()
         })
         .collect()
 }
@@ -1413,7 +1412,6 @@ impl Lowering<'_> {
 
     fn lower(mut self) -> Result<Lowered> {
         let plan = &self.backend.plan;
-        let phase_at = |op: usize| plan.phases.iter().find(|p| p.first_op == op);
         for (i, b) in plan.buffers.iter().enumerate() {
             let buf = self.backend.bufs[i];
             if b.host == HostIo::Input && buf.elem != Elem::U8 {
@@ -1424,7 +1422,7 @@ impl Lowering<'_> {
         }
         let mut ops = plan.ops.iter().enumerate().peekable();
         while let Some((i, op)) = ops.next() {
-            if let Some(phase) = phase_at(i) {
+            if let Some(phase) = plan.phase_starting_at(i) {
                 // The host-to-device copies belong to the first phase.
                 let first = if self.phase_steps.is_empty() { 0 } else { self.steps.len() };
                 let name = match phase.prompt_bucket {
@@ -1440,7 +1438,7 @@ impl Lowering<'_> {
             if let (Op::GatedResidual { x, y, modulation }, Some((next, Op::AdaRmsNorm { x: nx, out, modulation: norm, eps }))) =
                 (op, ops.peek())
             {
-                if x == nx && phase_at(*next).is_none() {
+                if x == nx && plan.phase_starting_at(*next).is_none() {
                     let step = Step::GatedResidualRmsNorm {
                         out: self.mat(*out)?,
                         x: self.mat(*x)?,
@@ -1480,7 +1478,7 @@ impl Lowering<'_> {
             }
             // Fusion: a product and the GELU over its output (SigLIP's MLP) as cuBLASLt's epilogue.
             if let (Op::Gemm { a, w, bias, out, accumulate: false }, Some((next, Op::GeluTanh { x }))) = (op, ops.peek()) {
-                if x == out && phase_at(*next).is_none() {
+                if x == out && plan.phase_starting_at(*next).is_none() {
                     self.gemm(*a, *w, *bias, *out, false, true)?;
                     ops.next();
                     self.tag_steps(from, i..i + 2);
