@@ -128,11 +128,14 @@ fn actions_and_intermediates_match_lerobot() {
 
     // Resize-with-pad of the 240×180 frame: un-patchify camera 1's patches to CHW.
     let patches = policy.buffer("patches").unwrap();
+    // Rows of 588 patch values padded to a 16-byte multiple: the stride is the buffer's width.
+    let stride = patches.len() / (info.cameras.len() * 256);
+    assert!(stride >= 588, "patch rows of {stride} values");
     let mut chw = vec![0.0; 3 * 224 * 224];
     for (i, v) in chw.iter_mut().enumerate() {
         let (c, y, x) = (i / (224 * 224), i / 224 % 224, i % 224);
         let patch = 256 + (y / 14) * 16 + x / 14;
-        *v = patches[patch * 588 + c * 196 + (y % 14) * 14 + x % 14];
+        *v = patches[patch * stride + c * 196 + (y % 14) * 14 + x % 14];
     }
     assert_close("preprocessed left wrist", &chw, &golden.f32("output.preprocessed.left_wrist_0_rgb"), TOL);
 }

@@ -7,6 +7,9 @@
 #include "common.cuh"
 
 // frame_info per camera: [present, width, height, pixel format (0 RGB, 1 BGR, 2 RGBA)].
+// Grid (pixels / 256, cameras): camera `camera + blockIdx.y` writes the (size / patch)² rows of
+// `out` after those of the cameras before it, so one launch serves consecutive cameras and their
+// reads of mapped host memory overlap.
 template <typename Tout>
 __device__ void image_patches(Tout* out, int out_stride, const unsigned char* frames, long frame_stride,
                               const int* frame_info, int camera, int size, int patch) {
@@ -14,6 +17,8 @@ __device__ void image_patches(Tout* out, int out_stride, const unsigned char* fr
     if (idx >= size * size) return;
     const int y = idx / size, x = idx % size;
     const int per_side = size / patch;
+    camera += blockIdx.y;
+    out += (long)blockIdx.y * per_side * per_side * out_stride;
     Tout* o = out + (long)((y / patch) * per_side + x / patch) * out_stride + (y % patch) * patch + x % patch;
     const int pp = patch * patch;
     const int* info = frame_info + camera * 4;

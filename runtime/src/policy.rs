@@ -405,8 +405,12 @@ impl Policy {
                 Some(f) => {
                     let row = f.width * f.format.bytes_per_pixel();
                     let staged = &mut self.backend.input_u8(self.io.frames)[cam * stride..];
-                    for y in 0..f.height {
-                        staged[y * row..][..row].copy_from_slice(&f.data[y * f.stride..][..row]);
+                    if f.stride == row {
+                        staged[..row * f.height].copy_from_slice(&f.data[..row * f.height]);
+                    } else {
+                        for y in 0..f.height {
+                            staged[y * row..][..row].copy_from_slice(&f.data[y * f.stride..][..row]);
+                        }
                     }
                     [1, f.width as i32, f.height as i32, f.format as i32]
                 }

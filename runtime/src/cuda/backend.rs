@@ -96,6 +96,12 @@ struct DeviceBuf {
     len: usize,
 }
 
+/// EXPERIMENT (FRT_EXP_HOST_COPIES=1): the small host inputs and the outputs copied by memcpy
+/// nodes as before, instead of read and written by the kernels through mapped pinned memory.
+fn copy_host_io(b: &crate::plan::BufferDecl) -> bool {
+    b.host != HostIo::Internal && b.ty != BufType::U8 && env_flag("FRT_EXP_HOST_COPIES")
+}
+
 /// One enqueued operation of the lowered step.
 enum Step {
     HtoD {
@@ -123,6 +129,8 @@ enum Step {
         frame_stride: usize,
         frame_info: DevPtr,
         camera: usize,
+        /// Consecutive cameras in one launch, their rows following each other in `out`'s matrix.
+        cameras: usize,
         size: usize,
         patch: usize,
     },
@@ -488,7 +496,7 @@ impl CudaBackend {
             .buffers
             .iter()
             .zip(&elems)
-            .map(|(b, e)| (!(b.ty == BufType::U8 && b.host == HostIo::Input)).then(|| layout.take(b.len * e.size())))
+            .map(|(b, e)| (b.host == HostIo::Internal || copy_host_io(b)).then(|| layout.take(b.len * e.size())))
             .collect();
         let (mut rope_positions, mut head_dim) = (0, 2);
         let mut positions_bufs = Vec::new();
@@ -602,7 +610,7 @@ impl CudaBackend {
             let ptr = match (off, &pinned) {
                 (Some(off), _) => at(*off),
                 (None, Some(p)) => p.device,
-                (None, None) => unreachable!("only host frames live outside the arena"),
+                (None, None) => unreachable!("only host buffers live outside the arena"),
             };
             bufs.push(DeviceBuf { ptr, elem, len: b.len });
             host.push(pinned);
@@ -956,8 +964,8 @@ impl CudaBackend {
                 }
                 Step::Gemm { matmul, workspace } => return self.matmuls[matmul].launch(self.lt.0, workspace, s).map_err(Error::Backend),
                 Step::Copy { dst, src } => k.copy(dst, src, s),
-                Step::ImagePatches { out, frames, frame_stride, frame_info, camera, size, patch } => {
-                    k.image_patches(out, frames, frame_stride, frame_info, camera, size, patch, s)
+                Step::ImagePatches { out, frames, frame_stride, frame_info, camera, cameras, size, patch } => {
+                    k.image_patches(out, frames, frame_stride, frame_info, camera, cameras, size, patch, s)
                 }
                 Step::AddTable { x, table, table_rows } => k.add_table(x, table, table_rows, s),
                 Step::LayerNorm { out, x, gamma, beta, eps } => k.layer_norm(out, x, gamma, beta, eps, s),
@@ -1414,7 +1422,7 @@ impl Lowering<'_> {
         let plan = &self.backend.plan;
         for (i, b) in plan.buffers.iter().enumerate() {
             let buf = self.backend.bufs[i];
-            if b.host == HostIo::Input && buf.elem != Elem::U8 {
+            if b.host == HostIo::Input && copy_host_io(b) {
                 let pinned = self.backend.host_buffer(BufId(i));
                 self.steps.push(Step::HtoD { dst: buf.ptr, src: pinned.host, bytes: pinned.bytes });
                 self.tag_copy(self.steps.len() - 1, BufId(i), true);
@@ -1476,6 +1484,39 @@ impl Lowering<'_> {
                 self.tag_steps(from, i..i + 3);
                 continue;
             }
+            // Fusion: the next cameras' preprocessing into the same launch when their rows follow.
+            if let Op::ImagePatches { camera, frames, frame_stride, frame_info, size, patch, out } = *op {
+                let mut cameras = 1;
+                while let Some(&(
+                    next,
+                    &Op::ImagePatches { camera: c, frames: f, frame_stride: fs, frame_info: fi, size: sz, patch: p, out: o },
+                )) = ops.peek()
+                {
+                    let follows = o.buf == out.buf
+                        && (o.rows, o.cols, o.stride) == (out.rows, out.cols, out.stride)
+                        && o.offset == out.offset + cameras * out.rows * out.stride;
+                    if (c, f, fs, fi, sz, p) != (camera + cameras, frames, frame_stride, frame_info, size, patch)
+                        || !follows
+                        || plan.phase_starting_at(next).is_some()
+                    {
+                        break;
+                    }
+                    ops.next();
+                    cameras += 1;
+                }
+                self.steps.push(Step::ImagePatches {
+                    out: self.mat(out)?,
+                    frames: self.ptr(frames),
+                    frame_stride,
+                    frame_info: self.ptr(frame_info),
+                    camera,
+                    cameras,
+                    size,
+                    patch,
+                });
+                self.tag_steps(from, i..i + cameras);
+                continue;
+            }
             // Fusion: a product and the GELU over its output (SigLIP's MLP) as cuBLASLt's epilogue.
             if let (Op::Gemm { a, w, bias, out, accumulate: false }, Some((next, Op::GeluTanh { x }))) = (op, ops.peek()) {
                 if x == out && plan.phase_starting_at(*next).is_none() {
@@ -1489,7 +1530,7 @@ impl Lowering<'_> {
             self.tag_steps(from, i..i + 1);
         }
         for (i, b) in plan.buffers.iter().enumerate() {
-            if b.host == HostIo::Output {
+            if b.host == HostIo::Output && copy_host_io(b) {
                 let buf = self.backend.bufs[i];
                 let pinned = self.backend.host_buffer(BufId(i));
                 self.steps.push(Step::DtoH { dst: pinned.host, src: buf.ptr, bytes: pinned.bytes });
@@ -1505,15 +1546,7 @@ impl Lowering<'_> {
 
     fn lower_op(&mut self, op: &Op) -> Result<()> {
         let step = match *op {
-            Op::ImagePatches { camera, frames, frame_stride, frame_info, size, patch, out } => Step::ImagePatches {
-                out: self.mat(out)?,
-                frames: self.ptr(frames),
-                frame_stride,
-                frame_info: self.ptr(frame_info),
-                camera,
-                size,
-                patch,
-            },
+            Op::ImagePatches { .. } => unreachable!("lowered in `lower`, together with the cameras after it"),
             Op::Gemm { a, w, bias, out, accumulate } => return self.gemm(a, w, bias, out, accumulate, false),
             Op::AddTable { x, table, table_rows } => Step::AddTable { x: self.mat(x)?, table: self.weight(table, Elem::F32), table_rows },
             Op::LayerNorm { x, out, gamma, beta, eps } => Step::LayerNorm {

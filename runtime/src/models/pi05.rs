@@ -533,7 +533,11 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
 
     // ---- Vision tower, all cameras batched: [cams · 256, width].
     plan.phase("vision");
-    let patches = plan.matrix("patches", vrows, patch_dim);
+    // Patch rows padded with zero columns (never written) to a multiple of 64: 588 = 3·14·14
+    // bf16 values make rows that are not 16-byte aligned, and cuBLASLt then picks a kernel 4×
+    // slower for the patch embedding (bench/NOTES.md item 63).
+    let patch_cols = patch_dim.next_multiple_of(64);
+    let patches = plan.matrix("patches", vrows, patch_cols);
     let vx = plan.matrix("vision_x", vrows, vw);
     let vh = plan.matrix("vision_h", vrows, vw);
     let vqkv = plan.matrix("vision_qkv", vrows, 3 * vw);
@@ -548,15 +552,13 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
             frame_info: io.frame_info,
             size: c.image_size,
             patch: c.patch,
-            out: patches.rows(cam * tpi, tpi),
+            out: patches.rows(cam * tpi, tpi).cols(0, patch_dim),
         });
     }
-    let patch_w = add(
-        &mut plan,
-        "vision.patch_embedding".into(),
-        matrix(vw, patch_dim),
-        ld.rows(&[format!("{VT}embeddings.patch_embedding.weight")], None),
-    );
+    let conv_w = ld.get(&format!("{VT}embeddings.patch_embedding.weight"));
+    let padded_w =
+        conv_w.chunks(patch_dim).flat_map(|row| row.iter().copied().chain(std::iter::repeat_n(0.0, patch_cols - patch_dim))).collect();
+    let patch_w = add(&mut plan, "vision.patch_embedding".into(), matrix(vw, patch_cols), WeightData::Dense(padded_w));
     // The conv bias is folded into the position table: one add instead of two.
     let mut table = ld.get(&format!("{VT}embeddings.position_embedding.weight"));
     let conv_bias = ld.get(&format!("{VT}embeddings.patch_embedding.bias"));
