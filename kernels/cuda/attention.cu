@@ -169,9 +169,10 @@ extern "C" __global__ void rope_rows_gather(float* cos_rows, float* sin_rows, co
 // reference. Rows are [heads][queries]; a query with query_valid[q] == 0 gets an all-0 row (its
 // output is never read; zeros keep it equal to the reference). One warp per row of `keys` scores;
 // `s` and `p` are dense [rows, keys]. Either mask may be null. A row of at most
-// 32 · SOFTMAX_HELD keys stays in registers (lane l holds keys l, l + 32, ...), so its scores are
-// read once; longer rows are read three times. Both give the same values: the same
-// exponentials, summed in the same order.
+// 32 · SOFTMAX_HELD keys stays in registers (lane l holds keys 4l … 4l + 3, 4l + 128 … when the
+// row is a whole number of 16-byte pieces, else keys l, l + 32, ...), so its scores are read
+// once; longer rows are read three times. All give the same exponentials; only the order of
+// the sum differs between the held forms.
 #define SOFTMAX_HELD 32
 extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s, int rows, int queries, int keys,
                                                         const float* key_valid, const float* query_valid) {
@@ -184,6 +185,40 @@ extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s,
         return;
     }
     const float neg_inf = __int_as_float(0xff800000);
+    if (keys % 4 == 0 && keys <= 32 * SOFTMAX_HELD) {
+        // Four consecutive keys per lane and load: a quarter of the loads and stores.
+        float4 v[SOFTMAX_HELD / 4];
+        float m = neg_inf;
+#pragma unroll
+        for (int i = 0; i < SOFTMAX_HELD / 4; ++i) {
+            const int j = 4 * (lane + 32 * i);
+            if (j < keys) {
+                const float4 score = *(const float4*)&sr[j];
+                const float4 ok = key_valid ? *(const float4*)&key_valid[j] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+                v[i] = make_float4(ok.x != 0.0f ? score.x : neg_inf, ok.y != 0.0f ? score.y : neg_inf, ok.z != 0.0f ? score.z : neg_inf,
+                                   ok.w != 0.0f ? score.w : neg_inf);
+            } else {
+                v[i] = make_float4(neg_inf, neg_inf, neg_inf, neg_inf);
+            }
+            m = fmaxf(m, fmaxf(fmaxf(v[i].x, v[i].y), fmaxf(v[i].z, v[i].w)));
+        }
+        m = warp_max(m);
+        float sum = 0.0f;
+        auto e = [&](float x) { return x == neg_inf ? 0.0f : expf(x - m); };
+#pragma unroll
+        for (int i = 0; i < SOFTMAX_HELD / 4; ++i) {
+            v[i] = make_float4(e(v[i].x), e(v[i].y), e(v[i].z), e(v[i].w));
+            sum += (v[i].x + v[i].y) + (v[i].z + v[i].w);
+        }
+        sum = warp_sum(sum);
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+#pragma unroll
+        for (int i = 0; i < SOFTMAX_HELD / 4; ++i) {
+            const int j = 4 * (lane + 32 * i);
+            if (j < keys) *(uint2*)&pr[j] = make_uint2(pack_bf16x2(v[i].x * inv, v[i].y * inv), pack_bf16x2(v[i].z * inv, v[i].w * inv));
+        }
+        return;
+    }
     if (keys <= 32 * SOFTMAX_HELD) {
         float v[SOFTMAX_HELD];
         float m = neg_inf;
