@@ -1187,9 +1187,9 @@ impl Kernels {
             Arg::I(i32_of(size, &name)?),
             Arg::I(i32_of(patch, &name)?),
         ];
-        // SAFETY: matches `image_patches_u8_*` in image.cu: grid (output rows, cameras), 256
-        // threads striding over a row's pixels.
-        unsafe { self.launch(&name, (i32_of(size, &name)? as u32, i32_of(cameras, &name)? as u32, 1), 256, stream, args) }
+        // SAFETY: matches `image_patches_u8_*` in image.cu: grid (pixels / 256, cameras), one
+        // thread per output pixel.
+        unsafe { self.launch(&name, ((size * size).div_ceil(256) as u32, i32_of(cameras, &name)? as u32, 1), 256, stream, args) }
     }
 }
 
