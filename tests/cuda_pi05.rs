@@ -527,7 +527,7 @@ fn image_case(seed: u64) -> Case {
     c.inputs.push((frames_id, Input::U8(frames)));
     let frame_info = c.host_i32("frame_info", info);
     let per = (size / patch) * (size / patch);
-    // Padded rows, as the model's (the pad columns stay zero); consecutive cameras make one launch.
+    // Padded rows, as the model's (the pad columns stay zero).
     let out = c.plan.matrix("patches", cameras * per, 3 * patch * patch + 12);
     for camera in 0..cameras {
         c.plan.push(Op::ImagePatches {

@@ -6,22 +6,18 @@
 // could move a sample across a pixel boundary.
 #include "common.cuh"
 
-// frame_info per camera: [present, width, height, pixel format (0 RGB, 1 BGR, 2 RGBA)]. Grid
-// (pixels / 256, cameras): camera `camera + blockIdx.y` writes the (size / patch)² rows of `out`
-// after those of the cameras before it, so one launch serves consecutive cameras. The frames and
-// `frame_info` live in mapped host memory: a block reads the camera's info once.
+// frame_info per camera: [present, width, height, pixel format (0 RGB, 1 BGR, 2 RGBA)]. The
+// frames and `frame_info` live in mapped host memory: a block reads the camera's info once.
 template <typename Tout>
 __device__ void image_patches(Tout* out, int out_stride, const unsigned char* frames, long frame_stride,
                               const int* frame_info, int camera, int size, int patch) {
     __shared__ int info[4];
-    camera += blockIdx.y;
     if (threadIdx.x < 4) info[threadIdx.x] = frame_info[camera * 4 + threadIdx.x];
     __syncthreads();
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= size * size) return;
     const int y = idx / size, x = idx % size;
     const int per_side = size / patch;
-    out += (long)blockIdx.y * per_side * per_side * out_stride;
     Tout* o = out + (long)((y / patch) * per_side + x / patch) * out_stride + (y % patch) * patch + x % patch;
     const int pp = patch * patch;
     const int width = info[1], height = info[2];

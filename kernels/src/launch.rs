@@ -1152,14 +1152,12 @@ impl Kernels {
         unsafe { self.launch_with_shared(&name, grid, 256, VISION_SHARED_BYTES, stream, args) }
     }
 
-    /// Resize-with-pad, normalise and patchify cameras `camera .. camera + cameras` of the staged
-    /// u8 frames into `out` (`[(size / patch)², 3 · patch²]` per camera; the next camera's rows
-    /// follow at `out.ptr + rows · stride`), in one launch.
+    /// Resize-with-pad, normalise and patchify camera `camera` of the staged u8 frames into `out`
+    /// (`[(size / patch)², 3 · patch²]`).
     ///
     /// # Safety
     /// `frames` must be device-accessible (device or mapped pinned host memory) holding
-    /// `frame_stride` bytes per camera; `frame_info` 4 i32 per camera; `out` must have room for
-    /// every camera's rows.
+    /// `frame_stride` bytes per camera; `frame_info` 4 i32 per camera.
     #[allow(clippy::too_many_arguments)] // the op's own fields, one to one
     pub unsafe fn image_patches(
         &self,
@@ -1168,14 +1166,13 @@ impl Kernels {
         frame_stride: usize,
         frame_info: DevPtr,
         camera: usize,
-        cameras: usize,
         size: usize,
         patch: usize,
         stream: CUstream,
     ) -> Result<()> {
         let name = format!("image_patches_u8_{}", out.dtype.suffix());
-        if patch == 0 || size % patch != 0 || out.rows != (size / patch).pow(2) || out.cols != 3 * patch * patch || cameras == 0 {
-            return Err(shape_error(&name, format!("{}x{} output for size {size}, patch {patch}, {cameras} cameras", out.rows, out.cols)));
+        if patch == 0 || size % patch != 0 || out.rows != (size / patch).pow(2) || out.cols != 3 * patch * patch {
+            return Err(shape_error(&name, format!("{}x{} output for size {size}, patch {patch}", out.rows, out.cols)));
         }
         let args = [
             Arg::P(out.ptr),
@@ -1187,9 +1184,8 @@ impl Kernels {
             Arg::I(i32_of(size, &name)?),
             Arg::I(i32_of(patch, &name)?),
         ];
-        // SAFETY: matches `image_patches_u8_*` in image.cu: grid (pixels / 256, cameras), one
-        // thread per output pixel.
-        unsafe { self.launch(&name, ((size * size).div_ceil(256) as u32, i32_of(cameras, &name)? as u32, 1), 256, stream, args) }
+        // SAFETY: matches `image_patches_u8_*` in image.cu (one thread per output pixel).
+        unsafe { self.launch(&name, ((size * size).div_ceil(256) as u32, 1, 1), 256, stream, args) }
     }
 }
 

@@ -20,8 +20,8 @@ pub enum BufType {
     U8,
 }
 
-/// Whether the host writes a buffer before each run (inputs) or reads it after (outputs). A GPU
-/// backend keeps pinned host copies of exactly these and copies them inside its graph.
+/// Whether the host writes a buffer before each run (inputs) or reads it after (outputs). The CUDA
+/// backend keeps exactly these in mapped pinned host memory, where its kernels read and write them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HostIo {
     Internal,

@@ -6,7 +6,8 @@
 //! every activation gets a fixed place in one device arena, each plan op is lowered to kernel
 //! launches and cuBLASLt products whose descriptors and algorithms are chosen here, the lowered
 //! step runs once eagerly (warm-up: lazy module loads, cuBLASLt kernel selection) and is then
-//! captured into a graph: H2D of the small host inputs, every op, D2H of the actions.
+//! captured into a graph. The host inputs and outputs live in mapped pinned memory, where the
+//! kernels read and write them (no copy nodes).
 //! `run` is one graph launch and one stream synchronisation: no allocation, no driver call that
 //! depends on the data. A plan's prompt buckets become conditional (IF) nodes of that graph,
 //! switched on the device by the prompt's token mask (`CudaBackend::capture`).
@@ -21,9 +22,9 @@
 //! (cuBLASLt's GELU epilogue), few-query multi-query attention (one flash-attention kernel) and
 //! SigLIP's per-camera attention (one kernel per layer).
 //!
-//! Camera frames are not copied: the preprocessing kernel reads the caller's staged u8 pixels
-//! straight from mapped pinned memory, so only the pixels it samples cross the bus, whatever the
-//! configured maximum frame size.
+//! Camera frames in particular are not copied: the preprocessing kernel reads the caller's staged
+//! u8 pixels straight from mapped pinned memory, so only the pixels it samples cross the bus,
+//! whatever the configured maximum frame size.
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -43,7 +44,7 @@ use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::models::pi05::WeightData;
-use crate::plan::{Accesses, BufId, BufType, HostIo, Op, Plan, Section, Span, View, WeightId, WeightRole, cross_lane_waits, sections_of};
+use crate::plan::{Accesses, BufId, BufType, HostIo, Op, Plan, Section, View, WeightId, WeightRole, cross_lane_waits, sections_of};
 
 /// Open-time options of the CUDA backend.
 #[derive(Clone, Debug, Default)]
@@ -96,24 +97,8 @@ struct DeviceBuf {
     len: usize,
 }
 
-/// EXPERIMENT (FRT_EXP_HOST_COPIES=1): the small host inputs and the outputs copied by memcpy
-/// nodes as before, instead of read and written by the kernels through mapped pinned memory.
-fn copy_host_io(b: &crate::plan::BufferDecl) -> bool {
-    b.host != HostIo::Internal && b.ty != BufType::U8 && env_flag("FRT_EXP_HOST_COPIES")
-}
-
 /// One enqueued operation of the lowered step.
 enum Step {
-    HtoD {
-        dst: DevPtr,
-        src: *const u8,
-        bytes: usize,
-    },
-    DtoH {
-        dst: *mut u8,
-        src: DevPtr,
-        bytes: usize,
-    },
     /// Product `matmul` of the lowered step, with the cuBLASLt workspace of its stream.
     Gemm {
         matmul: usize,
@@ -129,8 +114,6 @@ enum Step {
         frame_stride: usize,
         frame_info: DevPtr,
         camera: usize,
-        /// Consecutive cameras in one launch, their rows following each other in `out`'s matrix.
-        cameras: usize,
         size: usize,
         patch: usize,
     },
@@ -489,15 +472,13 @@ impl CudaBackend {
         let (stream, side) = (Stream::with_priority(highest)?, Stream::with_priority(lowest)?);
         let lt = BlasLt::new()?;
 
-        // Arena: every non-frame buffer, then the scratch regions.
+        // Arena: every buffer but the host inputs and outputs, then the scratch regions. The
+        // host buffers stay in mapped pinned memory, read and written there by the kernels: no
+        // copy nodes, each of which cost ~4 µs per step (bench/NOTES.md item 63).
         let elems = element_types(&plan);
         let mut layout = Layout::default();
-        let offsets: Vec<Option<usize>> = plan
-            .buffers
-            .iter()
-            .zip(&elems)
-            .map(|(b, e)| (b.host == HostIo::Internal || copy_host_io(b)).then(|| layout.take(b.len * e.size())))
-            .collect();
+        let offsets: Vec<Option<usize>> =
+            plan.buffers.iter().zip(&elems).map(|(b, e)| (b.host == HostIo::Internal).then(|| layout.take(b.len * e.size()))).collect();
         let (mut rope_positions, mut head_dim) = (0, 2);
         let mut positions_bufs = Vec::new();
         let fused_attention = kernels.has_fused_attention() && !env_flag("FRT_NO_FUSED_ATTENTION");
@@ -838,8 +819,6 @@ impl CudaBackend {
     /// A step's kernel (or cuBLASLt product shape), for the profile.
     fn step_kind(&self, step: &Step) -> String {
         match step {
-            Step::HtoD { .. } => "copy to device".into(),
-            Step::DtoH { .. } => "copy to host".into(),
             Step::Gemm { matmul, .. } => format!("cublaslt {}", self.matmuls[*matmul].label()),
             Step::Copy { .. } => "copy".into(),
             Step::ImagePatches { .. } => "image_patches".into(),
@@ -956,16 +935,10 @@ impl CudaBackend {
         // SAFETY (whole block): see `issue_all`.
         let r = unsafe {
             match *step {
-                Step::HtoD { dst, src, bytes } => {
-                    return check("H2D copy", sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes, s).result());
-                }
-                Step::DtoH { dst, src, bytes } => {
-                    return check("D2H copy", sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes, s).result());
-                }
                 Step::Gemm { matmul, workspace } => return self.matmuls[matmul].launch(self.lt.0, workspace, s).map_err(Error::Backend),
                 Step::Copy { dst, src } => k.copy(dst, src, s),
-                Step::ImagePatches { out, frames, frame_stride, frame_info, camera, cameras, size, patch } => {
-                    k.image_patches(out, frames, frame_stride, frame_info, camera, cameras, size, patch, s)
+                Step::ImagePatches { out, frames, frame_stride, frame_info, camera, size, patch } => {
+                    k.image_patches(out, frames, frame_stride, frame_info, camera, size, patch, s)
                 }
                 Step::AddTable { x, table, table_rows } => k.add_table(x, table, table_rows, s),
                 Step::LayerNorm { out, x, gamma, beta, eps } => k.layer_norm(out, x, gamma, beta, eps, s),
@@ -1383,14 +1356,6 @@ impl Lowering<'_> {
         self.tag(from, self.op_lanes[ops.start], accesses);
     }
 
-    /// Marks the steps pushed since step `from` as host copies (main stream) into or out of
-    /// buffer `id`.
-    fn tag_copy(&mut self, from: usize, id: BufId, write: bool) {
-        let span = Span::whole(id, &self.backend.plan.buffers);
-        let accesses = if write { Accesses { reads: vec![], writes: vec![span] } } else { Accesses { reads: vec![span], writes: vec![] } };
-        self.tag(from, 0, accesses);
-    }
-
     fn buf(&self, id: BufId) -> DeviceBuf {
         self.backend.bufs[id.0]
     }
@@ -1420,19 +1385,10 @@ impl Lowering<'_> {
 
     fn lower(mut self) -> Result<Lowered> {
         let plan = &self.backend.plan;
-        for (i, b) in plan.buffers.iter().enumerate() {
-            let buf = self.backend.bufs[i];
-            if b.host == HostIo::Input && copy_host_io(b) {
-                let pinned = self.backend.host_buffer(BufId(i));
-                self.steps.push(Step::HtoD { dst: buf.ptr, src: pinned.host, bytes: pinned.bytes });
-                self.tag_copy(self.steps.len() - 1, BufId(i), true);
-            }
-        }
         let mut ops = plan.ops.iter().enumerate().peekable();
         while let Some((i, op)) = ops.next() {
             if let Some(phase) = plan.phase_starting_at(i) {
-                // The host-to-device copies belong to the first phase.
-                let first = if self.phase_steps.is_empty() { 0 } else { self.steps.len() };
+                let first = self.steps.len();
                 let name = match phase.prompt_bucket {
                     Some(b) => format!("{} ({b} slots)", phase.name),
                     None => phase.name.clone(),
@@ -1484,39 +1440,6 @@ impl Lowering<'_> {
                 self.tag_steps(from, i..i + 3);
                 continue;
             }
-            // Fusion: the next cameras' preprocessing into the same launch when their rows follow.
-            if let Op::ImagePatches { camera, frames, frame_stride, frame_info, size, patch, out } = *op {
-                let mut cameras = 1;
-                while let Some(&(
-                    next,
-                    &Op::ImagePatches { camera: c, frames: f, frame_stride: fs, frame_info: fi, size: sz, patch: p, out: o },
-                )) = ops.peek()
-                {
-                    let follows = o.buf == out.buf
-                        && (o.rows, o.cols, o.stride) == (out.rows, out.cols, out.stride)
-                        && o.offset == out.offset + cameras * out.rows * out.stride;
-                    if (c, f, fs, fi, sz, p) != (camera + cameras, frames, frame_stride, frame_info, size, patch)
-                        || !follows
-                        || plan.phase_starting_at(next).is_some()
-                    {
-                        break;
-                    }
-                    ops.next();
-                    cameras += 1;
-                }
-                self.steps.push(Step::ImagePatches {
-                    out: self.mat(out)?,
-                    frames: self.ptr(frames),
-                    frame_stride,
-                    frame_info: self.ptr(frame_info),
-                    camera,
-                    cameras,
-                    size,
-                    patch,
-                });
-                self.tag_steps(from, i..i + cameras);
-                continue;
-            }
             // Fusion: a product and the GELU over its output (SigLIP's MLP) as cuBLASLt's epilogue.
             if let (Op::Gemm { a, w, bias, out, accumulate: false }, Some((next, Op::GeluTanh { x }))) = (op, ops.peek()) {
                 if x == out && plan.phase_starting_at(*next).is_none() {
@@ -1529,14 +1452,6 @@ impl Lowering<'_> {
             self.lower_op(op)?;
             self.tag_steps(from, i..i + 1);
         }
-        for (i, b) in plan.buffers.iter().enumerate() {
-            if b.host == HostIo::Output && copy_host_io(b) {
-                let buf = self.backend.bufs[i];
-                let pinned = self.backend.host_buffer(BufId(i));
-                self.steps.push(Step::DtoH { dst: pinned.host, src: buf.ptr, bytes: pinned.bytes });
-                self.tag_copy(self.steps.len() - 1, BufId(i), false);
-            }
-        }
         let starts: Vec<(usize, Option<usize>)> = self.phase_steps.iter().map(|p| p.1).zip(self.phase_buckets.iter().copied()).collect();
         let sections = sections_of(&starts, self.steps.len());
         let ranges: Vec<Range<usize>> = sections.iter().map(|s| s.range.clone()).collect();
@@ -1546,7 +1461,15 @@ impl Lowering<'_> {
 
     fn lower_op(&mut self, op: &Op) -> Result<()> {
         let step = match *op {
-            Op::ImagePatches { .. } => unreachable!("lowered in `lower`, together with the cameras after it"),
+            Op::ImagePatches { camera, frames, frame_stride, frame_info, size, patch, out } => Step::ImagePatches {
+                out: self.mat(out)?,
+                frames: self.ptr(frames),
+                frame_stride,
+                frame_info: self.ptr(frame_info),
+                camera,
+                size,
+                patch,
+            },
             Op::Gemm { a, w, bias, out, accumulate } => return self.gemm(a, w, bias, out, accumulate, false),
             Op::AddTable { x, table, table_rows } => Step::AddTable { x: self.mat(x)?, table: self.weight(table, Elem::F32), table_rows },
             Op::LayerNorm { x, out, gamma, beta, eps } => Step::LayerNorm {
