@@ -19,6 +19,19 @@ __device__ void copy(Tout* dst, int dst_stride, const Tin* src, int src_stride, 
     }
 FOR_IN_OUT(COPY, copy)
 
+// The small host inputs (mapped pinned memory) into their device buffers: block b copies piece
+// b of `pieces`, `count` × (destination, source, bytes; a multiple of 4). Kernels that many
+// blocks read (token ids, frame geometry) then read device memory: reads of the same host lines
+// from every block over the bus cost ~20-30 µs per launch (bench/NOTES.md item 63).
+extern "C" __global__ void copy_host_inputs(const unsigned long long* pieces, int count) {
+    if ((int)blockIdx.x >= count) return;
+    const unsigned long long* piece = pieces + 3 * blockIdx.x;
+    unsigned* dst = (unsigned*)piece[0];
+    const unsigned* src = (const unsigned*)piece[1];
+    const long words = (long)(piece[2] / 4);
+    for (long i = threadIdx.x; i < words; i += blockDim.x) dst[i] = src[i];
+}
+
 // x += table, the table's rows repeating every `table_rows` rows (position embeddings per camera).
 extern "C" __global__ void add_table_f32(float* x, int x_stride, const float* table, int table_rows, int rows,
                                          int cols) {

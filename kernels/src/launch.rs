@@ -239,7 +239,8 @@ const TYPED: [&str; 9] = [
     "attention_mq256_combine",
     "attention_mh72",
 ];
-const SINGLE: [&str; 5] = ["add_table_f32", "positions_scan_1024", "prompt_bucket_256", "rope_rows_gather", "softmax_rows_masked_f32_bf16"];
+const SINGLE: [&str; 6] =
+    ["add_table_f32", "copy_host_inputs", "positions_scan_1024", "prompt_bucket_256", "rope_rows_gather", "softmax_rows_masked_f32_bf16"];
 
 /// Whether modules compiled for `arch` hold the warpgroup-MMA forms (attention.cu's
 /// `attention_mq256_wgmma`): sm_90a, the arch-specific target of the H100/H200.
@@ -436,6 +437,18 @@ impl Kernels {
         ];
         // SAFETY: matches `copy_*` in elementwise.cu; memory validity is the caller's contract.
         unsafe { self.launch(&name, grid, 256, stream, args) }
+    }
+
+    /// Copies `count` pieces, each `(destination, source, bytes)` of the u64 table `pieces` in
+    /// device memory (bytes a multiple of 4), in one launch: the host inputs from mapped pinned
+    /// memory into device buffers.
+    ///
+    /// # Safety
+    /// `pieces` must hold `count` triples of live, device-accessible, 4-byte aligned ranges.
+    pub unsafe fn copy_host_inputs(&self, pieces: DevPtr, count: usize, stream: CUstream) -> Result<()> {
+        let args = [Arg::P(pieces), Arg::I(i32_of(count, "copy_host_inputs")?)];
+        // SAFETY: matches `copy_host_inputs` in elementwise.cu: one block per piece.
+        unsafe { self.launch("copy_host_inputs", (count.max(1) as u32, 1, 1), 256, stream, args) }
     }
 
     /// `x += table`, the f32 table's rows repeating every `table_rows` rows.

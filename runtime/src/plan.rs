@@ -21,7 +21,8 @@ pub enum BufType {
 }
 
 /// Whether the host writes a buffer before each run (inputs) or reads it after (outputs). The CUDA
-/// backend keeps exactly these in mapped pinned host memory, where its kernels read and write them.
+/// backend keeps exactly these in mapped pinned host memory (and copies the small inputs to the
+/// device at the start of each run).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HostIo {
     Internal,

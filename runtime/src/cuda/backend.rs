@@ -6,8 +6,9 @@
 //! every activation gets a fixed place in one device arena, each plan op is lowered to kernel
 //! launches and cuBLASLt products whose descriptors and algorithms are chosen here, the lowered
 //! step runs once eagerly (warm-up: lazy module loads, cuBLASLt kernel selection) and is then
-//! captured into a graph. The host inputs and outputs live in mapped pinned memory, where the
-//! kernels read and write them (no copy nodes).
+//! captured into a graph. The host buffers live in mapped pinned memory: the kernels write the
+//! actions there and read the frames there; the other host inputs are copied into the arena by
+//! one kernel at the start of the step (no copy nodes).
 //! `run` is one graph launch and one stream synchronisation: no allocation, no driver call that
 //! depends on the data. A plan's prompt buckets become conditional (IF) nodes of that graph,
 //! switched on the device by the prompt's token mask (`CudaBackend::capture`).
@@ -44,7 +45,7 @@ use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::models::pi05::WeightData;
-use crate::plan::{Accesses, BufId, BufType, HostIo, Op, Plan, Section, View, WeightId, WeightRole, cross_lane_waits, sections_of};
+use crate::plan::{Accesses, BufId, BufType, HostIo, Op, Plan, Section, Span, View, WeightId, WeightRole, cross_lane_waits, sections_of};
 
 /// Open-time options of the CUDA backend.
 #[derive(Clone, Debug, Default)]
@@ -97,8 +98,19 @@ struct DeviceBuf {
     len: usize,
 }
 
+/// Host inputs copied into the arena at the start of the step (all but the frames, which the
+/// preprocessing reads in place: only the pixels it samples cross the bus).
+fn copied_input(b: &crate::plan::BufferDecl) -> bool {
+    b.host == HostIo::Input && b.ty != BufType::U8
+}
+
 /// One enqueued operation of the lowered step.
 enum Step {
+    /// `count` (destination, source, bytes) pieces from the table at `pieces`.
+    CopyHostInputs {
+        pieces: DevPtr,
+        count: usize,
+    },
     /// Product `matmul` of the lowered step, with the cuBLASLt workspace of its stream.
     Gemm {
         matmul: usize,
@@ -472,13 +484,19 @@ impl CudaBackend {
         let (stream, side) = (Stream::with_priority(highest)?, Stream::with_priority(lowest)?);
         let lt = BlasLt::new()?;
 
-        // Arena: every buffer but the host inputs and outputs, then the scratch regions. The
-        // host buffers stay in mapped pinned memory, read and written there by the kernels: no
-        // copy nodes, each of which cost ~4 µs per step (bench/NOTES.md item 63).
+        // Arena: every buffer but the frames and the outputs, then the scratch regions. Those two
+        // stay in mapped pinned memory, read and written there by the kernels; the other host
+        // inputs get device copies, made by one kernel at the start of the step (bench/NOTES.md
+        // item 63: four copy nodes cost ~17 µs, and kernels whose every block reads the same
+        // host lines ~20-30 µs more each).
         let elems = element_types(&plan);
         let mut layout = Layout::default();
-        let offsets: Vec<Option<usize>> =
-            plan.buffers.iter().zip(&elems).map(|(b, e)| (b.host == HostIo::Internal).then(|| layout.take(b.len * e.size()))).collect();
+        let offsets: Vec<Option<usize>> = plan
+            .buffers
+            .iter()
+            .zip(&elems)
+            .map(|(b, e)| (b.host == HostIo::Internal || copied_input(b)).then(|| layout.take(b.len * e.size())))
+            .collect();
         let (mut rope_positions, mut head_dim) = (0, 2);
         let mut positions_bufs = Vec::new();
         let fused_attention = kernels.has_fused_attention() && !env_flag("FRT_NO_FUSED_ATTENTION");
@@ -550,6 +568,9 @@ impl CudaBackend {
         };
         let rows_len = gathered.map_or(0, |(_, slots)| slots * half * 4);
         let rope_rows_at = [layout.take(rows_len), layout.take(rows_len)];
+        // (destination, source, bytes) of each copied host input, for `copy_host_inputs`.
+        let copied_inputs = plan.buffers.iter().filter(|b| copied_input(b)).count();
+        let input_table_at = layout.take(copied_inputs * 3 * 8);
         let arena = DeviceMemory::new(layout.bytes, "activations")?;
         // SAFETY: zeroes the whole fresh allocation, so the warm-up never reads garbage.
         check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(arena.ptr, 0, arena.bytes) }.result())?;
@@ -596,6 +617,20 @@ impl CudaBackend {
             bufs.push(DeviceBuf { ptr, elem, len: b.len });
             host.push(pinned);
         }
+        let input_table: Vec<u64> = plan
+            .buffers
+            .iter()
+            .zip(bufs.iter().zip(&host))
+            .filter(|(b, _)| copied_input(b))
+            .flat_map(|(b, (buf, pinned))| {
+                [buf.ptr, pinned.as_ref().expect("host inputs are pinned").device, (b.len * buf.elem.size()) as u64]
+            })
+            .collect();
+        let host_inputs = (at(input_table_at), copied_inputs);
+        if copied_inputs > 0 {
+            // SAFETY: the region was sized for this table above.
+            check("uploading the host-input table", unsafe { result::memcpy_htod_sync(host_inputs.0, &input_table) })?;
+        }
 
         let uploaded = upload_weights(&plan, weights, &checkpoint, &elems, stream.0)?;
         let (tiled_memory, tiled) = retile_mlp_weights(&kernels, &plan, &mlps, &uploaded.ptrs, stream.0)?;
@@ -639,6 +674,7 @@ impl CudaBackend {
             rope,
             rope_rows,
             op_lanes: &op_lanes,
+            host_inputs,
             lane: 0,
             fused_attention,
             multiprocessors,
@@ -840,6 +876,7 @@ impl CudaBackend {
             Step::Softmax { rows, keys, .. } => format!("softmax {rows}x{keys}"),
             Step::Affine { .. } => "affine".into(),
             Step::PromptBucket { .. } => "prompt_bucket".into(),
+            Step::CopyHostInputs { .. } => "copy host inputs".into(),
         }
     }
 
@@ -937,6 +974,7 @@ impl CudaBackend {
             match *step {
                 Step::Gemm { matmul, workspace } => return self.matmuls[matmul].launch(self.lt.0, workspace, s).map_err(Error::Backend),
                 Step::Copy { dst, src } => k.copy(dst, src, s),
+                Step::CopyHostInputs { pieces, count } => k.copy_host_inputs(pieces, count, s),
                 Step::ImagePatches { out, frames, frame_stride, frame_info, camera, size, patch } => {
                     k.image_patches(out, frames, frame_stride, frame_info, camera, size, patch, s)
                 }
@@ -1314,6 +1352,8 @@ struct Lowering<'a> {
     rope_rows: Option<RopeRows>,
     /// The lane of every plan op, and that of the op being lowered.
     op_lanes: &'a [usize],
+    /// The host-input copy table and its pieces (see [`copied_input`]).
+    host_inputs: (DevPtr, usize),
     lane: usize,
     /// Lower few-query multi-query attention to `Kernels::attention_mq256` (off with
     /// FRT_NO_FUSED_ATTENTION=1), sized for this many SMs.
@@ -1385,10 +1425,18 @@ impl Lowering<'_> {
 
     fn lower(mut self) -> Result<Lowered> {
         let plan = &self.backend.plan;
+        let (pieces, count) = self.host_inputs;
+        if count > 0 {
+            self.steps.push(Step::CopyHostInputs { pieces, count });
+            let writes =
+                plan.buffers.iter().enumerate().filter(|(_, b)| copied_input(b)).map(|(i, _)| Span::whole(BufId(i), &plan.buffers));
+            self.tag(0, 0, Accesses { reads: Vec::new(), writes: writes.collect() });
+        }
         let mut ops = plan.ops.iter().enumerate().peekable();
         while let Some((i, op)) = ops.next() {
             if let Some(phase) = plan.phase_starting_at(i) {
-                let first = self.steps.len();
+                // The host-input copy belongs to the first phase.
+                let first = if self.phase_steps.is_empty() { 0 } else { self.steps.len() };
                 let name = match phase.prompt_bucket {
                     Some(b) => format!("{} ({b} slots)", phase.name),
                     None => phase.name.clone(),
