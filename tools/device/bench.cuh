@@ -3,6 +3,8 @@
 // where and why and exit, and the GPU-side timing of work enqueued on a stream, alone or as a
 // replayed graph.
 #pragma once
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -66,3 +68,29 @@ std::vector<float> graph_replay_ms(cudaStream_t st, int runs, F enqueue, int rep
     CHECK(cudaGraphDestroy(g));
     return ms;
 }
+
+// A GEMM bench's operands in the runtime's orientation (out = a · wᵀ): `copies` device copies of
+// one bf16 weight [n, k], together more than L2 holds (≥ 200 MB, so products over them stream
+// their weights as in a step), and an activation a [m, k]; the values uniform in ±0.05 from
+// rand() (seeded by the caller), kept in `host` (at least n · k and m · k of them).
+struct GemmOperands {
+    __nv_bfloat16 *w, *a;
+    size_t w_elems;
+    int copies;
+    std::vector<__nv_bfloat16> host;
+
+    GemmOperands(int m, int k, int n) : w_elems((size_t)n * k), host(std::max(w_elems, (size_t)m * k)) {
+        copies = std::max(2, std::min(64, (int)((200 << 20) / (w_elems * 2)) + 1));
+        for (auto& x : host) x = __float2bfloat16((rand() / (float)RAND_MAX - 0.5f) * 0.1f);
+        CHECK(cudaMalloc(&w, w_elems * 2 * copies));
+        for (int c = 0; c < copies; ++c) CHECK(cudaMemcpy(w + c * w_elems, host.data(), w_elems * 2, cudaMemcpyHostToDevice));
+        CHECK(cudaMalloc(&a, (size_t)m * k * 2));
+        CHECK(cudaMemcpy(a, host.data(), (size_t)m * k * 2, cudaMemcpyHostToDevice));
+    }
+    ~GemmOperands() {
+        CHECK(cudaFree(w));
+        CHECK(cudaFree(a));
+    }
+    GemmOperands(const GemmOperands&) = delete;
+    GemmOperands& operator=(const GemmOperands&) = delete;
+};

@@ -77,19 +77,15 @@ int main(int argc, char** argv) {
     double total_heuristic = 0, total_best = 0;
     for (const Shape& s : shapes) {
         if (argc > 1 && !strstr(s.name, argv[1])) continue;
-        const size_t w_elems = (size_t)s.n * s.k;
-        const int copies = std::max(2, std::min(64, (int)((200 << 20) / (w_elems * 2)) + 1));
-        std::vector<__nv_bfloat16> host(std::max(w_elems, (size_t)s.m * s.k));
-        for (auto& x : host) x = __float2bfloat16((rand() / (float)RAND_MAX - 0.5f) * 0.1f);
-        __nv_bfloat16 *w, *a, *d, *d_ref, *bias;
-        CHECK(cudaMalloc(&w, w_elems * 2 * copies));
-        for (int c = 0; c < copies; ++c) CHECK(cudaMemcpy(w + c * w_elems, host.data(), w_elems * 2, cudaMemcpyHostToDevice));
-        CHECK(cudaMalloc(&a, (size_t)s.m * s.k * 2));
-        CHECK(cudaMemcpy(a, host.data(), (size_t)s.m * s.k * 2, cudaMemcpyHostToDevice));
+        const GemmOperands ops(s.m, s.k, s.n);
+        __nv_bfloat16 *const w = ops.w, *const a = ops.a;
+        const size_t w_elems = ops.w_elems;
+        const int copies = ops.copies;
+        __nv_bfloat16 *d, *d_ref, *bias;
         CHECK(cudaMalloc(&d, (size_t)s.m * s.n * 2));
         CHECK(cudaMalloc(&d_ref, (size_t)s.m * s.n * 2));
         CHECK(cudaMalloc(&bias, (size_t)s.n * 2));
-        CHECK(cudaMemcpy(bias, host.data(), (size_t)s.n * 2, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(bias, ops.host.data(), (size_t)s.n * 2, cudaMemcpyHostToDevice));
 
         cublasLtMatmulDesc_t desc;
         CHECK_LT(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -220,7 +216,7 @@ int main(int argc, char** argv) {
         cublasLtMatmulPreferenceDestroy(pref);
         cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld);
         cublasLtMatmulDescDestroy(desc);
-        for (void* p : {(void*)w, (void*)a, (void*)d, (void*)d_ref, (void*)bias}) CHECK(cudaFree(p));
+        for (void* p : {(void*)d, (void*)d_ref, (void*)bias}) CHECK(cudaFree(p));
     }
     printf("{\"gemm_ms_per_step\": {\"heuristic_best\": %.3f, \"best_found\": %.3f}}\n", total_heuristic / 1000, total_best / 1000);
     return 0;

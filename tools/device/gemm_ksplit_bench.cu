@@ -41,16 +41,11 @@ int main(int argc, char** argv) {
     srand(1);
     for (const Shape& s : shapes) {
         if (argc > 1 && !strstr(s.name, argv[1])) continue;
-        const size_t w_elems = (size_t)s.n * s.k;
-        const int copies = std::max(2, std::min(64, (int)((200 << 20) / (w_elems * 2)) + 1));
-        std::vector<__nv_bfloat16> host(std::max(w_elems, (size_t)s.m * s.k));
-        for (auto& x : host) x = __float2bfloat16((rand() / (float)RAND_MAX - 0.5f) * 0.1f);
-        __nv_bfloat16 *w, *a;
+        const GemmOperands ops(s.m, s.k, s.n);
+        __nv_bfloat16 *const w = ops.w, *const a = ops.a;
+        const size_t w_elems = ops.w_elems;
+        const int copies = ops.copies;
         float* outs[max_split];
-        CHECK(cudaMalloc(&w, w_elems * 2 * copies));
-        for (int c = 0; c < copies; ++c) CHECK(cudaMemcpy(w + c * w_elems, host.data(), w_elems * 2, cudaMemcpyHostToDevice));
-        CHECK(cudaMalloc(&a, (size_t)s.m * s.k * 2));
-        CHECK(cudaMemcpy(a, host.data(), (size_t)s.m * s.k * 2, cudaMemcpyHostToDevice));
         for (auto& o : outs) {
             CHECK(cudaMalloc(&o, (size_t)s.m * s.n * 4));
             CHECK(cudaMemset(o, 0, (size_t)s.m * s.n * 4));
@@ -128,8 +123,6 @@ int main(int argc, char** argv) {
             cublasLtMatrixLayoutDestroy(ld);
             cublasLtMatmulDescDestroy(desc);
         }
-        CHECK(cudaFree(w));
-        CHECK(cudaFree(a));
         for (auto* o : outs) CHECK(cudaFree(o));
     }
     return 0;
