@@ -310,6 +310,43 @@ fn residual_case(seed: u64) -> Case {
     c
 }
 
+/// The denoise loop's step boundary (bench/NOTES.md item 66): a product over a narrow f32 input
+/// and the adaRMS norm of its rows (the action-in product), then the gated residual, the final
+/// norm and a narrow product accumulated into that input (the action-out product with the Euler
+/// update). CUDA fuses each end into one row kernel where the shapes allow; seed 1's rows are not
+/// whole 16-byte pieces, which keeps the ops unfused.
+fn step_boundary_case(seed: u64) -> Case {
+    let mut c = Case::new(String::new(), seed);
+    let rows = c.rng.random_range(1..60);
+    let cols = c.rng.random_range(1..128) * 8 - 3 * (seed == 1) as usize;
+    // 32 (Pi0.5's action width): both ends fused; 24 fuses only the end (the start's kernel
+    // takes inputs of exactly 32 columns).
+    let narrow = if seed == 2 { 24 } else { 32 };
+    c.name = format!("step boundary {rows}x{cols} over {narrow} columns");
+    let xt = c.input("xt", rows, narrow);
+    let (w_in, w_out) = (c.matrix_weight(cols, narrow), c.matrix_weight(narrow, cols));
+    let (b_in, b_out) = (c.normal(cols, 0.5), c.normal(narrow, 0.5));
+    let (b_in, b_out) = (c.vector_weight(b_in), c.vector_weight(b_out));
+    let [m_in, m_gate, m_final] = [0; 3].map(|_| {
+        let m = c.normal(3 * cols, 0.3);
+        c.vector_weight(m)
+    });
+    let (x, h, h2) = (c.plan.matrix("x", rows, cols), c.plan.matrix("h", rows, cols), c.plan.matrix("h2", rows, cols));
+    c.plan.push(Op::Gemm { a: xt, w: w_in, bias: Some(b_in), out: x, accumulate: false });
+    c.plan.push(Op::AdaRmsNorm { x, out: h, modulation: m_in, eps: 1e-6 });
+    c.consume(h);
+    // The layers' stand-in: a bf16 branch added through the gate.
+    let y = c.input("y", rows, cols);
+    c.consume(y);
+    c.plan.push(Op::GatedResidual { x, y, modulation: m_gate });
+    c.plan.push(Op::AdaRmsNorm { x, out: h2, modulation: m_final, eps: 1e-6 });
+    c.plan.push(Op::Gemm { a: h2, w: w_out, bias: Some(b_out), out: xt, accumulate: true });
+    for v in [x, h, h2, xt] {
+        c.check(v);
+    }
+    c
+}
+
 fn elementwise_case(seed: u64) -> Case {
     let mut c = Case::new(String::new(), seed);
     let (rows, f) = (c.rng.random_range(1..120), c.rng.random_range(1..100) * 4);
@@ -568,6 +605,7 @@ fn every_op_matches_cpu() {
             (norm_case(seed, 1), dummy.clone()),
             (norm_case(seed, 2), dummy.clone()),
             (residual_case(seed), dummy.clone()),
+            (step_boundary_case(seed), dummy.clone()),
             (elementwise_case(seed), dummy.clone()),
             (mlp_case(seed), dummy.clone()),
             (qkv_rope_case(seed), dummy.clone()),

@@ -22,14 +22,38 @@ FOR_IN_OUT(COPY, copy)
 // The small host inputs (mapped pinned memory) into their device buffers: block b copies piece
 // b of `pieces`, `count` × (destination, source, bytes; a multiple of 4). Kernels that many
 // blocks read (token ids, frame geometry) then read device memory: reads of the same host lines
-// from every block over the bus cost ~20-30 µs per launch (bench/NOTES.md item 63).
+// from every block over the bus cost ~20-30 µs per launch (bench/NOTES.md item 63). Each read
+// crosses the bus (~1 µs), so the number of rounds, not the bytes, sets the time: 16-byte words,
+// COPY_IN_FLIGHT of them per thread loaded before any is stored (item 66), 4-byte words for an
+// unaligned piece and for the tail.
+#define COPY_IN_FLIGHT 4
 extern "C" __global__ void copy_host_inputs(const unsigned long long* pieces, int count) {
     if ((int)blockIdx.x >= count) return;
     const unsigned long long* piece = pieces + 3 * blockIdx.x;
-    unsigned* dst = (unsigned*)piece[0];
-    const unsigned* src = (const unsigned*)piece[1];
-    const long words = (long)(piece[2] / 4);
-    for (long i = threadIdx.x; i < words; i += blockDim.x) dst[i] = src[i];
+    const unsigned long long dst = piece[0], src = piece[1], bytes = piece[2];
+    long done = 0;
+    if (((dst | src) & 15) == 0) {
+        const long words = (long)(bytes / 16);
+        const uint4* s = (const uint4*)src;
+        uint4* d = (uint4*)dst;
+        for (long base = 0; base < words; base += COPY_IN_FLIGHT * blockDim.x) {
+            uint4 v[COPY_IN_FLIGHT];
+#pragma unroll
+            for (int i = 0; i < COPY_IN_FLIGHT; ++i) {
+                const long at = base + i * blockDim.x + threadIdx.x;
+                if (at < words) v[i] = s[at];
+            }
+#pragma unroll
+            for (int i = 0; i < COPY_IN_FLIGHT; ++i) {
+                const long at = base + i * blockDim.x + threadIdx.x;
+                if (at < words) d[at] = v[i];
+            }
+        }
+        done = words * 16;
+    }
+    const unsigned* s = (const unsigned*)(src + done);
+    unsigned* d = (unsigned*)(dst + done);
+    for (long i = threadIdx.x; i < (long)(bytes - done) / 4; i += blockDim.x) d[i] = s[i];
 }
 
 // x += table, the table's rows repeating every `table_rows` rows (position embeddings per camera).

@@ -192,3 +192,166 @@ __device__ void gated_residual_rms_norm(Tout* out, int out_stride, float* x, int
                                           gate_modulation, norm_modulation, cols, eps, per);        \
     }
 FOR_IN_OUT(GATED_RESIDUAL_RMS_NORM, gated_residual_rms_norm)
+
+// ---- The denoise loop's step boundary: the narrow action products fused with their norms -------
+//
+// An Euler step ends with the gated residual, the final adaRMS norm and the action-out product
+// accumulated into x_t (32 columns), and the next begins with the action-in product (K = 32) and
+// the first layer's adaRMS norm: five launches of 1-4 µs around products far too small to fill
+// the GPU. Their rows are independent, so one block per row does each end in one launch
+// (bench/NOTES.md item 66). The products as cuBLASLt computes them: bf16 operands, f32 sums.
+// One group of 8 columns per thread (cols / 8 threads, rounded up to whole warps); each thread's
+// slice of the weights is loaded with its row (the weights stay in L2: every step reads them).
+#define ROW_PRODUCT_MAX 32  // most columns of the narrow side (launch.rs mirrors it)
+
+__device__ __forceinline__ void unpack8(uint4 u, float* v) {
+    const unsigned w[4] = {u.x, u.y, u.z, u.w};
+    for (int i = 0; i < 4; ++i) {
+        v[2 * i] = __uint_as_float(w[i] << 16);
+        v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+// One step of a warp's reduce-scatter: of the 2·HALF values p[0 … 2·HALF), a lane keeps the
+// half its lane bit HALF selects, summed with its partner's same half, in p[0 … HALF).
+template <int HALF>
+__device__ __forceinline__ void butterfly_step(float* p, int lane) {
+    const bool upper = lane & HALF;
+#pragma unroll
+    for (int i = 0; i < HALF; ++i) {
+        const float send = upper ? p[i] : p[i + HALF], keep = upper ? p[i + HALF] : p[i];
+        p[i] = keep + __shfl_xor_sync(0xffffffffu, send, HALF);
+    }
+}
+
+// x += y * gate(gate_modulation); out = rms(x) * (1 + scale) + shift with norm_modulation; then
+// acc[r, j] (+)= bf16(out[r, :]) · w[j, :] + bias[j] for j < n (w bf16 [n, cols], bias optional).
+template <typename Ty, typename Tout>
+__device__ void gated_residual_rms_norm_product(Tout* out, int out_stride, float* x, int x_stride, const Ty* y,
+                                                int y_stride, const float* gate_modulation,
+                                                const float* norm_modulation, int cols, float eps, const bf16* w,
+                                                const float* bias, float* acc, int acc_stride, int n, int accumulate) {
+    __shared__ float scratch[32];
+    __shared__ float partial[32][ROW_PRODUCT_MAX];  // per warp, per product column
+    const int c = threadIdx.x * 8, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool mine = c < cols;
+    float* xr = x + (long)blockIdx.x * x_stride;
+    float v[8], yv[8], g[8];
+    load8_or_zero(xr + c, v, mine);
+    load8_or_zero(y + (long)blockIdx.x * y_stride + c, yv, mine);
+    load8_or_zero(gate_modulation + 2 * cols + c, g, mine);
+    uint4 wv[ROW_PRODUCT_MAX];
+#pragma unroll
+    for (int j = 0; j < ROW_PRODUCT_MAX; ++j) wv[j] = j < n && mine ? *(const uint4*)(w + (long)j * cols + c) : make_uint4(0, 0, 0, 0);
+    float ss = 0.0f;
+    for (int i = 0; i < 8; ++i) {
+        v[i] += yv[i] * g[i];
+        ss += v[i] * v[i];
+    }
+    if (mine) store8(xr + c, v);
+    // Leaves v normalised (or zero where !mine: it was loaded as zeros).
+    rms_finish8<Tout>(out + (long)blockIdx.x * out_stride, c, mine, v, ss, norm_modulation, cols, eps, scratch);
+    for (int i = 0; i < 8; ++i) v[i] = to_float(from_float<bf16>(v[i]));
+    // This thread's share of every product column (zero past n), then a butterfly that leaves
+    // lane j with the warp's sum for column j: 31 shuffles instead of 32 reductions of 5.
+    float p[ROW_PRODUCT_MAX];
+#pragma unroll
+    for (int j = 0; j < ROW_PRODUCT_MAX; ++j) {
+        float wf[8];
+        unpack8(wv[j], wf);
+        p[j] = 0.0f;
+        for (int i = 0; i < 8; ++i) p[j] += v[i] * wf[i];
+    }
+    static_assert(ROW_PRODUCT_MAX == 32, "the butterfly reduces 32 columns, one per lane");
+    butterfly_step<16>(p, lane);
+    butterfly_step<8>(p, lane);
+    butterfly_step<4>(p, lane);
+    butterfly_step<2>(p, lane);
+    butterfly_step<1>(p, lane);
+    if (lane < n) partial[warp][lane] = p[0];
+    __syncthreads();
+    if ((int)threadIdx.x < n) {
+        const int j = threadIdx.x;
+        float s = 0.0f;
+        for (int k = 0; k < (int)(blockDim.x >> 5); ++k) s += partial[k][j];
+        if (bias) s += bias[j];
+        float* a = acc + (long)blockIdx.x * acc_stride + j;
+        *a = accumulate ? *a + s : s;
+    }
+}
+
+#define GATED_RESIDUAL_RMS_NORM_PRODUCT(NAME, TY, TOUT)                                                  \
+    extern "C" __global__ void NAME(TOUT* out, int out_stride, float* x, int x_stride, const TY* y,      \
+                                    int y_stride, const float* gate_modulation,                          \
+                                    const float* norm_modulation, int cols, float eps, const bf16* w,    \
+                                    const float* bias, float* acc, int acc_stride, int n, int accumulate) { \
+        gated_residual_rms_norm_product<TY, TOUT>(out, out_stride, x, x_stride, y, y_stride,             \
+                                                  gate_modulation, norm_modulation, cols, eps, w, bias,  \
+                                                  acc, acc_stride, n, accumulate);                       \
+    }
+FOR_IN_OUT(GATED_RESIDUAL_RMS_NORM_PRODUCT, gated_residual_rms_norm_product)
+
+// x = bf16(a) · wᵀ + bias (a f32 [rows, 32] with 16-byte aligned rows, w bf16 [cols, 32], bias
+// optional, cols ≤ PRODUCT_MAX_COLS); then out = rms(x), · (1 + scale) + shift with a modulation.
+// The weight's rows are 64 bytes: a warp reads 32 of them (2 KB) by four coalesced 16-byte loads
+// per lane, lane l holding piece l % 4 of rows 8i + l / 4 (a thread owning whole rows would read
+// them 512 bytes apart, 32 lines per load). The four lanes of a row meet by shuffles, the row's
+// values in shared memory, and the bias and the norm follow in groups of 8 columns per thread.
+// Every global load is issued before the first product: a load under a branch in the unrolled
+// loop (a per-row bias) made each iteration wait for its own (bench/NOTES.md item 66).
+#define PRODUCT_MAX_COLS 8192
+#define PRODUCT_GROUPS 8  // groups of 32 weight rows whose loads a warp has in flight at once
+template <typename Tout>
+__device__ void product_rms_norm(Tout* out, int out_stride, float* x, int x_stride, const float* a, int a_stride,
+                                 const bf16* w, const float* bias, const float* modulation, int cols, float eps) {
+    static_assert(ROW_PRODUCT_MAX == 32, "a weight row is four 16-byte pieces, one per lane of a quad");
+    __shared__ float scratch[32];
+    __shared__ __align__(16) float xs[PRODUCT_MAX_COLS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5, q = lane & 3;
+    // This lane's 8 inputs (piece q of the row), rounded as the product's bf16 operand.
+    float av[8], bv[8];
+    load8(a + (long)blockIdx.x * a_stride + 8 * q, av);
+    const int c = threadIdx.x * 8;
+    const bool mine = c < cols;
+    // The bias of this thread's norm columns, loaded now so that no load waits in the loop.
+    load8_or_zero(bias ? bias + c : nullptr, bv, mine && bias);
+    for (int i = 0; i < 8; ++i) av[i] = to_float(from_float<bf16>(av[i]));
+    for (int base = warp * 32; base < cols; base += warps * 32 * PRODUCT_GROUPS) {
+        uint4 wv[PRODUCT_GROUPS][4];
+#pragma unroll
+        for (int g = 0; g < PRODUCT_GROUPS; ++g)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int row = min(base + g * warps * 32 + 8 * i + (lane >> 2), cols - 1);  // clamped: all in flight
+                wv[g][i] = *(const uint4*)(w + (long)row * ROW_PRODUCT_MAX + 8 * q);
+            }
+#pragma unroll
+        for (int g = 0; g < PRODUCT_GROUPS; ++g)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                float wf[8], p = 0.0f;
+                unpack8(wv[g][i], wf);
+                for (int e = 0; e < 8; ++e) p += av[e] * wf[e];
+                p += __shfl_xor_sync(0xffffffffu, p, 1);
+                p += __shfl_xor_sync(0xffffffffu, p, 2);
+                const int row = base + g * warps * 32 + 8 * i + (lane >> 2);
+                if (q == 0 && row < cols) xs[row] = p;
+            }
+    }
+    __syncthreads();
+    float v[8], ss = 0.0f;
+    for (int i = 0; i < 8; ++i) {
+        v[i] = mine ? xs[c + i] + bv[i] : 0.0f;
+        ss += v[i] * v[i];
+    }
+    if (mine) store8(x + (long)blockIdx.x * x_stride + c, v);
+    rms_finish8<Tout>(out + (long)blockIdx.x * out_stride, c, mine, v, ss, modulation, cols, eps, scratch);
+}
+
+#define PRODUCT_RMS_NORM(NAME, TOUT)                                                                   \
+    extern "C" __global__ void NAME(TOUT* out, int out_stride, float* x, int x_stride, const float* a, \
+                                    int a_stride, const bf16* w, const float* bias,                    \
+                                    const float* modulation, int cols, float eps) {                    \
+        product_rms_norm<TOUT>(out, out_stride, x, x_stride, a, a_stride, w, bias, modulation, cols, eps); \
+    }
+FOR_TYPE(PRODUCT_RMS_NORM, product_rms_norm)

@@ -224,11 +224,15 @@ impl TensorMap {
 /// Dynamic shared memory of `mlp_stream_wgmma` (mlp.cu: MLP_SHARED_BYTES): alignment slack, eight
 /// weight stages and sixteen 64-column chunks of A, 8 KB each.
 const MLP_SHARED_BYTES: u32 = 1024 + (8 + MLP_A_CHUNKS as u32) * 8192;
+/// Most columns of the narrow side of the step-boundary row kernels (norm.cu's ROW_PRODUCT_MAX).
+pub const ROW_PRODUCT_MAX: usize = 32;
+
 /// Most 64-column chunks of A a block of `mlp_stream_wgmma` holds (MLP_A_CHUNKS).
 const MLP_A_CHUNKS: usize = 16;
 
-const IN_OUT: [&str; 5] = ["layer_norm", "rms_norm", "gated_residual_rms_norm", "copy", "gelu_tanh_mul"];
-const TYPED: [&str; 9] = [
+const IN_OUT: [&str; 6] = ["layer_norm", "rms_norm", "gated_residual_rms_norm", "gated_residual_rms_norm_product", "copy", "gelu_tanh_mul"];
+const TYPED: [&str; 10] = [
+    "product_rms_norm",
     "gated_residual",
     "gelu_tanh",
     "affine",
@@ -579,6 +583,137 @@ impl Kernels {
             Arg::I(per),
         ];
         // SAFETY: matches `gated_residual_rms_norm_*` in norm.cu.
+        unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
+    }
+
+    /// Whether the step-boundary row kernels (`gated_residual_rms_norm_product`,
+    /// `product_rms_norm`) take these rows (all of one width) and vectors with a narrow side of
+    /// `narrow` columns: one group of 8 columns per thread (16-byte aligned rows and vectors, at
+    /// most 8192 columns) and at most [`ROW_PRODUCT_MAX`] narrow columns (`product_rms_norm`'s
+    /// input: exactly that many).
+    pub fn row_product_fits(rows: &[Mat], vectors: &[DevPtr], narrow: usize) -> bool {
+        let pieces = |m: &Mat| m.ptr % 16 == 0 && (m.stride * m.dtype.size()) % 16 == 0 && m.cols % 8 == 0;
+        rows.iter().all(|m| pieces(m) && m.cols == rows[0].cols && m.cols / 8 <= 1024)
+            && vectors.iter().all(|p| p % 16 == 0)
+            && (1..=ROW_PRODUCT_MAX).contains(&narrow)
+    }
+
+    /// `x += y ⊙ gate(gate_modulation)`, `out = rms(x) · (1 + scale) + shift` with
+    /// `norm_modulation`, then `acc (+)= bf16(out) · wᵀ + bias` (w bf16 `[acc.cols, x.cols]`,
+    /// bias f32 `acc.cols`), one launch of one block per row: the end of an Euler step.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    #[allow(clippy::too_many_arguments)] // mirrors the kernel's signature: the norm's and the product's operands
+    pub unsafe fn gated_residual_rms_norm_product(
+        &self,
+        norm: (Mat, Mat, Mat),
+        gate_modulation: DevPtr,
+        norm_modulation: DevPtr,
+        eps: f32,
+        w: DevPtr,
+        bias: Option<DevPtr>,
+        (acc, accumulate): (Mat, bool),
+        stream: CUstream,
+    ) -> Result<()> {
+        let (out, x, y) = norm;
+        let what = "gated_residual_rms_norm_product";
+        Self::same_shape(what, &x, &y)?;
+        Self::same_shape(what, &x, &out)?;
+        let vectors = [gate_modulation, norm_modulation, w];
+        if x.dtype != Dtype::F32
+            || acc.dtype != Dtype::F32
+            || acc.rows != x.rows
+            || !Self::row_product_fits(&[x, y, out], &vectors, acc.cols)
+        {
+            return Err(shape_error(
+                what,
+                format!(
+                    "needs an f32 residual {}x{} (16-byte aligned rows and vectors) and an f32 product of at most \
+                     {ROW_PRODUCT_MAX} columns over its rows, got {:?} and {:?} {}x{}",
+                    x.rows, x.cols, x.dtype, acc.dtype, acc.rows, acc.cols
+                ),
+            ));
+        }
+        let threads = (x.cols / 8).div_ceil(32) as u32 * 32;
+        let name = format!("{what}_{}_{}", y.dtype.suffix(), out.dtype.suffix());
+        let args = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, &name)?),
+            Arg::P(x.ptr),
+            Arg::I(i32_of(x.stride, &name)?),
+            Arg::P(y.ptr),
+            Arg::I(i32_of(y.stride, &name)?),
+            Arg::P(gate_modulation),
+            Arg::P(norm_modulation),
+            Arg::I(i32_of(x.cols, &name)?),
+            Arg::F(eps),
+            Arg::P(w),
+            Arg::P(bias.unwrap_or(0)),
+            Arg::P(acc.ptr),
+            Arg::I(i32_of(acc.stride, &name)?),
+            Arg::I(acc.cols as i32),
+            Arg::I(accumulate as i32),
+        ];
+        // SAFETY: matches `gated_residual_rms_norm_product_*` in norm.cu (null bias: none).
+        unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
+    }
+
+    /// `x = bf16(a) · wᵀ + bias` (a f32 `[rows, 32]`, w bf16 `[x.cols, 32]`, bias f32 `x.cols`),
+    /// then `out = rms(x)`, `· (1 + scale) + shift` with `modulation`, one launch of one block
+    /// per row: the start of an Euler step.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    #[allow(clippy::too_many_arguments)] // mirrors the kernel's signature
+    pub unsafe fn product_rms_norm(
+        &self,
+        out: Mat,
+        x: Mat,
+        a: Mat,
+        w: DevPtr,
+        bias: Option<DevPtr>,
+        modulation: Option<DevPtr>,
+        eps: f32,
+        stream: CUstream,
+    ) -> Result<()> {
+        let what = "product_rms_norm";
+        Self::same_shape(what, &x, &out)?;
+        let k = a.cols;
+        let vectors = [w, bias.unwrap_or(0), modulation.unwrap_or(0)];
+        if x.dtype != Dtype::F32
+            || a.dtype != Dtype::F32
+            || a.rows != x.rows
+            || k != ROW_PRODUCT_MAX
+            || a.ptr % 16 != 0
+            || (a.stride * 4) % 16 != 0
+            || !Self::row_product_fits(&[x, out], &vectors, k)
+        {
+            return Err(shape_error(
+                what,
+                format!(
+                    "needs f32 rows {}x{} (16-byte aligned rows and vectors) from an f32 input of {ROW_PRODUCT_MAX} columns in \
+                     16-byte aligned rows, got {:?} from {:?} {}x{k}",
+                    x.rows, x.cols, x.dtype, a.dtype, a.rows
+                ),
+            ));
+        }
+        let threads = (x.cols / 8).div_ceil(32) as u32 * 32;
+        let name = format!("{what}_{}", out.dtype.suffix());
+        let args = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, &name)?),
+            Arg::P(x.ptr),
+            Arg::I(i32_of(x.stride, &name)?),
+            Arg::P(a.ptr),
+            Arg::I(i32_of(a.stride, &name)?),
+            Arg::P(w),
+            Arg::P(bias.unwrap_or(0)),
+            Arg::P(modulation.unwrap_or(0)),
+            Arg::I(i32_of(x.cols, &name)?),
+            Arg::F(eps),
+        ];
+        // SAFETY: matches `product_rms_norm_*` in norm.cu (null bias or modulation: none).
         unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
     }
 

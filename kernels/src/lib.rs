@@ -23,7 +23,8 @@ pub use compile::{
     nvrtc_version, supported_archs, write_cubins,
 };
 pub use launch::{
-    AttentionArgs, AttentionSplit, DevPtr, Dtype, Kernels, MAX_PROMPT_BUCKETS, Mat, RopeArgs, VISION_MAX_KEYS, has_wgmma, kernel_names,
+    AttentionArgs, AttentionSplit, DevPtr, Dtype, Kernels, MAX_PROMPT_BUCKETS, Mat, ROW_PRODUCT_MAX, RopeArgs, VISION_MAX_KEYS, has_wgmma,
+    kernel_names,
 };
 
 pub type Result<T, E = KernelError> = std::result::Result<T, E>;

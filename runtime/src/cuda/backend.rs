@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
-use flashrt_kernels::{AttentionArgs, AttentionSplit, DevPtr, Dtype, Kernels, MAX_PROMPT_BUCKETS, Mat, RopeArgs};
+use flashrt_kernels::{AttentionArgs, AttentionSplit, DevPtr, Dtype, Kernels, MAX_PROMPT_BUCKETS, Mat, ROW_PRODUCT_MAX, RopeArgs};
 
 use super::device::{
     BlasLt, CapturedGraph, Context, DeviceMemory, Event, Graph, Pinned, Stream, capture_if, check, conditional_handle, time_replays,
@@ -158,6 +158,31 @@ enum Step {
         y: Mat,
         gate: DevPtr,
         norm: DevPtr,
+        eps: f32,
+    },
+    /// The end of an Euler step: the gated residual and its norm, then the narrow product
+    /// (action-out, Euler update) over the norm's rows, in one launch.
+    GatedResidualRmsNormProduct {
+        out: Mat,
+        x: Mat,
+        y: Mat,
+        gate: DevPtr,
+        norm: DevPtr,
+        eps: f32,
+        w: DevPtr,
+        bias: Option<DevPtr>,
+        acc: Mat,
+        accumulate: bool,
+    },
+    /// The start of an Euler step: the product over a narrow f32 input (action-in) into `x`,
+    /// then the norm of its rows, in one launch.
+    ProductRmsNorm {
+        out: Mat,
+        x: Mat,
+        a: Mat,
+        w: DevPtr,
+        bias: Option<DevPtr>,
+        modulation: Option<DevPtr>,
         eps: f32,
     },
     GeluTanh {
@@ -863,6 +888,8 @@ impl CudaBackend {
             Step::RmsNorm { modulation, .. } => if modulation.is_some() { "ada_rms_norm" } else { "rms_norm" }.into(),
             Step::GatedResidual { .. } => "gated_residual".into(),
             Step::GatedResidualRmsNorm { .. } => "gated_residual_rms_norm".into(),
+            Step::GatedResidualRmsNormProduct { .. } => "gated_residual_rms_norm_product".into(),
+            Step::ProductRmsNorm { .. } => "product_rms_norm".into(),
             Step::GeluTanh { .. } => "gelu_tanh".into(),
             Step::GeluTanhMul { .. } => "gelu_tanh_mul".into(),
             Step::StreamedMlp { .. } => "mlp_stream".into(),
@@ -983,6 +1010,10 @@ impl CudaBackend {
                 Step::RmsNorm { out, x, modulation, eps } => k.rms_norm(out, x, modulation, eps, s),
                 Step::GatedResidual { x, y, modulation } => k.gated_residual(x, y, modulation, s),
                 Step::GatedResidualRmsNorm { out, x, y, gate, norm, eps } => k.gated_residual_rms_norm(out, x, y, gate, norm, eps, s),
+                Step::GatedResidualRmsNormProduct { out, x, y, gate, norm, eps, w, bias, acc, accumulate } => {
+                    k.gated_residual_rms_norm_product((out, x, y), gate, norm, eps, w, bias, (acc, accumulate), s)
+                }
+                Step::ProductRmsNorm { out, x, a, w, bias, modulation, eps } => k.product_rms_norm(out, x, a, w, bias, modulation, eps, s),
                 Step::GeluTanh { x } => k.gelu_tanh(x, s),
                 Step::GeluTanhMul { out, gate_up } => k.gelu_tanh_mul(out, gate_up, s),
                 Step::StreamedMlp { out, hidden, a, w_gate_up, w_down, barrier, multiprocessors, programmatic } => {
@@ -1446,6 +1477,21 @@ impl Lowering<'_> {
             }
             self.lane = self.op_lanes[i];
             let from = self.steps.len();
+            // Fusions at the denoise loop's step boundary (bench/NOTES.md item 66): the gated
+            // residual, its norm and a narrow product over the norm's rows; a product over a
+            // narrow f32 input and the norm of its output. One row kernel each, same phase.
+            if let Some(step) = self.step_boundary(i)? {
+                let fused = match step {
+                    Step::GatedResidualRmsNormProduct { .. } => 3,
+                    _ => 2,
+                };
+                self.steps.push(step);
+                for _ in 1..fused {
+                    ops.next();
+                }
+                self.tag_steps(from, i..i + fused);
+                continue;
+            }
             // Fusion: a gated residual followed by the adaRMS norm of the same stream (same phase).
             if let (Op::GatedResidual { x, y, modulation }, Some((next, Op::AdaRmsNorm { x: nx, out, modulation: norm, eps }))) =
                 (op, ops.peek())
@@ -1505,6 +1551,64 @@ impl Lowering<'_> {
         let ranges: Vec<Range<usize>> = sections.iter().map(|s| s.range.clone()).collect();
         let schedule = Schedule::new(self.step_lanes, &self.step_accesses, &ranges);
         Ok(Lowered { steps: self.steps, schedule, phase_steps: self.phase_steps, sections, matmuls: self.matmuls })
+    }
+
+    /// The step-boundary fusion starting at op `i`, if its ops are there (in one phase) and the
+    /// row kernels take their shapes.
+    fn step_boundary(&self, i: usize) -> Result<Option<Step>> {
+        let plan = &self.backend.plan;
+        let in_phase = |j: usize| j < plan.ops.len() && plan.phase_starting_at(j).is_none();
+        let narrow_weight = |w: WeightId| match plan.weights[w.0].role {
+            WeightRole::Matrix { n, k } => Some((n, k)),
+            _ => None,
+        };
+        match &plan.ops[i..] {
+            [
+                Op::GatedResidual { x, y, modulation },
+                Op::AdaRmsNorm { x: nx, out, modulation: norm, eps },
+                Op::Gemm { a, w, bias, out: acc, accumulate },
+                ..,
+            ] if nx == x && a == out && in_phase(i + 1) && in_phase(i + 2) && acc.cols <= ROW_PRODUCT_MAX => {
+                let (x_mat, y_mat, out_mat, acc_mat) = (self.mat(*x)?, self.mat(*y)?, self.mat(*out)?, self.mat(*acc)?);
+                // (A narrow product is never a fused MLP's, whose weights may exist only tiled.)
+                let (gate, norm, w_ptr) = (self.weight(*modulation, Elem::F32), self.weight(*norm, Elem::F32), self.weight(*w, Elem::Bf16));
+                let fits = narrow_weight(*w) == Some((acc.cols, x.cols))
+                    && [x_mat.dtype, acc_mat.dtype] == [Dtype::F32; 2]
+                    && Kernels::row_product_fits(&[x_mat, y_mat, out_mat], &[gate, norm, w_ptr], acc.cols);
+                Ok(fits.then(|| Step::GatedResidualRmsNormProduct {
+                    out: out_mat,
+                    x: x_mat,
+                    y: y_mat,
+                    gate,
+                    norm,
+                    eps: *eps,
+                    w: w_ptr,
+                    bias: bias.map(|b| self.weight(b, Elem::F32)),
+                    acc: acc_mat,
+                    accumulate: *accumulate,
+                }))
+            }
+            [Op::Gemm { a, w, bias, out: x, accumulate: false }, norm, ..] if in_phase(i + 1) && a.cols <= ROW_PRODUCT_MAX => {
+                let (nx, out, modulation, eps) = match *norm {
+                    Op::AdaRmsNorm { x: nx, out, modulation, eps } => (nx, out, Some(self.weight(modulation, Elem::F32)), eps),
+                    Op::RmsNorm { x: nx, out, eps } => (nx, out, None, eps),
+                    _ => return Ok(None),
+                };
+                let (a_mat, x_mat, out_mat, w_ptr) = (self.mat(*a)?, self.mat(*x)?, self.mat(out)?, self.weight(*w, Elem::Bf16));
+                if nx != *x || [a_mat.dtype, x_mat.dtype] != [Dtype::F32; 2] {
+                    return Ok(None);
+                }
+                // An f32 product's bias is uploaded as f32.
+                let bias = bias.map(|b| self.weight(b, Elem::F32));
+                let fits = narrow_weight(*w) == Some((x.cols, a.cols))
+                    && a.cols == ROW_PRODUCT_MAX
+                    && a_mat.ptr % 16 == 0
+                    && (a_mat.stride * 4) % 16 == 0
+                    && Kernels::row_product_fits(&[x_mat, out_mat], &[w_ptr, bias.unwrap_or(0), modulation.unwrap_or(0)], a.cols);
+                Ok(fits.then_some(Step::ProductRmsNorm { out: out_mat, x: x_mat, a: a_mat, w: w_ptr, bias, modulation, eps }))
+            }
+            _ => Ok(None),
+        }
     }
 
     fn lower_op(&mut self, op: &Op) -> Result<()> {
