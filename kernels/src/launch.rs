@@ -547,8 +547,7 @@ impl Kernels {
     }
 
     /// `x += y ⊙ gate(gate_modulation)`, then `out = rms(x) · (1 + scale) + shift` with
-    /// `norm_modulation`, in one pass per row; without a gate `y` is added as it is, without a
-    /// norm modulation the norm is the plain RMS.
+    /// `norm_modulation`, in one pass per row.
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
@@ -558,8 +557,8 @@ impl Kernels {
         out: Mat,
         x: Mat,
         y: Mat,
-        gate_modulation: Option<DevPtr>,
-        norm_modulation: Option<DevPtr>,
+        gate_modulation: DevPtr,
+        norm_modulation: DevPtr,
         eps: f32,
         stream: CUstream,
     ) -> Result<()> {
@@ -569,8 +568,7 @@ impl Kernels {
             return Err(shape_error("gated_residual_rms_norm", "the residual stream must be f32".into()));
         }
         let name = format!("gated_residual_rms_norm_{}_{}", y.dtype.suffix(), out.dtype.suffix());
-        let (per, threads) =
-            Self::row_launch(&[(out, 0), (x, 0), (y, 0)], &[gate_modulation.unwrap_or(0), norm_modulation.unwrap_or(0)], x.cols);
+        let (per, threads) = Self::row_launch(&[(out, 0), (x, 0), (y, 0)], &[gate_modulation, norm_modulation], x.cols);
         let args = [
             Arg::P(out.ptr),
             Arg::I(i32_of(out.stride, &name)?),
@@ -578,13 +576,13 @@ impl Kernels {
             Arg::I(i32_of(x.stride, &name)?),
             Arg::P(y.ptr),
             Arg::I(i32_of(y.stride, &name)?),
-            Arg::P(gate_modulation.unwrap_or(0)),
-            Arg::P(norm_modulation.unwrap_or(0)),
+            Arg::P(gate_modulation),
+            Arg::P(norm_modulation),
             Arg::I(i32_of(x.cols, &name)?),
             Arg::F(eps),
             Arg::I(per),
         ];
-        // SAFETY: matches `gated_residual_rms_norm_*` in norm.cu (null gate: 1; null norm: plain RMS).
+        // SAFETY: matches `gated_residual_rms_norm_*` in norm.cu.
         unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
     }
 

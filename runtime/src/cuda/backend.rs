@@ -152,14 +152,12 @@ enum Step {
         y: Mat,
         modulation: DevPtr,
     },
-    /// `x += y ⊙ gate` (y as it is without a gate), `out = ` the adaRMS norm (the plain RMS
-    /// norm without one) of x.
     GatedResidualRmsNorm {
         out: Mat,
         x: Mat,
         y: Mat,
-        gate: Option<DevPtr>,
-        norm: Option<DevPtr>,
+        gate: DevPtr,
+        norm: DevPtr,
         eps: f32,
     },
     /// The end of an Euler step: the gated residual and its norm, then the narrow product
@@ -361,8 +359,7 @@ struct Scratch {
     scores: DevPtr,
     /// bf16 probabilities, same shape.
     probs: DevPtr,
-    /// bf16 copy of an f32 GEMM input, or a residual product's output before the norm that adds
-    /// it in ([`residual_through_scratch`]).
+    /// bf16 copy of an f32 GEMM input.
     shadow: DevPtr,
     /// Split partial outputs (f32) and (max, sum) pairs of the fused attention.
     attention_o: DevPtr,
@@ -546,12 +543,9 @@ impl CudaBackend {
         // its first weights meanwhile (FRT_NO_EARLY_MLP=1: off).
         let early_mlps = if env_flag("FRT_NO_EARLY_MLP") { Vec::new() } else { mlps_after_their_norm(&plan, &mlps, &op_lanes) };
         let mut sizes = [ScratchSizes::default(); LANES];
-        for (i, (op, &lane)) in plan.ops.iter().zip(&op_lanes).enumerate() {
+        for (op, &lane) in plan.ops.iter().zip(&op_lanes) {
             let size = &mut sizes[lane];
             match *op {
-                Op::Gemm { out, .. } if residual_through_scratch(&plan, |b| elems[b.0], i) => {
-                    size.shadow = size.shadow.max(out.rows * out.cols)
-                }
                 Op::Attention { q, k, heads, kv_heads, head_dim, groups, key_valid, query_valid, .. } => {
                     let masked = key_valid.is_some() || query_valid.is_some();
                     match AttentionLowering::of(q.rows, k.rows, heads, kv_heads, head_dim, groups, masked, fused_attention, multiprocessors)
@@ -711,7 +705,6 @@ impl CudaBackend {
             multiprocessors,
             mlps: &mlps,
             early_mlps: &early_mlps,
-            residual_scratch: !env_flag("FRT_NO_RESIDUAL_SCRATCH"),
             tiled: &tiled,
             steps: Vec::new(),
             step_lanes: Vec::new(),
@@ -1167,19 +1160,6 @@ fn fused_mlps(plan: &Plan, elems: &[Elem], runs: impl Fn(usize, usize, usize, us
 /// The fused MLPs (of `mlps`) that directly follow, on the same stream and in the same phase, the
 /// RMS norm writing their whole A: launched as its programmatic dependent, each streams its first
 /// weight stages while the norm runs (bench/NOTES.md item 56).
-/// Whether op `i` is a product accumulated into an f32 residual (bf16 input, no bias) that the
-/// next op of its phase RMS-normalises: it is lowered as a product into bf16 scratch (beta 0)
-/// and a norm that adds the scratch in, as cuBLASLt runs the prefix's deep products ~6 % slower
-/// accumulating into f32 (bench/NOTES.md item 67). The scratch is the lane's `shadow`.
-fn residual_through_scratch(plan: &Plan, elem: impl Fn(BufId) -> Elem, i: usize) -> bool {
-    match (&plan.ops[i], plan.ops.get(i + 1)) {
-        (Op::Gemm { a, bias: None, out, accumulate: true, .. }, Some(Op::RmsNorm { x, .. })) => {
-            x == out && elem(out.buf) == Elem::F32 && elem(a.buf) == Elem::Bf16 && plan.phase_starting_at(i + 1).is_none()
-        }
-        _ => false,
-    }
-}
-
 fn mlps_after_their_norm(plan: &Plan, mlps: &[usize], op_lanes: &[usize]) -> Vec<usize> {
     mlps.iter()
         .copied()
@@ -1416,9 +1396,6 @@ struct Lowering<'a> {
     early_mlps: &'a [usize],
     /// The streamed MLPs' weights as that kernel reads them, by weight index.
     tiled: &'a HashMap<usize, DevPtr>,
-    /// Residual products before an RMS norm write bf16 scratch that the norm adds in
-    /// ([`residual_through_scratch`]; off with FRT_NO_RESIDUAL_SCRATCH=1).
-    residual_scratch: bool,
     steps: Vec<Step>,
     /// For each step: its lane, and what the plan ops it came from read and write.
     step_lanes: Vec<usize>,
@@ -1500,18 +1477,6 @@ impl Lowering<'_> {
             }
             self.lane = self.op_lanes[i];
             let from = self.steps.len();
-            // Fusion: a residual product and the RMS norm after it, through bf16 scratch.
-            if self.residual_scratch && residual_through_scratch(plan, |b| self.buf(b).elem, i) {
-                let (Op::Gemm { a, w, out, .. }, Some((_, Op::RmsNorm { x, out: normed, eps }))) = (op, ops.next()) else {
-                    return Err(self.error(format!("op {i} is not a product followed by an RMS norm")));
-                };
-                let y = Mat { ptr: self.scratch().shadow, rows: out.rows, cols: out.cols, stride: out.cols, dtype: Dtype::Bf16 };
-                self.gemm_into(*a, *w, None, y, false, false)?;
-                let (out, x) = (self.mat(*normed)?, self.mat(*x)?);
-                self.steps.push(Step::GatedResidualRmsNorm { out, x, y, gate: None, norm: None, eps: *eps });
-                self.tag_steps(from, i..i + 2);
-                continue;
-            }
             // Fusions at the denoise loop's step boundary (bench/NOTES.md item 66): the gated
             // residual, its norm and a narrow product over the norm's rows; a product over a
             // narrow f32 input and the norm of its output. One row kernel each, same phase.
@@ -1536,8 +1501,8 @@ impl Lowering<'_> {
                         out: self.mat(*out)?,
                         x: self.mat(*x)?,
                         y: self.mat(*y)?,
-                        gate: Some(self.weight(*modulation, Elem::F32)),
-                        norm: Some(self.weight(*norm, Elem::F32)),
+                        gate: self.weight(*modulation, Elem::F32),
+                        norm: self.weight(*norm, Elem::F32),
                         eps: *eps,
                     };
                     self.steps.push(step);
@@ -1755,17 +1720,11 @@ impl Lowering<'_> {
 
     /// `out (+)= a · wᵀ (+ bias)`: see the column-major mapping in `gemm.rs`.
     fn gemm(&mut self, a: View, w: WeightId, bias: Option<WeightId>, out: View, accumulate: bool, gelu: bool) -> Result<()> {
-        let d = self.mat(out)?;
-        self.gemm_into(a, w, bias, d, accumulate, gelu)
-    }
-
-    /// [`Lowering::gemm`] into any matrix `d` (a plan view's or scratch).
-    fn gemm_into(&mut self, a: View, w: WeightId, bias: Option<WeightId>, d: Mat, accumulate: bool, gelu: bool) -> Result<()> {
         let WeightRole::Matrix { n, k } = self.backend.plan.weights[w.0].role else {
             return Err(self.error(format!("GEMM weight {} is not a matrix", self.backend.plan.weights[w.0].name)));
         };
-        if a.cols != k || d.cols != n || a.rows != d.rows {
-            return Err(self.error(format!("GEMM {}x{} · [{n}, {k}]ᵀ into {}x{}", a.rows, a.cols, d.rows, d.cols)));
+        if a.cols != k || out.cols != n || a.rows != out.rows {
+            return Err(self.error(format!("GEMM {}x{} · [{n}, {k}]ᵀ into {}x{}", a.rows, a.cols, out.rows, out.cols)));
         }
         let mut a_mat = self.mat(a)?;
         if a_mat.dtype == Dtype::F32 {
@@ -1773,10 +1732,11 @@ impl Lowering<'_> {
             self.steps.push(Step::Copy { dst: shadow, src: a_mat });
             a_mat = shadow;
         }
+        let d = self.mat(out)?;
         let spec = MatmulSpec {
             a: Operand { ptr: self.weight(w, Elem::Bf16), dtype: Dtype::Bf16, rows: k, cols: n, ld: k, transpose: true, batch_stride: 0 },
             b: Operand { ptr: a_mat.ptr, dtype: Dtype::Bf16, rows: k, cols: a.rows, ld: a_mat.stride, transpose: false, batch_stride: 0 },
-            d: Operand { ptr: d.ptr, dtype: d.dtype, rows: n, cols: d.rows, ld: d.stride, transpose: false, batch_stride: 0 },
+            d: Operand { ptr: d.ptr, dtype: d.dtype, rows: n, cols: out.rows, ld: d.stride, transpose: false, batch_stride: 0 },
             batch: 1,
             alpha: 1.0,
             beta: if accumulate { 1.0 } else { 0.0 },
