@@ -56,15 +56,17 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
     return (unsigned)from_float<bf16>(lo).bits | ((unsigned)from_float<bf16>(hi).bits << 16);
 }
 
-// Eight consecutive elements as f32, one 16-byte access per eight bf16 or four f32.
-__device__ __forceinline__ void load8(const bf16* p, float* v) {
-    const uint4 u = *(const uint4*)p;
+// Eight bf16 packed in 16 bytes (the lower index in the low half of each word) as f32.
+__device__ __forceinline__ void unpack8(uint4 u, float* v) {
     const unsigned w[4] = {u.x, u.y, u.z, u.w};
     for (int i = 0; i < 4; ++i) {
         v[2 * i] = __uint_as_float(w[i] << 16);
         v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
     }
 }
+
+// Eight consecutive elements as f32, one 16-byte access per eight bf16 or four f32.
+__device__ __forceinline__ void load8(const bf16* p, float* v) { unpack8(*(const uint4*)p, v); }
 __device__ __forceinline__ void load8(const float* p, float* v) {
     const float4 a = ((const float4*)p)[0], b = ((const float4*)p)[1];
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;

@@ -146,6 +146,24 @@ __device__ void gated_residual(float* x, int x_stride, const Ty* y, int y_stride
     }
 FOR_TYPE(GATED_RESIDUAL, gated_residual)
 
+// x[c … c + 7] += y * gate (gate = the third part of an adaRMS modulation, 3 * cols floats),
+// stored back; v gets the new values (zeros where !mine) and the result is their sum of squares.
+template <typename Ty>
+__device__ __forceinline__ float gated_residual8(float* xr, const Ty* yr, const float* gate_modulation, int cols, int c,
+                                                 bool mine, float* v) {
+    float yv[8], g[8];
+    load8_or_zero(xr + c, v, mine);
+    load8_or_zero(yr + c, yv, mine);
+    load8_or_zero(gate_modulation + 2 * cols + c, g, mine);
+    float ss = 0.0f;
+    for (int i = 0; i < 8; ++i) {
+        v[i] += yv[i] * g[i];
+        ss += v[i] * v[i];
+    }
+    if (mine) store8(xr + c, v);
+    return ss;
+}
+
 // The expert's "residual, then the next adaRMS norm" pair in one pass over the row:
 // x += y * gate(gate_modulation); out = rms(x) * (1 + scale) + shift with norm_modulation.
 // Saves one launch and one read of x per pair, 36 launches per denoise step at 18 layers.
@@ -162,15 +180,8 @@ __device__ void gated_residual_rms_norm(Tout* out, int out_stride, float* x, int
     if (per == 8) {
         const int c = threadIdx.x * 8;
         const bool mine = c < cols;
-        float v[8], yv[8], g[8];
-        load8_or_zero(xr + c, v, mine);
-        load8_or_zero(yr + c, yv, mine);
-        load8_or_zero(gate + c, g, mine);
-        for (int i = 0; i < 8; ++i) {
-            v[i] += yv[i] * g[i];
-            ss += v[i] * v[i];
-        }
-        if (mine) store8(xr + c, v);
+        float v[8];
+        ss = gated_residual8(xr, yr, gate_modulation, cols, c, mine, v);
         rms_finish8<Tout>(orow, c, mine, v, ss, norm_modulation, cols, eps, scratch);
         return;
     }
@@ -204,14 +215,6 @@ FOR_IN_OUT(GATED_RESIDUAL_RMS_NORM, gated_residual_rms_norm)
 // slice of the weights is loaded with its row (the weights stay in L2: every step reads them).
 #define ROW_PRODUCT_MAX 32  // most columns of the narrow side (launch.rs mirrors it)
 
-__device__ __forceinline__ void unpack8(uint4 u, float* v) {
-    const unsigned w[4] = {u.x, u.y, u.z, u.w};
-    for (int i = 0; i < 4; ++i) {
-        v[2 * i] = __uint_as_float(w[i] << 16);
-        v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-}
-
 // One step of a warp's reduce-scatter: of the 2·HALF values p[0 … 2·HALF), a lane keeps the
 // half its lane bit HALF selects, summed with its partner's same half, in p[0 … HALF).
 template <int HALF>
@@ -235,20 +238,12 @@ __device__ void gated_residual_rms_norm_product(Tout* out, int out_stride, float
     __shared__ float partial[32][ROW_PRODUCT_MAX];  // per warp, per product column
     const int c = threadIdx.x * 8, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool mine = c < cols;
-    float* xr = x + (long)blockIdx.x * x_stride;
-    float v[8], yv[8], g[8];
-    load8_or_zero(xr + c, v, mine);
-    load8_or_zero(y + (long)blockIdx.x * y_stride + c, yv, mine);
-    load8_or_zero(gate_modulation + 2 * cols + c, g, mine);
+    float v[8];
+    const float ss =
+        gated_residual8(x + (long)blockIdx.x * x_stride, y + (long)blockIdx.x * y_stride, gate_modulation, cols, c, mine, v);
     uint4 wv[ROW_PRODUCT_MAX];
 #pragma unroll
     for (int j = 0; j < ROW_PRODUCT_MAX; ++j) wv[j] = j < n && mine ? *(const uint4*)(w + (long)j * cols + c) : make_uint4(0, 0, 0, 0);
-    float ss = 0.0f;
-    for (int i = 0; i < 8; ++i) {
-        v[i] += yv[i] * g[i];
-        ss += v[i] * v[i];
-    }
-    if (mine) store8(xr + c, v);
     // Leaves v normalised (or zero where !mine: it was loaded as zeros).
     rms_finish8<Tout>(out + (long)blockIdx.x * out_stride, c, mine, v, ss, norm_modulation, cols, eps, scratch);
     for (int i = 0; i < 8; ++i) v[i] = to_float(from_float<bf16>(v[i]));

@@ -410,10 +410,15 @@ impl Kernels {
     /// else strided single columns over [`Kernels::row_block`] threads.
     fn row_launch(mats: &[(Mat, usize)], vectors: &[DevPtr], cols: usize) -> (i32, u32) {
         if Self::columns_per_thread(mats) == 8 && vectors.iter().all(|p| p % 16 == 0) && cols / 8 <= 1024 {
-            (8, (cols / 8).div_ceil(32) as u32 * 32)
+            (8, Self::row_threads(cols))
         } else {
             (1, Self::row_block(cols))
         }
+    }
+
+    /// Threads of a row kernel that gives each thread one group of 8 columns: whole warps.
+    fn row_threads(cols: usize) -> u32 {
+        (cols / 8).div_ceil(32) as u32 * 32
     }
 
     fn same_shape(what: &str, a: &Mat, b: &Mat) -> Result<()> {
@@ -586,16 +591,33 @@ impl Kernels {
         unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
     }
 
-    /// Whether the step-boundary row kernels (`gated_residual_rms_norm_product`,
-    /// `product_rms_norm`) take these rows (all of one width) and vectors with a narrow side of
-    /// `narrow` columns: one group of 8 columns per thread (16-byte aligned rows and vectors, at
-    /// most 8192 columns) and at most [`ROW_PRODUCT_MAX`] narrow columns (`product_rms_norm`'s
-    /// input: exactly that many).
-    pub fn row_product_fits(rows: &[Mat], vectors: &[DevPtr], narrow: usize) -> bool {
+    /// The step-boundary row kernels' rows (all of one width) and vectors: one group of 8 columns
+    /// per thread in 16-byte pieces (aligned rows and vectors, at most 8192 columns).
+    fn row_pieces(rows: &[Mat], vectors: &[DevPtr]) -> bool {
         let pieces = |m: &Mat| m.ptr % 16 == 0 && (m.stride * m.dtype.size()) % 16 == 0 && m.cols % 8 == 0;
-        rows.iter().all(|m| pieces(m) && m.cols == rows[0].cols && m.cols / 8 <= 1024)
-            && vectors.iter().all(|p| p % 16 == 0)
-            && (1..=ROW_PRODUCT_MAX).contains(&narrow)
+        rows.iter().all(|m| pieces(m) && m.cols == rows[0].cols && m.cols / 8 <= 1024) && vectors.iter().all(|p| p % 16 == 0)
+    }
+
+    /// Whether [`Kernels::gated_residual_rms_norm_product`] takes these operands (`vectors`: the
+    /// two modulations and the weight): an f32 residual and an f32 product over the same rows
+    /// of at most [`ROW_PRODUCT_MAX`] columns.
+    pub fn gated_residual_rms_norm_product_fits(out: &Mat, x: &Mat, y: &Mat, vectors: &[DevPtr], acc: &Mat) -> bool {
+        [x.dtype, acc.dtype] == [Dtype::F32; 2]
+            && acc.rows == x.rows
+            && (1..=ROW_PRODUCT_MAX).contains(&acc.cols)
+            && Self::row_pieces(&[*x, *y, *out], vectors)
+    }
+
+    /// Whether [`Kernels::product_rms_norm`] takes these operands (`vectors`: the weight, bias
+    /// and modulation, null where absent): f32 rows from an f32 input of [`ROW_PRODUCT_MAX`]
+    /// columns in 16-byte aligned rows.
+    pub fn product_rms_norm_fits(out: &Mat, x: &Mat, a: &Mat, vectors: &[DevPtr]) -> bool {
+        [x.dtype, a.dtype] == [Dtype::F32; 2]
+            && a.rows == x.rows
+            && a.cols == ROW_PRODUCT_MAX
+            && a.ptr % 16 == 0
+            && (a.stride * 4) % 16 == 0
+            && Self::row_pieces(&[*x, *out], vectors)
     }
 
     /// `x += y ⊙ gate(gate_modulation)`, `out = rms(x) · (1 + scale) + shift` with
@@ -620,12 +642,7 @@ impl Kernels {
         let what = "gated_residual_rms_norm_product";
         Self::same_shape(what, &x, &y)?;
         Self::same_shape(what, &x, &out)?;
-        let vectors = [gate_modulation, norm_modulation, w];
-        if x.dtype != Dtype::F32
-            || acc.dtype != Dtype::F32
-            || acc.rows != x.rows
-            || !Self::row_product_fits(&[x, y, out], &vectors, acc.cols)
-        {
+        if !Self::gated_residual_rms_norm_product_fits(&out, &x, &y, &[gate_modulation, norm_modulation, w], &acc) {
             return Err(shape_error(
                 what,
                 format!(
@@ -635,7 +652,7 @@ impl Kernels {
                 ),
             ));
         }
-        let threads = (x.cols / 8).div_ceil(32) as u32 * 32;
+        let threads = Self::row_threads(x.cols);
         let name = format!("{what}_{}_{}", y.dtype.suffix(), out.dtype.suffix());
         let args = [
             Arg::P(out.ptr),
@@ -679,26 +696,17 @@ impl Kernels {
     ) -> Result<()> {
         let what = "product_rms_norm";
         Self::same_shape(what, &x, &out)?;
-        let k = a.cols;
-        let vectors = [w, bias.unwrap_or(0), modulation.unwrap_or(0)];
-        if x.dtype != Dtype::F32
-            || a.dtype != Dtype::F32
-            || a.rows != x.rows
-            || k != ROW_PRODUCT_MAX
-            || a.ptr % 16 != 0
-            || (a.stride * 4) % 16 != 0
-            || !Self::row_product_fits(&[x, out], &vectors, k)
-        {
+        if !Self::product_rms_norm_fits(&out, &x, &a, &[w, bias.unwrap_or(0), modulation.unwrap_or(0)]) {
             return Err(shape_error(
                 what,
                 format!(
                     "needs f32 rows {}x{} (16-byte aligned rows and vectors) from an f32 input of {ROW_PRODUCT_MAX} columns in \
-                     16-byte aligned rows, got {:?} from {:?} {}x{k}",
-                    x.rows, x.cols, x.dtype, a.dtype, a.rows
+                     16-byte aligned rows, got {:?} from {:?} {}x{}",
+                    x.rows, x.cols, x.dtype, a.dtype, a.rows, a.cols
                 ),
             ));
         }
-        let threads = (x.cols / 8).div_ceil(32) as u32 * 32;
+        let threads = Self::row_threads(x.cols);
         let name = format!("{what}_{}", out.dtype.suffix());
         let args = [
             Arg::P(out.ptr),

@@ -1573,8 +1573,7 @@ impl Lowering<'_> {
                 // (A narrow product is never a fused MLP's, whose weights may exist only tiled.)
                 let (gate, norm, w_ptr) = (self.weight(*modulation, Elem::F32), self.weight(*norm, Elem::F32), self.weight(*w, Elem::Bf16));
                 let fits = narrow_weight(*w) == Some((acc.cols, x.cols))
-                    && [x_mat.dtype, acc_mat.dtype] == [Dtype::F32; 2]
-                    && Kernels::row_product_fits(&[x_mat, y_mat, out_mat], &[gate, norm, w_ptr], acc.cols);
+                    && Kernels::gated_residual_rms_norm_product_fits(&out_mat, &x_mat, &y_mat, &[gate, norm, w_ptr], &acc_mat);
                 Ok(fits.then(|| Step::GatedResidualRmsNormProduct {
                     out: out_mat,
                     x: x_mat,
@@ -1601,10 +1600,7 @@ impl Lowering<'_> {
                 // An f32 product's bias is uploaded as f32.
                 let bias = bias.map(|b| self.weight(b, Elem::F32));
                 let fits = narrow_weight(*w) == Some((x.cols, a.cols))
-                    && a.cols == ROW_PRODUCT_MAX
-                    && a_mat.ptr % 16 == 0
-                    && (a_mat.stride * 4) % 16 == 0
-                    && Kernels::row_product_fits(&[x_mat, out_mat], &[w_ptr, bias.unwrap_or(0), modulation.unwrap_or(0)], a.cols);
+                    && Kernels::product_rms_norm_fits(&out_mat, &x_mat, &a_mat, &[w_ptr, bias.unwrap_or(0), modulation.unwrap_or(0)]);
                 Ok(fits.then_some(Step::ProductRmsNorm { out: out_mat, x: x_mat, a: a_mat, w: w_ptr, bias, modulation, eps }))
             }
             _ => Ok(None),
