@@ -1,5 +1,5 @@
 // Shared device helpers. No CUDA toolkit header is included: NVRTC ships none, and a deployment
-// box may have NVRTC without a toolkit. bf16 travels as raw bits and is converted by hand.
+// box may have NVRTC without a toolkit. bf16 travels as raw bits (conversions by PTX instruction).
 #pragma once
 
 // A bf16 value as its 16 raw bits (the upper half of an IEEE f32).
@@ -12,14 +12,12 @@ __device__ __forceinline__ float to_float(bf16 v) { return __uint_as_float(((uns
 
 template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-// Round to nearest, ties to even, as PyTorch's float -> bfloat16 cast; NaN stays a quiet NaN.
+// Round to nearest, ties to even, as PyTorch's float -> bfloat16 cast, in one conversion
+// instruction (sm_80+); a NaN becomes the canonical quiet NaN.
 template <> __device__ __forceinline__ bf16 from_float<bf16>(float v) {
-    unsigned u = __float_as_uint(v);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        return bf16{(unsigned short)((u >> 16) | 0x40u)};
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return bf16{(unsigned short)(u >> 16)};
+    unsigned short bits;
+    asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(bits) : "f"(v));
+    return bf16{bits};
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -51,9 +49,12 @@ __device__ __forceinline__ float gelu_tanh(float x) {
     return x / (1.0f + __expf(-2.0f * k * (x + 0.044715f * x * x * x)));
 }
 
-// Two f32 as bf16x2 (the lower index in the low half), as mma operands and vector stores take them.
+// Two f32 as bf16x2 (the lower index in the low half), as mma operands and vector stores take
+// them, in one conversion instruction, rounding as from_float does.
 __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
-    return (unsigned)from_float<bf16>(lo).bits | ((unsigned)from_float<bf16>(hi).bits << 16);
+    unsigned packed;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(packed) : "f"(hi), "f"(lo));
+    return packed;
 }
 
 // Eight bf16 packed in 16 bytes (the lower index in the low half of each word) as f32.

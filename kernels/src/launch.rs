@@ -130,12 +130,13 @@ fn attention_chunk_keys(arch: &str) -> usize {
     if arch_number(arch).is_some_and(|n| n >= 90) { 64 } else { 32 }
 }
 
-/// Head dimension, query rows per block and most keys per group of `attention_mh72`
-/// (attention.cu: VA_D, VA_ROWS, VA_MAX_KEYS), its shared-memory row stride in bf16 elements
-/// (VA_STRIDE: padded against bank conflicts), and its dynamic shared memory (VA_SHARED_BYTES:
-/// the Q tile and every key's K and V).
+/// Head dimension, query rows and threads per block and most keys per group of `attention_mh72`
+/// (attention.cu: VA_D, VA_ROWS, VA_THREADS, VA_MAX_KEYS), its shared-memory row stride in bf16
+/// elements (VA_STRIDE: padded against bank conflicts), and its dynamic shared memory
+/// (VA_SHARED_BYTES: the Q tile and every key's K and V).
 const VISION_HEAD_DIM: usize = 72;
 const VISION_ROWS: usize = 64;
+const VISION_THREADS: u32 = 256;
 pub const VISION_MAX_KEYS: usize = 256;
 const VISION_STRIDE: usize = 88;
 const VISION_SHARED_BYTES: u32 = ((VISION_ROWS + 2 * VISION_MAX_KEYS) * VISION_STRIDE * 2) as u32;
@@ -1286,8 +1287,8 @@ impl Kernels {
                 ),
             ));
         }
-        if [q, k, v].iter().any(|m| m.ptr % 16 != 0 || m.stride % 8 != 0) {
-            return Err(shape_error(&name, "q, k and v rows must be 16-byte aligned".into()));
+        if [q, k, v, out].iter().any(|m| m.ptr % 16 != 0 || m.stride % 8 != 0) {
+            return Err(shape_error(&name, "q, k, v and out rows must be 16-byte aligned (8-element strides)".into()));
         }
         let args = [
             Arg::P(out.ptr),
@@ -1303,9 +1304,9 @@ impl Kernels {
             Arg::F(std::f32::consts::LOG2_E / (d as f32).sqrt()),
         ];
         let grid = (rows.div_ceil(VISION_ROWS) as u32, i32_of(heads, &name)? as u32, i32_of(groups, &name)? as u32);
-        // SAFETY: matches `attention_mh72_*`: 256 threads, grid (query tiles, heads, groups), the
+        // SAFETY: matches `attention_mh72_*`: its threads, grid (query tiles, heads, groups), the
         // shared memory granted at load.
-        unsafe { self.launch_with_shared(&name, grid, 256, VISION_SHARED_BYTES, stream, args) }
+        unsafe { self.launch_with_shared(&name, grid, VISION_THREADS, VISION_SHARED_BYTES, stream, args) }
     }
 
     /// Resize-with-pad, normalise and patchify camera `camera` of the staged u8 frames into `out`
