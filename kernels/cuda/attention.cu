@@ -204,7 +204,7 @@ extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s,
         }
         m = warp_max(m);
         float sum = 0.0f;
-        auto e = [&](float x) { return x == neg_inf ? 0.0f : expf(x - m); };
+        auto e = [&](float x) { return x == neg_inf ? 0.0f : exp2_fast((x - m) * LOG2E); };
 #pragma unroll
         for (int i = 0; i < SOFTMAX_HELD / 4; ++i) {
             v[i] = make_float4(e(v[i].x), e(v[i].y), e(v[i].z), e(v[i].w));
@@ -234,7 +234,7 @@ extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s,
         float sum = 0.0f;
 #pragma unroll
         for (int i = 0; i < SOFTMAX_HELD; ++i) {
-            v[i] = v[i] == neg_inf ? 0.0f : expf(v[i] - m);
+            v[i] = v[i] == neg_inf ? 0.0f : exp2_fast((v[i] - m) * LOG2E);
             sum += v[i];
         }
         sum = warp_sum(sum);
@@ -252,13 +252,13 @@ extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s,
     m = warp_max(m);
     float sum = 0.0f;
     for (int j = lane; j < keys; j += 32) {
-        if (!key_valid || key_valid[j] != 0.0f) sum += expf(sr[j] - m);
+        if (!key_valid || key_valid[j] != 0.0f) sum += exp2_fast((sr[j] - m) * LOG2E);
     }
     sum = warp_sum(sum);
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     for (int j = lane; j < keys; j += 32) {
         const bool ok = !key_valid || key_valid[j] != 0.0f;
-        pr[j] = from_float<bf16>(ok ? expf(sr[j] - m) * inv : 0.0f);
+        pr[j] = from_float<bf16>(ok ? exp2_fast((sr[j] - m) * LOG2E) * inv : 0.0f);
     }
 }
 
@@ -377,7 +377,7 @@ __device__ __forceinline__ void att_chunk_softmax(float (&s)[ATT_KEYS / 8][4], c
         chunk_max[i] = quad_max(chunk_max[i]);
         const float new_max = fmaxf(m[i], chunk_max[i]);
         // While every key so far is masked the max stays -inf: nothing to rescale.
-        correction[i] = new_max == neg_inf ? 1.0f : exp2f(m[i] - new_max);
+        correction[i] = new_max == neg_inf ? 1.0f : exp2_fast(m[i] - new_max);
         m[i] = new_max;
         l[i] *= correction[i];
     }
@@ -387,7 +387,7 @@ __device__ __forceinline__ void att_chunk_softmax(float (&s)[ATT_KEYS / 8][4], c
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const float mx = m[e >> 1];
-            e4[e] = mx == neg_inf ? 0.0f : exp2f(s[j][e] - mx);
+            e4[e] = mx == neg_inf ? 0.0f : exp2_fast(s[j][e] - mx);
             l[e >> 1] += e4[e];
         }
         // A fragment: reg 0 row g keys 2q4.., reg 1 row g+8, reg 2 row g keys 8+2q4.., reg 3 row g+8.
@@ -776,7 +776,7 @@ __device__ void attention_mq256_combine(Tout* out, int out_stride, const float* 
             float w = 0.0f;
             if (s < splits) {
                 const float2 ms = first == 0 ? ml : *(const float2*)&partial_ml[((long)s * rows + r) * 2];
-                w = exp2f(ms.x - mx);
+                w = exp2_fast(ms.x - mx);
                 den += w * ms.y;
             }
             if (first == 0) {
@@ -853,12 +853,6 @@ __device__ __forceinline__ void va_barrier_wait(unsigned long long* bar) {
         "mbarrier.test_wait.parity.shared.b64 done, [%0], 0;\n"
         "@!done bra va_wait;\n}\n" ::"r"((unsigned)__cvta_generic_to_shared(bar))
         : "memory");
-}
-// 2^x in one instruction, denormal results flushed to zero (softmax weights ≤ 1; exp2(-inf) = 0).
-__device__ __forceinline__ float va_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
 }
 
 template <typename Tout>
@@ -945,7 +939,7 @@ __device__ void attention_mh72(Tout* out, int out_stride, const bf16* q, int q_s
     for (int nt = 0; nt < VA_PART_KEYS / 8; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            s[nt][e] = va_exp2(fmaf(s[nt][e], scale_log2, -base[e >> 1]));
+            s[nt][e] = exp2_fast(fmaf(s[nt][e], scale_log2, -base[e >> 1]));
             l[e >> 1] += s[nt][e];
         }
     }
@@ -1000,7 +994,7 @@ __device__ void attention_mh72(Tout* out, int out_stride, const bf16* q, int q_s
 #pragma unroll
         for (int p = 0; p < VA_SPLIT; ++p) {
             const float2 ml = partial_ml[p * VA_ROWS + rr];
-            const float w = va_exp2(ml.x - mx);
+            const float w = exp2_fast(ml.x - mx);
             float part_o[8];
             load8(&partial_o[(p * VA_ROWS + rr) * VA_D + c * 8], part_o);
             sum += ml.y * w;

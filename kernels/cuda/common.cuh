@@ -42,6 +42,15 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return warp_sum(v);
 }
 
+// 2^x in one instruction (ex2.approx: ~2 ulp), denormal results flushed to zero; exp2(-inf) = 0.
+// The softmaxes' exponentials: weights ≤ 1 that end as bf16 or in f32 sums.
+__device__ __forceinline__ float exp2_fast(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+#define LOG2E 1.4426950408889634f
+
 // 0.5 x (1 + tanh(u)) written as x / (1 + e^(-2u)): the same function with one fast exponential
 // instead of tanhf (the prefix MLP applies it to 11.7 M values per step).
 __device__ __forceinline__ float gelu_tanh(float x) {
