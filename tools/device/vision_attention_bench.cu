@@ -42,23 +42,23 @@ __global__ void reference(float* out, const bf16* q, const bf16* k, const bf16* 
     }
 }
 
-// attention_mh72's copies alone: the same pieces into the same shared memory, then one store.
+// attention_mh72's copies alone: the nine 16-byte pieces of each Q, K and V row into the same
+// shared memory (all on one wait), then one store.
 __global__ void __launch_bounds__(VA_THREADS) loads_only(bf16* out, const bf16* q, const bf16* k, const bf16* v, int stride,
                                                          int rows, int keys) {
     extern __shared__ __align__(16) unsigned char shared[];
     unsigned short* tile = (unsigned short*)shared;
     const int h = blockIdx.y, g = blockIdx.z, row0 = blockIdx.x * VA_ROWS;
-    constexpr int pieces = VA_DP / 8;
-    for (int i = threadIdx.x; i < VA_ROWS * pieces; i += blockDim.x) {
+    constexpr int pieces = VA_D / 8;
+    for (int i = threadIdx.x; i < VA_ROWS * pieces; i += VA_THREADS) {
         const int r = i / pieces, c = i % pieces;
-        att_copy16(&tile[r * VA_STRIDE + c * 8], q + ((long)g * rows + min(row0 + r, rows - 1)) * stride + h * VA_D + min(c, pieces - 2) * 8,
-                   c < pieces - 1);
+        att_copy16(&tile[r * VA_STRIDE + c * 8], q + ((long)g * rows + min(row0 + r, rows - 1)) * stride + h * VA_D + c * 8, true);
     }
-    for (int i = threadIdx.x; i < VA_MAX_KEYS * pieces; i += blockDim.x) {
+    for (int i = threadIdx.x; i < VA_MAX_KEYS * pieces; i += VA_THREADS) {
         const int j = i / pieces, c = i % pieces;
-        const long at = ((long)g * keys + min(j, keys - 1)) * stride + h * VA_D + min(c, pieces - 2) * 8;
-        att_copy16(&tile[(VA_ROWS + j) * VA_STRIDE + c * 8], k + at, c < pieces - 1);
-        if (c < pieces - 1) att_copy16(&tile[(VA_ROWS + VA_MAX_KEYS + j) * VA_STRIDE + c * 8], v + at, true);
+        const long at = ((long)g * keys + min(j, keys - 1)) * stride + h * VA_D + c * 8;
+        att_copy16(&tile[(VA_ROWS + j) * VA_STRIDE + c * 8], k + at, j < keys);
+        att_copy16(&tile[(VA_ROWS + VA_MAX_KEYS + j) * VA_STRIDE + c * 8], v + at, j < keys);
     }
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
     __syncthreads();
