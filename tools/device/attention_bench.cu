@@ -63,18 +63,6 @@ __global__ void reference(float* out, const bf16* q, int q_stride, const bf16* k
     out[(long)t * heads * 256 + h * 256 + d] = dead ? 0.f : acc / sum;
 }
 
-static unsigned short bits(float f) {
-    unsigned u;
-    memcpy(&u, &f, 4);
-    return (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-static float unbits(unsigned short b) {
-    unsigned u = (unsigned)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 int main(int argc, char** argv) {  // argv[1]: run only the cases whose name contains it
     struct Case { const char* name; int queries, keys, splits; };
     const Case cases[] = {{"denoise 1 split", 50, 762, 1}, {"denoise 6 splits", 50, 762, 6}, {"denoise 12 splits", 50, 762, 12}, {"denoise 24 splits", 50, 762, 24},

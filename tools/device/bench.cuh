@@ -1,13 +1,14 @@
 // Shared by the device benches (attention, grid-barrier, ingest and GEMM-algorithm benches, and
 // through wgmma_common.cuh the wgmma experiments): CUDA runtime and cuBLAS error checks that print
-// where and why and exit, and the GPU-side timing of work enqueued on a stream, alone or as a
-// replayed graph.
+// where and why and exit, host-side bf16 bits, and the GPU-side timing of work enqueued on a
+// stream, alone or as a replayed graph.
 #pragma once
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #define CHECK(x)                                                                                  \
@@ -28,6 +29,20 @@
             exit(1);                                                                    \
         }                                                                               \
     } while (0)
+
+// Host-side bf16 as raw bits (the kernels' `struct bf16`): f32 -> bf16 rounding to nearest even
+// (finite inputs), and back.
+static unsigned short bits(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+static float unbits(unsigned short b) {
+    unsigned u = (unsigned)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 // Milliseconds the work `enqueue` puts on `st` takes on the GPU, between two events.
 template <typename F>

@@ -31,7 +31,7 @@ for flags in "" "-DATT_KEYS=32" "-DBENCH_NO_COMBINE" "-DBENCH_WGMMA" "-DBENCH_WG
     # shellcheck disable=SC2086  # the flags are words
     build attention_bench -gencode arch=compute_90a,code=sm_90a $flags -I kernels/cuda tools/device/attention_bench.cu
 done
-for flags in "" "-DVA_SPLIT=2"; do
+for flags in "" "-DVA_SPLIT=4"; do
     # shellcheck disable=SC2086
     build vision_attention_bench -arch=sm_90 $flags -I kernels/cuda tools/device/vision_attention_bench.cu
 done

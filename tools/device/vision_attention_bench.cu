@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "attention.cu"
@@ -65,18 +64,6 @@ __global__ void __launch_bounds__(VA_THREADS) loads_only(bf16* out, const bf16* 
     if (threadIdx.x < VA_D) out[((long)g * rows + row0) * 16 * VA_D + h * VA_D + threadIdx.x] = *(const bf16*)&tile[threadIdx.x * 41 % (VA_SHARED_BYTES / 2)];
 }
 __global__ void __launch_bounds__(VA_THREADS) empty(bf16*) {}
-
-static unsigned short bits(float f) {
-    unsigned u;
-    memcpy(&u, &f, 4);
-    return (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-static float unbits(unsigned short b) {
-    unsigned u = (unsigned)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 int main() {
     struct Case { const char* name; int rows, keys; };
