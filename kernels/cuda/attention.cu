@@ -838,12 +838,9 @@ FOR_TYPE(ATTENTION_MQ256_COMBINE, attention_mq256_combine)
 #define VA_SHARED_BYTES ((VA_ROWS + 2 * VA_MAX_KEYS) * VA_STRIDE * 2)
 static_assert(VA_SPLIT * VA_ROWS * (VA_D + 2) * 4 <= 2 * VA_MAX_KEYS * VA_STRIDE * 2, "partials fit where K and V were");
 
-// A shared-memory barrier (mbarrier) that the copies of `count` threads complete, as sm_80 has
-// it (Orin runs this kernel too): init, an arrival when the calling thread's cp.async copies so
-// far have landed, and a wait for the first phase.
-__device__ __forceinline__ void va_barrier_init(unsigned long long* bar, unsigned count) {
-    asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"((unsigned)__cvta_generic_to_shared(bar)), "r"(count) : "memory");
-}
+// A shared-memory barrier (mbarrier, set up by common.cuh's mbarrier_init) that the copies of
+// its threads complete, as sm_80 has it (Orin runs this kernel too): an arrival when the calling
+// thread's cp.async copies so far have landed, and a wait for the first phase.
 __device__ __forceinline__ void va_barrier_arrive_on_copies(unsigned long long* bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"((unsigned)__cvta_generic_to_shared(bar)) : "memory");
 }
@@ -871,7 +868,7 @@ __device__ void attention_mh72(Tout* out, int out_stride, const bf16* q, int q_s
 
     // Dims 72-79 of every Q and K row are zeros (plain stores, seen by all after the barrier).
     for (int r = threadIdx.x; r < VA_ROWS + VA_MAX_KEYS; r += VA_THREADS) *(uint4*)&q_tile[r * VA_STRIDE + VA_D] = make_uint4(0, 0, 0, 0);
-    if (threadIdx.x < VA_SPLIT) va_barrier_init(&va_arrived[threadIdx.x], VA_THREADS);
+    if (threadIdx.x < VA_SPLIT) mbarrier_init((unsigned)__cvta_generic_to_shared(&va_arrived[threadIdx.x]), VA_THREADS);
     __syncthreads();
 
     // Q rows, then each part's keys' K and V rows, each part on its own barrier (a thread's

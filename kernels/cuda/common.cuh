@@ -136,6 +136,11 @@ __device__ __forceinline__ void grid_barrier_128(unsigned* word) {
 // Plain arithmetic, for every architecture (mlp.cu's retile_weight prepares tiles anywhere).
 __host__ __device__ __forceinline__ unsigned swizzle128(int r, int piece) { return r * 128 + ((piece ^ (r & 7)) << 4); }
 
+// Transaction barriers (mbarrier) in shared memory (sm_80+): `count` arrivals complete a phase.
+__device__ __forceinline__ void mbarrier_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
 #if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Shared-memory matrix descriptor with the 128-byte swizzle: start, leading and stride byte offsets.
 __device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
@@ -163,10 +168,6 @@ __device__ __forceinline__ void cp_async16(unsigned dst, const void* global, boo
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(valid ? 16 : 0));
 }
 
-// Transaction barriers (mbarrier) in shared memory: `count` arrivals complete a phase.
-__device__ __forceinline__ void mbarrier_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
 // One arrival on the barrier's current phase.
 __device__ __forceinline__ void mbarrier_arrive(unsigned bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
