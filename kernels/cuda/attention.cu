@@ -92,6 +92,8 @@ extern "C" __global__ void prompt_bucket_256(const int* token_mask, int prompt_l
 // `per` 8 (head_dim a multiple of 16, rows 16-byte aligned, a block of at least
 // (heads + 1) · head_dim / 16 + head_dim / 8 threads): each thread rotates 8 pairs of one head, or
 // copies 8 values of v, with all its loads in flight at once. 1: strided single pairs.
+// A programmatic dependent (the action tokens' attention) may start at once: it waits for this
+// grid before reading what it writes.
 template <typename T>
 __device__ void rope_qkv(T* qkv, int qkv_stride, int heads, int head_dim, const int* positions,
                          int position_offset, T* k_cache, int k_stride, T* v_cache, int v_stride, int cache_row,
@@ -146,6 +148,7 @@ __device__ void rope_qkv(T* qkv, int qkv_stride, int heads, int head_dim, const 
                                     int position_offset, T* k_cache, int k_stride, T* v_cache,            \
                                     int v_stride, int cache_row, const float* cos_table,                  \
                                     const float* sin_table, int per) {                                    \
+        launch_dependents();                                                                              \
         rope_qkv<T>(qkv, qkv_stride, heads, head_dim, positions, position_offset, k_cache, k_stride,      \
                     v_cache, v_stride, cache_row, cos_table, sin_table, per);                             \
     }
@@ -452,7 +455,7 @@ template <typename Tout>
 __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride,
                                 const bf16* v, int v_stride, const float* key_valid, const float* query_valid,
                                 int queries, int heads, int keys, int keys_per_split, float scale_log2,
-                                float* partial_o, float* partial_ml, int, const TensorMap*, const TensorMap*,
+                                float* partial_o, float* partial_ml, int, int, const TensorMap*, const TensorMap*,
                                 const TensorMap*) {
     extern __shared__ __align__(16) unsigned char att_shared[];
     unsigned short* q_tile = (unsigned short*)att_shared;
@@ -530,16 +533,17 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
 // The kernel entry of either form (`FORM`): both take the same arguments, so launch.rs launches
 // whichever the loaded architecture has under one signature. `k_map` and `v_map` describe K and V
 // for the Hopper form's bulk tensor copies, and `q_map` Q's rows when `q_by_map` (the head count
-// divides 64); the mma.sync form ignores them.
+// divides 64); the mma.sync form ignores them. `keys_ready`: the Hopper form's leading keys that
+// the kernel before it does not write (see there); the mma.sync form is never launched early.
 #define ATTENTION_MQ256_ENTRY(NAME, TOUT, FORM)                                                                 \
     extern "C" __global__ void __launch_bounds__(128)                                                         \
         NAME(TOUT* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride, const bf16* v, \
              int v_stride, const float* key_valid, const float* query_valid, int queries, int heads, int keys, \
-             int keys_per_split, float scale_log2, float* partial_o, float* partial_ml, int q_by_map,         \
-             const __grid_constant__ TensorMap q_map, const __grid_constant__ TensorMap k_map,               \
+             int keys_per_split, float scale_log2, float* partial_o, float* partial_ml, int keys_ready,       \
+             int q_by_map, const __grid_constant__ TensorMap q_map, const __grid_constant__ TensorMap k_map,               \
              const __grid_constant__ TensorMap v_map) {                                                       \
         FORM<TOUT>(out, out_stride, q, q_stride, k, k_stride, v, v_stride, key_valid, query_valid, queries,   \
-                   heads, keys, keys_per_split, scale_log2, partial_o, partial_ml, q_by_map, &q_map, &k_map, \
+                   heads, keys, keys_per_split, scale_log2, partial_o, partial_ml, keys_ready, q_by_map, &q_map, &k_map, \
                    &v_map);                                                                                   \
     }
 #define ATTENTION_MQ256(NAME, TOUT) ATTENTION_MQ256_ENTRY(NAME, TOUT, attention_mq256)
@@ -604,13 +608,14 @@ __device__ __forceinline__ void attw_copy_operand(unsigned tile, RowOf row_of, V
 // onto barrier `bar`, adding their bytes to what its phase waits for; with `arrive` it is also
 // the phase's one arrival, so every other operand on that barrier is queued before it. Rows past
 // the tensor's end arrive as zeros.
-__device__ __forceinline__ void attw_load_operand(unsigned tile, const TensorMap* map, int y, int z, unsigned bar,
-                                                  bool arrive) {
+__device__ __forceinline__ void attw_expect_operand(unsigned bar, bool arrive) {
     if (arrive) {
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "n"(ATTW_OPERAND_BYTES) : "memory");
     } else {
         asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "n"(ATTW_OPERAND_BYTES) : "memory");
     }
+}
+__device__ __forceinline__ void attw_copy_boxes(unsigned tile, const TensorMap* map, int y, int z, unsigned bar) {
 #pragma unroll
     for (int kb = 0; kb < 4; ++kb)
         asm volatile(
@@ -618,6 +623,11 @@ __device__ __forceinline__ void attw_load_operand(unsigned tile, const TensorMap
                 tile + kb * ATTW_TILE_BYTES),
             "l"(map), "r"(kb * 64), "r"(y), "r"(z), "r"(bar)
             : "memory");
+}
+__device__ __forceinline__ void attw_load_operand(unsigned tile, const TensorMap* map, int y, int z, unsigned bar,
+                                                  bool arrive) {
+    attw_expect_operand(bar, arrive);
+    attw_copy_boxes(tile, map, y, z, bar);
 }
 
 // Queues keys [c0, c0 + 64) of K and V (thread 0, on their own barriers, so that S = Q Kᵀ and its
@@ -637,7 +647,7 @@ template <typename Tout>
 __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, int q_stride, const bf16*, int,
                                       const bf16*, int, const float* key_valid, const float* query_valid, int queries,
                                       int heads, int keys, int keys_per_split, float scale_log2, float* partial_o,
-                                      float* partial_ml, int q_by_map, const TensorMap* q_map, const TensorMap* k_map,
+                                      float* partial_ml, int keys_ready, int q_by_map, const TensorMap* q_map, const TensorMap* k_map,
                                       const TensorMap* v_map) {
     extern __shared__ __align__(16) unsigned char att_shared[];
     const unsigned base = ((unsigned)__cvta_generic_to_shared(att_shared) + 1023) & ~1023u;
@@ -654,12 +664,24 @@ __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, 
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    // Prologue: the block's Q rows, by a bulk copy onto the first chunk's K barrier (queued before
-    // K, whose copy arrives there) when a box spans them (the head count divides 64: 64 / heads
-    // queries, every head), else by cp.async; then the first chunk.
+    // Prologue: the block's Q rows, by a bulk copy onto the first chunk's K barrier (expected
+    // before K's copy arrives there) when a box spans them (the head count divides 64: 64 / heads
+    // queries, every head), else by cp.async; and the first chunk. Launched as the programmatic
+    // dependent of the RoPE kernel that writes Q and the keys from `keys_ready` on, a block whose
+    // first chunk lies wholly before them queues that chunk before waiting for RoPE, Q after it
+    // (the K barrier's phase counts Q's bytes from the start, so it still waits for them).
     const int row0 = blockIdx.x * ATT_ROWS;
+    const bool chunk_first = q_by_map && key_begin + ATT_KEYS <= keys_ready;
+    if (chunk_first) {
+        if (threadIdx.x == 0) attw_expect_operand(bars, false);
+        attw_load_chunk(k_tiles, v_tiles, valid_tiles, k_map, v_map, bars, bars + 16, key_valid, key_begin, key_end);
+    }
+    wait_for_prior_grid();
     if (q_by_map) {
-        if (threadIdx.x == 0) attw_load_operand(q_tile, q_map, 0, row0 / heads, bars, false);
+        if (threadIdx.x == 0) {
+            if (chunk_first) attw_copy_boxes(q_tile, q_map, 0, row0 / heads, bars);
+            else attw_load_operand(q_tile, q_map, 0, row0 / heads, bars, false);
+        }
     } else {
         attw_copy_operand(
             q_tile,
@@ -670,7 +692,7 @@ __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, 
             [&](int r) { return row0 + r < rows; });
         asm volatile("cp.async.commit_group;\n" ::: "memory");
     }
-    attw_load_chunk(k_tiles, v_tiles, valid_tiles, k_map, v_map, bars, bars + 16, key_valid, key_begin, key_end);
+    if (!chunk_first) attw_load_chunk(k_tiles, v_tiles, valid_tiles, k_map, v_map, bars, bars + 16, key_valid, key_begin, key_end);
     // cp.async Q rows (if any) land while the chunk's bulk copies are already queued; they are
     // generic-proxy writes, and wgmma reads through the async proxy.
     asm volatile("cp.async.wait_group 0;\nfence.proxy.async.shared::cta;\n" ::: "memory");

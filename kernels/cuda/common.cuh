@@ -111,6 +111,14 @@ __device__ __forceinline__ void launch_dependents() {
 #endif
 }
 
+// The other side (sm_90 on): a kernel launched as a programmatic dependent waits here until the
+// grid before it has finished and its writes are visible; elsewhere it returns at once.
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // All blocks of the (co-resident, cooperatively launched) grid meet, 128 threads of each (the
 // first four warps, mlp.cu's consumers: named barrier 1); writes before it are visible after it.
 // Self-resetting (cooperative groups' scheme): block 0 adds 2³¹ − (blocks − 1), the others 1, so

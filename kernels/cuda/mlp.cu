@@ -109,7 +109,7 @@ extern "C" __global__ void __launch_bounds__(160, 1)
         *(float4*)(out + (long)(i / (width / 4)) * out_stride + 4 * (i % (width / 4))) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     // Launched as a programmatic dependent of the norm that writes `a`, the weights (above) and
     // the zeroing start under it; A waits for it (a no-op in a plain launch).
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    wait_for_prior_grid();
 
     float acc[32];
     int g = 0;

@@ -86,6 +86,11 @@ pub struct AttentionArgs {
     /// per split and row.
     pub partial_o: DevPtr,
     pub partial_ml: DevPtr,
+    /// `Some(n)`: the kernel before this launch on the stream writes `q` and no key or value
+    /// before key `n`, and lets its dependents start at once (`rope_qkv`). The Hopper form is then
+    /// launched as its programmatic dependent and loads keys it does not write while it runs
+    /// (bench/NOTES.md item 72); other forms launch plainly.
+    pub keys_ready: Option<usize>,
 }
 
 /// How [`Kernels::attention_mq256`] splits the keys of one attention over blocks.
@@ -277,6 +282,15 @@ pub fn kernel_names(arch: &str) -> Vec<String> {
     names
 }
 
+/// The launch attribute that makes a launch the programmatic dependent of the kernel before it on
+/// its stream (it may start once that kernel's blocks have all triggered or exited).
+fn programmatic_attribute() -> sys::CUlaunchAttribute {
+    // SAFETY: the attribute value is a plain C union; all-zero bytes are a valid value.
+    let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+    value.programmaticStreamSerializationAllowed = 1;
+    sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, pad: [0; 4], value }
+}
+
 fn i32_of(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v)
         .map_err(|_| KernelError::Cuda { context: what.into(), message: format!("{v} exceeds the 32-bit range of the kernel argument") })
@@ -390,6 +404,42 @@ impl Kernels {
         let mut params: [*mut c_void; N] = std::array::from_fn(|i| args[i].as_param());
         // SAFETY: `params` points into `args`, alive until the driver has copied them.
         unsafe { result::launch_kernel(f, grid, (block, 1, 1), shared, stream, &mut params) }
+            .map_err(|e| KernelError::cuda(format!("launching {name}"), e))
+    }
+
+    /// [`Kernels::launch_with_shared`] as a programmatic dependent of the kernel before it on
+    /// `stream`: its blocks may start before that kernel ends and must wait for it
+    /// (`wait_for_prior_grid` in common.cuh) before reading what it writes.
+    ///
+    /// # Safety
+    /// As [`Kernels::launch`], and the kernel waits as said.
+    unsafe fn launch_programmatic<const N: usize>(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared: u32,
+        stream: CUstream,
+        args: [Arg; N],
+    ) -> Result<()> {
+        let f = self.function(name)?;
+        let mut params: [*mut c_void; N] = std::array::from_fn(|i| args[i].as_param());
+        let mut attrs = [programmatic_attribute()];
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: shared,
+            hStream: stream,
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: 1,
+        };
+        // SAFETY: `params` points into `args` and `config` at `attrs`, both alive for the call.
+        unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
             .map_err(|e| KernelError::cuda(format!("launching {name}"), e))
     }
 
@@ -1101,15 +1151,7 @@ impl Kernels {
         let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
         value.cooperative = 1;
         let cooperative = sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE, pad: [0; 4], value };
-        // SAFETY: as above.
-        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-        value.programmaticStreamSerializationAllowed = 1;
-        let early = sys::CUlaunchAttribute {
-            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            pad: [0; 4],
-            value,
-        };
-        let mut attrs = [cooperative, early];
+        let mut attrs = [cooperative, programmatic_attribute()];
         let config = sys::CUlaunchConfig {
             gridDimX: (hid / 32) as u32,
             gridDimY: 1,
@@ -1204,7 +1246,12 @@ impl Kernels {
         // The Hopper form reads K and V (and Q, when its heads tile 64 rows) by bulk tensor
         // copies; the maps are encoded here, at capture, and travel in the graph's launch
         // parameters.
-        let (q_map, k_map, v_map) = if self.attention_kernel == "attention_mq256_wgmma" {
+        let hopper = self.attention_kernel == "attention_mq256_wgmma";
+        let (early, keys_ready) = match args.keys_ready {
+            Some(n) if hopper => (true, n.min(keys)),
+            _ => (false, 0),
+        };
+        let (q_map, k_map, v_map) = if hopper {
             (TensorMap::bf16_query_heads_64(&q, heads, what)?, TensorMap::bf16_rows_64x64(&k, what)?, TensorMap::bf16_rows_64x64(&v, what)?)
         } else {
             (None, TensorMap::UNUSED, TensorMap::UNUSED)
@@ -1227,6 +1274,7 @@ impl Kernels {
             Arg::F(std::f32::consts::LOG2_E / (d as f32).sqrt()),
             Arg::P(args.partial_o),
             Arg::P(args.partial_ml),
+            Arg::I(i32_of(if early { keys_ready } else { 0 }, what)?),
             Arg::I(q_map.is_some() as i32),
             Arg::M(q_map.unwrap_or(TensorMap::UNUSED)),
             Arg::M(k_map),
@@ -1235,8 +1283,15 @@ impl Kernels {
         let grid = (rows.div_ceil(ATTENTION_ROWS) as u32, split.splits as u32, 1);
         let name = format!("{}_{}", self.attention_kernel, out.dtype.suffix());
         // SAFETY: matches `attention_mq256_*` and `attention_mq256_wgmma_*` (the same signature):
-        // 128 threads, grid (row tiles, splits), the shared memory granted at load.
-        unsafe { self.launch_with_shared(&name, grid, 128, self.attention_shared_bytes, stream, args_list)? };
+        // 128 threads, grid (row tiles, splits), the shared memory granted at load; the Hopper
+        // form waits for the kernel before it before reading Q or keys from `keys_ready` on.
+        unsafe {
+            if early {
+                self.launch_programmatic(&name, grid, 128, self.attention_shared_bytes, stream, args_list)?
+            } else {
+                self.launch_with_shared(&name, grid, 128, self.attention_shared_bytes, stream, args_list)?
+            }
+        };
         if split.splits == 1 {
             return Ok(());
         }

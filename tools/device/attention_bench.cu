@@ -130,7 +130,7 @@ int main(int argc, char** argv) {  // argv[1]: run only the cases whose name con
             const bf16* vc = v + (size_t)(i % copies) * hv.size();
             kernel<<<dim3((rows + ATT_ROWS - 1) / ATT_ROWS, splits), ATT_ROWS * 2, shared_bytes, st>>>(
                 out, heads * 256, q, q_stride, kc, 256, vc, 256, kv, qv, c.queries, heads, c.keys, per_split, scale_log2, po, pml,
-                1, q_map, k_maps[i % copies], v_maps[i % copies]);
+                0, 1, q_map, k_maps[i % copies], v_maps[i % copies]);
             // -DBENCH_NO_COMBINE: the split kernel alone (its time without the merge; the output
             // check then fails for several splits).
 #ifndef BENCH_NO_COMBINE

@@ -542,6 +542,9 @@ impl CudaBackend {
         // Each fused MLP right after the norm that writes its A starts under that norm, streaming
         // its first weights meanwhile (FRT_NO_EARLY_MLP=1: off).
         let early_mlps = if env_flag("FRT_NO_EARLY_MLP") { Vec::new() } else { mlps_after_their_norm(&plan, &mlps, &op_lanes) };
+        // Each of the expert's attentions right after its RoPE kernel starts under it, loading
+        // the keys RoPE does not write meanwhile (FRT_NO_EARLY_ATTENTION=1: off).
+        let early_attentions = if env_flag("FRT_NO_EARLY_ATTENTION") { Vec::new() } else { attentions_after_their_rope(&plan, &op_lanes) };
         let mut sizes = [ScratchSizes::default(); LANES];
         for (op, &lane) in plan.ops.iter().zip(&op_lanes) {
             let size = &mut sizes[lane];
@@ -705,6 +708,8 @@ impl CudaBackend {
             multiprocessors,
             mlps: &mlps,
             early_mlps: &early_mlps,
+            early_attentions: &early_attentions,
+            op_index: 0,
             tiled: &tiled,
             steps: Vec::new(),
             step_lanes: Vec::new(),
@@ -1176,6 +1181,31 @@ fn mlps_after_their_norm(plan: &Plan, mlps: &[usize], op_lanes: &[usize]) -> Vec
         .collect()
 }
 
+/// The attentions that directly follow, on the main stream and in the same phase, the RoPE op
+/// writing their queries, each with how many leading keys of its K and V that op does not write:
+/// launched as RoPE's programmatic dependent, the action tokens' attention loads those keys while
+/// RoPE runs (bench/NOTES.md item 72). Ascending by op. (On the second stream an attention also
+/// waits for the prefix's cache rows, and the lowering keeps that stream's launches plain.)
+fn attentions_after_their_rope(plan: &Plan, op_lanes: &[usize]) -> Vec<(usize, usize)> {
+    (1..plan.ops.len())
+        .filter_map(|i| {
+            let (Op::RopeQkv { qkv, .. }, Op::Attention { q, k, v, key_valid, .. }) = (&plan.ops[i - 1], &plan.ops[i]) else {
+                return None;
+            };
+            if q.buf != qkv.buf || op_lanes[i - 1] != 0 || op_lanes[i] != 0 || plan.phase_starting_at(i).is_some() {
+                return None;
+            }
+            let writes = plan.ops[i - 1].accesses(&plan.buffers).writes;
+            let written = |s: Span| writes.iter().any(|w| w.overlaps(&s));
+            if key_valid.is_some_and(|b| written(Span::whole(b, &plan.buffers))) {
+                return None;
+            }
+            let first_written = |view: View| (0..view.rows).find(|&r| written(view.rows(r, 1).span())).unwrap_or(view.rows);
+            Some((i, first_written(*k).min(first_written(*v))))
+        })
+        .collect()
+}
+
 /// The weights of the fused MLPs as [`Kernels::mlp_stream`] reads them: (weight, the gate/up
 /// pairing's half or 0 for down, whether in place). A weight that also serves an unfused product
 /// (the expert's in the first denoise step, which runs beside the prefix on cuBLASLt) is tiled
@@ -1394,6 +1424,10 @@ struct Lowering<'a> {
     /// those of them launched as programmatic dependents of their norm ([`mlps_after_their_norm`]).
     mlps: &'a [usize],
     early_mlps: &'a [usize],
+    /// The attentions launched as programmatic dependents of their RoPE kernel, with the keys it
+    /// does not write ([`attentions_after_their_rope`]), and the plan op being lowered.
+    early_attentions: &'a [(usize, usize)],
+    op_index: usize,
     /// The streamed MLPs' weights as that kernel reads them, by weight index.
     tiled: &'a HashMap<usize, DevPtr>,
     steps: Vec<Step>,
@@ -1475,7 +1509,7 @@ impl Lowering<'_> {
                 self.phase_steps.push((name, first));
                 self.phase_buckets.push(phase.prompt_bucket);
             }
-            self.lane = self.op_lanes[i];
+            (self.lane, self.op_index) = (self.op_lanes[i], i);
             let from = self.steps.len();
             // Fusions at the denoise loop's step boundary (bench/NOTES.md item 66): the gated
             // residual, its norm and a narrow product over the norm's rows; a product over a
@@ -1788,6 +1822,11 @@ impl Lowering<'_> {
                     split,
                     partial_o: self.scratch().attention_o,
                     partial_ml: self.scratch().attention_ml,
+                    keys_ready: self
+                        .early_attentions
+                        .binary_search_by_key(&self.op_index, |e| e.0)
+                        .ok()
+                        .map(|e| self.early_attentions[e].1),
                 }));
                 return Ok(());
             }
@@ -2074,6 +2113,59 @@ mod tests {
             *out = out.cols(0, 32);
         }
         assert!(mlps_after_their_norm(&partial, &[first], &lanes).is_empty());
+    }
+
+    #[test]
+    fn an_attention_starts_early_only_right_after_its_rope_and_before_the_rows_rope_writes() {
+        // Four action tokens, two query heads of 8, over 12 cached keys and their own 4 (rows 12-15).
+        let mut plan = Plan::default();
+        let qkv = plan.matrix("qkv", 4, 4 * 8);
+        let (positions, valid) = (plan.buffer("positions", BufType::I32, 16), plan.buffer("valid", BufType::F32, 16));
+        let (k_cache, v_cache, out) = (plan.matrix("k", 16, 8), plan.matrix("v", 16, 8), plan.matrix("out", 4, 16));
+        plan.push(Op::RopeQkv { qkv, heads: 2, head_dim: 8, positions, position_offset: 12, k_cache, v_cache, cache_row: 12 });
+        let attention = Op::Attention {
+            q: qkv.cols(0, 16),
+            k: k_cache,
+            v: v_cache,
+            out,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 8,
+            groups: 1,
+            key_valid: Some(valid),
+            query_valid: None,
+        };
+        plan.push(attention);
+        let lanes = vec![0; plan.ops.len()];
+        assert_eq!(attentions_after_their_rope(&plan, &lanes), vec![(1, 12)]);
+        // A V cache that RoPE fills from an earlier row bounds the keys too.
+        let mut early_v = plan.clone();
+        if let Op::Attention { v, .. } = &mut early_v.ops[1] {
+            *v = v_cache.rows(4, 12);
+        }
+        assert_eq!(attentions_after_their_rope(&early_v, &lanes), vec![(1, 8)]);
+        // Not on the second stream, nor into a phase, nor after another op, nor when RoPE writes
+        // the key mask or another buffer holds the queries.
+        assert!(attentions_after_their_rope(&plan, &[0, 1]).is_empty());
+        assert!(attentions_after_their_rope(&plan, &[1, 1]).is_empty());
+        let mut phased = plan.clone();
+        phased.phase("attention");
+        phased.phases.last_mut().unwrap().first_op = 1;
+        assert!(attentions_after_their_rope(&phased, &lanes).is_empty());
+        let mut copied = plan.clone();
+        copied.ops[0] = Op::Copy { src: out, dst: out };
+        assert!(attentions_after_their_rope(&copied, &lanes).is_empty());
+        let mut masked_by_cache = plan.clone();
+        let cache_buf = k_cache.buf;
+        if let Op::Attention { key_valid, .. } = &mut masked_by_cache.ops[1] {
+            *key_valid = Some(cache_buf);
+        }
+        assert!(attentions_after_their_rope(&masked_by_cache, &lanes).is_empty());
+        let mut other_q = plan.clone();
+        if let Op::Attention { q, .. } = &mut other_q.ops[1] {
+            *q = out;
+        }
+        assert!(attentions_after_their_rope(&other_q, &lanes).is_empty());
     }
 
     #[test]
