@@ -93,7 +93,8 @@ extern "C" __global__ void prompt_bucket_256(const int* token_mask, int prompt_l
 // (heads + 1) · head_dim / 16 + head_dim / 8 threads): each thread rotates 8 pairs of one head, or
 // copies 8 values of v, with all its loads in flight at once. 1: strided single pairs.
 // A programmatic dependent (the action tokens' attention) may start at once: it waits for this
-// grid before reading what it writes.
+// grid before reading what it writes. Launched as one itself (after the QKV product), RoPE loads
+// its table rows before it waits for that product.
 template <typename T>
 __device__ void rope_qkv(T* qkv, int qkv_stride, int heads, int head_dim, const int* positions,
                          int position_offset, T* k_cache, int k_stride, T* v_cache, int v_stride, int cache_row,
@@ -113,10 +114,11 @@ __device__ void rope_qkv(T* qkv, int qkv_stride, int heads, int head_dim, const 
             const int h = t / groups, j = (t % groups) * 8;
             const T* src = row + h * head_dim;  // h == heads: the k part
             float a[8], b[8], c[8], s[8];
-            load8(src + j, a);
-            load8(src + j + half, b);
             load8(cs + j, c);
             load8(sn + j, s);
+            wait_for_prior_grid();  // the product writing qkv, when launched as its dependent
+            load8(src + j, a);
+            load8(src + j + half, b);
             float lo[8], hi[8];
             for (int i = 0; i < 8; ++i) {
                 lo[i] = a[i] * c[i] - b[i] * s[i];
@@ -127,12 +129,14 @@ __device__ void rope_qkv(T* qkv, int qkv_stride, int heads, int head_dim, const 
             store8(dst + j + half, hi);
         } else if (t < rotations + head_dim / 8) {
             const int j = (t - rotations) * 8;
+            wait_for_prior_grid();
             float x[8];
             load8(row + (heads + 1) * head_dim + j, x);
             store8(v + j, x);
         }
         return;
     }
+    wait_for_prior_grid();
     for (int i = threadIdx.x; i < (heads + 1) * half; i += blockDim.x) {
         const int h = i / half, j = i % half;
         const T* src = row + h * head_dim;  // h == heads: the k part

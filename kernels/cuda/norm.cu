@@ -121,7 +121,8 @@ __device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, 
 }
 
 // The RMS norms let a programmatic dependent start at once (`launch_dependents`): the streamed
-// MLP after the expert's norms loads its weights meanwhile (bench/NOTES.md item 56).
+// MLP after the expert's norms loads its weights meanwhile (bench/NOTES.md item 56). The gated
+// residual norm may itself be launched as one (after a cuBLASLt product): it waits first.
 #define RMS_NORM(NAME, TIN, TOUT)                                                                   \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* x, int x_stride,         \
                                     const float* modulation, int cols, float eps, int per) {        \
@@ -199,6 +200,7 @@ __device__ void gated_residual_rms_norm(Tout* out, int out_stride, float* x, int
                                     int y_stride, const float* gate_modulation,                     \
                                     const float* norm_modulation, int cols, float eps, int per) {   \
         launch_dependents();                                                                        \
+        wait_for_prior_grid();                                                                      \
         gated_residual_rms_norm<TY, TOUT>(out, out_stride, x, x_stride, y, y_stride,                \
                                           gate_modulation, norm_modulation, cols, eps, per);        \
     }

@@ -63,6 +63,9 @@ pub struct RopeArgs {
     /// f32 `[position][head_dim / 2]` tables (or `[slot][head_dim / 2]` rows, see `positions`).
     pub cos: DevPtr,
     pub sin: DevPtr,
+    /// Launched as the programmatic dependent of the kernel before it on the stream (sm_90 on),
+    /// which must not write the tables or positions: it loads them, then waits for that kernel.
+    pub early: bool,
 }
 
 /// Arguments of [`Kernels::attention_mq256`] besides the stream: softmax attention of `heads`
@@ -315,6 +318,9 @@ pub struct Kernels {
     attention_shared_bytes: u32,
     /// Whether `mlp_stream_wgmma` is loaded (sm_90a) and granted its shared memory.
     mlp_stream: bool,
+    /// Whether the architecture has programmatic dependent launch (sm_90 on): elsewhere the
+    /// launches asked to start early are plain ones.
+    programmatic: bool,
 }
 
 // SAFETY: module and function handles are plain driver handles, valid in any thread that makes
@@ -337,6 +343,7 @@ impl Kernels {
             attention_kernel,
             attention_shared_bytes,
             mlp_stream: false,
+            programmatic: arch_number(arch).is_some_and(|n| n >= 90),
         };
         for cubin in cubins {
             // SAFETY: `image` is a complete cubin produced by NVRTC (or read back from the cache);
@@ -441,6 +448,32 @@ impl Kernels {
         unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
             .result()
             .map_err(|e| KernelError::cuda(format!("launching {name}"), e))
+    }
+
+    /// [`Kernels::launch_programmatic`] where asked and the architecture has it, else a plain
+    /// launch.
+    ///
+    /// # Safety
+    /// As [`Kernels::launch_programmatic`].
+    #[allow(clippy::too_many_arguments)] // launch_with_shared's, plus the wish
+    unsafe fn launch_maybe_early<const N: usize>(
+        &self,
+        early: bool,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared: u32,
+        stream: CUstream,
+        args: [Arg; N],
+    ) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe {
+            if early && self.programmatic {
+                self.launch_programmatic(name, grid, block, shared, stream, args)
+            } else {
+                self.launch_with_shared(name, grid, block, shared, stream, args)
+            }
+        }
     }
 
     /// One thread per element: grid `(ceil(cols / 256), rows)`.
@@ -616,6 +649,7 @@ impl Kernels {
         gate_modulation: DevPtr,
         norm_modulation: DevPtr,
         eps: f32,
+        early: bool,
         stream: CUstream,
     ) -> Result<()> {
         Self::same_shape("gated_residual_rms_norm", &x, &y)?;
@@ -638,8 +672,9 @@ impl Kernels {
             Arg::F(eps),
             Arg::I(per),
         ];
-        // SAFETY: matches `gated_residual_rms_norm_*` in norm.cu.
-        unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
+        // SAFETY: matches `gated_residual_rms_norm_*` in norm.cu, which waits for the kernel
+        // before it first.
+        unsafe { self.launch_maybe_early(early, &name, (x.rows as u32, 1, 1), threads, 0, stream, args) }
     }
 
     /// The step-boundary row kernels' rows (all of one width) and vectors: one group of 8 columns
@@ -1022,8 +1057,9 @@ impl Kernels {
             Arg::P(a.sin),
             Arg::I(per),
         ];
-        // SAFETY: matches `rope_qkv_*` in attention.cu.
-        unsafe { self.launch(&name, (a.qkv.rows as u32, 1, 1), threads, stream, args) }
+        // SAFETY: matches `rope_qkv_*` in attention.cu, which reads qkv only after waiting for the
+        // kernel before it.
+        unsafe { self.launch_maybe_early(a.early, &name, (a.qkv.rows as u32, 1, 1), threads, 0, stream, args) }
     }
 
     /// `p = softmax(s)` per row over valid keys: `s` f32 and `p` bf16, both dense

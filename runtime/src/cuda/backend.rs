@@ -159,6 +159,8 @@ enum Step {
         gate: DevPtr,
         norm: DevPtr,
         eps: f32,
+        /// Launched as a programmatic dependent of the step before it (a cuBLASLt product).
+        early: bool,
     },
     /// The end of an Euler step: the gated residual and its norm, then the narrow product
     /// (action-out, Euler update) over the norm's rows, in one launch.
@@ -710,6 +712,7 @@ impl CudaBackend {
             early_mlps: &early_mlps,
             early_attentions: &early_attentions,
             op_index: 0,
+            early_after_products: !env_flag("FRT_NO_EARLY_AFTER_PRODUCTS"),
             tiled: &tiled,
             steps: Vec::new(),
             step_lanes: Vec::new(),
@@ -1014,7 +1017,9 @@ impl CudaBackend {
                 Step::LayerNorm { out, x, gamma, beta, eps } => k.layer_norm(out, x, gamma, beta, eps, s),
                 Step::RmsNorm { out, x, modulation, eps } => k.rms_norm(out, x, modulation, eps, s),
                 Step::GatedResidual { x, y, modulation } => k.gated_residual(x, y, modulation, s),
-                Step::GatedResidualRmsNorm { out, x, y, gate, norm, eps } => k.gated_residual_rms_norm(out, x, y, gate, norm, eps, s),
+                Step::GatedResidualRmsNorm { out, x, y, gate, norm, eps, early } => {
+                    k.gated_residual_rms_norm(out, x, y, gate, norm, eps, early, s)
+                }
                 Step::GatedResidualRmsNormProduct { out, x, y, gate, norm, eps, w, bias, acc, accumulate } => {
                     k.gated_residual_rms_norm_product((out, x, y), gate, norm, eps, w, bias, (acc, accumulate), s)
                 }
@@ -1428,6 +1433,10 @@ struct Lowering<'a> {
     /// does not write ([`attentions_after_their_rope`]), and the plan op being lowered.
     early_attentions: &'a [(usize, usize)],
     op_index: usize,
+    /// RoPE (loading its table rows first) and the gated residual norms right after a cuBLASLt
+    /// product launched as its programmatic dependents (bench/NOTES.md item 72;
+    /// FRT_NO_EARLY_AFTER_PRODUCTS=1: off).
+    early_after_products: bool,
     /// The streamed MLPs' weights as that kernel reads them, by weight index.
     tiled: &'a HashMap<usize, DevPtr>,
     steps: Vec<Step>,
@@ -1443,6 +1452,14 @@ struct Lowering<'a> {
 impl Lowering<'_> {
     fn scratch(&self) -> &Scratch {
         &self.scratch[self.lane]
+    }
+
+    /// Whether the step about to be lowered from the current op directly follows, on its stream
+    /// and in its phase, a step that `accept` takes (as a programmatic dependent's predecessor).
+    fn follows(&self, accept: impl Fn(&Step) -> bool) -> bool {
+        self.backend.plan.phase_starting_at(self.op_index).is_none()
+            && self.step_lanes.last() == Some(&self.lane)
+            && self.steps.last().is_some_and(accept)
     }
 
     /// Marks the steps pushed since step `from` as running on `lane` with these accesses.
@@ -1531,6 +1548,7 @@ impl Lowering<'_> {
                 (op, ops.peek())
             {
                 if x == nx && plan.phase_starting_at(*next).is_none() {
+                    let early = self.early_after_products && self.follows(|s| matches!(s, Step::Gemm { .. }));
                     let step = Step::GatedResidualRmsNorm {
                         out: self.mat(*out)?,
                         x: self.mat(*x)?,
@@ -1538,6 +1556,7 @@ impl Lowering<'_> {
                         gate: self.weight(*modulation, Elem::F32),
                         norm: self.weight(*norm, Elem::F32),
                         eps: *eps,
+                        early,
                     };
                     self.steps.push(step);
                     ops.next();
@@ -1707,6 +1726,7 @@ impl Lowering<'_> {
                     cache_row,
                     cos,
                     sin,
+                    early: self.early_after_products && self.follows(|s| matches!(s, Step::Gemm { .. })),
                 })
             }
             Op::Attention { q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid } => {
