@@ -40,6 +40,7 @@ build launch_cost_bench -gencode arch=compute_90a,code=sm_90a -I kernels/cuda to
 build gemm_algos_bench -arch=sm_90 tools/device/gemm_algos_bench.cu
 build gemm_ksplit_bench -arch=sm_90 tools/device/gemm_ksplit_bench.cu
 build gemm_output_bench -arch=sm_90 tools/device/gemm_output_bench.cu
+build l2_policy_bench -arch=sm_90 tools/device/l2_policy_bench.cu
 build sysmem_read_bench -arch=sm_90 tools/device/sysmem_read_bench.cu
 build ingest_bench -gencode arch=compute_90a,code=sm_90a tools/device/ingest_bench.cu
 build gemm_wgmma_bench -gencode arch=compute_90a,code=sm_90a tools/device/gemm_wgmma_bench.cu
