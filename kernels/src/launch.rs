@@ -414,13 +414,14 @@ impl Kernels {
             .map_err(|e| KernelError::cuda(format!("launching {name}"), e))
     }
 
-    /// [`Kernels::launch_with_shared`] as a programmatic dependent of the kernel before it on
-    /// `stream`: its blocks may start before that kernel ends and must wait for it
-    /// (`wait_for_prior_grid` in common.cuh) before reading what it writes.
+    /// [`Kernels::launch_with_shared`] with launch attributes (`cuLaunchKernelEx`).
     ///
     /// # Safety
-    /// As [`Kernels::launch`], and the kernel waits as said.
-    unsafe fn launch_programmatic<const N: usize>(
+    /// As [`Kernels::launch`], and the kernel must honour the attributes (e.g. a programmatic
+    /// dependent waits for the kernel before it, `wait_for_prior_grid` in common.cuh, before
+    /// reading what that kernel writes).
+    #[allow(clippy::too_many_arguments)] // launch_with_shared's, plus the attributes
+    unsafe fn launch_with_attributes<const N: usize>(
         &self,
         name: &str,
         grid: (u32, u32, u32),
@@ -428,10 +429,10 @@ impl Kernels {
         shared: u32,
         stream: CUstream,
         args: [Arg; N],
+        attrs: &mut [sys::CUlaunchAttribute],
     ) -> Result<()> {
         let f = self.function(name)?;
         let mut params: [*mut c_void; N] = std::array::from_fn(|i| args[i].as_param());
-        let mut attrs = [programmatic_attribute()];
         let config = sys::CUlaunchConfig {
             gridDimX: grid.0,
             gridDimY: grid.1,
@@ -442,7 +443,7 @@ impl Kernels {
             sharedMemBytes: shared,
             hStream: stream,
             attrs: attrs.as_mut_ptr(),
-            numAttrs: 1,
+            numAttrs: attrs.len() as u32,
         };
         // SAFETY: `params` points into `args` and `config` at `attrs`, both alive for the call.
         unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
@@ -450,11 +451,11 @@ impl Kernels {
             .map_err(|e| KernelError::cuda(format!("launching {name}"), e))
     }
 
-    /// [`Kernels::launch_programmatic`] where asked and the architecture has it, else a plain
-    /// launch.
+    /// As the programmatic dependent of the kernel before it on `stream` where asked and the
+    /// architecture has it (its blocks may start before that kernel ends), else a plain launch.
     ///
     /// # Safety
-    /// As [`Kernels::launch_programmatic`].
+    /// As [`Kernels::launch_with_attributes`] with the programmatic attribute.
     #[allow(clippy::too_many_arguments)] // launch_with_shared's, plus the wish
     unsafe fn launch_maybe_early<const N: usize>(
         &self,
@@ -469,7 +470,7 @@ impl Kernels {
         // SAFETY: forwarded contract.
         unsafe {
             if early && self.programmatic {
-                self.launch_programmatic(name, grid, block, shared, stream, args)
+                self.launch_with_attributes(name, grid, block, shared, stream, args, &mut [programmatic_attribute()])
             } else {
                 self.launch_with_shared(name, grid, block, shared, stream, args)
             }
@@ -1165,7 +1166,6 @@ impl Kernels {
                 ),
             ));
         };
-        let f = self.function(what)?;
         let args = [
             Arg::P(out.ptr),
             Arg::I(i32_of(out.stride, what)?),
@@ -1181,30 +1181,16 @@ impl Kernels {
             Arg::I(splits as i32),
             Arg::P(barrier),
         ];
-        let mut params: Vec<*mut c_void> = args.iter().map(|a| a.as_param()).collect();
         // Cooperative: the blocks meet at a grid barrier, so all must be resident at once.
         // SAFETY: the attribute value is a plain C union; all-zero bytes are a valid value.
         let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
         value.cooperative = 1;
         let cooperative = sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE, pad: [0; 4], value };
         let mut attrs = [cooperative, programmatic_attribute()];
-        let config = sys::CUlaunchConfig {
-            gridDimX: (hid / 32) as u32,
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: 160,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: MLP_SHARED_BYTES,
-            hStream: stream,
-            attrs: attrs.as_mut_ptr(),
-            numAttrs: if programmatic { 2 } else { 1 },
-        };
-        // SAFETY: `params` points into `args`, alive until the driver has copied them; the
-        // arguments match `mlp_stream_wgmma`'s signature; the config's attributes outlive the call.
-        unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
-            .result()
-            .map_err(|e| KernelError::cuda(format!("launching {what}"), e))
+        let attrs = if programmatic { &mut attrs[..] } else { &mut attrs[..1] };
+        // SAFETY: the arguments match `mlp_stream_wgmma`'s signature: 160 threads, one block per 32
+        // GeGLU columns; it waits for the norm before it (programmatic) before reading `a`.
+        unsafe { self.launch_with_attributes(what, ((hid / 32) as u32, 1, 1), 160, MLP_SHARED_BYTES, stream, args, attrs) }
     }
 
     /// Copies the row-major bf16 weight `src` (`[n, k]`) into `out` as [`Kernels::mlp_stream`]
@@ -1321,13 +1307,7 @@ impl Kernels {
         // SAFETY: matches `attention_mq256_*` and `attention_mq256_wgmma_*` (the same signature):
         // 128 threads, grid (row tiles, splits), the shared memory granted at load; the Hopper
         // form waits for the kernel before it before reading Q or keys from `keys_ready` on.
-        unsafe {
-            if early {
-                self.launch_programmatic(&name, grid, 128, self.attention_shared_bytes, stream, args_list)?
-            } else {
-                self.launch_with_shared(&name, grid, 128, self.attention_shared_bytes, stream, args_list)?
-            }
-        };
+        unsafe { self.launch_maybe_early(early, &name, grid, 128, self.attention_shared_bytes, stream, args_list)? };
         if split.splits == 1 {
             return Ok(());
         }
