@@ -544,11 +544,11 @@ __device__ void attention_mq256(Tout* out, int out_stride, const bf16* q, int q_
         NAME(TOUT* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride, const bf16* v, \
              int v_stride, const float* key_valid, const float* query_valid, int queries, int heads, int keys, \
              int keys_per_split, float scale_log2, float* partial_o, float* partial_ml, int keys_ready,       \
-             int q_by_map, const __grid_constant__ TensorMap q_map, const __grid_constant__ TensorMap k_map,               \
+             int q_by_map, const __grid_constant__ TensorMap q_map, const __grid_constant__ TensorMap k_map, \
              const __grid_constant__ TensorMap v_map) {                                                       \
         FORM<TOUT>(out, out_stride, q, q_stride, k, k_stride, v, v_stride, key_valid, query_valid, queries,   \
-                   heads, keys, keys_per_split, scale_log2, partial_o, partial_ml, keys_ready, q_by_map, &q_map, &k_map, \
-                   &v_map);                                                                                   \
+                   heads, keys, keys_per_split, scale_log2, partial_o, partial_ml, keys_ready, q_by_map,      \
+                   &q_map, &k_map, &v_map);                                                                   \
     }
 #define ATTENTION_MQ256(NAME, TOUT) ATTENTION_MQ256_ENTRY(NAME, TOUT, attention_mq256)
 FOR_TYPE(ATTENTION_MQ256, attention_mq256)

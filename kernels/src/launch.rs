@@ -1296,7 +1296,7 @@ impl Kernels {
             Arg::F(std::f32::consts::LOG2_E / (d as f32).sqrt()),
             Arg::P(args.partial_o),
             Arg::P(args.partial_ml),
-            Arg::I(i32_of(if early { keys_ready } else { 0 }, what)?),
+            Arg::I(i32_of(keys_ready, what)?),
             Arg::I(q_map.is_some() as i32),
             Arg::M(q_map.unwrap_or(TensorMap::UNUSED)),
             Arg::M(k_map),

@@ -1454,12 +1454,14 @@ impl Lowering<'_> {
         &self.scratch[self.lane]
     }
 
-    /// Whether the step about to be lowered from the current op directly follows, on its stream
-    /// and in its phase, a step that `accept` takes (as a programmatic dependent's predecessor).
-    fn follows(&self, accept: impl Fn(&Step) -> bool) -> bool {
-        self.backend.plan.phase_starting_at(self.op_index).is_none()
+    /// Whether the step about to be lowered from the current op is launched as the programmatic
+    /// dependent of a cuBLASLt product: it directly follows one on its stream and in its phase,
+    /// and `early_after_products` is on.
+    fn early_after_product(&self) -> bool {
+        self.early_after_products
+            && self.backend.plan.phase_starting_at(self.op_index).is_none()
             && self.step_lanes.last() == Some(&self.lane)
-            && self.steps.last().is_some_and(accept)
+            && matches!(self.steps.last(), Some(Step::Gemm { .. }))
     }
 
     /// Marks the steps pushed since step `from` as running on `lane` with these accesses.
@@ -1548,7 +1550,7 @@ impl Lowering<'_> {
                 (op, ops.peek())
             {
                 if x == nx && plan.phase_starting_at(*next).is_none() {
-                    let early = self.early_after_products && self.follows(|s| matches!(s, Step::Gemm { .. }));
+                    let early = self.early_after_product();
                     let step = Step::GatedResidualRmsNorm {
                         out: self.mat(*out)?,
                         x: self.mat(*x)?,
@@ -1726,7 +1728,7 @@ impl Lowering<'_> {
                     cache_row,
                     cos,
                     sin,
-                    early: self.early_after_products && self.follows(|s| matches!(s, Step::Gemm { .. })),
+                    early: self.early_after_product(),
                 })
             }
             Op::Attention { q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid } => {
