@@ -334,6 +334,11 @@ typedef struct FrtPolicyConfig {
    * Passed unchanged to `log_callback`.
    */
   void *log_user_data;
+  /**
+   * CPU backend: threads that split each step's GEMMs and attention, the calling one included
+   * (started at open, parked between steps); 0: the available parallelism. At most 64.
+   */
+  size_t threads;
 } FrtPolicyConfig;
 
 /**

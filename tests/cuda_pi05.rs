@@ -206,7 +206,8 @@ impl Case {
 
     /// Runs the plan on both backends; returns (buffer, nmse) per compared buffer.
     fn run(&self, ckpt: &Arc<Checkpoint>) -> Vec<(String, f64)> {
-        let mut cpu: Box<dyn Backend> = Box::new(CpuBackend::new(self.plan.clone(), self.weight_data(), ckpt.clone()));
+        let mut cpu: Box<dyn Backend> =
+            Box::new(CpuBackend::new(self.plan.clone(), self.weight_data(), ckpt.clone(), 1).expect("CPU backend"));
         let gpu = CudaBackend::new(self.plan.clone(), self.weight_data(), ckpt.clone(), &CudaOptions::default());
         let mut gpu: Box<dyn Backend> = Box::new(gpu.unwrap_or_else(|e| panic!("{}: CUDA backend: {e}", self.name)));
         for backend in [&mut cpu, &mut gpu] {

@@ -59,8 +59,13 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 }
 
 fn open(dir: &Path, steps: Option<usize>) -> Policy {
+    open_with_threads(dir, steps, None)
+}
+
+fn open_with_threads(dir: &Path, steps: Option<usize>, threads: Option<usize>) -> Policy {
     let mut config = PolicyConfig::new(dir);
     config.denoise_steps = steps;
+    config.threads = threads;
     // The f32 reference tolerance holds for the CPU backend; `Auto` would pick CUDA (bf16) on a
     // GPU machine. CUDA parity has its own tiers (tests/cuda_pi05.rs).
     config.backend = BackendKind::Cpu;
@@ -111,6 +116,20 @@ fn parity_errors(policy: &mut Policy, golden: &Golden, p: &str) -> Vec<(String, 
         }
     }
     errors
+}
+
+/// The worker pool splits GEMMs and attention by rows, and each row's arithmetic does not depend
+/// on which thread computes it: any thread count gives the same bits, so the parity above holds
+/// for every count.
+#[test]
+fn actions_are_bit_identical_for_any_thread_count() {
+    let golden = Golden::load();
+    let outputs: Vec<(usize, Vec<f32>)> =
+        [1, 2, 3].into_iter().map(|n| (n, run(&mut open_with_threads(&fixture_dir(), None, Some(n)), &golden, "a"))).collect();
+    for (n, got) in &outputs[1..] {
+        let differing = got.iter().zip(&outputs[0].1).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!(differing, 0, "{n} threads: {differing} of {} values differ from one thread's", got.len());
+    }
 }
 
 #[test]

@@ -4,8 +4,9 @@
 // cameras show a moving pattern); replace those two functions with your drivers.
 //
 //   cpp_controller --checkpoint DIR [--tokenizer FILE] [--prompt TEXT] [--hz 50] [--replan 10]
-//                  [--ticks N] [--backend auto|cpu|cuda]
+//                  [--ticks N] [--backend auto|cpu|cuda] [--threads N]
 //
+// --threads sets the CPU backend's threads (default 0: every core the process may use).
 // --ticks 0 runs until Ctrl-C. At the end it prints the policy's step latency statistics and the
 // deadline misses: steps slower than one tick (counted by the library) and ticks whose work ended
 // after their deadline (counted here).
@@ -31,14 +32,14 @@ std::atomic<bool> stop_requested{false};
 struct Options {
     std::string checkpoint, tokenizer, prompt = "pick up the red block and put it in the bowl";
     double hz = 50.0;
-    long replan = 10, ticks = 0;
+    long replan = 10, ticks = 0, threads = 0;
     FrtBackend backend = FRT_BACKEND_AUTO;
 };
 
 [[noreturn]] void usage(const char *why) {
     std::fprintf(stderr,
                  "%s\nusage: cpp_controller --checkpoint DIR [--tokenizer FILE] [--prompt TEXT] [--hz 50] "
-                 "[--replan K] [--ticks N] [--backend auto|cpu|cuda]\n",
+                 "[--replan K] [--ticks N] [--backend auto|cpu|cuda] [--threads N]\n",
                  why);
     std::exit(2);
 }
@@ -55,13 +56,14 @@ Options parse(int argc, char **argv) {
         else if (flag == "--hz") o.hz = std::atof(value);
         else if (flag == "--replan") o.replan = std::atol(value);
         else if (flag == "--ticks") o.ticks = std::atol(value);
+        else if (flag == "--threads") o.threads = std::atol(value);
         else if (flag == "--backend") {
             std::string b = value;
             o.backend = b == "cpu" ? FRT_BACKEND_CPU : b == "cuda" ? FRT_BACKEND_CUDA : b == "auto" ? FRT_BACKEND_AUTO : (usage("bad --backend"), FRT_BACKEND_AUTO);
         } else usage(("unknown flag " + flag).c_str());
     }
     if (o.checkpoint.empty()) usage("--checkpoint is required");
-    if (o.hz <= 0.0 || o.replan < 1 || o.ticks < 0) usage("--hz and --replan must be positive, --ticks not negative");
+    if (o.hz <= 0.0 || o.replan < 1 || o.ticks < 0 || o.threads < 0) usage("--hz and --replan must be positive, --ticks and --threads not negative");
     return o;
 }
 
@@ -89,6 +91,7 @@ int main(int argc, char **argv) {
         frt::Config config(opt.checkpoint);
         config.tokenizer = opt.tokenizer;
         config.options.backend = opt.backend;
+        config.options.threads = static_cast<size_t>(opt.threads);
         config.options.max_frame_width = kWidth;
         config.options.max_frame_height = kHeight;
         const auto period = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(1.0 / opt.hz));

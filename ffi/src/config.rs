@@ -101,6 +101,9 @@ pub struct FrtPolicyConfig {
     pub log_callback: FrtLogCallback,
     /// Passed unchanged to `log_callback`.
     pub log_user_data: *mut c_void,
+    /// CPU backend: threads that split each step's GEMMs and attention, the calling one included
+    /// (started at open, parked between steps); 0: the available parallelism. At most 64.
+    pub threads: usize,
 }
 
 /// Fills `*config` with the defaults; `config->struct_size` must be set first.
@@ -145,6 +148,7 @@ pub unsafe extern "C" fn frt_policy_config_default(config: *mut FrtPolicyConfig)
             deadline_us: 0,
             log_callback: None,
             log_user_data: std::ptr::null_mut(),
+            threads: 0,
         };
         // SAFETY: the caller's struct is at least as large as ours (checked above).
         unsafe { config.write(defaults) };
@@ -221,6 +225,7 @@ pub(crate) unsafe fn read(config: *const FrtPolicyConfig) -> Result<(PolicyConfi
     out.denoise_steps = optional(c.denoise_steps);
     out.state_dim = optional(c.state_dim);
     out.seed = c.seed;
+    out.threads = optional(c.threads);
     out.deadline = (c.deadline_us != 0).then(|| Duration::from_micros(c.deadline_us));
     Ok((out, Sink::new(level, c.log_callback, c.log_user_data)))
 }

@@ -131,6 +131,9 @@ struct OpenArgs {
     /// The robot's state width when the checkpoint does not state it.
     #[arg(long)]
     state_dim: Option<usize>,
+    /// CPU backend: threads per step, this one included (default: the available parallelism).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 /// Real-time setup of the stepping thread, applied after open (see `flashrt::realtime`).
@@ -167,6 +170,7 @@ impl OpenArgs {
         c.prompt_buckets = !self.no_prompt_buckets;
         c.denoise_steps = self.denoise_steps;
         c.state_dim = self.state_dim;
+        c.threads = self.threads;
         c.progress = true;
         c
     }

@@ -14,7 +14,7 @@ use rand_distr::{Distribution, StandardNormal};
 
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
-use crate::cpu::CpuBackend;
+use crate::cpu::{self, CpuBackend};
 use crate::error::{Error, Result};
 use crate::image::Frame;
 use crate::models::pi05::{self, BuildOptions, Config, LerobotConfig, Model};
@@ -77,6 +77,9 @@ pub struct PolicyConfig {
     pub deadline: Option<Duration>,
     /// Show a progress bar while loading.
     pub progress: bool,
+    /// CPU backend: threads that split each GEMM and attention (this one included, at most 64);
+    /// default: the available parallelism. Spawned at open and parked between steps.
+    pub threads: Option<usize>,
 }
 
 impl PolicyConfig {
@@ -98,6 +101,7 @@ impl PolicyConfig {
             seed: 0,
             deadline: None,
             progress: false,
+            threads: None,
         }
     }
 }
@@ -281,7 +285,12 @@ impl Policy {
         let backend: Box<dyn Backend> = if use_cuda {
             crate::cuda::open(plan, weights, ckpt, config.device, config.kernel_cache_dir.clone())?
         } else {
-            Box::new(CpuBackend::new(plan, weights, ckpt))
+            let threads = match config.threads {
+                Some(n @ 1..=cpu::MAX_THREADS) => n,
+                Some(n) => return Err(Error::invalid("config.threads", format!("{n} threads: must be 1 to {}", cpu::MAX_THREADS))),
+                None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(cpu::MAX_THREADS),
+            };
+            Box::new(CpuBackend::new(plan, weights, ckpt, threads)?)
         };
         log::info!("opened {} in {:.2?}", config.checkpoint.display(), started.elapsed());
 

@@ -145,7 +145,7 @@ static void test_config_default(void) {
     CHECK(c.cameras == 0 && c.prompt_capacity == 0 && c.denoise_steps == 0 && c.state_dim == 0);
     CHECK(c.prompt_buckets);
     CHECK(c.max_frame_width == 1920 && c.max_frame_height == 1080);
-    CHECK(c.seed == 0 && c.deadline_us == 0);
+    CHECK(c.seed == 0 && c.deadline_us == 0 && c.threads == 0);
 }
 
 /* ---- open: bad configs, missing and corrupted checkpoints ------------------------------------- */
@@ -236,6 +236,10 @@ static void test_open_errors(void) {
     c.precision = 99;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
     EXPECT_MENTIONS(open_error(), "config.precision");
+    c = base_config();
+    c.threads = 65;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(open_error(), "config.threads");
     c = base_config();
     c.log_level = 6;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
@@ -672,6 +676,7 @@ static void test_deadline(void) {
     size_t n = 0;
     c.deadline_us = 1; /* every step misses it */
     c.prompt_buckets = false;
+    c.threads = 2; /* the worker pool on every machine */
     EXPECT_STATUS(frt_policy_open(&c, &p), FRT_STATUS_OK);
     /* Without buckets the plan has one prefix, for every slot: no bucket line in the explanation. */
     EXPECT_STATUS(frt_policy_explain(p, NULL, 0, &n), FRT_STATUS_OK);

@@ -8,8 +8,8 @@
 //! Blocking follows BLIS: K in `KC` slices, M in `MC` blocks (the A block stays in L2), one
 //! `KC × NR` weight micro-panel in L1 reused by every `MR`-row tile of the block.
 
-const MR: usize = 6;
-const NR: usize = 16;
+pub const MR: usize = 6;
+pub const NR: usize = 16;
 const KC: usize = 256;
 const MC: usize = 192;
 
@@ -89,7 +89,7 @@ fn gemm_generic<const FMA: bool>(a: &[f32], ad: Strided, w: &PackedMatrix, out: 
                         let r = r0 + i.min(rows - 1);
                         &a[ad.offset + r * ad.stride + k0..][..kc]
                     });
-                    let acc = micro::<FMA>(&a_rows, b, kc);
+                    let acc = micro_kernel::<FMA>(&a_rows, b, kc);
                     for (i, acc_row) in acc.iter().enumerate().take(rows) {
                         let o = &mut out[od.offset + (r0 + i) * od.stride + panel * NR..][..cols];
                         if overwrite {
@@ -104,8 +104,9 @@ fn gemm_generic<const FMA: bool>(a: &[f32], ad: Strided, w: &PackedMatrix, out: 
     }
 }
 
+/// One `MR × NR` tile: `Σ_p a[i][p] · b[p][j]` over `kc` steps of a `[kc][NR]` panel.
 #[inline(always)]
-fn micro<const FMA: bool>(a: &[&[f32]; MR], b: &[f32], kc: usize) -> [[f32; NR]; MR] {
+pub fn micro_kernel<const FMA: bool>(a: &[&[f32]; MR], b: &[f32], kc: usize) -> [[f32; NR]; MR] {
     let mut acc = [[0.0f32; NR]; MR];
     for (p, b) in b.chunks_exact(NR).enumerate().take(kc) {
         let b: &[f32; NR] = b.try_into().expect("panel rows are NR wide");

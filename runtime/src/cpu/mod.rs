@@ -2,19 +2,25 @@
 //! oracle of every test and the backend of boards without a GPU. After construction nothing here
 //! allocates: buffers, packed weights, RoPE tables and scratch space are all sized from the plan.
 
+mod attention;
 mod gemm;
+mod pool;
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::image::{self, PixelFormat};
 use crate::models::pi05::WeightData;
 use crate::plan::{BufId, BufType, FRAME_INFO_FIELDS, Op, Plan, Section, View, WeightId, WeightRole};
-use gemm::{PackedMatrix, Strided};
+use attention::{KeysValues, Packed, Queries};
+use gemm::{MR, PackedMatrix, Strided};
+use pool::{Parts, Pool, split_even};
 
 pub use gemm::select_kernel;
+pub use pool::MAX_THREADS;
 
 enum Weight {
     Packed(PackedMatrix),
@@ -40,13 +46,17 @@ pub struct CpuBackend {
     checkpoint: Arc<Checkpoint>,
     gemm: fn(&[f32], Strided, &PackedMatrix, &mut [f32], Strided, bool),
     kernel_name: &'static str,
-    attend: AttendFn,
+    attend: attention::AttendFn,
+    /// Splits GEMMs and attention by rows; one part per thread.
+    pool: Pool,
     /// `cos`/`sin` of every RoPE angle for positions `0..rope_positions`: `[pos][head_dim / 2]`.
     rope_cos: Vec<f32>,
     rope_sin: Vec<f32>,
     rope_half: usize,
-    /// Attention scratch: transposed queries and scores of one query row.
-    scores: Vec<f32>,
+    /// The valid keys and values of the K/V head being attended to.
+    packed_kv: Packed,
+    /// Attention scores, one block per thread.
+    scores: Vec<Vec<f32>>,
     /// The plan's runs of phases by prompt bucket, and the bucket this step runs (set by
     /// `Op::PromptBucket`).
     sections: Vec<Section>,
@@ -54,7 +64,8 @@ pub struct CpuBackend {
 }
 
 impl CpuBackend {
-    pub fn new(plan: Plan, weights: Vec<WeightData>, checkpoint: Arc<Checkpoint>) -> Self {
+    /// `threads`: how many threads (this one included) split each GEMM and attention.
+    pub fn new(plan: Plan, weights: Vec<WeightData>, checkpoint: Arc<Checkpoint>, threads: usize) -> Result<Self> {
         let buffers = plan
             .buffers
             .iter()
@@ -75,15 +86,15 @@ impl CpuBackend {
             })
             .collect();
 
-        let mut scratch = 1;
+        let (mut scores, mut max_keys, mut max_head_dim) = (0, 0, 0);
         let mut rope_positions = 0;
         let mut head_dim = 2;
         for op in &plan.ops {
             match op {
                 Op::Attention { k, groups, heads, kv_heads, head_dim, .. } => {
-                    let per_kv = heads / kv_heads;
-                    assert!(per_kv <= 16, "the CPU attention handles up to 16 query heads per K/V head");
-                    scratch = scratch.max(16 * (head_dim + k.rows / groups));
+                    scores = scores.max(attention::scratch_len(k.rows / groups, heads / kv_heads));
+                    max_keys = max_keys.max(k.rows / groups);
+                    max_head_dim = max_head_dim.max(*head_dim);
                 }
                 Op::RopeQkv { k_cache, head_dim: hd, .. } => {
                     rope_positions = rope_positions.max(k_cache.rows);
@@ -95,21 +106,31 @@ impl CpuBackend {
         // Positions never exceed the number of sequence slots (cumsum of validity).
         let half = head_dim / 2;
         let (rope_cos, rope_sin) = rope_tables(rope_positions, head_dim);
-        CpuBackend {
+        let pool = Pool::new(threads).map_err(|e| Error::Backend(format!("cannot start {threads} CPU threads: {e}")))?;
+        Ok(CpuBackend {
             buffers,
             weights,
             checkpoint,
             gemm: select_kernel().0,
             kernel_name: select_kernel().1,
-            attend: select_attend(),
+            attend: attention::select(),
             rope_cos,
             rope_sin,
             rope_half: half,
-            scores: vec![0.0; scratch],
+            packed_kv: Packed::with_capacity(max_keys, max_head_dim),
+            scores: (0..pool.threads()).map(|_| vec![0.0; scores]).collect(),
+            pool,
             sections: plan.sections(),
             bucket: None,
             plan,
-        }
+        })
+    }
+
+    /// How many threads share `rows` rows of `work` multiply-adds each: one below the size at
+    /// which handing out parts costs more than it saves, and never a part under one tile.
+    fn parts_for(&self, rows: usize, work_per_row: usize) -> usize {
+        const MIN_WORK_PER_PART: usize = 1 << 16;
+        (rows * work_per_row / MIN_WORK_PER_PART).min(rows / MR).clamp(1, self.pool.threads())
     }
 
     fn weight_bytes(&self) -> usize {
@@ -204,22 +225,25 @@ impl CpuBackend {
             }
             Op::Gemm { a, w, bias, out, accumulate } => {
                 let gemm = self.gemm;
+                let Weight::Packed(pw) = &self.weights[w.0] else { unreachable!("gemm weight is packed") };
+                debug_assert!(pw.k == a.cols && pw.n == out.cols, "gemm shapes");
+                let parts = self.parts_for(a.rows, pw.n * pw.k);
                 self.with_out(out.buf, |this, dst| {
                     let Weight::Packed(pw) = &this.weights[w.0] else { unreachable!("gemm weight is packed") };
-                    debug_assert!(pw.k == a.cols && pw.n == out.cols, "gemm shapes");
-                    let src = this.f32(a.buf);
-                    gemm(
-                        src,
-                        Strided { offset: a.offset, rows: a.rows, stride: a.stride },
-                        pw,
-                        dst,
-                        Strided { offset: out.offset, rows: out.rows, stride: out.stride },
-                        accumulate,
-                    );
-                    if let Some(b) = bias {
-                        let b = this.vector(b);
-                        for_rows(dst, out, |row| row.iter_mut().zip(b).for_each(|(o, b)| *o += b));
-                    }
+                    let (src, bias) = (this.f32(a.buf), bias.map(|b| this.vector(b)));
+                    let blocks: [Range<usize>; pool::MAX_THREADS] =
+                        std::array::from_fn(|i| if i < parts { split_even(a.rows, parts, MR).nth(i).unwrap_or(0..0) } else { 0..0 });
+                    let dst = Parts::new(dst, blocks[..parts].iter().map(|r| rows_span(out, r.clone())));
+                    this.pool.run(parts, &|i| {
+                        let rows = blocks[i].clone();
+                        let part = dst.take(i);
+                        let local = View { offset: 0, rows: rows.len(), ..out };
+                        let a_rows = Strided { offset: a.offset + rows.start * a.stride, rows: rows.len(), stride: a.stride };
+                        gemm(src, a_rows, pw, part, Strided { offset: 0, rows: rows.len(), stride: out.stride }, accumulate);
+                        if let Some(b) = bias {
+                            for_rows(part, local, |row| row.iter_mut().zip(b).for_each(|(o, b)| *o += b));
+                        }
+                    });
                 });
             }
             Op::AddTable { x, table, table_rows } => {
@@ -387,6 +411,8 @@ impl CpuBackend {
         });
     }
 
+    /// Per group and K/V head: the valid keys packed once, then the query rows split across the
+    /// threads, each with its own score block.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &mut self,
@@ -401,198 +427,63 @@ impl CpuBackend {
         key_valid: Option<BufId>,
         query_valid: Option<BufId>,
     ) {
-        let mut scratch = std::mem::take(&mut self.scores);
+        let mut packed = std::mem::replace(&mut self.packed_kv, Packed::with_capacity(0, 0));
+        let mut scores = std::mem::take(&mut self.scores);
         let attend = self.attend;
         let per_kv = heads / kv_heads;
+        let (q_per_group, k_per_group) = (q.rows / groups, k.rows / groups);
         self.with_out(out.buf, |this, dst| {
             let (qb, kb, vb) = (this.f32(q.buf), this.f32(k.buf), this.f32(v.buf));
             let key_valid = key_valid.map(|b| this.f32(b));
-            let query_valid = query_valid.map(|b| this.f32(b));
-            let (q_per_group, k_per_group) = (q.rows / groups, k.rows / groups);
+            let queries =
+                Queries { q: qb, q_stride: q.stride, q_col: 0, heads_per_kv: per_kv, query_valid: query_valid.map(|b| this.f32(b)) };
             for g in 0..groups {
-                let keys = g * k_per_group..(g + 1) * k_per_group;
-                for qi in g * q_per_group..(g + 1) * q_per_group {
-                    let o_row = &mut dst[out.offset + qi * out.stride..][..heads * head_dim];
-                    // An invalid query's output is never read (its slot is masked as a key everywhere).
-                    if query_valid.is_some_and(|m| m[qi] == 0.0) {
-                        o_row.fill(0.0);
-                        continue;
-                    }
-                    for kvh in 0..kv_heads {
-                        let heads_of_kv = kvh * per_kv..(kvh + 1) * per_kv;
-                        let group = QueryGroup {
-                            q: &qb[q.offset + qi * q.stride + heads_of_kv.start * head_dim..][..per_kv * head_dim],
-                            k: &kb[k.offset + kvh * head_dim..],
-                            v: &vb[v.offset + kvh * head_dim..],
-                            head_dim,
-                            k_stride: k.stride,
-                            v_stride: v.stride,
-                            keys: keys.clone(),
-                            key_valid,
-                        };
-                        attend(&group, &mut scratch, &mut o_row[heads_of_kv.start * head_dim..][..per_kv * head_dim]);
-                    }
+                for kvh in 0..kv_heads {
+                    packed.pack(&KeysValues {
+                        k: &kb[k.offset + kvh * head_dim..],
+                        v: &vb[v.offset + kvh * head_dim..],
+                        k_stride: k.stride,
+                        v_stride: v.stride,
+                        head_dim,
+                        keys: g * k_per_group..(g + 1) * k_per_group,
+                        key_valid,
+                    });
+                    let queries = Queries { q: &qb[q.offset..], q_col: kvh * per_kv * head_dim, ..queries };
+                    let parts = this.parts_for(q_per_group, packed.keys() * heads * head_dim / kv_heads);
+                    let blocks: [Range<usize>; pool::MAX_THREADS] = std::array::from_fn(|i| {
+                        if i < parts {
+                            split_even(q_per_group, parts, 1).nth(i).map_or(0..0, |r| g * q_per_group + r.start..g * q_per_group + r.end)
+                        } else {
+                            0..0
+                        }
+                    });
+                    let dst = Parts::new(&mut *dst, blocks[..parts].iter().map(|r| rows_span(out, r.clone())));
+                    let scratch = Parts::new(&mut scores[..], (0..parts).map(|i| i..i + 1));
+                    let packed = &packed;
+                    this.pool.run(parts, &|i| {
+                        attend(
+                            &queries,
+                            blocks[i].clone(),
+                            packed,
+                            dst.take(i),
+                            out.stride,
+                            kvh * per_kv * head_dim,
+                            &mut scratch.take(i)[0],
+                        );
+                    });
                 }
             }
         });
-        self.scores = scratch;
+        self.packed_kv = packed;
+        self.scores = scores;
     }
 }
 
-/// The query heads that share one K/V head (all 8 under multi-query attention), one query row.
-struct QueryGroup<'a> {
-    /// `[heads, head_dim]`.
-    q: &'a [f32],
-    k: &'a [f32],
-    v: &'a [f32],
-    head_dim: usize,
-    k_stride: usize,
-    v_stride: usize,
-    keys: std::ops::Range<usize>,
-    key_valid: Option<&'a [f32]>,
-}
-
-type AttendFn = fn(&QueryGroup, &mut [f32], &mut [f32]);
-
-/// The attention inner loop, compiled for AVX2+FMA where available (like the GEMM kernel).
-fn select_attend() -> AttendFn {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        return |g, s, o| {
-            // SAFETY: the CPU supports AVX2 and FMA (checked above).
-            unsafe { attend_avx2(g, s, o) }
-        };
-    }
-    attend_generic
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn attend_avx2(group: &QueryGroup, scratch: &mut [f32], out: &mut [f32]) {
-    attend_generic(group, scratch, out)
-}
-
-/// `softmax(q·kᵀ/√d)·v` in f32 for every head of the group over the valid keys.
-#[inline(always)]
-fn attend_generic(group: &QueryGroup, scratch: &mut [f32], out: &mut [f32]) {
-    match group.q.len() / group.head_dim {
-        1 => attend_lanes::<1>(group, scratch, out),
-        2..=8 => attend_lanes::<8>(group, scratch, out),
-        _ => attend_lanes::<16>(group, scratch, out),
-    }
-}
-
-/// `L` lanes hold the group's heads (padded): scores are `[key][L]`, so each key row is loaded
-/// once for all heads and the loops vectorise across heads without horizontal sums, even for
-/// short heads. With one head (`L = 1`) the dot products run along `head_dim` instead.
-/// `scratch` holds `head_dim·L` transposed queries, then `keys·L` scores.
-#[inline(always)]
-fn attend_lanes<const L: usize>(group: &QueryGroup, scratch: &mut [f32], out: &mut [f32]) {
-    let d = group.head_dim;
-    let (qt, rest) = scratch.split_at_mut(d * L);
-    let scores = &mut rest[..group.keys.len() * L];
-    let scale = 1.0 / (d as f32).sqrt();
-    qt.fill(0.0);
-    for (i, q) in group.q.iter().enumerate() {
-        qt[(i % d) * L + i / d] = q * scale;
-    }
-    let valid = |key: usize| group.key_valid.is_none_or(|m| m[key] != 0.0);
-    let mut max = [f32::NEG_INFINITY; L];
-    // Scores of KEYS_AT_ONCE keys per pass over the query: their accumulations are independent
-    // chains the core overlaps (one key's is a chain of `head_dim` dependent multiply-adds). Each
-    // score is summed over the dimensions in order, as one key at a time would.
-    const KEYS_AT_ONCE: usize = 4;
-    let key_row = |key: usize| &group.k[key * group.k_stride..][..d];
-    let (first, count) = (group.keys.start, group.keys.len());
-    let whole = if L == 1 { 0 } else { count / KEYS_AT_ONCE * KEYS_AT_ONCE };
-    for (block, s) in scores[..whole * L].chunks_exact_mut(KEYS_AT_ONCE * L).enumerate() {
-        let key0 = first + block * KEYS_AT_ONCE;
-        let rows: [&[f32]; KEYS_AT_ONCE] = std::array::from_fn(|j| key_row(key0 + j));
-        let mut acc = [[0.0f32; L]; KEYS_AT_ONCE];
-        for (dim, q) in qt.chunks_exact(L).enumerate() {
-            for j in 0..KEYS_AT_ONCE {
-                let kv = rows[j][dim];
-                for l in 0..L {
-                    acc[j][l] += q[l] * kv;
-                }
-            }
-        }
-        for (j, s) in s.chunks_exact_mut(L).enumerate() {
-            if valid(key0 + j) {
-                for l in 0..L {
-                    max[l] = max[l].max(acc[j][l]);
-                }
-                s.copy_from_slice(&acc[j]);
-            }
-        }
-    }
-    for (s, key) in scores[whole * L..].chunks_exact_mut(L).zip(first + whole..group.keys.end) {
-        if !valid(key) {
-            continue;
-        }
-        let krow = key_row(key);
-        let mut acc = [0.0f32; L];
-        if L == 1 {
-            acc[0] = dot(&qt[..d], krow);
-        } else {
-            for (q, &kv) in qt.chunks_exact(L).zip(krow) {
-                for l in 0..L {
-                    acc[l] += q[l] * kv;
-                }
-            }
-        }
-        for l in 0..L {
-            max[l] = max[l].max(acc[l]);
-        }
-        s.copy_from_slice(&acc);
-    }
-    let mut sum = [0.0f32; L];
-    for (s, key) in scores.chunks_exact_mut(L).zip(group.keys.clone()) {
-        if valid(key) {
-            for l in 0..L {
-                s[l] = exp_nonpositive(s[l] - max[l]);
-                sum[l] += s[l];
-            }
-        }
-    }
-    out.fill(0.0);
-    for (s, key) in scores.chunks_exact(L).zip(group.keys.clone()) {
-        if !valid(key) {
-            continue;
-        }
-        let vr = &group.v[key * group.v_stride..][..d];
-        for (l, o) in out.chunks_exact_mut(d).enumerate() {
-            let w = s[l] / sum[l];
-            o.iter_mut().zip(vr).for_each(|(o, v)| *o += w * v);
-        }
-    }
-}
-
-/// `e^x` for `x ≤ 0` (softmax arguments) within 2 ulp, branch-free so that it vectorises across
-/// the head lanes (libm's `expf` is a call per element). Cody–Waite range reduction
-/// `x = n·ln2 + r`, a degree-6 polynomial for `e^r` on |r| ≤ ln2/2, and `2^n` built in the exponent
-/// bits; arguments below −87 flush to 0 (the padded lanes hold −∞).
-#[inline(always)]
-fn exp_nonpositive(x: f32) -> f32 {
-    let x = x.max(-87.0);
-    let n = (x * std::f32::consts::LOG2_E).round();
-    let r = (x - n * 0.693_145_75) - n * 1.428_606_8e-6;
-    let p = 1.0 + r * (1.0 + r * (0.5 + r * (0.166_666_67 + r * (0.041_666_5 + r * (0.008_333_9 + r * 0.001_393_6)))));
-    p * f32::from_bits(((n as i32 + 127) << 23) as u32)
-}
-
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight partial sums let the compiler vectorise without reassociating a single chain.
-    let mut acc = [0.0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in ac.zip(bc) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
+/// The span of `buf` that rows `rows` of `view` occupy (empty at the first row's start when
+/// there are none).
+fn rows_span(view: View, rows: Range<usize>) -> Range<usize> {
+    let start = view.offset + rows.start * view.stride;
+    if rows.is_empty() { start..start } else { start..view.offset + (rows.end - 1) * view.stride + view.cols }
 }
 
 /// `cos` and `sin` of every RoPE angle for positions `0..positions`, `[pos][head_dim / 2]`; the
@@ -627,7 +518,8 @@ impl Backend for CpuBackend {
     }
 
     fn device_name(&self) -> String {
-        format!("CPU ({}, {} kernel)", std::env::consts::ARCH, self.kernel_name)
+        let threads = self.pool.threads();
+        format!("CPU ({}, {} kernel, {threads} thread{})", std::env::consts::ARCH, self.kernel_name, if threads == 1 { "" } else { "s" })
     }
 
     fn plan(&self) -> &Plan {
@@ -683,79 +575,4 @@ fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
 pub fn gelu_tanh(x: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Naive per-head attention in f64 over the valid keys.
-    fn reference(group: &QueryGroup) -> Vec<f32> {
-        let d = group.head_dim;
-        let valid: Vec<usize> = group.keys.clone().filter(|&k| group.key_valid.is_none_or(|m| m[k] != 0.0)).collect();
-        let mut out = Vec::new();
-        for q in group.q.chunks_exact(d) {
-            let scores: Vec<f64> = valid
-                .iter()
-                .map(|&k| q.iter().zip(&group.k[k * group.k_stride..][..d]).map(|(a, b)| (a * b) as f64).sum::<f64>() / (d as f64).sqrt())
-                .collect();
-            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-            let sum: f64 = weights.iter().sum();
-            out.extend(
-                (0..d).map(|c| {
-                    valid.iter().zip(&weights).map(|(&k, w)| w / sum * group.v[k * group.v_stride + c] as f64).sum::<f64>() as f32
-                }),
-            );
-        }
-        out
-    }
-
-    #[test]
-    fn attention_matches_a_naive_reference() {
-        // Key counts around the 4-key blocks, masked keys inside and outside blocks, head groups
-        // of every lane width (1, ≤ 8, ≤ 16), both attention kernels.
-        let mut seed = 1u32;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 17;
-            seed ^= seed << 5;
-            seed as f32 / u32::MAX as f32 * 2.0 - 1.0
-        };
-        for (heads, d) in [(1, 72), (3, 16), (8, 16), (12, 4)] {
-            for keys in [1, 3, 4, 5, 8, 13] {
-                let stride = d + 3;
-                let (k, v): (Vec<f32>, Vec<f32>) = (0..(keys + 2) * stride).map(|_| (next(), next())).unzip();
-                let q: Vec<f32> = (0..heads * d).map(|_| next()).collect();
-                let mask: Vec<f32> = (0..keys + 2).map(|i| if i % 3 == 1 && i != 2 { 0.0 } else { 1.0 }).collect();
-                for key_valid in [None, Some(mask.as_slice())] {
-                    let group =
-                        QueryGroup { q: &q, k: &k, v: &v, head_dim: d, k_stride: stride, v_stride: stride, keys: 2..keys + 2, key_valid };
-                    let want = reference(&group);
-                    for attend in [select_attend(), attend_generic as AttendFn] {
-                        let mut scratch = vec![0.0; 16 * (d + keys)];
-                        let mut got = vec![f32::NAN; heads * d];
-                        attend(&group, &mut scratch, &mut got);
-                        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-                        assert!(worst < 1e-5, "{heads} heads × {d}, {keys} keys, mask {}: max error {worst:e}", key_valid.is_some());
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn fast_exp_matches_libm() {
-        let mut worst = 0.0f32;
-        for i in 0..=200_000 {
-            let x = -88.0 * i as f32 / 200_000.0;
-            let (got, want) = (super::exp_nonpositive(x), x.exp());
-            if want > 1e-30 {
-                worst = worst.max((got - want).abs() / want);
-            }
-        }
-        assert!(worst < 5e-7, "relative error {worst:e}");
-        assert_eq!(super::exp_nonpositive(f32::NEG_INFINITY), super::exp_nonpositive(-87.0));
-        assert!(super::exp_nonpositive(f32::NEG_INFINITY) < 2e-38);
-    }
 }
