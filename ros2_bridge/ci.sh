@@ -10,7 +10,7 @@
 #   - cargo (the workspace toolchain)
 # The peer runs with $FRT_PYTHON (default python3): point it at a venv's python if cyclonedds is
 # installed there. The interop test also runs in a plain `cargo test --workspace`, re-running
-# itself under `unshare -n`, so install cyclonedds before that step too.
+# itself under `unshare -n`; tools/test.sh excludes the crate there, so that it runs once.
 # Usage: bash ros2_bridge/ci.sh        (from anywhere; FRT_REQUIRE_ALL defaults to 1 here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +30,7 @@ if ! unshare -n true 2>/dev/null; then
 fi
 
 # Build outside the namespace (crates may have to be fetched); inside it there is no network.
-cargo test -p flashrt-ros2 --no-run
+cargo test --locked -p flashrt-ros2 --no-run
 
 # Only loopback exists in the new namespace. DDS discovers over multicast, so loopback gets the
 # MULTICAST flag and the multicast route; nothing can leave the namespace.
@@ -38,5 +38,5 @@ unshare -n bash -euo pipefail -c '
     ip link set lo up
     ip link set lo multicast on
     ip route add 224.0.0.0/4 dev lo
-    cargo test --offline -p flashrt-ros2
+    cargo test --locked --offline -p flashrt-ros2
 '
