@@ -15,7 +15,7 @@
 # 3. A bounded run of the controller against a synthesized tiny checkpoint on the CPU backend.
 #
 # --no-cargo-test skips step 1 when the caller's `cargo test --workspace` already ran it
-# (tools/test.sh): the valgrind runs take minutes on 2 cores.
+# (tools/test.sh), and installs the libraries and uses the CLI that build left in target/debug.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 run_cargo_test=1
@@ -39,7 +39,10 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
 echo "== ffi: install"
-ffi/install.sh --prefix "$tmp/prefix" --profile dev
+# With --no-cargo-test the caller's workspace tests built the libraries: install those.
+install_args=(--prefix "$tmp/prefix" --profile dev)
+[ "$run_cargo_test" = 1 ] || install_args+=(--no-build)
+ffi/install.sh "${install_args[@]}"
 # The installed shared library exports the C API only.
 if command -v nm >/dev/null; then
   if nm -D --defined-only --format=just-symbols "$tmp/prefix/lib/libflashrt.so" | grep -v '^frt_'; then
@@ -73,7 +76,10 @@ cmake --build "$tmp/build" -j 2
 # A synthesized checkpoint (tokenizer.json included) where the runtime has the synthesizer,
 # otherwise the committed fixture.
 if [ -f runtime/src/synth.rs ]; then
-  cargo run -q -p flashrt -- synth --model pi05 --size tiny --out "$tmp/pi05_tiny"
+  # The CLI the tests built (`cargo run -p flashrt` would resolve other features and rebuild).
+  flashrt=target/debug/flashrt
+  [ "$run_cargo_test" = 0 ] && [ -x "$flashrt" ] || { cargo build -q -p flashrt; }
+  "$flashrt" synth --model pi05 --size tiny --out "$tmp/pi05_tiny"
   ckpt=(--checkpoint "$tmp/pi05_tiny")
 else
   ckpt=(--checkpoint tests/data/pi05_tiny --tokenizer tests/data/tokenizer/tokenizer.json)

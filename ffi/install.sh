@@ -6,18 +6,22 @@
 #   PREFIX/lib/cmake/flashrt/flashrtConfig.cmake, flashrtConfigVersion.cmake  (find_package)
 #   PREFIX/lib/pkgconfig/flashrt.pc                                           (pkg-config)
 #
-# Usage: ffi/install.sh --prefix DIR [--profile release|dev]
-#   --profile  cargo profile to build and install (default release; CI uses dev to reuse the
-#              test build).
+# Usage: ffi/install.sh --prefix DIR [--profile release|dev] [--no-build]
+#   --profile   cargo profile to build and install (default release).
+#   --no-build  install the libraries the last build of that profile left in target/ (CI: the
+#               workspace tests built them; a `cargo build -p flashrt-ffi` would resolve other
+#               dependency features and compile much of the tree again).
 # Needs cargo; builds only the flashrt-ffi crate and what it depends on.
 set -euo pipefail
 
 prefix=""
 profile="release"
+build=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --prefix) prefix="$2"; shift 2 ;;
     --profile) profile="$2"; shift 2 ;;
+    --no-build) build=0; shift ;;
     -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -38,7 +42,12 @@ IFS=. read -r major minor _patch <<< "$version"
 static_deps="-lgcc_s -lutil -lrt -lpthread -lm -ldl -lc"
 static_deps_cmake="$(echo "$static_deps" | sed 's/-l//g; s/ /;/g')"
 
-(cd "$root" && cargo build --profile "$profile" -p flashrt-ffi)
+if [ "$build" = 1 ]; then
+  (cd "$root" && cargo build --profile "$profile" -p flashrt-ffi)
+fi
+for lib in libflashrt_ffi.so libflashrt_ffi.a; do
+  [ -f "$target/$lib" ] || { echo "install.sh: $target/$lib is missing (build it, or drop --no-build)" >&2; exit 1; }
+done
 
 mkdir -p "$prefix/include" "$prefix/lib/cmake/flashrt" "$prefix/lib/pkgconfig"
 prefix="$(cd "$prefix" && pwd)"

@@ -32,6 +32,6 @@ echo "== flashrt with CUDA 12 (cuda-12): cargo check"
 cargo check --locked -p flashrt --no-default-features --features cuda-12
 
 echo "== NVRTC 13.0: every kernel for sm_87, sm_90, sm_90a, sm_110"
-LD_LIBRARY_PATH="$cu13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --locked -p flashrt-kernels -- --nocapture
+LD_LIBRARY_PATH="$cu13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --locked -p flashrt-kernels -- --include-ignored --nocapture
 echo "== NVRTC 12.6: every kernel for sm_87, sm_90, sm_90a"
-LD_LIBRARY_PATH="$cu12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --locked -p flashrt-kernels --no-default-features --features cuda-12 -- --nocapture
+LD_LIBRARY_PATH="$cu12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --locked -p flashrt-kernels --no-default-features --features cuda-12 -- --include-ignored --nocapture

@@ -10,7 +10,8 @@
 #   - cargo (the workspace toolchain)
 # The peer runs with $FRT_PYTHON (default python3): point it at a venv's python if cyclonedds is
 # installed there. The interop test also runs in a plain `cargo test --workspace`, re-running
-# itself under `unshare -n`; tools/test.sh excludes the crate there, so that it runs once.
+# itself under `unshare -n`: that is how tools/test.sh runs it (once), so this script is for
+# running the crate's tests on their own.
 # Usage: bash ros2_bridge/ci.sh        (from anywhere; FRT_REQUIRE_ALL defaults to 1 here)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -74,6 +74,13 @@ fn open_with_threads(dir: &Path, steps: Option<usize>, threads: Option<usize>) -
 
 /// Runs prompt `p` through the policy with the golden inputs; returns the normalized x₀ [50×32].
 fn run(policy: &mut Policy, golden: &Golden, p: &str) -> Vec<f32> {
+    step(policy, golden, p);
+    policy.buffer("x_t").unwrap()
+}
+
+/// Runs prompt `p` through the policy with the golden inputs; returns what `step` returns: the
+/// un-normalized actions of the robot's columns [50×7].
+fn step(policy: &mut Policy, golden: &Golden, p: &str) -> Vec<f32> {
     let (base_shape, base) = golden.u8("input.image.base_0_rgb");
     let (wrist_shape, wrist) = golden.u8("input.image.left_wrist_0_rgb");
     let cameras = [
@@ -86,7 +93,7 @@ fn run(policy: &mut Policy, golden: &Golden, p: &str) -> Vec<f32> {
     let state = vec![0.5; policy.info().state_dim];
     let mut actions = vec![0.0; policy.actions_len()];
     policy.step(&Observation { cameras: &cameras, state: &state, noise: Some(&noise) }, &mut actions).unwrap();
-    policy.buffer("x_t").unwrap()
+    actions
 }
 
 fn rows(buf: &[f32], width: usize, range: std::ops::Range<usize>) -> &[f32] {
@@ -169,6 +176,33 @@ fn first_velocity_matches_lerobot() {
         let x0 = run(&mut policy, &golden, p);
         let v: Vec<f32> = noise.iter().zip(&x0).map(|(n, x)| n - x).collect();
         assert_close(&format!("{p}: velocity step 0"), &v, &golden.f32(&format!("output.{p}.velocity.step0")), TOL);
+    }
+}
+
+/// What `Policy::step` returns is lerobot's post-processed chunk (golden_postprocessed.safetensors,
+/// made by tools/golden/gen_postprocessed.py): x₀ cut to the robot's 7 action columns and
+/// un-normalized by lerobot's own postprocessor, with the fixture's quantile statistics and with
+/// mean/std (the same statistics, config.json's ACTION mapped to MEAN_STD).
+#[test]
+fn returned_actions_match_lerobots_postprocessor() {
+    let golden = Golden::load();
+    let post =
+        Golden { bytes: std::fs::read(fixture_dir().join("golden_postprocessed.safetensors")).expect("golden_postprocessed.safetensors") };
+    let mean_std = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(fixture_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, mean_std.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let config = std::fs::read_to_string(fixture_dir().join("config.json")).unwrap();
+    let edited = config.replace("\"ACTION\": \"QUANTILES\"", "\"ACTION\": \"MEAN_STD\"");
+    assert_ne!(config, edited, "config.json maps ACTION to QUANTILES");
+    std::fs::write(mean_std.path().join("config.json"), edited).unwrap();
+    for (mode, dir) in [("quantiles", fixture_dir()), ("mean_std", mean_std.path().to_path_buf())] {
+        let mut policy = open(&dir, None);
+        for p in ["a", "b"] {
+            let want = post.f32(&format!("output.{p}.actions.{mode}"));
+            assert_close(&format!("{mode}, prompt {p}: returned actions"), &step(&mut policy, &golden, p), &want, TOL);
+        }
     }
 }
 

@@ -255,3 +255,73 @@ fn bad_observations_name_the_field_and_leave_the_policy_usable() {
     let e = policy.set_prompt_tokens(&[2, 5000]).unwrap_err().to_string();
     assert!(e.contains("prompt_tokens[1]"), "{e}");
 }
+
+/// Whatever geometry, stride, pixel format, data length, prompt or state a caller passes, `step`
+/// returns a result (an error naming an observation field, or actions) and never panics; after any
+/// of them the policy still steps correctly.
+#[test]
+fn step_never_panics_on_any_frame_geometry_or_prompt() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    let dir = tiny();
+    let mut config = PolicyConfig::new(dir.path());
+    (config.max_frame_width, config.max_frame_height) = (640, 480);
+    let mut policy = Policy::open(&config).unwrap();
+    policy.set_prompt("pick").unwrap();
+    let reference = step_once(&mut policy);
+    let state_dim = policy.info().state_dim;
+    let data = vec![7u8; 640 * 480 * 4 + 64];
+
+    let size = || prop_oneof![0usize..700, Just(usize::MAX), (usize::MAX / 8)..usize::MAX, 1usize << 31..1usize << 40];
+    let stride = prop_oneof![Just(None), (0usize..3000).prop_map(Some), (usize::MAX / 4..usize::MAX).prop_map(Some)];
+    let format = prop_oneof![Just(PixelFormat::Rgb8), Just(PixelFormat::Bgr8), Just(PixelFormat::Rgba8)];
+    let frame = (size(), size(), stride, format, 0..data.len());
+    let prompt = prop::collection::vec(-5i32..1100, 0..260);
+    let state_len = prop_oneof![Just(state_dim), 0..state_dim + 3];
+    let mut runner = TestRunner::new(Config { cases: 48, failure_persistence: None, ..Config::default() });
+    // The runner takes an `Fn`; the cases run one after another.
+    let cell = std::cell::RefCell::new(policy);
+    runner
+        .run(&(frame, prop::option::of(prompt), state_len), |((w, h, stride, format, len), prompt, state_len)| {
+            let mut policy = cell.borrow_mut();
+            if let Some(ids) = &prompt {
+                // Out-of-vocabulary or too many ids are refused; the prompt then stays as it was.
+                let _ = policy.set_prompt_tokens(ids);
+            }
+            let stride = stride.unwrap_or_else(|| w.saturating_mul(format.bytes_per_pixel()));
+            let cams = [Some(Frame { data: &data[..len], width: w, height: h, stride, format }), None, None];
+            let state = vec![0.2; state_len];
+            let mut actions = vec![f32::NAN; policy.actions_len()];
+            match policy.step(&Observation { cameras: &cams, state: &state, noise: None }, &mut actions) {
+                Ok(_) => prop_assert!(actions.iter().all(|a| a.is_finite())),
+                Err(Error::InvalidArgument { field, .. }) => {
+                    prop_assert!(field.starts_with("observation.") || field == "prompt", "unexpected field {field}")
+                }
+                Err(e) => prop_assert!(false, "unexpected error kind: {e}"),
+            }
+            Ok(())
+        })
+        .unwrap();
+    let mut policy = cell.into_inner();
+    policy.set_prompt("pick").unwrap();
+    assert_eq!(step_once(&mut policy), reference, "the policy steps as before");
+}
+
+/// The CPU backend copies every weight at open and drops the file's mapping: truncating and
+/// rewriting `model.safetensors` in place (same inode, as an editor or a copy over it does) under
+/// an open policy neither faults a later step (SIGBUS on a mapped page past the new end) nor
+/// changes its result.
+#[test]
+fn rewriting_the_checkpoint_under_an_open_policy_changes_nothing() {
+    let dir = tiny();
+    let mut policy = open(dir.path()).unwrap();
+    policy.set_prompt("pick").unwrap();
+    let before = step_once(&mut policy);
+    let model = dir.path().join("model.safetensors");
+    let original = std::fs::read(&model).unwrap();
+    std::fs::write(&model, b"truncated").unwrap();
+    assert_eq!(step_once(&mut policy), before, "step after truncation");
+    std::fs::write(&model, original.iter().map(|b| b ^ 0x55).collect::<Vec<u8>>()).unwrap();
+    assert_eq!(step_once(&mut policy), before, "step after rewriting every byte");
+}

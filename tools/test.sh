@@ -18,16 +18,18 @@ disk_free "start"
 
 timed "cargo fmt --check" cargo fmt --all --check
 timed "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked -- -D warnings
-# Includes the C ABI tests (C/C++ under valgrind). flashrt-kernels runs in kernels/ci.sh, which
-# puts the PyPI NVRTC libraries on the library path; flashrt-ros2 in ros2_bridge/ci.sh, inside the
-# network namespace its interop test needs (run here too, it would run twice).
-timed "workspace tests" cargo test --workspace --locked --exclude flashrt-kernels --exclude flashrt-ros2
+# Includes the C ABI tests (C/C++ under valgrind) and the ROS 2 interop test with the cyclonedds
+# peer (it re-runs itself under `unshare -n`, in a network namespace with only loopback;
+# ros2_bridge/ci.sh runs the same crate tests on their own). flashrt-kernels runs in kernels/ci.sh,
+# which puts the PyPI NVRTC libraries on the library path. The later steps reuse this build's
+# libraries and CLI from target/debug: a cargo call that selects other packages resolves other
+# dependency features and compiles much of the tree again.
+timed "workspace tests (C ABI under valgrind, ROS 2 interop in a network namespace)" cargo test --workspace --locked --exclude flashrt-kernels
 timed "C ABI: install, pkg-config and CMake builds, C++ controller example" bash ffi/ci.sh --no-cargo-test
 timed "CUDA: both cudarc flavours build, every kernel compiles with NVRTC for sm_87/sm_90/sm_90a/sm_110" bash kernels/ci.sh
-timed "ROS 2: the crate's tests, interop with the cyclonedds peer in an isolated network namespace" bash ros2_bridge/ci.sh
-# The README's main job, from the dev-profile binary the tests built (a release build of the host
+# The README's main job, from the dev-profile CLI the tests built (a release build of the host
 # would be a third full compile; the release profile is built and its demo run by the Jetson step).
-timed "README main job (flashrt demo)" cargo run --locked -q -p flashrt -- demo --steps 20
+timed "README main job (flashrt demo)" target/debug/flashrt demo --steps 20
 if [ "${FRT_CI_PRUNE:-0}" = 1 ]; then
   # CI only (.ci/run sets it): every later step builds into target/release or target/aarch64-cross.
   du -sh target/debug 2> /dev/null || true

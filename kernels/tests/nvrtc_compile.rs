@@ -1,14 +1,11 @@
 //! Every kernel compiles with NVRTC for the architectures FlashRT ships to: sm_87 (Jetson Orin),
 //! sm_90 and sm_90a (H100/H200: the runtime compiles for sm_90a, whose wgmma the attention uses;
 //! sm_90 with `FRT_NO_WGMMA=1`) and, with CUDA 13, sm_110 (Jetson Thor). No GPU needed: NVRTC alone (from
-//! PyPI in CI, see kernels/ci.sh) produces the cubins. Without NVRTC on the library path the
-//! test skips with a message, unless FRT_REQUIRE_ALL=1 (CI), where it fails.
+//! PyPI in CI, see kernels/ci.sh) produces the cubins. The test is `#[ignore]`d, so that a plain
+//! `cargo test` without NVRTC lists it as ignored instead of passing it unrun; kernels/ci.sh puts
+//! NVRTC on the library path and runs it with `--include-ignored`, and then a missing NVRTC fails.
 
 use flashrt_kernels::{SOURCES, kernel_names, load_or_compile, nvrtc_available, nvrtc_version, supported_archs, write_cubins};
-
-fn required() -> bool {
-    std::env::var("FRT_REQUIRE_ALL").is_ok_and(|v| v == "1")
-}
 
 /// The architectures this build's CUDA flavour must cover (NVRTC 12.6 predates sm_110).
 fn targets() -> &'static [&'static str] {
@@ -20,12 +17,9 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 }
 
 #[test]
+#[ignore = "needs NVRTC on the library path: bash kernels/ci.sh"]
 fn every_kernel_compiles_for_every_target() {
-    if !nvrtc_available() {
-        assert!(!required(), "FRT_REQUIRE_ALL=1 but libnvrtc is not on the library path (see kernels/ci.sh)");
-        eprintln!("SKIPPED every_kernel_compiles_for_every_target: libnvrtc not found; add its directory to LD_LIBRARY_PATH");
-        return;
-    }
+    assert!(nvrtc_available(), "libnvrtc is not on the library path (kernels/ci.sh installs it from PyPI and sets LD_LIBRARY_PATH)");
     let version = nvrtc_version().unwrap();
     let supported = supported_archs().unwrap();
     eprintln!("NVRTC {}.{} supports {supported:?}", version.0, version.1);

@@ -138,8 +138,11 @@ impl Checkpoint {
 
     fn add_file(&mut self, file: PathBuf) -> Result<()> {
         let handle = File::open(&file).map_err(|source| Error::Io { path: file.clone(), source })?;
-        // SAFETY: the file is opened read-only and treated as immutable input; a concurrent writer
-        // truncating it is outside what the runtime can defend against (documented in the README).
+        // SAFETY: the mapping is read only while `Policy::open` runs: the CPU backend copies every
+        // weight out of it and the CUDA backend uploads them, and the mapping is dropped before
+        // `open` returns (tests/loading_and_errors.rs rewrites the file under an open policy). A
+        // writer that truncates the file during `open` itself can still fault the process
+        // (SIGBUS): the README states that contract.
         let map = unsafe { Mmap::map(&handle) }.map_err(|source| Error::Io { path: file.clone(), source })?;
         let (header_len, metadata) = SafeTensors::read_metadata(&map[..]).map_err(|e| {
             let why = match e {

@@ -54,15 +54,17 @@ pub struct Frame<'a> {
 }
 
 impl<'a> Frame<'a> {
-    /// A tightly packed frame (stride = width × bytes per pixel).
+    /// A tightly packed frame (stride = width × bytes per pixel; a width too large for that
+    /// product saturates, and `validate` refuses the frame).
     pub fn packed(data: &'a [u8], width: usize, height: usize, format: PixelFormat) -> Self {
-        Frame { data, width, height, stride: width * format.bytes_per_pixel(), format }
+        Frame { data, width, height, stride: width.saturating_mul(format.bytes_per_pixel()), format }
     }
 
     /// Checks the geometry against the data and the configured largest frame. `field` names the
     /// camera in errors (e.g. `observation.cameras[1]`).
+    /// Every size is computed with checked arithmetic: geometry from a caller is refused, never
+    /// overflowed.
     pub fn validate(&self, field: &str, max_width: usize, max_height: usize) -> Result<()> {
-        let row = self.width * self.format.bytes_per_pixel();
         if self.width == 0 || self.height == 0 {
             return Err(Error::invalid(field, format!("frame is {}x{}: empty", self.width, self.height)));
         }
@@ -72,10 +74,16 @@ impl<'a> Frame<'a> {
                 format!("frame {}x{} exceeds the configured maximum {max_width}x{max_height}", self.width, self.height),
             ));
         }
-        if self.stride < row {
-            return Err(Error::invalid(field, format!("stride {} is below width x bytes per pixel = {row}", self.stride)));
-        }
-        let needed = (self.height - 1) * self.stride + row;
+        let row = self.width.checked_mul(self.format.bytes_per_pixel());
+        let Some(row) = row.filter(|&row| self.stride >= row) else {
+            return Err(Error::invalid(
+                field,
+                format!("stride {} is below width {} x {} bytes per pixel", self.stride, self.width, self.format.bytes_per_pixel()),
+            ));
+        };
+        let Some(needed) = (self.height - 1).checked_mul(self.stride).and_then(|n| n.checked_add(row)) else {
+            return Err(Error::invalid(field, format!("stride {} x height {} overflows the address space", self.stride, self.height)));
+        };
         if self.data.len() < needed {
             return Err(Error::invalid(
                 field,

@@ -290,7 +290,7 @@ impl Policy {
                 Some(n) => return Err(Error::invalid("config.threads", format!("{n} threads: must be 1 to {}", cpu::MAX_THREADS))),
                 None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(cpu::MAX_THREADS),
             };
-            Box::new(CpuBackend::new(plan, weights, ckpt, threads)?)
+            Box::new(CpuBackend::new(plan, weights, &ckpt, threads)?)
         };
         log::info!("opened {} in {:.2?}", config.checkpoint.display(), started.elapsed());
 

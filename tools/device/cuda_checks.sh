@@ -37,7 +37,7 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
     $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cublas", "cuda_nvrtc")))' 2>/dev/null); do
     [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
 done
-export FRT_COMMIT="$(cat "$BIN/COMMIT")" FRT_REQUIRE_GPU=1 FRT_RESULTS_DIR="$OUT" FRT_FIXTURE_DIR="$PWD/tests/data/pi05_tiny"
+export FRT_COMMIT="$(cat "$BIN/COMMIT")" FRT_RESULTS_DIR="$OUT" FRT_FIXTURE_DIR="$PWD/tests/data/pi05_tiny"
 export RUST_LOG="${RUST_LOG:-info}" RUST_BACKTRACE=1
 echo "== commit $FRT_COMMIT; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
 ls "$LD_LIBRARY_PATH" >/dev/null 2>&1 || true
@@ -48,6 +48,22 @@ status=0
 run() {
     echo "-- $*"
     "$@" || { echo "!! FAILED ($?): $*"; status=1; }
+}
+# The GPU tests are #[ignore]d (cargo test elsewhere lists them as ignored): run the named ones
+# and fail unless each reported ok, so a filter that matches nothing or a test that did not run
+# cannot pass.
+gpu_tests() { # test names...
+    local log
+    log="$(mktemp)"
+    echo "-- cuda_pi05 $*"
+    # --show-output instead of --nocapture: each test's output comes after the results, so the
+    # "test NAME ... ok" lines stay whole.
+    "$BIN/cuda_pi05" --include-ignored --exact --test-threads=1 --show-output "$@" 2>&1 | tee "$log"
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "!! FAILED: cuda_pi05 $*"; status=1; }
+    for t in "$@"; do
+        grep -q "^test $t \.\.\. ok$" "$log" || { echo "!! FAILED: $t did not run and pass"; status=1; }
+    done
+    rm -f "$log"
 }
 synth_full() {
     [ -f "$FULL/model.safetensors" ] || run "$BIN/flashrt" synth --size full --seed 1 --out "$FULL"
@@ -65,7 +81,7 @@ for phase in "$@"; do
     case "$phase" in
     tests)
         echo "== tests: every op vs CPU, tiny fixture vs CPU, prompt buckets, no allocation"
-        run "$BIN/cuda_pi05" --test-threads=1 --nocapture every_op tiny_fixture prompt_buckets step_allocates
+        gpu_tests every_op_matches_cpu tiny_fixture_matches_cpu prompt_buckets_match_the_whole_prompt step_allocates_nothing_and_device_memory_is_constant
         ;;
     bench)
         echo "== bench pi05-2v: cold kernel cache, then warm"
@@ -135,7 +151,7 @@ for phase in "$@"; do
         run python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
         PYTHONPATH=/tmp/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 \
             run python3 tools/device/full_parity.py --ckpt "$FULL" --timing-json "$OUT/lerobot_eager_bf16.json"
-        FRT_FULL_PARITY_DIR="$FULL" run "$BIN/cuda_pi05" --test-threads=1 --nocapture full_size
+        FRT_FULL_PARITY_DIR="$FULL" gpu_tests full_size_matches_lerobot
         ;;
     *)
         echo "unknown phase $phase (tests | bench | views | full | ab | overlap | slots | buckets | settings | attention | profile | versus)"

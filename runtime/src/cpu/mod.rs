@@ -7,10 +7,9 @@ mod gemm;
 mod pool;
 
 use std::ops::Range;
-use std::sync::Arc;
 
 use crate::backend::Backend;
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, DType, TensorRef};
 use crate::error::{Error, Result};
 use crate::image::{self, PixelFormat};
 use crate::models::pi05::WeightData;
@@ -25,9 +24,12 @@ pub use pool::MAX_THREADS;
 enum Weight {
     Packed(PackedMatrix),
     Vector(Vec<f32>),
-    /// Rows gathered from the checkpoint mapping on use (the table can be 2 GB in f32).
+    /// The token table as stored in the checkpoint (bf16 or f32), copied at open so that no step
+    /// reads the file's mapping; rows convert to f32 when gathered (the table is 2 GB in f32 at
+    /// full size).
     Embedding {
-        name: String,
+        bytes: Vec<u8>,
+        dtype: DType,
         width: usize,
         vocab: usize,
     },
@@ -43,7 +45,6 @@ pub struct CpuBackend {
     plan: Plan,
     buffers: Vec<Buffer>,
     weights: Vec<Weight>,
-    checkpoint: Arc<Checkpoint>,
     gemm: fn(&[f32], Strided, &PackedMatrix, &mut [f32], Strided, bool),
     kernel_name: &'static str,
     attend: attention::AttendFn,
@@ -64,8 +65,10 @@ pub struct CpuBackend {
 }
 
 impl CpuBackend {
-    /// `threads`: how many threads (this one included) split each GEMM and attention.
-    pub fn new(plan: Plan, weights: Vec<WeightData>, checkpoint: Arc<Checkpoint>, threads: usize) -> Result<Self> {
+    /// `threads`: how many threads (this one included) split each GEMM and attention. Every
+    /// weight is copied out of `checkpoint` here: after `new` nothing reads its mapping, so the
+    /// file may be replaced or rewritten while the backend runs.
+    pub fn new(plan: Plan, weights: Vec<WeightData>, checkpoint: &Checkpoint, threads: usize) -> Result<Self> {
         let buffers = plan
             .buffers
             .iter()
@@ -80,9 +83,12 @@ impl CpuBackend {
             .iter()
             .zip(weights)
             .map(|(decl, data)| match (decl.role, data) {
-                (WeightRole::Embedding { vocab, width }, WeightData::Checkpoint(name)) => Weight::Embedding { name, width, vocab },
-                (WeightRole::Matrix { n, k }, data) => Weight::Packed(PackedMatrix::pack(&data.into_vec(&checkpoint), n, k)),
-                (_, data) => Weight::Vector(data.into_vec(&checkpoint)),
+                (WeightRole::Embedding { vocab, width }, WeightData::Checkpoint(name)) => {
+                    let t = checkpoint.get(&name).unwrap_or_else(|| unreachable!("embedding {name} checked at open"));
+                    Weight::Embedding { bytes: t.bytes.to_vec(), dtype: t.dtype, width, vocab }
+                }
+                (WeightRole::Matrix { n, k }, data) => Weight::Packed(PackedMatrix::pack(&data.into_vec(checkpoint), n, k)),
+                (_, data) => Weight::Vector(data.into_vec(checkpoint)),
             })
             .collect();
 
@@ -110,7 +116,6 @@ impl CpuBackend {
         Ok(CpuBackend {
             buffers,
             weights,
-            checkpoint,
             gemm: select_kernel().0,
             kernel_name: select_kernel().1,
             attend: attention::select(),
@@ -140,7 +145,7 @@ impl CpuBackend {
             .map(|w| match w {
                 Weight::Packed(p) => p.bytes(),
                 Weight::Vector(v) => v.len() * 4,
-                Weight::Embedding { .. } => 0,
+                Weight::Embedding { bytes, .. } => bytes.len(),
             })
             .sum();
         weights
@@ -308,8 +313,8 @@ impl CpuBackend {
             }
             Op::Embed { tokens, table, scale, out } => {
                 let Buffer::F32(mut dst) = self.take(out.buf) else { unreachable!("embed output is f32") };
-                let Weight::Embedding { ref name, width, vocab } = self.weights[table.0] else { unreachable!("embed table") };
-                let tensor = self.checkpoint.get(name).unwrap_or_else(|| unreachable!("embedding {name} checked at open"));
+                let Weight::Embedding { ref bytes, dtype, width, vocab } = self.weights[table.0] else { unreachable!("embed table") };
+                let tensor = TensorRef { name: "embedding", dtype, shape: &[], bytes };
                 for (r, &id) in self.i32(tokens).iter().enumerate().take(out.rows) {
                     let id = id.clamp(0, vocab as i32 - 1) as usize;
                     let row = &mut dst[out.offset + r * out.stride..][..width];

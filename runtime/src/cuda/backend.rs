@@ -489,6 +489,12 @@ const PROFILE_AFTER_RUNS: usize = 5;
 const STAGE_BYTES: usize = 64 << 20;
 
 impl CudaBackend {
+    /// Whether the device holds buffer `name` in bf16 (else f32, i32 or u8): the per-op checks
+    /// hold bf16 and f32 buffers to their own tolerance tiers.
+    pub fn holds_bf16(&self, name: &str) -> Option<bool> {
+        self.plan.find_buffer(name).map(|id| self.bufs[id.0].elem == Elem::Bf16)
+    }
+
     pub fn new(plan: Plan, weights: Vec<WeightData>, checkpoint: Arc<Checkpoint>, opts: &CudaOptions) -> Result<CudaBackend> {
         let device_name = super::probe(opts.device).map_err(Error::Backend)?;
         let ctx = Context::new(opts.device)?;
