@@ -108,7 +108,7 @@ fn c_program_covers_every_function_and_error_path() {
         if cfg!(debug_assertions) {
             panic!("a debug build must export frt_debug_panic_next_call");
         }
-        eprintln!("SKIP: panic boundary test (release library has no injection hook)");
+        common::skipped("panic boundary test: the release library has no injection hook");
     }
     gcc.arg("-I").arg(common::include_dir()).arg(common::repo().join("tests/c/abi_test.c")).arg("-o").arg(&exe);
     common::run(gcc.arg("-L").arg(&lib).arg("-lflashrt").arg("-lm").arg(format!("-Wl,-rpath,{}", lib.display())));

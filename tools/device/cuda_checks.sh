@@ -58,8 +58,9 @@ gpu_tests() { # test names...
     echo "-- cuda_pi05 $*"
     # --show-output instead of --nocapture: each test's output comes after the results, so the
     # "test NAME ... ok" lines stay whole.
-    "$BIN/cuda_pi05" --include-ignored --exact --test-threads=1 --show-output "$@" 2>&1 | tee "$log"
-    [ "${PIPESTATUS[0]}" = 0 ] || { echo "!! FAILED: cuda_pi05 $*"; status=1; }
+    local rc=0
+    "$BIN/cuda_pi05" --include-ignored --exact --test-threads=1 --show-output "$@" 2>&1 | tee "$log" || rc=$?
+    [ "$rc" = 0 ] || { echo "!! FAILED ($rc): cuda_pi05 $*"; status=1; }
     for t in "$@"; do
         grep -q "^test $t \.\.\. ok$" "$log" || { echo "!! FAILED: $t did not run and pass"; status=1; }
     done

@@ -16,8 +16,15 @@ pub fn tool(name: &str) -> Option<Command> {
         return Some(Command::new(name));
     }
     assert!(std::env::var("FRT_REQUIRE_ALL").as_deref() != Ok("1"), "{name} not found and FRT_REQUIRE_ALL=1");
-    eprintln!("SKIP: {name} not found; install it to run this check (CI sets FRT_REQUIRE_ALL=1)");
+    skipped(&format!("{name} not found; install it to run this check (CI sets FRT_REQUIRE_ALL=1)"));
     None
+}
+
+/// Reports a skipped check on the process's stderr itself: libtest captures `eprintln!` of a
+/// passing test, which would hide the skip, but not direct writes to the stream.
+pub fn skipped(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED (the test still reports ok): {why}");
 }
 
 /// Runs a command and fails the test with its output unless it succeeds.
