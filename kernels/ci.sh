@@ -11,8 +11,14 @@
 #    aarch64 (the Orin package is cuda-12).
 # 3. Every kernel compiles with NVRTC: sm_87, sm_90 and sm_90a with NVRTC 12.6; sm_87, sm_90, sm_90a and sm_110
 #    with NVRTC 13.0 (kernels/tests/nvrtc_compile.rs), plus the crate's unit tests.
+#
+# --reuse-workspace-build (tools/test.sh): run the NVRTC 13.0 test binary that the caller's
+# `cargo test --workspace` built (it lists the test as ignored there) instead of building the crate
+# again with `cargo test -p flashrt-kernels`, which resolves other dependency features.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+reuse=0
+[ "${1:-}" = --reuse-workspace-build ] && reuse=1
 export FRT_REQUIRE_ALL="${FRT_REQUIRE_ALL:-1}"
 PYTHON="${PYTHON:-python3}"
 
@@ -32,6 +38,13 @@ echo "== flashrt with CUDA 12 (cuda-12): cargo check"
 cargo check --locked -p flashrt --no-default-features --features cuda-12
 
 echo "== NVRTC 13.0: every kernel for sm_87, sm_90, sm_90a, sm_110"
-LD_LIBRARY_PATH="$cu13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --locked -p flashrt-kernels -- --include-ignored --nocapture
+if [ "$reuse" = 1 ]; then
+    exe="$(cargo test --workspace --locked --no-run --message-format=json |
+        grep '"name":"nvrtc_compile"' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')"
+    [ -x "$exe" ] || { echo "kernels/ci.sh: no nvrtc_compile test binary in the workspace build" >&2; exit 1; }
+    LD_LIBRARY_PATH="$cu13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$exe" --include-ignored --nocapture
+else
+    LD_LIBRARY_PATH="$cu13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --locked -p flashrt-kernels -- --include-ignored --nocapture
+fi
 echo "== NVRTC 12.6: every kernel for sm_87, sm_90, sm_90a"
 LD_LIBRARY_PATH="$cu12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --locked -p flashrt-kernels --no-default-features --features cuda-12 -- --include-ignored --nocapture
