@@ -45,16 +45,19 @@ static_deps_cmake="$(echo "$static_deps" | sed 's/-l//g; s/ /;/g')"
 if [ "$build" = 1 ]; then
   (cd "$root" && cargo build --profile "$profile" -p flashrt-ffi)
 fi
+# `cargo build` copies the libraries up to target/<profile>; `cargo test` leaves them in deps/.
+libs="$target"
+[ "$build" = 1 ] || [ -f "$libs/libflashrt_ffi.so" ] || libs="$target/deps"
 for lib in libflashrt_ffi.so libflashrt_ffi.a; do
-  [ -f "$target/$lib" ] || { echo "install.sh: $target/$lib is missing (build it, or drop --no-build)" >&2; exit 1; }
+  [ -f "$libs/$lib" ] || { echo "install.sh: $libs/$lib is missing (build it, or drop --no-build)" >&2; exit 1; }
 done
 
 mkdir -p "$prefix/include" "$prefix/lib/cmake/flashrt" "$prefix/lib/pkgconfig"
 prefix="$(cd "$prefix" && pwd)"
 install -m 644 "$root/include/flashrt.h" "$root/include/flashrt.hpp" "$prefix/include/"
-install -m 755 "$target/libflashrt_ffi.so" "$prefix/lib/libflashrt.so.$version"
+install -m 755 "$libs/libflashrt_ffi.so" "$prefix/lib/libflashrt.so.$version"
 ln -sf "libflashrt.so.$version" "$prefix/lib/libflashrt.so"
-install -m 644 "$target/libflashrt_ffi.a" "$prefix/lib/libflashrt.a"
+install -m 644 "$libs/libflashrt_ffi.a" "$prefix/lib/libflashrt.a"
 fill() {
   sed -e "s/@VERSION@/$version/g" -e "s/@MAJOR@/$major/g" -e "s/@MINOR@/$minor/g" \
       -e "s/@STATIC_DEPS@/$static_deps/g" -e "s/@STATIC_DEPS_CMAKE@/$static_deps_cmake/g" "$1" > "$2"

@@ -16,9 +16,9 @@
 #      >= 10 (DDS sets a multicast socket option older qemu-user lacks; Debian 12 ships 7.2): qemu
 #      10's qemu-aarch64 from bookworm-backports is fetched once into target/qemu10 (apt-get
 #      download + dpkg -x, no system package changes); every other step uses the system qemu.
-# The two zero-allocation tests are the longest steps (a model step costs seconds under qemu), so
-# the C ABI one runs in the background beside the others (two cores). `jetson/ci.sh --full` adds
-# the golden perturbation test (77 model runs, too slow for the CI budget). Times: jetson/README.md.
+# The two zero-allocation tests are the longest qemu steps (a model step costs seconds there).
+# `jetson/ci.sh --full` adds the golden perturbation test (77 model runs, too slow for the CI
+# budget). Times: jetson/README.md.
 #
 # qemu runs with `-L /`: with `-L /usr/aarch64-linux-gnu` threaded programs hang.
 set -euo pipefail
@@ -78,42 +78,25 @@ version="$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)"
 stage="$CARGO_TARGET_DIR/stage"
 
 # Under emulation a Pi0.5 step costs seconds of CPU (the NEON GEMM runs through qemu's
-# floating-point helpers, ~60x native). The two zero-allocation tests are the long ones, so they
-# run side by side on the two cores: the C ABI one in the background from its prebuilt binary,
-# everything else (the runtime's test build included) in the foreground. Each runs as few steps as
-# cover its whole schedule of inputs (asserted by the test). Only the golden perturbation test
-# (77 more model runs) is --full only.
-ffi_no_alloc=""
-if [ -f ffi/Cargo.toml ]; then
-  timed "build the C ABI zero-allocation test" "${test_cargo[@]}" -p flashrt-ffi --test no_alloc --no-run
-  # Its path, to run it without cargo: the background process is then qemu itself, which the EXIT
-  # trap below stops if a foreground step fails.
-  ffi_no_alloc="$("${test_cargo[@]}" -p flashrt-ffi --test no_alloc --no-run --message-format=json |
-    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')"
-  [ -x "$ffi_no_alloc" ] || { echo "jetson/ci.sh: no test binary for flashrt-ffi's no_alloc" >&2; exit 1; }
-fi
-bg_pid=""
-if [ -n "$ffi_no_alloc" ]; then
-  bg_log="$(mktemp)"
-  printf '\n=== jetson: qemu: C ABI zero-allocation test, in the background\n'
-  # The test finds its data through CARGO_MANIFEST_DIR (compiled in); cargo would run it in ffi/.
-  (cd ffi && exec "${qemu[@]}" "$ffi_no_alloc") > "$bg_log" 2>&1 &
-  bg_pid=$!
-  bg_t0=$SECONDS
-  trap 'if [ -n "$bg_pid" ]; then kill "$bg_pid" 2> /dev/null || true; rm -f "$bg_log"; fi' EXIT
-fi
-
-# Built while the C ABI test runs.
+# floating-point helpers, ~60x native). The zero-allocation tests are the long ones; each runs as
+# few steps as cover its whole schedule of inputs (asserted by the test) with two CPU threads, one
+# after the other: run beside a build or another test, two threads on an over-committed core wait
+# for each other at every op (one CI run: 12 steps took 332 s beside the builds). Only the golden
+# perturbation test (77 more model runs) is --full only.
 timed "build the runtime's tests" "${test_cargo[@]}" -p flashrt --lib --test golden_pi05 --test no_alloc_pi05 --test loading_and_errors --no-run
 timed "qemu: golden parity with lerobot" "${test_cargo[@]}" -p flashrt --test golden_pi05 -- --skip perturb
 timed "qemu: runtime unit tests, loading/error tests" "${test_cargo[@]}" -p flashrt --lib --test loading_and_errors
 timed "qemu: runtime zero-allocation test" "${test_cargo[@]}" -p flashrt --test no_alloc_pi05
+if [ -f ffi/Cargo.toml ]; then
+  timed "build the C ABI zero-allocation test" "${test_cargo[@]}" -p flashrt-ffi --test no_alloc --no-run
+  timed "qemu: C ABI zero-allocation test" "${test_cargo[@]}" -p flashrt-ffi --test no_alloc
+fi
 
 # The ROS 2 node against the x86_64 cyclonedds peer ($FRT_PYTHON), both under qemu 10: the test
 # binary runs in a fresh network namespace with only loopback (multicast on, the multicast route
 # through it), so it does not re-run itself under `unshare -n`, and starts the node through
 # FRT_NODE_RUNNER (no binfmt_misc here: an aarch64 program cannot be exec'd directly). A step costs
-# ~8 s under qemu beside the background test, so the peer gets 300 s instead of 60 for its 10
+# seconds under qemu, so the peer gets 300 s instead of 60 for its 10
 # trajectories.
 ros2_interop() {
   fetch_qemu10
@@ -177,17 +160,6 @@ demo() { # board
 }
 timed "qemu: README main job (flashrt demo --steps 5) and the C++ example from the orin tarball" demo orin
 timed "qemu: README main job (flashrt demo --steps 5) and the C++ example from the thor tarball" demo thor
-
-if [ -n "$bg_pid" ]; then
-  printf '\n=== jetson: qemu: C ABI zero-allocation test (waiting for the background run)\n'
-  bg_rc=0
-  wait "$bg_pid" || bg_rc=$?
-  bg_pid=""
-  cat "$bg_log"
-  rm -f "$bg_log"
-  [ "$bg_rc" = 0 ] || { echo "jetson/ci.sh: the C ABI zero-allocation test failed (exit $bg_rc)" >&2; exit 1; }
-  timings+=("$(printf '%5ds  %s' $((SECONDS - bg_t0)) "qemu: C ABI zero-allocation test, beside the steps since its start")")
-fi
 
 print_timings
 ls -l "$out"

@@ -1497,7 +1497,11 @@ impl Lowering<'_> {
     fn mat(&self, v: View) -> Result<Mat> {
         let b = self.buf(v.buf);
         let dtype = b.elem.dtype().ok_or_else(|| self.error(format!("buffer {} is not a float buffer", self.name(v.buf))))?;
-        debug_assert!(v.end() <= b.len, "view past the end of {}", self.name(v.buf));
+        // Checked in every build: a plan is public data, and a view past its buffer would have a
+        // kernel read or write device memory it does not own.
+        if v.end() > b.len {
+            return Err(self.error(format!("view ending at {} is past the end of {} ({} elements)", v.end(), self.name(v.buf), b.len)));
+        }
         Ok(Mat { ptr: b.ptr + (v.offset * b.elem.size()) as u64, rows: v.rows, cols: v.cols, stride: v.stride, dtype })
     }
 
