@@ -120,6 +120,9 @@ static FrtPolicyConfig base_config(void) {
     c.checkpoint = checkpoint_dir;
     c.tokenizer = tokenizer_path;
     c.backend = FRT_BACKEND_CPU;
+    /* One thread: valgrind runs one thread at a time, and a waiting worker spins away the other's
+       time slice; test_deadline runs the worker pool (two threads) under valgrind. */
+    c.threads = 1;
     c.max_frame_width = 320;
     c.max_frame_height = 240;
     c.log_level = FRT_LOG_LEVEL_OFF;
