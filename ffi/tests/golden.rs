@@ -1,0 +1,87 @@
+//! What `frt_policy_step` hands a C caller, against lerobot 0.6.1: the committed tiny fixture
+//! (tests/data/pi05_tiny) with lerobot's inputs, through the C ABI, must return lerobot's
+//! post-processed action chunk (`golden_postprocessed.safetensors`: x₀ cut to the robot's columns
+//! and un-normalized by lerobot's own postprocessor) to the CPU tier's max-abs 1e-4.
+
+use std::ffi::CString;
+use std::path::Path;
+
+use flashrt_ffi::*;
+use safetensors::SafeTensors;
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+}
+
+#[test]
+fn step_returns_lerobots_postprocessed_actions() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pi05_tiny");
+    let golden_bytes = std::fs::read(data.join("golden.safetensors")).unwrap();
+    let golden = SafeTensors::deserialize(&golden_bytes).unwrap();
+    let post_bytes = std::fs::read(data.join("golden_postprocessed.safetensors")).unwrap();
+    let post = SafeTensors::deserialize(&post_bytes).unwrap();
+    let image = |name: &str| golden.tensor(&format!("input.image.{name}")).unwrap();
+    let (base, wrist) = (image("base_0_rgb"), image("left_wrist_0_rgb"));
+    let noise = f32s(golden.tensor("input.noise").unwrap().data());
+    let ids = golden.tensor("input.a.tokens").unwrap();
+    let mask = golden.tensor("input.a.token_mask").unwrap();
+    let tokens: Vec<i32> = ids
+        .data()
+        .chunks_exact(8)
+        .zip(mask.data())
+        .filter(|(_, m)| **m != 0)
+        .map(|(b, _)| i64::from_le_bytes(b.try_into().unwrap()) as i32)
+        .collect();
+    let want = f32s(post.tensor("output.a.actions.quantiles").unwrap().data());
+
+    let checkpoint = CString::new(data.to_str().unwrap()).unwrap();
+    // SAFETY: every pointer passed below outlives the call it is passed to; sizes are exact.
+    unsafe {
+        let mut config: FrtPolicyConfig = std::mem::zeroed();
+        config.struct_size = size_of::<FrtPolicyConfig>();
+        assert_eq!(frt_policy_config_default(&mut config), FrtStatus::Ok);
+        config.checkpoint = checkpoint.as_ptr();
+        config.backend = FrtBackend::Cpu as u32;
+        config.max_frame_width = 320;
+        config.max_frame_height = 240;
+        let mut policy = std::ptr::null_mut();
+        assert_eq!(frt_policy_open(&config, &mut policy), FrtStatus::Ok);
+        let mut info: FrtPolicyInfo = std::mem::zeroed();
+        info.struct_size = size_of::<FrtPolicyInfo>();
+        assert_eq!(frt_policy_info(policy, &mut info), FrtStatus::Ok);
+        assert_eq!(frt_policy_set_prompt_tokens(policy, tokens.as_ptr(), tokens.len()), FrtStatus::Ok);
+
+        let frame = |t: &safetensors::tensor::TensorView, present: bool| FrtFrame {
+            data: t.data().as_ptr(),
+            data_len: t.data().len(),
+            width: t.shape()[1],
+            height: t.shape()[0],
+            stride: 0,
+            format: FrtPixelFormat::Rgb8 as u32,
+            present,
+        };
+        // lerobot's run: base and left wrist present, right wrist missing.
+        let cameras = [frame(&base, true), frame(&wrist, true), frame(&base, false)];
+        assert_eq!(info.cameras, cameras.len());
+        let state = vec![0.5f32; info.state_dim];
+        let obs = FrtObservation {
+            struct_size: size_of::<FrtObservation>(),
+            cameras: cameras.as_ptr(),
+            cameras_len: cameras.len(),
+            state: state.as_ptr(),
+            state_len: state.len(),
+            noise: noise.as_ptr(),
+            noise_len: noise.len(),
+        };
+        let mut actions = vec![f32::NAN; info.actions_len];
+        let mut step: FrtStepInfo = std::mem::zeroed();
+        step.struct_size = size_of::<FrtStepInfo>();
+        assert_eq!(frt_policy_step(policy, &obs, actions.as_mut_ptr(), actions.len(), &mut step), FrtStatus::Ok);
+        frt_policy_free(policy);
+
+        assert_eq!(actions.len(), want.len(), "horizon x robot action columns");
+        let err = actions.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        eprintln!("frt_policy_step vs lerobot's post-processed actions: max abs error {err:e}");
+        assert!(err <= 1e-4, "max abs error {err:e} > 1e-4");
+    }
+}
