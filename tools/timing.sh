@@ -7,19 +7,21 @@
 # wall is on a machine up to 2x slower).
 FRT_CI_BUDGET_MIN="${FRT_CI_BUDGET_MIN:-35}"
 timing_started=$SECONDS
+# One "SECONDS<TAB>LABEL" record per timed step; the table and the JSON are both made from it.
 timings=()
-timing_json=()
 timed() { # label command...
   local label="$1" t0=$SECONDS
   shift
   printf '\n=== %s%s\n' "${TIMING_PREFIX:-}" "$label"
   "$@"
-  timings+=("$(printf '%5ds  %s' $((SECONDS - t0)) "$label")")
-  timing_json+=("$(printf '    {"step": "%s", "seconds": %d}' "${label//\"/\\\"}" $((SECONDS - t0)))")
+  timings+=("$((SECONDS - t0))"$'\t'"$label")
 }
 print_timings() {
   printf '\n=== %stimings\n' "${TIMING_PREFIX:-}"
-  printf '%s\n' "${timings[@]}"
+  local record
+  for record in "${timings[@]}"; do
+    printf '%5ds  %s\n' "${record%%$'\t'*}" "${record#*$'\t'}"
+  done
   printf '%5ds  total\n' $((SECONDS - timing_started))
 }
 check_budget() {
@@ -29,9 +31,11 @@ check_budget() {
     printf '{\n  "commit": "%s",\n  "date": "%s",\n  "machine": "%s cores",\n' \
       "$(git rev-parse --short=12 HEAD 2> /dev/null || echo unknown)" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$(nproc)"
     printf '  "total_s": %d,\n  "budget_s": %d,\n  "steps": [\n' "$total" "$budget"
-    local IFS=$'\n'
-    # Comma-separate the recorded steps.
-    printf '%s\n' "${timing_json[*]}" | sed '$!s/$/,/'
+    local record label
+    for record in "${timings[@]}"; do
+      label="${record#*$'\t'}"
+      printf '    {"step": "%s", "seconds": %d}\n' "${label//\"/\\\"}" "${record%%$'\t'*}"
+    done | sed '$!s/$/,/' # comma-separate the steps
     printf '  ]\n}\n'
   } > target/ci-timing.json
   if [ "$total" -gt "$budget" ]; then

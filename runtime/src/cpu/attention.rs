@@ -26,6 +26,7 @@ pub struct KeysValues<'a> {
 
 /// The valid keys of one K/V head packed for the micro-kernel: `k` as `[key panel][dim][NR]` (the
 /// `b` operand of `q·kᵀ`), `v` as `[dim panel][key][NR]` (the `b` operand of `scores·v`).
+#[derive(Default)]
 pub struct Packed {
     k: Vec<f32>,
     v: Vec<f32>,
@@ -124,13 +125,11 @@ fn attend<const FMA: bool>(
     let width = n.div_ceil(NR) * NR;
     let first = queries.start;
     let valid = |qi: &usize| q.query_valid.is_none_or(|m| m[*qi] != 0.0);
-    for qi in queries.clone().filter(|qi| !valid(qi)) {
+    // Invalid queries, and every query when no key is valid, get zeros.
+    for qi in queries.clone().filter(|qi| n == 0 || !valid(qi)) {
         out[(qi - first) * stride + col..][..h * d].fill(0.0);
     }
     if n == 0 {
-        for qi in queries.filter(valid) {
-            out[(qi - first) * stride + col..][..h * d].fill(0.0);
-        }
         return;
     }
     let scale = 1.0 / (d as f32).sqrt();

@@ -16,7 +16,7 @@ use crate::models::pi05::WeightData;
 use crate::plan::{BufId, BufType, FRAME_INFO_FIELDS, Op, Plan, Section, View, WeightId, WeightRole};
 use attention::{KeysValues, Packed, Queries};
 use gemm::{MR, PackedMatrix, Strided};
-use pool::{Parts, Pool, split_even};
+use pool::{Parts, Pool, row_blocks};
 
 pub use gemm::select_kernel;
 pub use pool::MAX_THREADS;
@@ -230,14 +230,12 @@ impl CpuBackend {
             }
             Op::Gemm { a, w, bias, out, accumulate } => {
                 let gemm = self.gemm;
-                let Weight::Packed(pw) = &self.weights[w.0] else { unreachable!("gemm weight is packed") };
-                debug_assert!(pw.k == a.cols && pw.n == out.cols, "gemm shapes");
-                let parts = self.parts_for(a.rows, pw.n * pw.k);
+                let parts = self.parts_for(a.rows, a.cols * out.cols);
                 self.with_out(out.buf, |this, dst| {
                     let Weight::Packed(pw) = &this.weights[w.0] else { unreachable!("gemm weight is packed") };
+                    debug_assert!(pw.k == a.cols && pw.n == out.cols, "gemm shapes");
                     let (src, bias) = (this.f32(a.buf), bias.map(|b| this.vector(b)));
-                    let blocks: [Range<usize>; pool::MAX_THREADS] =
-                        std::array::from_fn(|i| if i < parts { split_even(a.rows, parts, MR).nth(i).unwrap_or(0..0) } else { 0..0 });
+                    let blocks = row_blocks(0..a.rows, parts, MR);
                     let dst = Parts::new(dst, blocks[..parts].iter().map(|r| rows_span(out, r.clone())));
                     this.pool.run(parts, &|i| {
                         let rows = blocks[i].clone();
@@ -432,7 +430,7 @@ impl CpuBackend {
         key_valid: Option<BufId>,
         query_valid: Option<BufId>,
     ) {
-        let mut packed = std::mem::replace(&mut self.packed_kv, Packed::with_capacity(0, 0));
+        let mut packed = std::mem::take(&mut self.packed_kv);
         let mut scores = std::mem::take(&mut self.scores);
         let attend = self.attend;
         let per_kv = heads / kv_heads;
@@ -455,13 +453,7 @@ impl CpuBackend {
                     });
                     let queries = Queries { q: &qb[q.offset..], q_col: kvh * per_kv * head_dim, ..queries };
                     let parts = this.parts_for(q_per_group, packed.keys() * heads * head_dim / kv_heads);
-                    let blocks: [Range<usize>; pool::MAX_THREADS] = std::array::from_fn(|i| {
-                        if i < parts {
-                            split_even(q_per_group, parts, 1).nth(i).map_or(0..0, |r| g * q_per_group + r.start..g * q_per_group + r.end)
-                        } else {
-                            0..0
-                        }
-                    });
+                    let blocks = row_blocks(g * q_per_group..(g + 1) * q_per_group, parts, 1);
                     let dst = Parts::new(&mut *dst, blocks[..parts].iter().map(|r| rows_span(out, r.clone())));
                     let scratch = Parts::new(&mut scores[..], (0..parts).map(|i| i..i + 1));
                     let packed = &packed;

@@ -207,11 +207,12 @@ impl<'a, T> Parts<'a, T> {
     }
 }
 
-/// Splits `0..len` into `parts` contiguous ranges of whole multiples of `align` (the last takes
-/// the rest), as even as that allows.
-pub fn split_even(len: usize, parts: usize, align: usize) -> impl Iterator<Item = Range<usize>> {
-    let units = len.div_ceil(align);
-    (0..parts).map(move |i| ((units * i / parts) * align).min(len)..((units * (i + 1) / parts) * align).min(len))
+/// Splits `rows` into `parts` contiguous blocks of whole multiples of `align` rows (the last takes
+/// the rest), as even as that allows; entries past `parts` are empty.
+pub fn row_blocks(rows: Range<usize>, parts: usize, align: usize) -> [Range<usize>; MAX_THREADS] {
+    let units = rows.len().div_ceil(align);
+    let at = |i: usize| rows.start + ((units * i / parts) * align).min(rows.len());
+    std::array::from_fn(|i| if i < parts { at(i)..at(i + 1) } else { 0..0 })
 }
 
 #[cfg(test)]
@@ -238,7 +239,7 @@ mod tests {
         let pool = Pool::new(3).unwrap();
         let mut data = vec![0usize; 100];
         {
-            let parts = Parts::new(&mut data, split_even(100, 3, 8));
+            let parts = Parts::new(&mut data, row_blocks(0..100, 3, 8).into_iter().take(3));
             pool.run(3, &|i| parts.take(i).iter_mut().for_each(|v| *v = i + 1));
         }
         // 13 units of 8: 0..32, 32..64, 64..100.
