@@ -3,9 +3,11 @@
 #   1. jetson/build.sh for Orin (cuda-12060) and Thor (cuda-13000); the second reuses every
 #      dependency of the first from the shared target dir, only the flashrt crates rebuild. Each
 #      build checks glibc <= 2.35 and that libflashrt.so exports only the frt_* C API;
-#   2. under qemu-aarch64-static, the runtime's CPU tests: golden parity (every parity test but the
-#      77-run perturbation test), the unit tests, the loading/error tests and the zero-allocation
-#      test (tests/no_alloc_pi05.rs, 30 steps: every combination of its schedule);
+#   2. one release build of every aarch64 test binary below (the Thor package's features, so its
+#      compiled dependencies are reused); under qemu-aarch64-static, the runtime's CPU tests: golden
+#      parity (every parity test but the 77-run perturbation test), the unit tests of the runtime,
+#      the C ABI and the ROS 2 node, the loading/error tests and the zero-allocation test
+#      (tests/no_alloc_pi05.rs, 30 steps: every combination of its schedule);
 #   3. the C ABI under qemu: its zero-allocation test (ffi/tests/no_alloc.rs, 12 steps through
 #      frt_policy_step), tests/c/abi_test.c against the packed libflashrt.so and
 #      tests/c/hpp_test.cpp against libflashrt.a, cross-compiled with aarch64-linux-gnu-gcc;
@@ -70,12 +72,42 @@ timed "cross-build thor (JetPack 7, cuda-13000)" jetson/build.sh --board thor --
 # Same environment as build.sh (which installed the toolchain above).
 # shellcheck source=jetson/cross-env.sh
 . "$root/jetson/cross-env.sh"
-# Release profile and the Thor flavour (flashrt's default), as the packed build: most compiled
-# dependencies are shared with it.
 test_cargo=("${cargo_aarch64[@]}" test --locked --release --target aarch64-unknown-linux-gnu)
 
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)"
 stage="$CARGO_TARGET_DIR/stage"
+
+# Every test binary that runs under qemu, from one cargo call over the three packages with their
+# default features, which are the Thor package's: the runtime and its dependencies are shared with
+# that build and compile once (a call per package resolves other features and rebuilds the runtime
+# for each). The binaries run directly under qemu; `test_exe SRC` names the one built from SRC.
+# (`--test no_alloc` also builds the ROS 2 node's test of that name, which runs natively only.)
+test_sources="$CARGO_TARGET_DIR/test-binaries.tsv"
+build_tests() {
+  local packages=(-p flashrt) targets=(--lib --test golden_pi05 --test no_alloc_pi05 --test loading_and_errors)
+  [ -f ffi/Cargo.toml ] && packages+=(-p flashrt-ffi) && targets+=(--test no_alloc)
+  [ -f ros2_bridge/Cargo.toml ] && packages+=(-p flashrt-ros2) && targets+=(--test interop)
+  "${test_cargo[@]}" "${packages[@]}" "${targets[@]}" --no-run --message-format=json-render-diagnostics |
+    python3 -c '
+import json, os, sys
+root = sys.argv[1]
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["profile"]["test"] and m.get("executable"):
+        print(os.path.relpath(m["target"]["src_path"], root) + "\t" + m["executable"])' "$root" > "$test_sources"
+}
+test_exe() { # source path of the test target, relative to the repository root
+  local exe
+  exe="$(awk -F'\t' -v src="$1" '$1 == src { print $2 }' "$test_sources")"
+  [ -x "$exe" ] || { echo "jetson/ci.sh: no aarch64 test binary built from $1" >&2; return 1; }
+  echo "$exe"
+}
+qemu_test() { # source, test arguments...
+  local exe
+  exe="$(test_exe "$1")"
+  shift
+  "${qemu[@]}" "$exe" "$@"
+}
 
 # Under emulation a Pi0.5 step costs seconds of CPU (the NEON GEMM runs through qemu's
 # floating-point helpers, ~60x native). The zero-allocation tests are the long ones; each runs as
@@ -83,13 +115,18 @@ stage="$CARGO_TARGET_DIR/stage"
 # after the other: run beside a build or another test, two threads on an over-committed core wait
 # for each other at every op (one CI run: 12 steps took 332 s beside the builds). Only the golden
 # perturbation test (77 more model runs) is --full only.
-timed "build the runtime's tests" "${test_cargo[@]}" -p flashrt --lib --test golden_pi05 --test no_alloc_pi05 --test loading_and_errors --no-run
-timed "qemu: golden parity with lerobot" "${test_cargo[@]}" -p flashrt --test golden_pi05 -- --skip perturb
-timed "qemu: runtime unit tests, loading/error tests" "${test_cargo[@]}" -p flashrt --lib --test loading_and_errors
-timed "qemu: runtime zero-allocation test" "${test_cargo[@]}" -p flashrt --test no_alloc_pi05
+timed "build every test that runs under qemu (runtime, C ABI, ROS 2 node)" build_tests
+timed "qemu: golden parity with lerobot" qemu_test tests/golden_pi05.rs --skip perturb
+unit_tests() {
+  qemu_test runtime/src/lib.rs
+  qemu_test tests/loading_and_errors.rs
+  [ ! -f ffi/Cargo.toml ] || qemu_test ffi/src/lib.rs
+  [ ! -f ros2_bridge/Cargo.toml ] || qemu_test ros2_bridge/src/lib.rs
+}
+timed "qemu: unit tests (runtime, C ABI, ROS 2 node), loading/error tests" unit_tests
+timed "qemu: runtime zero-allocation test" qemu_test tests/no_alloc_pi05.rs
 if [ -f ffi/Cargo.toml ]; then
-  timed "build the C ABI zero-allocation test" "${test_cargo[@]}" -p flashrt-ffi --test no_alloc --no-run
-  timed "qemu: C ABI zero-allocation test" "${test_cargo[@]}" -p flashrt-ffi --test no_alloc
+  timed "qemu: C ABI zero-allocation test" qemu_test ffi/tests/no_alloc.rs
 fi
 
 # The ROS 2 node against the x86_64 cyclonedds peer ($FRT_PYTHON), both under qemu 10: the test
@@ -105,11 +142,8 @@ ros2_interop() {
     echo "SKIPPED the ROS 2 interop test under qemu: cannot create a network namespace (unshare -n needs root)"
     return 0
   fi
-  "${test_cargo[@]}" -p flashrt-ros2 --test interop --no-run
   local exe
-  exe="$("${test_cargo[@]}" -p flashrt-ros2 --test interop --no-run --message-format=json |
-    grep '"name":"interop"' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p')"
-  [ -x "$exe" ] || { echo "jetson/ci.sh: no test binary for flashrt-ros2's interop" >&2; return 1; }
+  exe="$(test_exe ros2_bridge/tests/interop.rs)"
   # The peer script and the node binary are found through paths compiled into the test.
   (cd ros2_bridge && FRT_NODE_RUNNER="$qemu10 -L /" FRT_INTEROP_TIMEOUT_S=300 unshare -n bash -euo pipefail -c '
     ip link set lo up
@@ -117,10 +151,12 @@ ros2_interop() {
     ip route add 224.0.0.0/4 dev lo
     exec "$@"' bash "$qemu10" -L / "$exe" --nocapture)
 }
-timed "qemu 10: ROS 2 node <-> cyclonedds peer (interop test)" ros2_interop
+if [ -f ros2_bridge/Cargo.toml ]; then
+  timed "qemu 10: ROS 2 node <-> cyclonedds peer (interop test)" ros2_interop
+fi
 if [ "$full" = 1 ]; then
   # The perturbation test re-runs the model 77 times; it checks the parity check itself.
-  timed "qemu: golden perturbation test" "${test_cargo[@]}" -p flashrt --test golden_pi05 -- perturb
+  timed "qemu: golden perturbation test" qemu_test tests/golden_pi05.rs perturb
 fi
 
 if [ -f ffi/Cargo.toml ]; then
