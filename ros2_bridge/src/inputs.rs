@@ -18,6 +18,8 @@ pub const MAX_CAMERAS: usize = 8;
 
 /// A reason to drop an input message: a small index (for rate-limited warnings) and a sentence.
 pub trait Reject: Copy {
+    /// The number of reasons: `index` is below it.
+    const COUNT: usize;
     fn index(self) -> usize;
     fn describe(self) -> &'static str;
 }
@@ -36,6 +38,8 @@ pub enum FrameReject {
 }
 
 impl Reject for FrameReject {
+    const COUNT: usize = 4;
+
     fn index(self) -> usize {
         self as usize
     }
@@ -62,6 +66,8 @@ pub enum StateReject {
 }
 
 impl Reject for StateReject {
+    const COUNT: usize = 3;
+
     fn index(self) -> usize {
         self as usize
     }
@@ -77,6 +83,8 @@ impl Reject for StateReject {
 
 /// Prompts are never rejected on receipt (the tokenizer judges them on the inference thread).
 impl Reject for std::convert::Infallible {
+    const COUNT: usize = 0;
+
     fn index(self) -> usize {
         match self {}
     }
