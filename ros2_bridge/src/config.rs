@@ -442,6 +442,9 @@ impl Config {
                 return Err(invalid("cameras.width/height", format!("{}: larger than policy.max_frame_width/height", c.topic)));
             }
         }
+        if self.policy.prompt.as_deref().is_some_and(|p| crate::inputs::check_prompt(p).is_err()) {
+            return Err(invalid("policy.prompt", "empty or blank: leave it unset to wait for one on the prompt topic"));
+        }
         let mut names = self.joint_states.names.clone();
         names.sort();
         if names.windows(2).any(|w| w[0] == w[1]) {
@@ -596,5 +599,8 @@ mod tests {
         c.timing.replan_period_s = 0.1;
         c.cameras[0].width = Some(10);
         assert!(c.check().unwrap_err().to_string().contains("both or neither"));
+        c.cameras[0].width = None;
+        c.policy.prompt = Some(" \t".into());
+        assert!(c.check().unwrap_err().to_string().contains("policy.prompt"));
     }
 }

@@ -81,17 +81,31 @@ impl Reject for StateReject {
     }
 }
 
-/// Prompts are never rejected on receipt (the tokenizer judges them on the inference thread).
-impl Reject for std::convert::Infallible {
-    const COUNT: usize = 0;
+/// Why a prompt was not taken. Beyond this check the tokenizer judges prompts on the inference
+/// thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PromptReject {
+    /// Empty or only whitespace: not a task.
+    Blank,
+}
+
+impl Reject for PromptReject {
+    const COUNT: usize = 1;
 
     fn index(self) -> usize {
-        match self {}
+        self as usize
     }
 
     fn describe(self) -> &'static str {
-        match self {}
+        match self {
+            PromptReject::Blank => "empty or blank prompt ignored, the previous task stays in force",
+        }
     }
+}
+
+/// Checks a prompt received on the topic.
+pub fn check_prompt(text: &str) -> Result<(), PromptReject> {
+    if text.trim().is_empty() { Err(PromptReject::Blank) } else { Ok(()) }
 }
 
 pub fn pixel_format(encoding: &str) -> Option<PixelFormat> {

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
-use crate::inputs::Reject;
+use crate::inputs::{Reject, check_prompt};
 use crate::msg::{Image, JointState, StringMsg};
 use crate::shared::{InputCounters, Shared, lock};
 use crate::warn::{Suppressed, Warnings};
@@ -81,8 +81,8 @@ impl<'a> Intake<'a> {
             &shared.health.prompt,
             msg,
             now,
-            |_| Ok::<(), std::convert::Infallible>(()),
-            |r, _| r.describe().into(),
+            |msg| check_prompt(&msg.data),
+            |r, msg| format!("prompt dropped ({} bytes): {}", msg.data.len(), r.describe()),
         );
         if let Some(msg) = accepted {
             *lock(&shared.prompt) = Some(msg.data);
