@@ -63,10 +63,12 @@ pub enum StateReject {
     NameMismatch,
     /// A used position is NaN or infinite.
     NotFinite,
+    /// A used position is finite but beyond what the policy's f32 state holds (|x| > 3.4e38).
+    OutOfRange,
 }
 
 impl Reject for StateReject {
-    const COUNT: usize = 3;
+    const COUNT: usize = 4;
 
     fn index(self) -> usize {
         self as usize
@@ -77,6 +79,7 @@ impl Reject for StateReject {
             StateReject::Count => "position has the wrong number of values for the policy state",
             StateReject::NameMismatch => "a joint of joint_states.names is missing from the message",
             StateReject::NotFinite => "a joint position is NaN or infinite",
+            StateReject::OutOfRange => "a joint position is out of range (|x| > 3.4e38, beyond the policy's f32 state)",
         }
     }
 }
@@ -199,6 +202,18 @@ impl FrameSlot {
     }
 }
 
+/// A joint position as the policy's f32 state value. Judged on the f64 itself: a finite value
+/// beyond f32's range would become infinite in the conversion, and is out of range, not NaN.
+fn to_f32(p: f64) -> Result<f32, StateReject> {
+    if !p.is_finite() {
+        Err(StateReject::NotFinite)
+    } else if p.abs() > f32::MAX as f64 {
+        Err(StateReject::OutOfRange)
+    } else {
+        Ok(p as f32)
+    }
+}
+
 /// The latest joint state, already in the policy's state order.
 pub struct StateSlot {
     values: Vec<f32>,
@@ -226,17 +241,13 @@ impl StateSlot {
                 return Err(StateReject::Count);
             }
             for (v, p) in self.values.iter_mut().zip(&js.position) {
-                *v = *p as f32;
+                *v = to_f32(*p)?;
             }
         } else {
             for (v, name) in self.values.iter_mut().zip(names) {
                 let i = js.name.iter().position(|n| n == name).ok_or(StateReject::NameMismatch)?;
-                *v = *js.position.get(i).ok_or(StateReject::NameMismatch)? as f32;
+                *v = to_f32(*js.position.get(i).ok_or(StateReject::NameMismatch)?)?;
             }
-        }
-        // Checked after the f32 conversion: a finite f64 beyond f32's range is not usable either.
-        if self.values.iter().any(|v| !v.is_finite()) {
-            return Err(StateReject::NotFinite);
         }
         self.received = Some(now);
         Ok(())
@@ -327,7 +338,13 @@ mod tests {
         assert_eq!(slot.store(&js(&["a", "b"], &[1.0, 2.0]), &names, now), Err(StateReject::NameMismatch));
         assert_eq!(slot.store(&js(&["a", "b", "c"], &[1.0, 2.0]), &names, now), Err(StateReject::NameMismatch));
         assert_eq!(slot.store(&js(&["a", "b", "c"], &[1.0, f64::NAN, 3.0]), &names, now), Err(StateReject::NotFinite));
-        assert_eq!(slot.store(&js(&[], &[1.0, 1e300, 3.0]), &[], now), Err(StateReject::NotFinite));
+        assert_eq!(slot.store(&js(&["a", "b", "c"], &[1.0, 2.0, f64::NEG_INFINITY]), &names, now), Err(StateReject::NotFinite));
+        // Finite, but beyond f32: out of range, not "NaN or infinite".
+        assert_eq!(slot.store(&js(&[], &[1.0, 1e300, 3.0]), &[], now), Err(StateReject::OutOfRange));
+        assert_eq!(slot.store(&js(&["a", "b", "c"], &[-4e38, 2.0, 3.0]), &names, now), Err(StateReject::OutOfRange));
+        slot.store(&js(&[], &[f32::MAX as f64, -(f32::MAX as f64), 0.0]), &[], now).unwrap();
+        assert_eq!(slot.values(), [f32::MAX, -f32::MAX, 0.0]);
+        assert_eq!(slot.store(&js(&[], &[1.0, 1e300, 3.0]), &[], now), Err(StateReject::OutOfRange));
         assert!(slot.age(now).is_none());
     }
 }
