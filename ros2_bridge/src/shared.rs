@@ -124,11 +124,14 @@ impl Health {
     pub fn report(&self, node: &str, topics: &[String], camera_ages: &[Option<Duration>]) -> Value {
         let s = lock(&self.latency).summary();
         let last = self.last.load(Relaxed);
+        let steps = self.steps.load(Relaxed);
+        // `waiting` until the first step has run, whatever the ticks before it skipped on
+        // (`last_skip` says what is missing): a node that never ran is not a degraded one.
         let (status, last_skip) = match last {
             LAST_NONE => ("waiting", None),
             LAST_RAN => ("ok", None),
             LAST_MASKED => ("degraded", None),
-            skip => ("degraded", Skip::NAMES.get(skip - LAST_SKIPPED).copied()),
+            skip => (if steps == 0 { "waiting" } else { "degraded" }, Skip::NAMES.get(skip - LAST_SKIPPED).copied()),
         };
         // Two decimals: ten microseconds is below anything the report is read for.
         let round = |ms: f64| (ms * 100.0).round() / 100.0;
@@ -152,7 +155,7 @@ impl Health {
             "status": status,
             "last_skip": last_skip,
             "uptime_s": (self.started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
-            "steps": self.steps.load(Relaxed),
+            "steps": steps,
             "masked_steps": self.masked_steps.load(Relaxed),
             "published": self.published.load(Relaxed),
             "overruns": self.overruns.load(Relaxed),
@@ -236,15 +239,24 @@ mod tests {
         assert_eq!(r["status"], "waiting");
         assert_eq!(r["cameras"][1]["age_ms"], 12.0);
         assert!(r["cameras"][0]["age_ms"].is_null());
+        // Ticks skipped before the first step: still waiting, and the report says for what.
+        h.record_skip(Skip::NoPrompt);
         h.record_skip(Skip::CameraStale(1));
+        let r = h.report("/flashrt", &topics, &[None, None]);
+        assert_eq!((r["status"].as_str(), r["last_skip"].as_str()), (Some("waiting"), Some("camera_stale")));
+        assert_eq!((r["steps"].as_u64(), r["skipped"]["no_prompt"].as_u64()), (Some(0), Some(1)));
+        h.record_step(Duration::from_millis(3), false, false);
+        let r = h.report("/flashrt", &topics, &[None, None]);
+        assert_eq!(r["status"], "ok");
+        assert!(r["last_skip"].is_null());
+        assert_eq!(r["steps"], 1);
+        assert_eq!(r["latency_ms"]["last"], 3.0);
+        // Once it has run, a skipped tick is degraded.
         h.record_skip(Skip::CameraStale(0));
         let r = h.report("/flashrt", &topics, &[None, None]);
         assert_eq!((r["status"].as_str(), r["last_skip"].as_str()), (Some("degraded"), Some("camera_stale")));
         assert_eq!(r["skipped"]["camera_stale"], 2);
-        h.record_step(Duration::from_millis(3), false, false);
-        let r = h.report("/flashrt", &topics, &[None, None]);
-        assert_eq!(r["status"], "ok");
-        assert_eq!(r["steps"], 1);
-        assert_eq!(r["latency_ms"]["last"], 3.0);
+        h.record_step(Duration::from_millis(3), false, true);
+        assert_eq!(h.report("/flashrt", &topics, &[None, None])["status"], "degraded", "masked");
     }
 }
