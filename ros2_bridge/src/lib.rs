@@ -5,8 +5,8 @@
 //! The pieces, from the wire inwards: [`msg`] (ROS 2 messages as serde structs), [`config`] (file
 //! and flags), [`inputs`] (validated latest-value slots sized at start), [`intake`] (each received
 //! message validated, stored, counted), [`infer`] (the inference thread), [`output`] (chunk to
-//! messages), [`shared`] (what the threads share, health) and [`node`] (DDS entities and
-//! threads). The README has the topics and parameters.
+//! messages), [`shared`] (what the threads share, health), [`qos_watch`] (incompatible QoS per
+//! topic) and [`node`] (DDS entities and threads). The README has the topics and parameters.
 
 pub mod config;
 pub mod infer;
@@ -15,6 +15,7 @@ pub mod intake;
 pub mod msg;
 pub mod node;
 pub mod output;
+pub mod qos_watch;
 pub mod shared;
 pub mod warn;
 
@@ -22,7 +23,7 @@ pub mod warn;
 /// a warning for every datagram over 1500 bytes (each published trajectory), and cdr-encoding a
 /// warning per malformed string: their errors are kept, their warnings and chatter are not, so
 /// that the node's own (rate-limited) warnings stand out. The node reports what matters from the
-/// library itself (undecodable messages) under its own target.
+/// library itself (undecodable messages, incompatible QoS) under its own target.
 pub const DEFAULT_LOG_FILTER: &str = "info,rustdds=error,cdr_encoding=error,ros2_client=warn";
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! threads that share [`Shared`]:
 //!
 //! - the calling thread receives: it waits on the subscriptions (mio) and hands each message to
-//!   [`Intake`] (validate, copy into its slot, count);
+//!   [`Intake`] (validate, copy into its slot, count), and the participant's status events to
+//!   [`QosWatch`] (incompatible QoS per topic);
 //! - `flashrt-infer` runs [`Inference::run_loop`];
 //! - `flashrt-publish` publishes each new chunk (trajectory + array) and the 1 Hz health report.
 //!
@@ -16,6 +17,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ros2_client::dds::rustdds::mio1::{Events, Interest, Poll, Token};
+use ros2_client::dds::rustdds::{DomainParticipantStatusListener, StatusEvented};
 use ros2_client::{Context, ContextOptions, Name, Node, NodeName, NodeOptions, Publisher, Subscription};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -25,7 +27,8 @@ use crate::infer::Inference;
 use crate::intake::Intake;
 use crate::msg::{Float32MultiArray, Image, JointState, JointTrajectory, RosMessage, StringMsg};
 use crate::output::ChunkFormat;
-use crate::shared::{Shared, lock};
+use crate::qos_watch::{Endpoint, QosWatch};
+use crate::shared::{Health, Shared, lock};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -83,12 +86,13 @@ pub fn run(config: &Config, run_for: Option<Duration>, should_stop: impl Fn() ->
     for topic in &camera_topics {
         camera_subs.push(dds.subscribe::<Image>(topic, config.qos.images)?);
     }
-    // Inputs in order: cameras, joint states, prompt (as `Intake` numbers them).
+    // Inputs in order: cameras, joint states, prompt (as `Intake` and `Health::input` number them).
     let mut input_topics = camera_topics.clone();
     input_topics.push(dds.resolve(&config.joint_states.topic));
     input_topics.push(dds.resolve(&config.prompt.topic));
     let mut state_sub = dds.subscribe::<JointState>(&input_topics[n_cameras], config.qos.joint_states)?;
     let mut prompt_sub = dds.subscribe::<StringMsg>(&input_topics[n_cameras + 1], config.qos.prompt)?;
+    // In `shared::OUTPUTS` order.
     let output_topics: Vec<String> =
         [&config.output.trajectory_topic, &config.output.action_chunk_topic, &config.output.health_topic].map(|t| dds.resolve(t)).to_vec();
     let outputs = Outputs {
@@ -104,6 +108,7 @@ pub fn run(config: &Config, run_for: Option<Duration>, should_stop: impl Fn() ->
         },
         node: fq_name.clone(),
         camera_topics: camera_topics.clone(),
+        output_topics: output_topics.clone(),
     };
     log::info!(
         "{fq_name} on domain {domain_id}: cameras [{}], joint states {}, prompt {}, publishing {}",
@@ -112,6 +117,21 @@ pub fn run(config: &Config, run_for: Option<Duration>, should_stop: impl Fn() ->
         input_topics[n_cameras + 1],
         output_topics.join(", ")
     );
+    // Every subscription and publisher by GUID, for the incompatible-QoS reports.
+    let mut endpoints = Vec::new();
+    for (i, sub) in camera_subs.iter().enumerate() {
+        endpoints.push((sub.guid(), Endpoint::Input(i), input_topics[i].clone(), "qos.images"));
+    }
+    endpoints.push((state_sub.guid(), Endpoint::Input(n_cameras), input_topics[n_cameras].clone(), "qos.joint_states"));
+    endpoints.push((prompt_sub.guid(), Endpoint::Input(n_cameras + 1), input_topics[n_cameras + 1].clone(), "qos.prompt"));
+    let writers = [outputs.trajectory.guid(), outputs.array.guid(), outputs.health.guid()];
+    for (o, guid) in writers.into_iter().enumerate() {
+        endpoints.push((guid, Endpoint::Output(o), output_topics[o].clone(), "qos.outputs"));
+    }
+    let qos_watch = QosWatch::new(endpoints, Duration::from_secs_f64(config.inputs.warn_interval_s));
+    // The participant's status channel (matches, losses, incompatible QoS). Nothing else in the
+    // node reads it: ros2-client's Spinner would, and the node runs none.
+    let status = context.domain_participant().status_listener();
 
     let poll = Poll::new().map_err(dds_err("mio poll"))?;
     let n = camera_subs.len();
@@ -154,7 +174,8 @@ pub fn run(config: &Config, run_for: Option<Duration>, should_stop: impl Fn() ->
     };
 
     let intake = Intake::new(&shared, config, input_topics);
-    let result = receive(intake, poll, &camera_subs, &state_sub, &prompt_sub, run_for, should_stop);
+    let status = Status { listener: status, watch: qos_watch, health: &shared.health };
+    let result = receive(intake, status, poll, &camera_subs, &state_sub, &prompt_sub, run_for, should_stop);
     shared.stop();
     let infer_ok = infer_thread.join().is_ok();
     let publish_ok = publish_thread.join().is_ok();
@@ -162,7 +183,7 @@ pub fn run(config: &Config, run_for: Option<Duration>, should_stop: impl Fn() ->
     if !(infer_ok && publish_ok) {
         return Err(NodeError::Thread("a node thread panicked".into()));
     }
-    Ok(shared.health.report(&fq_name, &camera_topics, &shared.camera_ages(Instant::now())))
+    Ok(shared.health.report(&fq_name, &camera_topics, &output_topics, &shared.camera_ages(Instant::now())))
 }
 
 struct Ros<'a> {
@@ -192,10 +213,29 @@ impl Ros<'_> {
     }
 }
 
-/// Waits on the subscriptions and hands every message to `intake`, until `should_stop` or the
-/// end of `run_for`.
+/// The participant's status events, for the incompatible-QoS reports.
+struct Status<'a> {
+    listener: DomainParticipantStatusListener,
+    watch: QosWatch,
+    health: &'a Health,
+}
+
+impl Status<'_> {
+    /// Handles every status event waiting. Unread, the channel fills up (2048 events) and RustDDS
+    /// drops what comes after.
+    fn drain(&mut self, now: Instant) {
+        while let Some(event) = self.listener.try_recv_status() {
+            self.watch.handle(self.health, &event, now);
+        }
+    }
+}
+
+/// Waits on the subscriptions and hands every message to `intake`, and the participant's status
+/// events to `status`, until `should_stop` or the end of `run_for`.
+#[allow(clippy::too_many_arguments)]
 fn receive(
     mut intake: Intake,
+    mut status: Status,
     mut poll: Poll,
     cameras: &[Subscription<Image>],
     state: &Subscription<JointState>,
@@ -213,6 +253,9 @@ fn receive(
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(NodeError::Ros(format!("mio poll: {e}"))),
         }
+        // At least every 100 ms (the poll's bound): status events are rare, and need no wake-up
+        // of their own.
+        status.drain(Instant::now());
         for event in events.iter() {
             let Token(i) = event.token();
             let now = Instant::now();
@@ -248,6 +291,7 @@ struct Outputs {
     format: ChunkFormat,
     node: String,
     camera_topics: Vec<String>,
+    output_topics: Vec<String>,
 }
 
 impl Outputs {
@@ -281,7 +325,8 @@ impl Outputs {
             }
             if Instant::now() >= next_health {
                 next_health += Duration::from_secs(1);
-                let report = shared.health.report(&self.node, &self.camera_topics, &shared.camera_ages(Instant::now()));
+                let report =
+                    shared.health.report(&self.node, &self.camera_topics, &self.output_topics, &shared.camera_ages(Instant::now()));
                 if let Err(e) = self.health.publish(StringMsg { data: report.to_string() }) {
                     log::warn!("publishing health failed: {e}");
                 }

@@ -221,6 +221,15 @@ warn_interval_s = 1.0
     // The default filter keeps the node's own warnings and drops the DDS library's: every
     // trajectory is a datagram over 1500 bytes, which RustDDS warns about at each publish.
     assert!(log.contains("undecodable message dropped"), "the node's warning about the malformed frame is missing:\n{tail}");
+    // Incompatible QoS is reported with the topic and the policy (the peer keeps a best-effort
+    // prompt publisher and a transient-local trajectory subscriber).
+    let prompt_qos = "/robot/prompt: a publisher's QoS is incompatible with this subscription";
+    assert!(log.contains(prompt_qos) && log.contains("reliability: offered best_effort, requested reliable"), "{prompt_qos}:\n{tail}");
+    let trajectory_qos = "/robot/joint_trajectory: a subscriber requests QoS this publisher does not offer";
+    assert!(
+        log.contains(trajectory_qos) && log.contains("durability: offered volatile, requested transient_local"),
+        "{trajectory_qos}:\n{tail}"
+    );
     let library: Vec<&str> = log.lines().filter(|l| l.contains(" rustdds") || l.contains(" cdr_encoding")).take(5).collect();
     assert!(library.is_empty(), "DDS library lines in the node's log under the default filter:\n{}", library.join("\n"));
     eprintln!("interop: {report}");
