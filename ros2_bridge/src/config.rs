@@ -442,6 +442,17 @@ impl Config {
                 return Err(invalid("cameras.width/height", format!("{}: larger than policy.max_frame_width/height", c.topic)));
             }
         }
+        if self.qos.outputs.durability == Durability::TransientLocal {
+            return Err(invalid(
+                "qos.outputs.durability",
+                "transient_local is refused: a subscriber that joins late would be sent old action chunks, more of them than \
+                 `depth` (RustDDS keeps every sample until each matched reader has acknowledged it, all of them while none is \
+                 matched) and seconds old, and a controller would execute a stale trajectory; use volatile",
+            ));
+        }
+        if self.policy.prompt.as_deref().is_some_and(|p| crate::inputs::check_prompt(p).is_err()) {
+            return Err(invalid("policy.prompt", "empty or blank: leave it unset to wait for one on the prompt topic"));
+        }
         let mut names = self.joint_states.names.clone();
         names.sort();
         if names.windows(2).any(|w| w[0] == w[1]) {
@@ -596,5 +607,19 @@ mod tests {
         c.timing.replan_period_s = 0.1;
         c.cameras[0].width = Some(10);
         assert!(c.check().unwrap_err().to_string().contains("both or neither"));
+        c.cameras[0].width = None;
+        c.policy.prompt = Some(" \t".into());
+        assert!(c.check().unwrap_err().to_string().contains("policy.prompt"));
+        c.policy.prompt = None;
+        // Late joiners of a transient-local output would be sent stale trajectories.
+        c.qos.outputs.durability = Durability::TransientLocal;
+        assert!(c.check().unwrap_err().to_string().contains("qos.outputs.durability"));
+        let e =
+            Config::from_toml("[qos.outputs]\nreliability = \"reliable\"\ndurability = \"transient_local\"\ndepth = 1\n", path).unwrap();
+        assert!(e.qos.outputs.durability == Durability::TransientLocal, "parsed, refused by check");
+        c.qos.outputs.durability = Durability::Volatile;
+        // Inputs may ask for it (a latched prompt is a common ROS 2 pattern).
+        c.qos.prompt.durability = Durability::TransientLocal;
+        c.check().unwrap();
     }
 }

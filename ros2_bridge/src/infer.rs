@@ -17,9 +17,20 @@ use crate::msg::Time;
 use crate::shared::{Shared, Skip, lock};
 use crate::warn::{Suppressed, Warnings};
 
-/// Warning kinds of this thread: one per skip reason, plus prompt rejection and masking.
-const WARN_PROMPT: usize = Skip::COUNT;
-const WARN_MASKED: usize = Skip::COUNT + 1;
+/// Warning slots of this thread: one per skip reason, and per camera for the camera reasons (a
+/// line about camera 0 must not count camera 1's skips among its suppressed), then prompt
+/// rejection and masking.
+const WARN_PROMPT: usize = Skip::COUNT + 2 * MAX_CAMERAS;
+const WARN_MASKED: usize = WARN_PROMPT + 1;
+const WARN_SLOTS: usize = WARN_MASKED + 1;
+
+fn warn_slot(skip: Skip) -> usize {
+    match skip {
+        Skip::CameraMissing(i) => Skip::COUNT + i,
+        Skip::CameraStale(i) => Skip::COUNT + MAX_CAMERAS + i,
+        other => other.index(),
+    }
+}
 
 /// What a tick did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,7 +71,7 @@ impl Inference {
             max_state_age: Duration::from_secs_f64(config.inputs.max_state_age_s),
             missing_camera: config.inputs.missing_camera,
             prompt: config.policy.prompt.clone(),
-            warnings: Warnings::new(Skip::COUNT + 2, Duration::from_secs_f64(config.inputs.warn_interval_s)),
+            warnings: Warnings::new(WARN_SLOTS, Duration::from_secs_f64(config.inputs.warn_interval_s)),
             policy,
         })
     }
@@ -95,7 +106,7 @@ impl Inference {
                 if skip == Skip::PolicyError {
                     return outcome;
                 }
-                self.warnings.warn(skip.index(), now, |n| match skip {
+                self.warnings.warn(warn_slot(skip), now, |n| match skip {
                     Skip::NoPrompt => {
                         log::warn!("tick skipped: no prompt yet (set policy.prompt or publish on the prompt topic){}", Suppressed(n))
                     }
@@ -177,7 +188,7 @@ impl Inference {
                 Tick::Ran { masked }
             }
             Err(e) => {
-                self.warnings.warn(Skip::PolicyError.index(), now, |n| {
+                self.warnings.warn(warn_slot(Skip::PolicyError), now, |n| {
                     log::warn!("tick skipped: the policy rejected the observation: {e}{}", Suppressed(n))
                 });
                 Tick::Skipped(Skip::PolicyError)

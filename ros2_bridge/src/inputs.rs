@@ -18,6 +18,8 @@ pub const MAX_CAMERAS: usize = 8;
 
 /// A reason to drop an input message: a small index (for rate-limited warnings) and a sentence.
 pub trait Reject: Copy {
+    /// The number of reasons: `index` is below it.
+    const COUNT: usize;
     fn index(self) -> usize;
     fn describe(self) -> &'static str;
 }
@@ -36,6 +38,8 @@ pub enum FrameReject {
 }
 
 impl Reject for FrameReject {
+    const COUNT: usize = 4;
+
     fn index(self) -> usize {
         self as usize
     }
@@ -59,9 +63,13 @@ pub enum StateReject {
     NameMismatch,
     /// A used position is NaN or infinite.
     NotFinite,
+    /// A used position is finite but beyond what the policy's f32 state holds (|x| > 3.4e38).
+    OutOfRange,
 }
 
 impl Reject for StateReject {
+    const COUNT: usize = 4;
+
     fn index(self) -> usize {
         self as usize
     }
@@ -71,19 +79,36 @@ impl Reject for StateReject {
             StateReject::Count => "position has the wrong number of values for the policy state",
             StateReject::NameMismatch => "a joint of joint_states.names is missing from the message",
             StateReject::NotFinite => "a joint position is NaN or infinite",
+            StateReject::OutOfRange => "a joint position is out of range (|x| > 3.4e38, beyond the policy's f32 state)",
         }
     }
 }
 
-/// Prompts are never rejected on receipt (the tokenizer judges them on the inference thread).
-impl Reject for std::convert::Infallible {
+/// Why a prompt was not taken. Beyond this check the tokenizer judges prompts on the inference
+/// thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PromptReject {
+    /// Empty or only whitespace: not a task.
+    Blank,
+}
+
+impl Reject for PromptReject {
+    const COUNT: usize = 1;
+
     fn index(self) -> usize {
-        match self {}
+        self as usize
     }
 
     fn describe(self) -> &'static str {
-        match self {}
+        match self {
+            PromptReject::Blank => "empty or blank prompt ignored, the previous task stays in force",
+        }
     }
+}
+
+/// Checks a prompt received on the topic.
+pub fn check_prompt(text: &str) -> Result<(), PromptReject> {
+    if text.trim().is_empty() { Err(PromptReject::Blank) } else { Ok(()) }
 }
 
 pub fn pixel_format(encoding: &str) -> Option<PixelFormat> {
@@ -177,6 +202,18 @@ impl FrameSlot {
     }
 }
 
+/// A joint position as the policy's f32 state value. Judged on the f64 itself: a finite value
+/// beyond f32's range would become infinite in the conversion, and is out of range, not NaN.
+fn to_f32(p: f64) -> Result<f32, StateReject> {
+    if !p.is_finite() {
+        Err(StateReject::NotFinite)
+    } else if p.abs() > f32::MAX as f64 {
+        Err(StateReject::OutOfRange)
+    } else {
+        Ok(p as f32)
+    }
+}
+
 /// The latest joint state, already in the policy's state order.
 pub struct StateSlot {
     values: Vec<f32>,
@@ -204,17 +241,13 @@ impl StateSlot {
                 return Err(StateReject::Count);
             }
             for (v, p) in self.values.iter_mut().zip(&js.position) {
-                *v = *p as f32;
+                *v = to_f32(*p)?;
             }
         } else {
             for (v, name) in self.values.iter_mut().zip(names) {
                 let i = js.name.iter().position(|n| n == name).ok_or(StateReject::NameMismatch)?;
-                *v = *js.position.get(i).ok_or(StateReject::NameMismatch)? as f32;
+                *v = to_f32(*js.position.get(i).ok_or(StateReject::NameMismatch)?)?;
             }
-        }
-        // Checked after the f32 conversion: a finite f64 beyond f32's range is not usable either.
-        if self.values.iter().any(|v| !v.is_finite()) {
-            return Err(StateReject::NotFinite);
         }
         self.received = Some(now);
         Ok(())
@@ -305,7 +338,13 @@ mod tests {
         assert_eq!(slot.store(&js(&["a", "b"], &[1.0, 2.0]), &names, now), Err(StateReject::NameMismatch));
         assert_eq!(slot.store(&js(&["a", "b", "c"], &[1.0, 2.0]), &names, now), Err(StateReject::NameMismatch));
         assert_eq!(slot.store(&js(&["a", "b", "c"], &[1.0, f64::NAN, 3.0]), &names, now), Err(StateReject::NotFinite));
-        assert_eq!(slot.store(&js(&[], &[1.0, 1e300, 3.0]), &[], now), Err(StateReject::NotFinite));
+        assert_eq!(slot.store(&js(&["a", "b", "c"], &[1.0, 2.0, f64::NEG_INFINITY]), &names, now), Err(StateReject::NotFinite));
+        // Finite, but beyond f32: out of range, not "NaN or infinite".
+        assert_eq!(slot.store(&js(&[], &[1.0, 1e300, 3.0]), &[], now), Err(StateReject::OutOfRange));
+        assert_eq!(slot.store(&js(&["a", "b", "c"], &[-4e38, 2.0, 3.0]), &names, now), Err(StateReject::OutOfRange));
+        slot.store(&js(&[], &[f32::MAX as f64, -(f32::MAX as f64), 0.0]), &[], now).unwrap();
+        assert_eq!(slot.values(), [f32::MAX, -f32::MAX, 0.0]);
+        assert_eq!(slot.store(&js(&[], &[1.0, 1e300, 3.0]), &[], now), Err(StateReject::OutOfRange));
         assert!(slot.age(now).is_none());
     }
 }

@@ -11,8 +11,7 @@ use flashrt_ros2::config::{Cli, Config};
 static STOP: AtomicBool = AtomicBool::new(false);
 
 fn main() -> ExitCode {
-    // RustDDS logs every discovery event at info level; its warnings are what matter here.
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info,rustdds=warn,ros2_client=warn")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(flashrt_ros2::DEFAULT_LOG_FILTER)).init();
     let cli = Cli::parse();
     let config = match Config::load(&cli) {
         Ok(c) => c,

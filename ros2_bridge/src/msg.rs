@@ -5,6 +5,10 @@
 //! Each type carries its ROS 2 package and name ([`RosMessage`]); the DDS type name on the wire is
 //! `<package>::msg::dds_::<Name>_` (ros2-client derives it from these).
 //!
+//! Strings are decoded strictly ([`cdr_string`]): a CDR string is its length, its bytes and a NUL
+//! terminator counted in the length, and one without the NUL is malformed (the CDR decoder
+//! underneath would drop its last character and accept it).
+//!
 //! Sources (identical in Humble and Jazzy): `builtin_interfaces/msg/{Time,Duration}.msg`,
 //! `std_msgs/msg/{Header,String,MultiArrayDimension,MultiArrayLayout,Float32MultiArray}.msg`,
 //! `sensor_msgs/msg/{Image,JointState}.msg`, `trajectory_msgs/msg/{JointTrajectory,
@@ -66,6 +70,7 @@ impl From<std::time::Duration> for Duration {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Header {
     pub stamp: Time,
+    #[serde(deserialize_with = "cdr_string::deserialize")]
     pub frame_id: String,
 }
 ros_message!(Header, "std_msgs", "Header");
@@ -73,6 +78,7 @@ ros_message!(Header, "std_msgs", "Header");
 /// `std_msgs/String`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StringMsg {
+    #[serde(deserialize_with = "cdr_string::deserialize")]
     pub data: String,
 }
 ros_message!(StringMsg, "std_msgs", "String");
@@ -84,6 +90,7 @@ pub struct Image {
     pub height: u32,
     pub width: u32,
     /// Pixel encoding (`sensor_msgs/image_encodings.hpp` names: `rgb8`, `bgr8`, `rgba8`, ...).
+    #[serde(deserialize_with = "cdr_string::deserialize")]
     pub encoding: String,
     pub is_bigendian: u8,
     /// Row length in bytes.
@@ -99,6 +106,7 @@ ros_message!(Image, "sensor_msgs", "Image");
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct JointState {
     pub header: Header,
+    #[serde(deserialize_with = "cdr_string::deserialize_seq")]
     pub name: Vec<String>,
     pub position: Vec<f64>,
     pub velocity: Vec<f64>,
@@ -109,6 +117,7 @@ ros_message!(JointState, "sensor_msgs", "JointState");
 /// `std_msgs/MultiArrayDimension`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MultiArrayDimension {
+    #[serde(deserialize_with = "cdr_string::deserialize")]
     pub label: String,
     pub size: u32,
     pub stride: u32,
@@ -146,6 +155,7 @@ ros_message!(JointTrajectoryPoint, "trajectory_msgs", "JointTrajectoryPoint");
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct JointTrajectory {
     pub header: Header,
+    #[serde(deserialize_with = "cdr_string::deserialize_seq")]
     pub joint_names: Vec<String>,
     pub points: Vec<JointTrajectoryPoint>,
 }
@@ -180,6 +190,82 @@ mod octets {
 
         fn visit_byte_buf<E: Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
             Ok(v)
+        }
+    }
+}
+
+/// CDR strings, decoded strictly. On the wire a string is a 4-byte length that counts a NUL
+/// terminator, then the bytes and the NUL: the same layout as a sequence of octets, which is how
+/// it is read here, so that the terminator can be checked. cdr-encoding's own string decoder
+/// drops the last byte whatever it is (logging an unlimited warning when it is not a NUL), so a
+/// truncated `"abc"` would arrive as `"ab"`. Here a string whose last byte is not a NUL, or that
+/// holds a NUL before its end, or is not UTF-8, is an error: the message is undecodable (counted
+/// as `malformed`). A length of 0 (no room even for the NUL, sent by some DDS implementations for
+/// an empty string) reads as the empty string. Encoding is unchanged (serde's `serialize_str`).
+pub mod cdr_string {
+    use serde::Deserialize;
+    use serde::de::{Deserializer, Error, SeqAccess, Visitor};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        d.deserialize_bytes(CdrStringVisitor)
+    }
+
+    /// A `string[]` field.
+    pub fn deserialize_seq<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+        d.deserialize_seq(SeqVisitor)
+    }
+
+    /// The checks, on the string's bytes as they are on the wire (terminator included).
+    pub fn from_wire(bytes: &[u8]) -> Result<&str, &'static str> {
+        let text = match bytes.split_last() {
+            None => return Ok(""),
+            Some((0, text)) => text,
+            Some(_) => return Err("string without its NUL terminator"),
+        };
+        if text.contains(&0) {
+            return Err("NUL inside a string");
+        }
+        std::str::from_utf8(text).map_err(|_| "string is not UTF-8")
+    }
+
+    struct CdrStringVisitor;
+
+    impl<'de> Visitor<'de> for CdrStringVisitor {
+        type Value = String;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a CDR string (length, bytes, NUL)")
+        }
+
+        fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<String, E> {
+            from_wire(v).map(str::to_owned).map_err(E::custom)
+        }
+    }
+
+    struct CdrString(String);
+
+    impl<'de> Deserialize<'de> for CdrString {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<CdrString, D::Error> {
+            deserialize(d).map(CdrString)
+        }
+    }
+
+    struct SeqVisitor;
+
+    impl<'de> Visitor<'de> for SeqVisitor {
+        type Value = Vec<String>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a sequence of CDR strings")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+            // The count comes from the wire: it bounds nothing until the elements are read.
+            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+            while let Some(CdrString(s)) = seq.next_element()? {
+                out.push(s);
+            }
+            Ok(out)
         }
     }
 }

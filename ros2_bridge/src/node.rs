@@ -1,8 +1,9 @@
 //! The ROS 2 side: one DDS participant and node, the subscriptions, the publishers, and the three
 //! threads that share [`Shared`]:
 //!
-//! - the calling thread receives: it waits on the subscriptions (mio), validates each message and
-//!   copies it into its slot;
+//! - the calling thread receives: it waits on the subscriptions (mio) and hands each message to
+//!   [`Intake`] (validate, copy into its slot, count), and the participant's status events to
+//!   [`QosWatch`] (incompatible QoS per topic);
 //! - `flashrt-infer` runs [`Inference::run_loop`];
 //! - `flashrt-publish` publishes each new chunk (trajectory + array) and the 1 Hz health report.
 //!
@@ -16,17 +17,18 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use ros2_client::dds::rustdds::mio1::{Events, Interest, Poll, Token};
+use ros2_client::dds::rustdds::{DomainParticipantStatusListener, StatusEvented};
 use ros2_client::{Context, ContextOptions, Name, Node, NodeName, NodeOptions, Publisher, Subscription};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::config::{Config, ConfigError, Qos, resolve_topic};
 use crate::infer::Inference;
-use crate::inputs::Reject;
+use crate::intake::Intake;
 use crate::msg::{Float32MultiArray, Image, JointState, JointTrajectory, RosMessage, StringMsg};
 use crate::output::ChunkFormat;
-use crate::shared::{InputCounters, Shared, lock};
-use crate::warn::{Suppressed, Warnings};
+use crate::qos_watch::{Endpoint, QosWatch};
+use crate::shared::{Health, Shared, lock};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -79,16 +81,24 @@ pub fn run(config: &Config, run_for: Option<Duration>, should_stop: impl Fn() ->
     let mut dds = Ros { node: &mut node, namespace: &config.node.namespace, name: &config.node.name };
 
     let camera_topics: Vec<String> = config.cameras.iter().map(|c| dds.resolve(&c.topic)).collect();
+    let n_cameras = camera_topics.len();
     let mut camera_subs = Vec::new();
     for topic in &camera_topics {
         camera_subs.push(dds.subscribe::<Image>(topic, config.qos.images)?);
     }
-    let mut state_sub = dds.subscribe::<JointState>(&dds.resolve(&config.joint_states.topic), config.qos.joint_states)?;
-    let mut prompt_sub = dds.subscribe::<StringMsg>(&dds.resolve(&config.prompt.topic), config.qos.prompt)?;
+    // Inputs in order: cameras, joint states, prompt (as `Intake` and `Health::input` number them).
+    let mut input_topics = camera_topics.clone();
+    input_topics.push(dds.resolve(&config.joint_states.topic));
+    input_topics.push(dds.resolve(&config.prompt.topic));
+    let mut state_sub = dds.subscribe::<JointState>(&input_topics[n_cameras], config.qos.joint_states)?;
+    let mut prompt_sub = dds.subscribe::<StringMsg>(&input_topics[n_cameras + 1], config.qos.prompt)?;
+    // In `shared::OUTPUTS` order.
+    let output_topics: Vec<String> =
+        [&config.output.trajectory_topic, &config.output.action_chunk_topic, &config.output.health_topic].map(|t| dds.resolve(t)).to_vec();
     let outputs = Outputs {
-        trajectory: dds.publish(&dds.resolve(&config.output.trajectory_topic), config.qos.outputs)?,
-        array: dds.publish(&dds.resolve(&config.output.action_chunk_topic), config.qos.outputs)?,
-        health: dds.publish(&dds.resolve(&config.output.health_topic), config.qos.outputs)?,
+        trajectory: dds.publish(&output_topics[0], config.qos.outputs)?,
+        array: dds.publish(&output_topics[1], config.qos.outputs)?,
+        health: dds.publish(&output_topics[2], config.qos.outputs)?,
         format: ChunkFormat {
             joint_names: config.joint_names(info.action_dim),
             horizon: info.horizon,
@@ -98,16 +108,30 @@ pub fn run(config: &Config, run_for: Option<Duration>, should_stop: impl Fn() ->
         },
         node: fq_name.clone(),
         camera_topics: camera_topics.clone(),
+        output_topics: output_topics.clone(),
     };
     log::info!(
-        "{fq_name} on domain {domain_id}: cameras [{}], joint states {}, prompt {}, publishing {}, {}, {}",
+        "{fq_name} on domain {domain_id}: cameras [{}], joint states {}, prompt {}, publishing {}",
         camera_topics.join(", "),
-        dds.resolve(&config.joint_states.topic),
-        dds.resolve(&config.prompt.topic),
-        dds.resolve(&config.output.trajectory_topic),
-        dds.resolve(&config.output.action_chunk_topic),
-        dds.resolve(&config.output.health_topic)
+        input_topics[n_cameras],
+        input_topics[n_cameras + 1],
+        output_topics.join(", ")
     );
+    // Every subscription and publisher by GUID, for the incompatible-QoS reports.
+    let mut endpoints = Vec::new();
+    for (i, sub) in camera_subs.iter().enumerate() {
+        endpoints.push((sub.guid(), Endpoint::Input(i), input_topics[i].clone(), "qos.images"));
+    }
+    endpoints.push((state_sub.guid(), Endpoint::Input(n_cameras), input_topics[n_cameras].clone(), "qos.joint_states"));
+    endpoints.push((prompt_sub.guid(), Endpoint::Input(n_cameras + 1), input_topics[n_cameras + 1].clone(), "qos.prompt"));
+    let writers = [outputs.trajectory.guid(), outputs.array.guid(), outputs.health.guid()];
+    for (o, guid) in writers.into_iter().enumerate() {
+        endpoints.push((guid, Endpoint::Output(o), output_topics[o].clone(), "qos.outputs"));
+    }
+    let qos_watch = QosWatch::new(endpoints, Duration::from_secs_f64(config.inputs.warn_interval_s));
+    // The participant's status channel (matches, losses, incompatible QoS). Nothing else in the
+    // node reads it: ros2-client's Spinner would, and the node runs none.
+    let status = context.domain_participant().status_listener();
 
     let poll = Poll::new().map_err(dds_err("mio poll"))?;
     let n = camera_subs.len();
@@ -149,16 +173,9 @@ pub fn run(config: &Config, run_for: Option<Duration>, should_stop: impl Fn() ->
             .map_err(|e| NodeError::Thread(e.to_string()))?
     };
 
-    let mut topics = camera_topics.clone();
-    topics.push(dds.resolve(&config.joint_states.topic));
-    topics.push(dds.resolve(&config.prompt.topic));
-    let receiver = Receiver {
-        shared: &shared,
-        config,
-        topics,
-        warnings: Warnings::new(RECEIVE_WARNINGS_PER_INPUT * (n + 2), Duration::from_secs_f64(config.inputs.warn_interval_s)),
-    };
-    let result = receiver.run(poll, &camera_subs, &state_sub, &prompt_sub, run_for, should_stop);
+    let intake = Intake::new(&shared, config, input_topics);
+    let status = Status { listener: status, watch: qos_watch, health: &shared.health };
+    let result = receive(intake, status, poll, &camera_subs, &state_sub, &prompt_sub, run_for, should_stop);
     shared.stop();
     let infer_ok = infer_thread.join().is_ok();
     let publish_ok = publish_thread.join().is_ok();
@@ -166,7 +183,7 @@ pub fn run(config: &Config, run_for: Option<Duration>, should_stop: impl Fn() ->
     if !(infer_ok && publish_ok) {
         return Err(NodeError::Thread("a node thread panicked".into()));
     }
-    Ok(shared.health.report(&fq_name, &camera_topics, &shared.camera_ages(Instant::now())))
+    Ok(shared.health.report(&fq_name, &camera_topics, &output_topics, &shared.camera_ages(Instant::now())))
 }
 
 struct Ros<'a> {
@@ -196,123 +213,73 @@ impl Ros<'_> {
     }
 }
 
-/// Warning kinds per input: its rejections, then "malformed".
-const RECEIVE_WARNINGS_PER_INPUT: usize = 5;
-const MALFORMED: usize = 4;
-
-struct Receiver<'a> {
-    shared: &'a Shared,
-    config: &'a Config,
-    /// Resolved input topics, indexed like the inputs: cameras, joint states, prompt.
-    topics: Vec<String>,
-    warnings: Warnings,
+/// The participant's status events, for the incompatible-QoS reports.
+struct Status<'a> {
+    listener: DomainParticipantStatusListener,
+    watch: QosWatch,
+    health: &'a Health,
 }
 
-impl Receiver<'_> {
-    fn run(
-        mut self,
-        mut poll: Poll,
-        cameras: &[Subscription<Image>],
-        state: &Subscription<JointState>,
-        prompt: &Subscription<StringMsg>,
-        run_for: Option<Duration>,
-        should_stop: impl Fn() -> bool,
-    ) -> Result<(), NodeError> {
-        let deadline = run_for.map(|d| Instant::now() + d);
-        let n = cameras.len();
-        let mut events = Events::with_capacity(n + 2);
-        let Receiver { shared, config, topics, warnings } = &mut self;
-        let names = &config.joint_states.names;
-        while !should_stop() && deadline.is_none_or(|d| Instant::now() < d) {
-            // A bounded wait, so that stop requests and the deadline are seen.
-            match poll.poll(&mut events, Some(Duration::from_millis(100))) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(NodeError::Ros(format!("mio poll: {e}"))),
-            }
-            for event in events.iter() {
-                let Token(i) = event.token();
-                let now = Instant::now();
-                if i < n {
-                    let expected = config.cameras[i].width.zip(config.cameras[i].height);
-                    drain(
-                        &cameras[i],
-                        &shared.health.cameras[i],
-                        i,
-                        &topics[i],
-                        warnings,
-                        |img| lock(&shared.frames[i]).store(img, expected, now),
-                        |r, img| {
-                            format!(
-                                "camera {i}: frame dropped ({}x{} {:?}, step {}, {} bytes): {}",
-                                img.width,
-                                img.height,
-                                img.encoding,
-                                img.step,
-                                img.data.len(),
-                                r.describe()
-                            )
-                        },
-                    );
-                } else if i == n {
-                    drain(
-                        state,
-                        &shared.health.state,
-                        n,
-                        &topics[n],
-                        warnings,
-                        |js| lock(&shared.state).store(js, names, now),
-                        |r, js| format!("joint state dropped ({} names, {} positions): {}", js.name.len(), js.position.len(), r.describe()),
-                    );
-                } else {
-                    drain(
-                        prompt,
-                        &shared.health.prompt,
-                        n + 1,
-                        &topics[n + 1],
-                        warnings,
-                        |msg: &StringMsg| {
-                            *lock(&shared.prompt) = Some(msg.data.clone());
-                            Ok::<(), std::convert::Infallible>(())
-                        },
-                        |r, _| r.describe().into(),
-                    );
-                }
-            }
+impl Status<'_> {
+    /// Handles every status event waiting. Unread, the channel fills up (2048 events) and RustDDS
+    /// drops what comes after.
+    fn drain(&mut self, now: Instant) {
+        while let Some(event) = self.listener.try_recv_status() {
+            self.watch.handle(self.health, &event, now);
         }
-        Ok(())
     }
 }
 
-/// Takes every sample waiting on `sub` (readiness events are edge-triggered) and hands it to
-/// `store`; `describe` words a rejection, only when the rate limit lets it be logged. `input`
-/// numbers the input for the warning kinds; `topic` names it in warnings.
-fn drain<M: DeserializeOwned + 'static, R: Reject>(
-    sub: &Subscription<M>,
-    counters: &InputCounters,
-    input: usize,
-    topic: &str,
-    warnings: &mut Warnings,
-    mut store: impl FnMut(&M) -> Result<(), R>,
-    describe: impl Fn(R, &M) -> String,
-) {
-    let now = Instant::now();
-    let base = input * RECEIVE_WARNINGS_PER_INPUT;
+/// Waits on the subscriptions and hands every message to `intake`, and the participant's status
+/// events to `status`, until `should_stop` or the end of `run_for`.
+#[allow(clippy::too_many_arguments)]
+fn receive(
+    mut intake: Intake,
+    mut status: Status,
+    mut poll: Poll,
+    cameras: &[Subscription<Image>],
+    state: &Subscription<JointState>,
+    prompt: &Subscription<StringMsg>,
+    run_for: Option<Duration>,
+    should_stop: impl Fn() -> bool,
+) -> Result<(), NodeError> {
+    let deadline = run_for.map(|d| Instant::now() + d);
+    let n = cameras.len();
+    let mut events = Events::with_capacity(n + 2);
+    while !should_stop() && deadline.is_none_or(|d| Instant::now() < d) {
+        // A bounded wait, so that stop requests and the deadline are seen.
+        match poll.poll(&mut events, Some(Duration::from_millis(100))) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(NodeError::Ros(format!("mio poll: {e}"))),
+        }
+        // At least every 100 ms (the poll's bound): status events are rare, and need no wake-up
+        // of their own.
+        status.drain(Instant::now());
+        for event in events.iter() {
+            let Token(i) = event.token();
+            let now = Instant::now();
+            if i < n {
+                drain(&cameras[i], |msg| intake.camera(i, msg, now));
+            } else if i == n {
+                drain(state, |msg| intake.joint_state(msg, now));
+            } else {
+                drain(prompt, |msg| intake.prompt(msg, now));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Takes every sample waiting on `sub` (readiness events are edge-triggered), and every decode
+/// error in their place, and hands each to `handle`.
+fn drain<M: DeserializeOwned + 'static>(sub: &Subscription<M>, mut handle: impl FnMut(Result<M, ros2_client::ReadError>)) {
     loop {
         match sub.take() {
-            Ok(Some((msg, _info))) => {
-                counters.received.fetch_add(1, Relaxed);
-                if let Err(r) = store(&msg) {
-                    counters.rejected.fetch_add(1, Relaxed);
-                    warnings.warn(base + r.index(), now, |n| log::warn!("{topic}: {}{}", describe(r, &msg), Suppressed(n)));
-                }
-            }
+            Ok(Some((msg, _info))) => handle(Ok(msg)),
             Ok(None) => break,
             // RustDDS advances past a sample it cannot decode, so the loop still ends.
-            Err(e) => {
-                counters.malformed.fetch_add(1, Relaxed);
-                warnings.warn(base + MALFORMED, now, |n| log::warn!("{topic}: undecodable message dropped: {e}{}", Suppressed(n)));
-            }
+            Err(e) => handle(Err(e)),
         }
     }
 }
@@ -324,6 +291,7 @@ struct Outputs {
     format: ChunkFormat,
     node: String,
     camera_topics: Vec<String>,
+    output_topics: Vec<String>,
 }
 
 impl Outputs {
@@ -357,7 +325,8 @@ impl Outputs {
             }
             if Instant::now() >= next_health {
                 next_health += Duration::from_secs(1);
-                let report = shared.health.report(&self.node, &self.camera_topics, &shared.camera_ages(Instant::now()));
+                let report =
+                    shared.health.report(&self.node, &self.camera_topics, &self.output_topics, &shared.camera_ages(Instant::now()));
                 if let Err(e) = self.health.publish(StringMsg { data: report.to_string() }) {
                     log::warn!("publishing health failed: {e}");
                 }

@@ -50,6 +50,28 @@ impl Skip {
     }
 }
 
+/// Remote endpoints on a topic that DDS did not match with the node's because their QoS is
+/// incompatible (a best-effort publisher for a reliable subscription, a subscriber asking for
+/// transient-local from a volatile publisher, ...): nothing flows between them.
+#[derive(Default)]
+pub struct QosCounters {
+    pub incompatible: AtomicU64,
+    /// The last mismatch, in words (`reliability: offered best_effort, requested reliable`).
+    pub last: Mutex<Option<String>>,
+}
+
+impl QosCounters {
+    pub fn record(&self, mismatch: String) {
+        self.incompatible.fetch_add(1, Relaxed);
+        *lock(&self.last) = Some(mismatch);
+    }
+
+    fn report(&self, v: &mut Value) {
+        v["incompatible_qos"] = json!(self.incompatible.load(Relaxed));
+        v["qos_mismatch"] = json!(*lock(&self.last));
+    }
+}
+
 /// Messages seen on one input topic.
 #[derive(Default)]
 pub struct InputCounters {
@@ -58,13 +80,20 @@ pub struct InputCounters {
     pub rejected: AtomicU64,
     /// Could not be decoded as the topic's type.
     pub malformed: AtomicU64,
+    /// Publishers on the topic that cannot be matched.
+    pub qos: QosCounters,
 }
 
 impl InputCounters {
     fn report(&self) -> Value {
-        json!({ "received": self.received.load(Relaxed), "rejected": self.rejected.load(Relaxed), "malformed": self.malformed.load(Relaxed) })
+        let mut v = json!({ "received": self.received.load(Relaxed), "rejected": self.rejected.load(Relaxed), "malformed": self.malformed.load(Relaxed) });
+        self.qos.report(&mut v);
+        v
     }
 }
+
+/// The outputs, in the order of the health report's `outputs`.
+pub const OUTPUTS: [&str; 3] = ["trajectory", "action_chunk", "health"];
 
 const LAST_NONE: usize = 0;
 const LAST_RAN: usize = 1;
@@ -76,6 +105,8 @@ pub struct Health {
     pub cameras: Vec<InputCounters>,
     pub state: InputCounters,
     pub prompt: InputCounters,
+    /// Subscribers that cannot be matched, per output ([`OUTPUTS`]).
+    pub outputs: [QosCounters; 3],
     pub steps: AtomicU64,
     /// Steps run with at least one camera masked.
     pub masked_steps: AtomicU64,
@@ -95,6 +126,7 @@ impl Health {
             cameras: (0..cameras).map(|_| InputCounters::default()).collect(),
             state: InputCounters::default(),
             prompt: InputCounters::default(),
+            outputs: Default::default(),
             steps: AtomicU64::new(0),
             masked_steps: AtomicU64::new(0),
             skipped: Default::default(),
@@ -103,6 +135,16 @@ impl Health {
             last: AtomicUsize::new(LAST_NONE),
             last_latency_ns: AtomicU64::new(0),
             latency: Mutex::new(LatencyStats::new()),
+        }
+    }
+
+    /// An input's counters, numbered like the receive side's inputs: cameras, joint states,
+    /// prompt.
+    pub fn input(&self, i: usize) -> &InputCounters {
+        match i.checked_sub(self.cameras.len()) {
+            None => &self.cameras[i],
+            Some(0) => &self.state,
+            Some(_) => &self.prompt,
         }
     }
 
@@ -119,16 +161,20 @@ impl Health {
         self.last.store(LAST_SKIPPED + skip.index(), Relaxed);
     }
 
-    /// The 1 Hz report (allocates; runs on the publisher thread). `camera_ages` are the held
-    /// frames' ages, `None` for an empty slot.
-    pub fn report(&self, node: &str, topics: &[String], camera_ages: &[Option<Duration>]) -> Value {
+    /// The 1 Hz report (allocates; runs on the publisher thread). `topics` are the camera topics,
+    /// `output_topics` those of [`OUTPUTS`]; `camera_ages` are the held frames' ages, `None` for an
+    /// empty slot.
+    pub fn report(&self, node: &str, topics: &[String], output_topics: &[String], camera_ages: &[Option<Duration>]) -> Value {
         let s = lock(&self.latency).summary();
         let last = self.last.load(Relaxed);
+        let steps = self.steps.load(Relaxed);
+        // `waiting` until the first step has run, whatever the ticks before it skipped on
+        // (`last_skip` says what is missing): a node that never ran is not a degraded one.
         let (status, last_skip) = match last {
             LAST_NONE => ("waiting", None),
             LAST_RAN => ("ok", None),
             LAST_MASKED => ("degraded", None),
-            skip => ("degraded", Skip::NAMES.get(skip - LAST_SKIPPED).copied()),
+            skip => (if steps == 0 { "waiting" } else { "degraded" }, Skip::NAMES.get(skip - LAST_SKIPPED).copied()),
         };
         // Two decimals: ten microseconds is below anything the report is read for.
         let round = |ms: f64| (ms * 100.0).round() / 100.0;
@@ -145,6 +191,16 @@ impl Health {
                 v
             })
             .collect();
+        let outputs: serde_json::Map<String, Value> = OUTPUTS
+            .iter()
+            .zip(&self.outputs)
+            .zip(output_topics)
+            .map(|((name, q), topic)| {
+                let mut v = json!({ "topic": topic });
+                q.report(&mut v);
+                (name.to_string(), v)
+            })
+            .collect();
         let skipped: serde_json::Map<String, Value> =
             Skip::NAMES.iter().zip(&self.skipped).map(|(n, c)| (n.to_string(), json!(c.load(Relaxed)))).collect();
         json!({
@@ -152,7 +208,7 @@ impl Health {
             "status": status,
             "last_skip": last_skip,
             "uptime_s": (self.started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
-            "steps": self.steps.load(Relaxed),
+            "steps": steps,
             "masked_steps": self.masked_steps.load(Relaxed),
             "published": self.published.load(Relaxed),
             "overruns": self.overruns.load(Relaxed),
@@ -165,6 +221,7 @@ impl Health {
             "cameras": cameras,
             "joint_states": self.state.report(),
             "prompt": self.prompt.report(),
+            "outputs": outputs,
         })
     }
 }
@@ -232,19 +289,49 @@ mod tests {
     fn report_names_status_and_counts() {
         let h = Health::new(2);
         let topics = ["/a".to_string(), "/b".to_string()];
-        let r = h.report("/flashrt", &topics, &[None, Some(Duration::from_millis(12))]);
+        let outputs = ["/t".to_string(), "/c".to_string(), "/h".to_string()];
+        let r = h.report("/flashrt", &topics, &outputs, &[None, Some(Duration::from_millis(12))]);
         assert_eq!(r["status"], "waiting");
         assert_eq!(r["cameras"][1]["age_ms"], 12.0);
         assert!(r["cameras"][0]["age_ms"].is_null());
+        // Ticks skipped before the first step: still waiting, and the report says for what.
+        h.record_skip(Skip::NoPrompt);
         h.record_skip(Skip::CameraStale(1));
-        h.record_skip(Skip::CameraStale(0));
-        let r = h.report("/flashrt", &topics, &[None, None]);
-        assert_eq!((r["status"].as_str(), r["last_skip"].as_str()), (Some("degraded"), Some("camera_stale")));
-        assert_eq!(r["skipped"]["camera_stale"], 2);
+        let r = h.report("/flashrt", &topics, &outputs, &[None, None]);
+        assert_eq!((r["status"].as_str(), r["last_skip"].as_str()), (Some("waiting"), Some("camera_stale")));
+        assert_eq!((r["steps"].as_u64(), r["skipped"]["no_prompt"].as_u64()), (Some(0), Some(1)));
         h.record_step(Duration::from_millis(3), false, false);
-        let r = h.report("/flashrt", &topics, &[None, None]);
+        let r = h.report("/flashrt", &topics, &outputs, &[None, None]);
         assert_eq!(r["status"], "ok");
+        assert!(r["last_skip"].is_null());
         assert_eq!(r["steps"], 1);
         assert_eq!(r["latency_ms"]["last"], 3.0);
+        // Once it has run, a skipped tick is degraded.
+        h.record_skip(Skip::CameraStale(0));
+        let r = h.report("/flashrt", &topics, &outputs, &[None, None]);
+        assert_eq!((r["status"].as_str(), r["last_skip"].as_str()), (Some("degraded"), Some("camera_stale")));
+        assert_eq!(r["skipped"]["camera_stale"], 2);
+        h.record_step(Duration::from_millis(3), false, true);
+        assert_eq!(h.report("/flashrt", &topics, &outputs, &[None, None])["status"], "degraded", "masked");
+    }
+
+    #[test]
+    fn report_names_incompatible_qos_per_topic() {
+        let h = Health::new(1);
+        let (topics, outputs) = (["/a".to_string()], ["/t".to_string(), "/c".to_string(), "/h".to_string()]);
+        let r = h.report("/flashrt", &topics, &outputs, &[None]);
+        assert_eq!((r["prompt"]["incompatible_qos"].as_u64(), r["outputs"]["trajectory"]["incompatible_qos"].as_u64()), (Some(0), Some(0)));
+        assert!(r["prompt"]["qos_mismatch"].is_null());
+        h.input(2).qos.record("reliability: offered best_effort, requested reliable".into());
+        h.input(0).qos.record("x".into());
+        h.outputs[0].record("durability: offered volatile, requested transient_local".into());
+        let r = h.report("/flashrt", &topics, &outputs, &[None]);
+        assert_eq!(r["prompt"]["incompatible_qos"], 1);
+        assert_eq!(r["prompt"]["qos_mismatch"], "reliability: offered best_effort, requested reliable");
+        assert_eq!(r["cameras"][0]["incompatible_qos"], 1);
+        assert_eq!(r["joint_states"]["incompatible_qos"], 0);
+        assert_eq!(r["outputs"]["trajectory"]["topic"], "/t");
+        assert_eq!(r["outputs"]["trajectory"]["incompatible_qos"], 1);
+        assert_eq!(r["outputs"]["health"]["incompatible_qos"], 0);
     }
 }

@@ -208,3 +208,36 @@ fn truncated_input_is_an_error_not_a_panic() {
     lying[27] = 0x7f;
     assert!(decode::<JointState>(&lying).is_err());
 }
+
+#[test]
+fn strings_need_their_nul_terminator() {
+    // A CDR string's length counts its NUL. Without it the last character used to be dropped
+    // ("abc" read as "ab") and the message accepted: it is malformed.
+    assert_eq!(decode::<StringMsg>(&[4, 0, 0, 0, b'a', b'b', b'c', 0]).unwrap().data, "abc");
+    let e = decode::<StringMsg>(&[3, 0, 0, 0, b'a', b'b', b'c']).unwrap_err();
+    assert!(e.contains("NUL terminator"), "{e}");
+    assert!(decode::<StringMsg>(&[4, 0, 0, 0, b'a', 0, b'c', 0]).unwrap_err().contains("NUL inside"));
+    assert!(decode::<StringMsg>(&[3, 0, 0, 0, 0xff, 0xfe, 0]).unwrap_err().contains("UTF-8"));
+    // Length 0 (no room for the NUL), as some DDS implementations send an empty string.
+    assert_eq!(decode::<StringMsg>(&[0, 0, 0, 0]).unwrap().data, "");
+    assert_eq!(decode::<StringMsg>(&[1, 0, 0, 0, 0]).unwrap().data, "");
+
+    // Every string field of the input messages is checked: Header.frame_id (in Image and
+    // JointState), Image.encoding, JointState.name.
+    let mut bytes = encode(&image());
+    assert_eq!(&bytes[8..16], b"\x04\0\0\0cam\0");
+    bytes[15] = b'x';
+    assert!(decode::<Image>(&bytes).unwrap_err().contains("NUL terminator"), "frame_id");
+    let mut bytes = encode(&image());
+    assert_eq!(&bytes[24..33], b"\x05\0\0\0rgb8\0");
+    bytes[32] = b'8';
+    assert!(decode::<Image>(&bytes).is_err(), "encoding");
+    let mut bytes = encode(&joint_state());
+    assert_eq!(&bytes[36..43], b"\x03\0\0\0bc\0");
+    bytes[42] = b'd';
+    assert!(decode::<JointState>(&bytes).unwrap_err().contains("NUL terminator"), "name[1]");
+    // And those of the outputs, as read back by the tests.
+    let mut bytes = encode(&MultiArrayDimension { label: "horizon".into(), size: 50, stride: 350 });
+    bytes[11] = b'x';
+    assert!(decode::<MultiArrayDimension>(&bytes).is_err(), "label");
+}

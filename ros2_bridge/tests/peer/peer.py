@@ -9,6 +9,9 @@ Phases, each bounded in time:
      wrong-encoding frame on camera 0, a joint state with NaN, then good input again;
   3. check the node still publishes well-formed trajectories and that its health report counted
      the bad messages.
+Throughout, two endpoints whose QoS the node cannot match stand by (a best-effort prompt
+publisher for the node's reliable prompt subscription, a transient-local trajectory subscriber for
+its volatile publisher): the health report must name both (`incompatible_qos`).
 Prints one JSON line with the result; exits 0 on success, 1 on failure.
 
 Only ever run inside an isolated network namespace (the Rust test and ci.sh arrange that)."""
@@ -34,6 +37,7 @@ import ros2_msgs as m  # noqa: E402
 XCDR1 = Policy.DataRepresentation(use_cdrv0_representation=True)
 SENSOR = Qos(Policy.Reliability.BestEffort, Policy.History.KeepLast(1), Policy.Durability.Volatile, XCDR1)
 RELIABLE = Qos(Policy.Reliability.Reliable(duration(seconds=1)), Policy.History.KeepLast(10), Policy.Durability.Volatile, XCDR1)
+LATCHED = Qos(Policy.Reliability.Reliable(duration(seconds=1)), Policy.History.KeepLast(1), Policy.Durability.TransientLocal, XCDR1)
 FORMATS = [("rgb8", 3), ("bgr8", 3), ("rgba8", 4)]
 
 
@@ -56,6 +60,9 @@ class Peer:
         self.trajectories = DataReader(self.dp, Topic(self.dp, dds(args.trajectory), m.JointTrajectory_), RELIABLE)
         self.chunks = DataReader(self.dp, Topic(self.dp, dds(args.chunk), m.Float32MultiArray_), RELIABLE)
         self.health = DataReader(self.dp, Topic(self.dp, dds(args.health), m.String_), RELIABLE)
+        # Never matched by the node: it reports them instead of showing only `received: 0`.
+        self.best_effort_prompt = DataWriter(self.dp, Topic(self.dp, dds(args.prompt), m.String_), SENSOR)
+        self.latched_trajectories = DataReader(self.dp, Topic(self.dp, dds(args.trajectory), m.JointTrajectory_), LATCHED)
         # The malformed writer lives in its own participant: its type has the name of
         # sensor_msgs/Image but a different structure.
         self.bad_dp = DomainParticipant(args.domain)
@@ -142,8 +149,10 @@ class Peer:
         def recovered():
             h = self.last_health or {}
             cam0 = (h.get("cameras") or [{}])[0]
+            incompatible = (h.get("prompt", {}).get("incompatible_qos", 0) >= 1
+                            and h.get("outputs", {}).get("trajectory", {}).get("incompatible_qos", 0) >= 1)
             return (self.good >= before + a.min_trajectories and cam0.get("malformed", 0) >= 1 and cam0.get("rejected", 0) >= 1
-                    and h.get("joint_states", {}).get("rejected", 0) >= 1)
+                    and h.get("joint_states", {}).get("rejected", 0) >= 1 and incompatible)
 
         if not self.run_until(deadline, recovered):
             return self.fail(f"after the bad input: {self.good - before} more trajectories, health {self.last_health}")
