@@ -99,12 +99,12 @@ enum FrtStatus
    */
   FRT_STATUS_INVALID_ARGUMENT = 2,
   /**
-   * The caller's text buffer cannot hold the text and its NUL; nothing was written. Query the
-   * size by passing `buf = NULL, len = 0`.
+   * The caller's text buffer cannot hold the text and its NUL; the buffer is untouched and
+   * `*written` holds the text length (the size needed is that plus one for the NUL).
    */
   FRT_STATUS_BUFFER_TOO_SMALL = 3,
   /**
-   * A file could not be read (missing checkpoint, unreadable tokenizer, ...).
+   * A file could not be read (missing checkpoint or tokenizer file, permission denied, ...).
    */
   FRT_STATUS_IO = 4,
   /**
@@ -112,11 +112,13 @@ enum FrtStatus
    */
   FRT_STATUS_CHECKPOINT = 5,
   /**
-   * The tokenizer is missing or unusable.
+   * No tokenizer is loaded (text prompt without tokenizer.json), or the tokenizer file was read
+   * but is unusable (not tokenizer JSON, no `<bos>`, cannot assemble Pi0.5 prompts).
    */
   FRT_STATUS_TOKENIZER = 6,
   /**
-   * The requested backend cannot run here (no GPU, no driver, unsupported precision).
+   * The requested backend or precision cannot run here (no GPU, no driver, a precision the
+   * backend does not compute in, e.g. FP8 or bf16 on the CPU).
    */
   FRT_STATUS_BACKEND = 7,
   /**
@@ -314,7 +316,8 @@ typedef struct FrtPolicyConfig {
    */
   size_t denoise_steps;
   /**
-   * The robot's state width; 0: from the checkpoint. Needed only when the checkpoint states none.
+   * The robot's state width; 0: from the checkpoint. Needed only when the checkpoint states none;
+   * a value other than the checkpoint's is refused (`FRT_STATUS_INVALID_ARGUMENT`, naming it).
    */
   size_t state_dim;
   /**
@@ -532,7 +535,8 @@ const char *frt_version(void);
  *
  * Text output follows the rule of every text function: on success `buf` holds the text and a
  * terminating NUL and `*written` is the text length without the NUL. Pass `buf = NULL, len = 0`
- * to query the length only.
+ * to query the length only. On `FRT_STATUS_BUFFER_TOO_SMALL` `buf` is untouched and `*written`
+ * is the text length too: allocate `*written + 1` bytes and call again.
  *
  * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT` when `written` is NULL or `buf` is NULL with
  * `len > 0`; `FRT_STATUS_BUFFER_TOO_SMALL` when `len` cannot hold the text and its NUL;
@@ -624,9 +628,12 @@ FrtStatus frt_policy_info(const struct FrtPolicy *policy, struct FrtPolicyInfo *
  * appended in every step (Pi0.5 prompt format). Needs a tokenizer. May allocate: not for the
  * control loop's hot path, but fine between chunks.
  *
- * A prompt longer than the capacity is truncated, as lerobot does.
+ * A prompt longer than the capacity is truncated, as lerobot does, and logged once as a warning
+ * naming how many tokens may be dropped and whether the state tokens survive. A text that is
+ * empty or only whitespace is refused (it would drop the instruction without a word).
  *
- * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` (not UTF-8);
+ * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` (not UTF-8,
+ * empty or whitespace-only text);
  * `FRT_STATUS_TOKENIZER` (no tokenizer loaded, or it cannot encode the text); `FRT_STATUS_PANIC`.
  * On failure the previous prompt stays in effect.
  *
@@ -654,7 +661,9 @@ FrtStatus frt_policy_set_prompt_tokens(struct FrtPolicy *policy, const int32_t *
 
 /**
  * One control tick: frames and state in, the action chunk out. The hot path: no heap allocation
- * after the first call, no blocking other than the computation itself.
+ * after the first call, no blocking other than the computation itself. The no-allocation promise
+ * covers successful steps: a failing step may allocate (the runtime formats its error message;
+ * the last-error buffer is reused, so a short message does not grow it).
  *
  * `actions` receives `horizon x action_dim` floats, row-major (row = time step), unnormalized
  * (robot units); `actions_len` must be `FrtPolicyInfo.actions_len`. `step_info` may be NULL.

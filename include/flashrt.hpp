@@ -166,7 +166,8 @@ public:
     }
 
     /// Sets the task text (tokenized once; may allocate: not per tick).
-    void set_prompt(std::string_view text) { check(frt_policy_set_prompt(p_, text.data(), text.size())); }
+    // An empty view may carry a NULL data(); pass "" so the library reports the empty prompt.
+    void set_prompt(std::string_view text) { check(frt_policy_set_prompt(p_, text.empty() ? "" : text.data(), text.size())); }
     /// Sets the complete prompt as token ids.
     void set_prompt_tokens(const std::vector<int32_t> &tokens) {
         static const int32_t none = 0;  // an empty vector's data() may be NULL: report the length instead

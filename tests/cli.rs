@@ -88,10 +88,11 @@ fn synth_inspect_run_and_bench() {
 
 #[test]
 fn prompt_capacity_sizes_the_prefix() {
+    // 32 slots: the smallest capacity the test tokenizer accepts with 8 state dims is above 16.
     let dir = tempfile::tempdir().unwrap();
     let ckpt = synth_tiny(dir.path(), "3");
     // The first denoise step is the plan's concurrent phase (a second stream on a GPU).
-    let (ok, stdout, stderr) = flashrt(&["inspect", "--checkpoint", path(&ckpt), "--prompt-capacity", "16"]);
+    let (ok, stdout, stderr) = flashrt(&["inspect", "--checkpoint", path(&ckpt), "--prompt-capacity", "32"]);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("phase denoise step 0 (concurrent)"), "{stdout}");
     let prefix_rows = |text: &str| -> usize {
@@ -99,9 +100,9 @@ fn prompt_capacity_sizes_the_prefix() {
         line.split_whitespace().last().unwrap().parse::<usize>().unwrap()
     };
     let (_, full, _) = flashrt(&["inspect", "--checkpoint", path(&ckpt)]);
-    // prefix_x is [image tokens + prompt slots, width]: 16 slots instead of the checkpoint's 200.
-    let width = (prefix_rows(&full) - prefix_rows(&stdout)) / (200 - 16);
-    assert!(width > 0 && prefix_rows(&full) - prefix_rows(&stdout) == (200 - 16) * width, "{full}");
+    // prefix_x is [image tokens + prompt slots, width]: 32 slots instead of the checkpoint's 200.
+    let width = (prefix_rows(&full) - prefix_rows(&stdout)) / (200 - 32);
+    assert!(width > 0 && prefix_rows(&full) - prefix_rows(&stdout) == (200 - 32) * width, "{full}");
 
     let json = dir.path().join("bench.json");
     let bench = |tokens: &str| {
@@ -110,7 +111,7 @@ fn prompt_capacity_sizes_the_prefix() {
             "--checkpoint",
             path(&ckpt),
             "--prompt-capacity",
-            "16",
+            "32",
             "--prompt-tokens",
             tokens,
             "--iterations",
@@ -122,9 +123,9 @@ fn prompt_capacity_sizes_the_prefix() {
     let (ok, _, stderr) = bench("12");
     assert!(ok, "{stderr}");
     let results: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert_eq!(results[0]["prompt_capacity"], 16);
-    let (ok, _, stderr) = bench("17");
-    assert!(!ok && stderr.contains("invalid prompt_tokens: 17 tokens given; 1 to 16 allowed"), "{stderr}");
+    assert_eq!(results[0]["prompt_capacity"], 32);
+    let (ok, _, stderr) = bench("33");
+    assert!(!ok && stderr.contains("invalid prompt_tokens: 33 tokens given; 1 to 32 allowed"), "{stderr}");
 }
 
 #[test]

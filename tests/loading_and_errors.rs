@@ -325,3 +325,34 @@ fn rewriting_the_checkpoint_under_an_open_policy_changes_nothing() {
     std::fs::write(&model, original.iter().map(|b| b ^ 0x55).collect::<Vec<u8>>()).unwrap();
     assert_eq!(step_once(&mut policy), before, "step after rewriting every byte");
 }
+
+#[test]
+fn config_overrides_are_honoured_or_refused_by_name() {
+    let dir = tiny();
+    let checkpoint = open(dir.path()).unwrap().info();
+    // More views than the checkpoint names: every extra slot has its own name.
+    let mut config = PolicyConfig::new(dir.path());
+    config.cameras = Some(checkpoint.cameras.len() + 2);
+    let names = Policy::open(&config).unwrap().info().cameras;
+    assert_eq!(names[..checkpoint.cameras.len()], checkpoint.cameras[..]);
+    let mut unique = names.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), names.len(), "{names:?}");
+
+    // A state width other than the checkpoint's is refused, naming the checkpoint's.
+    let mut config = PolicyConfig::new(dir.path());
+    config.state_dim = Some(checkpoint.state_dim - 3);
+    let message = Policy::open(&config).err().expect("a refused state_dim").to_string();
+    assert!(message.contains("config.state_dim") && message.contains(&format!("checkpoint's {}", checkpoint.state_dim)), "{message}");
+    config.state_dim = Some(checkpoint.state_dim);
+    Policy::open(&config).unwrap();
+
+    // An empty or blank prompt is refused; the previous one stays.
+    let mut policy = open(dir.path()).unwrap();
+    policy.set_prompt("wipe the table").unwrap();
+    for blank in ["", "  \n", "_"] {
+        let message = policy.set_prompt(blank).unwrap_err().to_string();
+        assert!(message.contains("invalid prompt") && message.contains("empty"), "{blank:?}: {message}");
+    }
+}

@@ -90,7 +90,8 @@ pub struct FrtPolicyConfig {
     pub prompt_buckets: bool,
     /// Denoising steps; 0: from the checkpoint (config.json `num_inference_steps`).
     pub denoise_steps: usize,
-    /// The robot's state width; 0: from the checkpoint. Needed only when the checkpoint states none.
+    /// The robot's state width; 0: from the checkpoint. Needed only when the checkpoint states none;
+    /// a value other than the checkpoint's is refused (`FRT_STATUS_INVALID_ARGUMENT`, naming it).
     pub state_dim: usize,
     /// Seed of the noise drawn when an observation carries no noise. Default 0.
     pub seed: u64,

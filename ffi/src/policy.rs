@@ -305,9 +305,12 @@ pub unsafe extern "C" fn frt_policy_info(policy: *const FrtPolicy, info: *mut Fr
 /// appended in every step (Pi0.5 prompt format). Needs a tokenizer. May allocate: not for the
 /// control loop's hot path, but fine between chunks.
 ///
-/// A prompt longer than the capacity is truncated, as lerobot does.
+/// A prompt longer than the capacity is truncated, as lerobot does, and logged once as a warning
+/// naming how many tokens may be dropped and whether the state tokens survive. A text that is
+/// empty or only whitespace is refused (it would drop the instruction without a word).
 ///
-/// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` (not UTF-8);
+/// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` (not UTF-8,
+/// empty or whitespace-only text);
 /// `FRT_STATUS_TOKENIZER` (no tokenizer loaded, or it cannot encode the text); `FRT_STATUS_PANIC`.
 /// On failure the previous prompt stays in effect.
 ///
@@ -359,7 +362,9 @@ pub unsafe extern "C" fn frt_policy_set_prompt_tokens(policy: *mut FrtPolicy, to
 }
 
 /// One control tick: frames and state in, the action chunk out. The hot path: no heap allocation
-/// after the first call, no blocking other than the computation itself.
+/// after the first call, no blocking other than the computation itself. The no-allocation promise
+/// covers successful steps: a failing step may allocate (the runtime formats its error message;
+/// the last-error buffer is reused, so a short message does not grow it).
 ///
 /// `actions` receives `horizon x action_dim` floats, row-major (row = time step), unnormalized
 /// (robot units); `actions_len` must be `FrtPolicyInfo.actions_len`. `step_info` may be NULL.

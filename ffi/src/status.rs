@@ -16,16 +16,18 @@ pub enum FrtStatus {
     NullArgument = 1,
     /// An argument or struct field has a wrong value; the policy's last error names the field.
     InvalidArgument = 2,
-    /// The caller's text buffer cannot hold the text and its NUL; nothing was written. Query the
-    /// size by passing `buf = NULL, len = 0`.
+    /// The caller's text buffer cannot hold the text and its NUL; the buffer is untouched and
+    /// `*written` holds the text length (the size needed is that plus one for the NUL).
     BufferTooSmall = 3,
-    /// A file could not be read (missing checkpoint, unreadable tokenizer, ...).
+    /// A file could not be read (missing checkpoint or tokenizer file, permission denied, ...).
     Io = 4,
     /// The checkpoint (weights, config.json, normalization statistics) is unusable.
     Checkpoint = 5,
-    /// The tokenizer is missing or unusable.
+    /// No tokenizer is loaded (text prompt without tokenizer.json), or the tokenizer file was read
+    /// but is unusable (not tokenizer JSON, no `<bos>`, cannot assemble Pi0.5 prompts).
     Tokenizer = 6,
-    /// The requested backend cannot run here (no GPU, no driver, unsupported precision).
+    /// The requested backend or precision cannot run here (no GPU, no driver, a precision the
+    /// backend does not compute in, e.g. FP8 or bf16 on the CPU).
     Backend = 7,
     /// An internal error (a Rust panic) was caught at the ABI boundary. This is a bug in FlashRT;
     /// free the policy involved, its state may be inconsistent.
@@ -126,7 +128,8 @@ pub extern "C" fn frt_version() -> *const c_char {
 ///
 /// Text output follows the rule of every text function: on success `buf` holds the text and a
 /// terminating NUL and `*written` is the text length without the NUL. Pass `buf = NULL, len = 0`
-/// to query the length only.
+/// to query the length only. On `FRT_STATUS_BUFFER_TOO_SMALL` `buf` is untouched and `*written`
+/// is the text length too: allocate `*written + 1` bytes and call again.
 ///
 /// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT` when `written` is NULL or `buf` is NULL with
 /// `len > 0`; `FRT_STATUS_BUFFER_TOO_SMALL` when `len` cannot hold the text and its NUL;

@@ -5,7 +5,8 @@ use std::ffi::c_char;
 use crate::status::FrtStatus;
 
 /// Copies `text` and a NUL into `buf[..len]` and its length into `*written`. `buf = NULL, len = 0`
-/// is a size query. A buffer too small for text + NUL is left untouched (outputs only on success).
+/// is a size query. A buffer too small for text + NUL is left untouched and `*written` gets the
+/// text length, so the caller learns the size needed (`*written + 1`) from the failed call too.
 ///
 /// # Safety
 /// `buf` valid for `len` bytes of writing and `written` for one `usize`, or NULL.
@@ -15,6 +16,8 @@ pub(crate) unsafe fn copy_text(text: &str, buf: *mut c_char, len: usize, written
     }
     if !buf.is_null() {
         if text.len() >= len {
+            // SAFETY: checked non-NULL above; valid by the caller's promise.
+            unsafe { *written = text.len() };
             return FrtStatus::BufferTooSmall;
         }
         // SAFETY: text.len() + 1 <= len bytes of buf are writable (caller's promise).
@@ -40,7 +43,7 @@ mod tests {
         let mut buf = [b'x' as c_char; 4];
         n = 99;
         assert_eq!(unsafe { copy_text("abcd", buf.as_mut_ptr(), 4, &mut n) }, FrtStatus::BufferTooSmall);
-        assert_eq!((n, buf[0]), (99, b'x' as c_char), "nothing written on failure");
+        assert_eq!((n, buf[0]), (4, b'x' as c_char), "buffer untouched, the length reported");
         assert_eq!(unsafe { copy_text("abc", buf.as_mut_ptr(), 4, &mut n) }, FrtStatus::Ok);
         assert_eq!((n, buf[3]), (3, 0));
         assert_eq!(unsafe { copy_text("abc", std::ptr::null_mut(), 4, &mut n) }, FrtStatus::NullArgument);

@@ -69,7 +69,8 @@ pub struct PolicyConfig {
     pub denoise_steps: Option<usize>,
     /// `tokenizer.json`; default: `tokenizer.json` in the checkpoint directory, if present.
     pub tokenizer: Option<PathBuf>,
-    /// The robot's state width when neither config.json nor the statistics state it.
+    /// The robot's state width when neither config.json nor the statistics state it; a value
+    /// other than the checkpoint's is refused.
     pub state_dim: Option<usize>,
     /// Seed of the noise generator used when an observation carries no noise.
     pub seed: u64,
@@ -200,12 +201,29 @@ impl Policy {
         if cameras == 0 {
             return Err(Error::invalid("config.cameras", "at least one camera is required"));
         }
-        model_config.cameras.resize_with(cameras, || String::from("observation.images.extra"));
+        // Pi0.5's weights do not fix the number of views; slots beyond the checkpoint's named
+        // cameras get distinct names, so explain() and error messages can tell them apart.
+        let named = model_config.cameras.len();
+        model_config.cameras.extend((named..cameras).map(|i| format!("observation.images.extra_{}", i - named)));
+        model_config.cameras.truncate(cameras);
 
         let norm = NormStats::find(&dir, json.as_ref().map(|j| j.modes()).unwrap_or_default())?;
-        let state_dim = model_config.state_dim.or(norm.state.as_ref().map(FeatureStats::dim)).or(config.state_dim).ok_or_else(|| {
-            Error::invalid("config.state_dim", "the checkpoint states no state dimension (config.json / statistics); set it")
-        })?;
+        let checkpoint_state_dim = model_config.state_dim.or(norm.state.as_ref().map(FeatureStats::dim));
+        let state_dim = match (checkpoint_state_dim, config.state_dim) {
+            (Some(ours), Some(asked)) if asked != ours => {
+                return Err(Error::invalid(
+                    "config.state_dim",
+                    format!("{asked} differs from the checkpoint's {ours} (config.json / statistics); leave it unset or give {ours}"),
+                ));
+            }
+            (Some(dim), _) | (None, Some(dim)) => dim,
+            (None, None) => {
+                return Err(Error::invalid(
+                    "config.state_dim",
+                    "the checkpoint states no state dimension (config.json / statistics); set it",
+                ));
+            }
+        };
         let out_action_dim =
             model_config.robot_action_dim.or(norm.action.as_ref().map(FeatureStats::dim)).unwrap_or(model_config.action_dim);
         for (what, stats, dim) in [("state", &norm.state, state_dim), ("action", &norm.action, out_action_dim)] {
@@ -254,14 +272,16 @@ impl Policy {
         };
         match (use_cuda, config.precision) {
             (_, Precision::Auto) | (false, Precision::F32) | (true, Precision::Bf16) => {}
+            // A valid value this backend cannot compute in: a backend limit, not a bad argument.
             (true, p) => {
-                return Err(Error::invalid(
-                    "config.precision",
-                    format!("{p:?} is not available on the CUDA backend (it computes in bf16)"),
-                ));
+                return Err(Error::Backend(format!(
+                    "config.precision {p:?} is not available on the CUDA backend (it computes in bf16; use Auto or Bf16)"
+                )));
             }
             (false, p) => {
-                return Err(Error::invalid("config.precision", format!("{p:?} needs the CUDA backend; the CPU backend computes in f32")));
+                return Err(Error::Backend(format!(
+                    "config.precision {p:?} needs the CUDA backend; the CPU backend computes in f32 (use Auto or F32)"
+                )));
             }
         }
 
@@ -352,12 +372,18 @@ impl Policy {
         self.backend.plan().explain()
     }
 
-    /// Sets the task text. The state is appended in every step (pi05 prompt format).
+    /// Sets the task text. The state is appended in every step (pi05 prompt format). A text that
+    /// is empty or only whitespace is refused; one longer than the prompt capacity is truncated
+    /// with a warning.
     pub fn set_prompt(&mut self, text: &str) -> Result<()> {
         let tok = self
             .tokenizer
             .as_mut()
             .ok_or_else(|| Error::Tokenizer("no tokenizer loaded: pass tokenizer.json or use raw prompt tokens".into()))?;
+        // Cleaning turns `_` and newlines into spaces: such a text would run without an instruction.
+        if text.chars().all(|c| c.is_whitespace() || c == '_') {
+            return Err(Error::invalid("prompt", "the task text is empty or only whitespace; the previous prompt stays"));
+        }
         tok.set_task(text)?;
         self.prompt = Prompt::Text;
         Ok(())
@@ -473,8 +499,8 @@ impl Policy {
             if noise.len() != self.noise_len() {
                 return Err(Error::invalid("observation.noise", format!("{} values given, expected {}", noise.len(), self.noise_len())));
             }
-            if noise.iter().any(|v| !v.is_finite()) {
-                return Err(Error::invalid("observation.noise", "contains a non-finite value"));
+            if let Some(i) = noise.iter().position(|v| !v.is_finite()) {
+                return Err(Error::invalid(format!("observation.noise[{i}]"), format!("value {} is not finite", noise[i])));
             }
         }
         if actions.len() != self.actions_len() {

@@ -81,6 +81,8 @@ pub struct PromptTokenizer {
     bos: i32,
     /// BOS and the tokens of `"Task: {task}, State:"` for the current task.
     task_ids: Vec<i32>,
+    /// The length of `task_ids` for the empty task: what every prompt holds before the state.
+    label_len: usize,
     /// Pieces of bin 0 (" {b}", or " {b};\nAction: " when it is also the last bin).
     first: BinPieces,
     /// Pieces of bins 1..state_dim-1 (" {b}"); empty when `state_dim < 3`.
@@ -94,10 +96,9 @@ impl PromptTokenizer {
     /// assembling them reproduces the tokenizer on full prompts (see the module docs); the task
     /// is empty until `set_task`. Every tokenizer error names `path`.
     pub fn from_file(path: &Path, capacity: usize, state_dim: usize) -> Result<Self> {
-        let name_path = |message| Error::Tokenizer(format!("{}: {message}", path.display()));
-        let json = std::fs::read(path).map_err(|e| name_path(e.to_string()))?;
+        let json = std::fs::read(path).map_err(|source| Error::Io { path: path.to_path_buf(), source })?;
         Self::from_bytes(&json, capacity, state_dim).map_err(|e| match e {
-            Error::Tokenizer(message) => name_path(message),
+            Error::Tokenizer(message) => Error::Tokenizer(format!("{}: {message}", path.display())),
             other => other,
         })
     }
@@ -134,10 +135,22 @@ impl PromptTokenizer {
             (BinPieces::build(&tokenizer, &after_label, "")?, middle, BinPieces::build(&tokenizer, &after_bin, TAIL)?)
         };
 
-        let mut this = PromptTokenizer { tokenizer, capacity, state_dim, vocab_size, bos, task_ids: Vec::new(), first, middle, last };
+        let mut this =
+            PromptTokenizer { tokenizer, capacity, state_dim, vocab_size, bos, task_ids: Vec::new(), label_len: 0, first, middle, last };
         this.task_ids = this.tokenize_task("")?;
+        this.label_len = this.task_ids.len();
         for bins in verification_states(state_dim) {
             this.verify(&this.task_ids, "", &bins)?;
+        }
+        let needed = this.capacity_needed();
+        if capacity < needed {
+            return Err(Error::invalid(
+                "prompt_capacity",
+                format!(
+                    "{capacity} tokens cannot hold BOS, \"Task: , State:\" and {state_dim} state bins with their tail \
+                     (at least {needed} tokens with this tokenizer; Pi0.5 uses {DEFAULT_CAPACITY})"
+                ),
+            ));
         }
         Ok(this)
     }
@@ -159,8 +172,10 @@ impl PromptTokenizer {
 
     /// Sets the task text (cleaned as the reference does: trimmed, `_` and newlines become
     /// spaces). Allocates; not for the hot path. Checks the assembly for this task against full
-    /// tokenization on a few states; on error the previous task stays. A task longer than the
-    /// capacity is accepted: the prompt is truncated, as the reference does.
+    /// tokenization on a few states; on error the previous task stays. The empty task is valid (the
+    /// reference prompts `"Task: , State: …"`; `Policy::set_prompt` refuses it from users). A task
+    /// longer than the capacity is accepted with a warning: the prompt is truncated, as the
+    /// reference does.
     pub fn set_task(&mut self, task: &str) -> Result<()> {
         let cleaned = clean_task(task);
         let task_ids = self.tokenize_task(&cleaned)?;
@@ -169,8 +184,33 @@ impl PromptTokenizer {
         for bins in [vec![BIN_MIN; n], vec![BIN_MAX; n], spread] {
             self.verify(&task_ids, &cleaned, &bins)?;
         }
+        let (longest, state) = (task_ids.len() + self.max_state_tokens(), self.max_state_tokens());
+        if longest > self.capacity {
+            let survives = if task_ids.len() >= self.capacity { "no state token survives" } else { "the state tokens are cut too" };
+            log::warn!(
+                "prompt truncated: BOS + task {cleaned:?} take {} tokens and the state up to {state} more, over the prompt \
+                 capacity {}; up to {} tokens are dropped and {survives} (raise prompt_capacity or shorten the task)",
+                task_ids.len(),
+                self.capacity,
+                longest - self.capacity,
+            );
+        }
         self.task_ids = task_ids;
         Ok(())
+    }
+
+    /// The smallest prompt capacity this tokenizer accepts: BOS, `"Task: , State:"` and the
+    /// longest state tokens, so that no state token is ever cut with an empty task.
+    pub fn capacity_needed(&self) -> usize {
+        self.label_len + self.max_state_tokens()
+    }
+
+    /// The most tokens the state bins and the tail take, over every bin value.
+    fn max_state_tokens(&self) -> usize {
+        let tables = std::iter::once(&self.first)
+            .chain(std::iter::repeat_n(&self.middle, self.state_dim.saturating_sub(2)))
+            .chain((self.state_dim > 1).then_some(&self.last));
+        tables.map(BinPieces::max_len).sum()
     }
 
     /// Hot path, allocation-free unless it fails: writes the prompt for the current task and
@@ -271,6 +311,10 @@ impl BinPieces {
             pieces.starts.push(pieces.ids.len());
         }
         Ok(pieces)
+    }
+
+    fn max_len(&self) -> usize {
+        self.starts.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0)
     }
 
     fn get(&self, bin: i32) -> &[i32] {
@@ -531,10 +575,11 @@ mod tests {
         let mut full_prompt = load(256, bins.len());
         full_prompt.set_task(task).unwrap();
         let (full, _, full_len) = assemble(&full_prompt, &bins);
-        assert!(full_len > 16);
+        let smallest = load(256, bins.len()).capacity_needed();
+        assert!(full_len > smallest + 4);
 
         // Cut inside the task, and exactly at the end of the prompt.
-        for capacity in [16, full_len] {
+        for capacity in [smallest + 4, full_len] {
             let mut prompt = load(capacity, bins.len());
             prompt.set_task(task).unwrap();
             let (tokens, mask, len) = assemble(&prompt, &bins);
@@ -547,8 +592,10 @@ mod tests {
     #[test]
     fn bad_tokenizer_files_name_the_path() {
         let missing = Path::new("/nonexistent/tokenizer.json");
-        let message = expect_tokenizer_error(PromptTokenizer::from_file(missing, 200, 8));
-        assert!(message.contains("/nonexistent/tokenizer.json"), "{message}");
+        let Err(error @ Error::Io { .. }) = PromptTokenizer::from_file(missing, 200, 8) else {
+            panic!("an unreadable file is an I/O error");
+        };
+        assert!(error.to_string().contains("/nonexistent/tokenizer.json"), "{error}");
 
         let dir = tempfile::tempdir().unwrap();
         let corrupt = dir.path().join("tokenizer.json");
@@ -566,6 +613,11 @@ mod tests {
     fn rejects_bad_sizes_and_bins() {
         let json = std::fs::read(TOKENIZER).unwrap();
         expect_invalid(PromptTokenizer::from_bytes(&json, 0, 8), "prompt_capacity");
+        // "Fits" means BOS, the label and the longest state tokens with an empty task.
+        let needed = load(256, 8).capacity_needed();
+        assert!(needed > 1 + 8, "BOS, label and at least one token per bin: {needed}");
+        expect_invalid(PromptTokenizer::from_bytes(&json, needed - 1, 8), "prompt_capacity");
+        PromptTokenizer::from_bytes(&json, needed, 8).unwrap();
         expect_invalid(PromptTokenizer::from_bytes(&json, 200, 0), "state_dim");
 
         let prompt = load(32, 3);

@@ -104,9 +104,10 @@ static void test_status_message(void) {
     EXPECT_STATUS(frt_status_message(FRT_STATUS_OK, buf, sizeof buf, NULL), FRT_STATUS_NULL_ARGUMENT);
     EXPECT_STATUS(frt_status_message(FRT_STATUS_OK, NULL, 10, &n), FRT_STATUS_NULL_ARGUMENT);
     EXPECT_STATUS(frt_status_message(FRT_STATUS_IO, tiny, sizeof tiny, &n), FRT_STATUS_BUFFER_TOO_SMALL);
-    CHECK(tiny[0] == 'x' && tiny[3] == 'x' && n == 777);
-    /* Exactly text + NUL fits. */
+    /* A buffer too small is untouched, and the failed call still reports the length needed. */
     EXPECT_STATUS(frt_status_message(FRT_STATUS_IO, NULL, 0, &need), FRT_STATUS_OK);
+    CHECK(tiny[0] == 'x' && tiny[3] == 'x' && n == need);
+    /* Exactly text + NUL fits. */
     EXPECT_STATUS(frt_status_message(FRT_STATUS_IO, buf, need, &n), FRT_STATUS_BUFFER_TOO_SMALL);
     EXPECT_STATUS(frt_status_message(FRT_STATUS_IO, buf, need + 1, &n), FRT_STATUS_OK);
     CHECK(n == need && buf[need] == '\0');
@@ -256,9 +257,20 @@ static void test_open_errors(void) {
     EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
     EXPECT_MENTIONS(open_error(), "config.max_frame_height");
     c = base_config();
-    c.precision = FRT_PRECISION_FP8; /* the CPU backend computes in f32 */
-    EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
+    c.precision = FRT_PRECISION_FP8; /* a valid value the CPU backend cannot compute in */
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_BACKEND);
     EXPECT_MENTIONS(open_error(), "config.precision");
+    /* A state width other than the checkpoint's is refused, naming the checkpoint's. */
+    c = base_config();
+    c.state_dim = 5;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(open_error(), "config.state_dim");
+    EXPECT_MENTIONS(open_error(), "checkpoint's 8");
+    /* A prompt capacity that cannot hold BOS, the task label and the state tokens. */
+    c = base_config();
+    c.prompt_capacity = 1;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(open_error(), "prompt_capacity");
 
     /* No GPU here: the CUDA backend reports itself unavailable (on a GPU machine it may open). */
     c = base_config();
@@ -277,7 +289,7 @@ static void test_open_errors(void) {
     EXPECT_MENTIONS(open_error(), "does-not-exist");
     c = base_config();
     c.tokenizer = path;
-    EXPECT_STATUS(try_open(&c), FRT_STATUS_TOKENIZER);
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_IO); /* an unreadable file, as for the checkpoint */
     EXPECT_MENTIONS(open_error(), "does-not-exist");
 
     /* A directory without weights, truncated weights, garbage weights. */
@@ -469,9 +481,13 @@ static void test_prompts(FrtPolicy *p) {
     EXPECT_MENTIONS(last_error(p), "text is NULL");
     EXPECT_STATUS(frt_policy_set_prompt(p, bad_utf8, sizeof bad_utf8 - 1), FRT_STATUS_INVALID_ARGUMENT);
     EXPECT_MENTIONS(last_error(p), "UTF-8");
+    /* An empty or blank task is refused, not silently run without an instruction. */
+    EXPECT_STATUS(frt_policy_set_prompt(p, "", 0), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(last_error(p), "empty");
+    EXPECT_STATUS(frt_policy_set_prompt(p, " \n ", 3), FRT_STATUS_INVALID_ARGUMENT);
     long_text = (char *)malloc(20000);
     for (i = 0; i < 20000; i++) long_text[i] = (i % 6 == 5) ? ' ' : (char)('a' + i % 26);
-    /* Longer than the prompt capacity: truncated, as lerobot does. */
+    /* Longer than the prompt capacity: truncated (with a warning in the log), as lerobot does. */
     EXPECT_STATUS(frt_policy_set_prompt(p, long_text, 20000), FRT_STATUS_OK);
     free(long_text);
     EXPECT_STATUS(frt_policy_set_prompt(p, "pick up the cube", 16), FRT_STATUS_OK);
@@ -601,7 +617,7 @@ static void test_step_errors(FrtPolicy *p) {
     t.state[7] = -INFINITY;
     EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "observation.state[7]");
     t.noise[100] = NAN;
-    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "observation.noise");
+    EXPECT_STEP_FAILS(p, &t, FRT_STATUS_INVALID_ARGUMENT, "observation.noise[100]");
 
     /* After all of that the policy still steps, and success clears the message. */
     EXPECT_STATUS(step(p, &t), FRT_STATUS_OK);

@@ -105,6 +105,14 @@ int main(int argc, char **argv) {
         CHECK(e.status() == FRT_STATUS_INVALID_ARGUMENT && mentions(e.what(), "prompt_tokens"));
     }
 
+    // An empty view (data() may be NULL) reaches the library as an empty prompt, refused as such.
+    try {
+        policy.set_prompt(std::string_view{});
+        CHECK(false);
+    } catch (const frt::Error &e) {
+        CHECK(e.status() == FRT_STATUS_INVALID_ARGUMENT && mentions(e.what(), "empty"));
+    }
+
     FrtLatencyStats stats = policy.stats();
     CHECK(stats.count == 2 && stats.p50_ms > 0.0);
     policy.reset_stats();
