@@ -351,7 +351,7 @@ fn config_overrides_are_honoured_or_refused_by_name() {
     // An empty or blank prompt is refused; the previous one stays.
     let mut policy = open(dir.path()).unwrap();
     policy.set_prompt("wipe the table").unwrap();
-    for blank in ["", "  \n", "_"] {
+    for blank in ["", "  \n", "_", "\u{1c}"] {
         let message = policy.set_prompt(blank).unwrap_err().to_string();
         assert!(message.contains("invalid prompt") && message.contains("empty"), "{blank:?}: {message}");
     }

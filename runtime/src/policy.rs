@@ -380,8 +380,7 @@ impl Policy {
             .tokenizer
             .as_mut()
             .ok_or_else(|| Error::Tokenizer("no tokenizer loaded: pass tokenizer.json or use raw prompt tokens".into()))?;
-        // Cleaning turns `_` and newlines into spaces: such a text would run without an instruction.
-        if text.chars().all(|c| c.is_whitespace() || c == '_') {
+        if crate::prompt::is_blank_task(text) {
             return Err(Error::invalid("prompt", "the task text is empty or only whitespace; the previous prompt stays"));
         }
         tok.set_task(text)?;

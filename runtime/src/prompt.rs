@@ -184,7 +184,8 @@ impl PromptTokenizer {
         for bins in [vec![BIN_MIN; n], vec![BIN_MAX; n], spread] {
             self.verify(&task_ids, &cleaned, &bins)?;
         }
-        let (longest, state) = (task_ids.len() + self.max_state_tokens(), self.max_state_tokens());
+        let state = self.max_state_tokens();
+        let longest = task_ids.len() + state;
         if longest > self.capacity {
             let survives = if task_ids.len() >= self.capacity { "no state token survives" } else { "the state tokens are cut too" };
             log::warn!(
@@ -327,6 +328,12 @@ impl BinPieces {
 /// `"Task: pick up the cup, State: 12 7;\nAction: "`.
 pub fn format_prompt(task: &str, bins: &[i32]) -> String {
     prompt_text(&clean_task(task), bins) + TAIL
+}
+
+/// Whether `task` holds no instruction once cleaned as the reference cleans it (empty, whitespace,
+/// `_`, newlines and the separators Python's `strip` removes).
+pub fn is_blank_task(task: &str) -> bool {
+    clean_task(task).trim().is_empty()
 }
 
 /// The reference's `text.strip().replace("_", " ").replace("\n", " ")`. Python's `str.strip`
