@@ -29,7 +29,9 @@ const STEPS: usize = 30;
 
 fn step_does_not_allocate_after_warm_up() {
     let dir = tempfile::tempdir().unwrap();
-    synthesize(dir.path(), SynthSize::Tiny, 11, &|_| {}).unwrap();
+    // The smallest synthesized model: jetson/ci.sh runs this under qemu, where a step of the tiny
+    // one costs seconds. The code paths are the same.
+    synthesize(dir.path(), SynthSize::Micro, 11, &|_| {}).unwrap();
     let mut config = PolicyConfig::new(dir.path());
     config.max_frame_width = 640;
     config.max_frame_height = 480;
@@ -39,9 +41,11 @@ fn step_does_not_allocate_after_warm_up() {
     let info = policy.info();
     let mut actions = vec![0.0; policy.actions_len()];
 
-    // Inputs prepared up front (the test's own buffers must not be counted).
+    // Inputs prepared up front (the test's own buffers must not be counted). The first size is the
+    // model's own (no resize), the others are resized with padding.
+    let side = info.config.image_size;
     let sizes =
-        [(224, 224, PixelFormat::Rgb8), (640, 480, PixelFormat::Bgr8), (300, 200, PixelFormat::Rgba8), (96, 128, PixelFormat::Rgb8)];
+        [(side, side, PixelFormat::Rgb8), (640, 480, PixelFormat::Bgr8), (300, 200, PixelFormat::Rgba8), (96, 128, PixelFormat::Rgb8)];
     let frames: Vec<Vec<u8>> =
         sizes.iter().enumerate().map(|(i, (w, h, f))| (0..w * h * f.bytes_per_pixel()).map(|p| (p * 31 + i * 7) as u8).collect()).collect();
     let states: Vec<Vec<f32>> = (0..7).map(|i| (0..info.state_dim).map(|d| ((i * 13 + d * 5) % 17) as f32 / 4.0 - 2.0).collect()).collect();

@@ -3,22 +3,23 @@
 //! prompt, missing cameras, strided frames, changing states, drawn and caller noise alternating,
 //! and the CPU worker pool active (two threads). Own `main` (harness = false) so no test-runner
 //! thread allocates while the counter is armed. A few steps cover every path (the variants repeat
-//! every two steps); under qemu (jetson/ci.sh) each costs seconds.
+//! every two steps, and each is seen three times); the model is the smallest synthesized one, since
+//! under qemu (jetson/ci.sh) a step of the tiny one costs seconds.
 
 use std::ffi::CString;
-use std::path::Path;
 
 use flashrt_ffi::*;
 
 #[path = "../../tests/support/counting_alloc.rs"]
 mod counting_alloc;
 
-const STEPS: usize = 12;
+const STEPS: usize = 6;
 
 fn main() {
-    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data");
-    let checkpoint = CString::new(data.join("pi05_tiny").to_str().unwrap()).unwrap();
-    let tokenizer = CString::new(data.join("tokenizer/tokenizer.json").to_str().unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    flashrt::synth::synthesize(dir.path(), flashrt::synth::SynthSize::Micro, 7, &|_| {}).unwrap();
+    let checkpoint = CString::new(dir.path().to_str().unwrap()).unwrap();
+    let tokenizer = CString::new(dir.path().join("tokenizer.json").to_str().unwrap()).unwrap();
     unsafe {
         let mut config: FrtPolicyConfig = std::mem::zeroed();
         config.struct_size = size_of::<FrtPolicyConfig>();

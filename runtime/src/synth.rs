@@ -28,6 +28,10 @@ const STD: f32 = 0.02;
 pub enum SynthSize {
     /// SigLIP 144×1, LM 64×2, expert 32×2, vocab 1024: about 0.6 M parameters, f32.
     Tiny,
+    /// Tiny's widths and layers on 56×56 images (16 patches instead of 256): a step costs about a
+    /// sixth of Tiny's, for the tests that run under valgrind or qemu, where a Tiny step costs
+    /// seconds to tens of seconds. The code paths are Tiny's.
+    Micro,
     /// pi05_base sizes (SigLIP So400m, Gemma 2B + 300M): 3.6 G parameters, bf16 (7.2 GB).
     Full,
 }
@@ -68,6 +72,7 @@ impl SynthSize {
                 robot_action_dim: None,
                 embedding_tensor: String::new(),
             }),
+            SynthSize::Micro => Config { image_size: 56, ..SynthSize::Tiny.config() },
             SynthSize::Full => common(Config {
                 vision_width: 1152,
                 vision_layers: 27,
@@ -104,7 +109,7 @@ impl SynthSize {
 
     fn dtype(self) -> (&'static str, usize) {
         match self {
-            SynthSize::Tiny => ("F32", 4),
+            SynthSize::Tiny | SynthSize::Micro => ("F32", 4),
             SynthSize::Full => ("BF16", 2),
         }
     }
@@ -162,7 +167,7 @@ fn write_weights(path: &Path, tensors: &[(String, Vec<usize>)], size: SynthSize,
             for _ in 0..n {
                 let v = mean + half_width * (2.0 * rng.random::<f32>() - 1.0);
                 match size {
-                    SynthSize::Tiny => chunk.extend_from_slice(&v.to_le_bytes()),
+                    SynthSize::Tiny | SynthSize::Micro => chunk.extend_from_slice(&v.to_le_bytes()),
                     SynthSize::Full => chunk.extend_from_slice(&bf16::from_f32(v).to_le_bytes()),
                 }
             }
@@ -230,6 +235,7 @@ fn lerobot_config(c: &Config) -> String {
         "max_action_dim": c.action_dim,
         "num_inference_steps": c.denoise_steps,
         "tokenizer_max_length": c.prompt_len,
+        "image_resolution": [c.image_size, c.image_size],
         "normalization_mapping": {"VISUAL": "IDENTITY", "STATE": "QUANTILES", "ACTION": "QUANTILES"},
         "vision_num_heads": c.vision_heads,
     });
@@ -241,15 +247,20 @@ mod tests {
     use super::*;
     use crate::checkpoint::Checkpoint;
 
+    fn derived_config(dir: &Path) -> Config {
+        let ckpt = Checkpoint::open(dir).unwrap();
+        let json = crate::models::pi05::LerobotConfig::read(&dir.join("config.json")).unwrap();
+        let derived = Config::from_checkpoint(&ckpt, Some(&json)).unwrap();
+        derived.expected().check(&ckpt).unwrap();
+        derived
+    }
+
     #[test]
     fn tiny_checkpoint_round_trips_through_the_loader() {
         let dir = tempfile::tempdir().unwrap();
         synthesize(dir.path(), SynthSize::Tiny, 3, &|_| {}).unwrap();
+        assert_eq!(derived_config(dir.path()), SynthSize::Tiny.config());
         let ckpt = Checkpoint::open(dir.path()).unwrap();
-        let json = crate::models::pi05::LerobotConfig::read(&dir.path().join("config.json")).unwrap();
-        let derived = Config::from_checkpoint(&ckpt, Some(&json)).unwrap();
-        assert_eq!(derived, SynthSize::Tiny.config());
-        derived.expected().check(&ckpt).unwrap();
         let w = ckpt.get("action_in_proj.weight").unwrap().to_f32();
         let std = (w.iter().map(|v| v * v).sum::<f32>() / w.len() as f32).sqrt();
         assert!((std - STD).abs() < 0.002, "std {std}");
@@ -260,6 +271,16 @@ mod tests {
         assert_eq!(read(dir.path()), read(again.path()));
         synthesize(again.path(), SynthSize::Tiny, 4, &|_| {}).unwrap();
         assert_ne!(read(dir.path()), read(again.path()));
+    }
+
+    #[test]
+    fn micro_checkpoint_has_smaller_images_and_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        synthesize(dir.path(), SynthSize::Micro, 3, &|_| {}).unwrap();
+        let micro = derived_config(dir.path());
+        assert_eq!(micro, SynthSize::Micro.config());
+        assert_eq!((micro.image_size, micro.tokens_per_image()), (56, 16));
+        assert_eq!(Config { image_size: 224, ..micro }, SynthSize::Tiny.config());
     }
 
     #[test]
