@@ -13,7 +13,7 @@
 #      tests/c/hpp_test.cpp against libflashrt.a, cross-compiled with aarch64-linux-gnu-gcc;
 #   (the zero-allocation, C ABI and ROS 2 tests run the micro synthesized model: a step of the
 #   tiny one costs seconds here);
-#   4. from both tarballs under qemu: the README's main job (`flashrt demo --steps 5`) and the
+#   4. from both tarballs under qemu: the README's main job (`flashrt demo --steps 2`) and the
 #      packed C++ example (`cpp_controller --ticks 3`);
 #   5. the ROS 2 node's interop test (ros2_bridge/tests/interop.rs: the aarch64 node and test under
 #      qemu, the x86_64 cyclonedds peer, in a network namespace with only loopback). It needs qemu
@@ -190,7 +190,7 @@ fi
 
 demo() { # board
   local pkg="$stage/flashrt-$version-$1-aarch64"
-  "${qemu[@]}" "$pkg/bin/flashrt" demo --steps 5
+  "${qemu[@]}" "$pkg/bin/flashrt" demo --steps 2
   if [ -x "$pkg/bin/flashrt-ros2" ]; then
     "${qemu[@]}" "$pkg/bin/flashrt-ros2" --help > /dev/null
   fi
@@ -199,8 +199,8 @@ demo() { # board
     "${qemu[@]}" "$pkg/bin/cpp_controller" --checkpoint tests/data/pi05_tiny --tokenizer tests/data/tokenizer/tokenizer.json --ticks 3
   fi
 }
-timed "qemu: README main job (flashrt demo --steps 5) and the C++ example from the orin tarball" demo orin
-timed "qemu: README main job (flashrt demo --steps 5) and the C++ example from the thor tarball" demo thor
+timed "qemu: README main job (flashrt demo --steps 2) and the C++ example from the orin tarball" demo orin
+timed "qemu: README main job (flashrt demo --steps 2) and the C++ example from the thor tarball" demo thor
 
 print_timings
 ls -l "$out"
