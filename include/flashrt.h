@@ -568,8 +568,9 @@ FrtStatus frt_policy_config_default(struct FrtPolicyConfig *config);
  * the backend. Slow (not for the control loop); call once.
  *
  * On success `*out` receives the policy, to be released with `frt_policy_free`. On failure `*out`
- * is untouched and `frt_last_open_error` describes the problem (it is also logged at
- * `FRT_LOG_LEVEL_ERROR`).
+ * is untouched and `frt_last_open_error` describes the problem; every failure is also logged at
+ * `FRT_LOG_LEVEL_ERROR`, through the config's `log_level` and `log_callback`, or to stderr when
+ * they cannot be read (`config` NULL, `struct_size` too small, `log_level` not a level).
  *
  * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT` (`config`, `out` or `config->checkpoint` is
  * NULL); `FRT_STATUS_INVALID_ARGUMENT` (a config field is wrong: `struct_size`, an enum value, a

@@ -167,6 +167,35 @@ fn optional(n: usize) -> Option<usize> {
     (n != 0).then_some(n)
 }
 
+fn log_level(n: u32) -> Option<log::LevelFilter> {
+    Some(match n {
+        0 => log::LevelFilter::Off,
+        1 => log::LevelFilter::Error,
+        2 => log::LevelFilter::Warn,
+        3 => log::LevelFilter::Info,
+        4 => log::LevelFilter::Debug,
+        5 => log::LevelFilter::Trace,
+        _ => return None,
+    })
+}
+
+/// Where an open with this config logs, before the rest of it is checked: its level and callback,
+/// or the defaults (warnings and errors to stderr) when the struct or its level cannot be read, so
+/// that every failed open is logged (NULL config and wrong `struct_size` included).
+///
+/// # Safety
+/// As [`read`].
+pub(crate) unsafe fn open_sink(config: *const FrtPolicyConfig) -> Sink {
+    let default = Sink::new(log::LevelFilter::Warn, None, std::ptr::null_mut());
+    // SAFETY: non-NULL configs are readable; struct_size is the first field of any version.
+    if config.is_null() || unsafe { (*config).struct_size } < size_of::<FrtPolicyConfig>() {
+        return default;
+    }
+    // SAFETY: at least our version of the struct is readable (checked above).
+    let c = unsafe { &*config };
+    log_level(c.log_level).map_or(default, |level| Sink::new(level, c.log_callback, c.log_user_data))
+}
+
 /// Reads and checks a caller's config: the runtime's config and the log sink.
 ///
 /// # Safety
@@ -200,15 +229,8 @@ pub(crate) unsafe fn read(config: *const FrtPolicyConfig) -> Result<(PolicyConfi
         3 => Precision::Fp8,
         n => return Err(Failure::invalid("config.precision", format!("{n} is not an FrtPrecision value"))),
     };
-    let level = match c.log_level {
-        0 => log::LevelFilter::Off,
-        1 => log::LevelFilter::Error,
-        2 => log::LevelFilter::Warn,
-        3 => log::LevelFilter::Info,
-        4 => log::LevelFilter::Debug,
-        5 => log::LevelFilter::Trace,
-        n => return Err(Failure::invalid("config.log_level", format!("{n} is not an FrtLogLevel value"))),
-    };
+    let level = log_level(c.log_level)
+        .ok_or_else(|| Failure::invalid("config.log_level", format!("{} is not an FrtLogLevel value", c.log_level)))?;
     if c.cameras > FRT_MAX_CAMERAS {
         return Err(Failure::invalid("config.cameras", format!("{} exceeds FRT_MAX_CAMERAS = {FRT_MAX_CAMERAS}", c.cameras)));
     }

@@ -155,8 +155,9 @@ thread_local! {
 /// the backend. Slow (not for the control loop); call once.
 ///
 /// On success `*out` receives the policy, to be released with `frt_policy_free`. On failure `*out`
-/// is untouched and `frt_last_open_error` describes the problem (it is also logged at
-/// `FRT_LOG_LEVEL_ERROR`).
+/// is untouched and `frt_last_open_error` describes the problem; every failure is also logged at
+/// `FRT_LOG_LEVEL_ERROR`, through the config's `log_level` and `log_callback`, or to stderr when
+/// they cannot be read (`config` NULL, `struct_size` too small, `log_level` not a level).
 ///
 /// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT` (`config`, `out` or `config->checkpoint` is
 /// NULL); `FRT_STATUS_INVALID_ARGUMENT` (a config field is wrong: `struct_size`, an enum value, a
@@ -173,7 +174,12 @@ thread_local! {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn frt_policy_open(config: *const FrtPolicyConfig, out: *mut *mut FrtPolicy) -> FrtStatus {
     guard(FrtStatus::Panic, || {
+        // SAFETY: the caller's promise on config.
+        let _scope = unsafe { config::open_sink(config) }.enter();
         let opened = if out.is_null() { Err(Failure::null("out")) } else { unsafe { open(config) } };
+        if let Err(f) = &opened {
+            log::error!("frt_policy_open: {}", f.message);
+        }
         match opened {
             Ok(policy) => {
                 // SAFETY: non-NULL, writable by the caller's promise.
@@ -194,8 +200,7 @@ pub unsafe extern "C" fn frt_policy_open(config: *const FrtPolicyConfig, out: *m
 unsafe fn open(config: *const FrtPolicyConfig) -> Result<FrtPolicy, Failure> {
     // SAFETY: forwarded caller's promise.
     let (config, sink) = unsafe { config::read(config)? };
-    let _scope = sink.enter();
-    let opened = Policy::open(&config).map_err(Failure::from).and_then(|policy| {
+    Policy::open(&config).map_err(Failure::from).and_then(|policy| {
         let raw = policy.info();
         if raw.cameras.len() > FRT_MAX_CAMERAS {
             let msg = format!("the checkpoint has {} cameras, more than FRT_MAX_CAMERAS = {FRT_MAX_CAMERAS}", raw.cameras.len());
@@ -216,11 +221,7 @@ unsafe fn open(config: *const FrtPolicyConfig) -> Result<FrtPolicy, Failure> {
         // Room for typical messages, so a failing step need not allocate for its text.
         let last_error = String::with_capacity(1024);
         Ok(FrtPolicy { explain: policy.explain(), policy, sink, last_error, info })
-    });
-    if let Err(f) = &opened {
-        log::error!("frt_policy_open: {}", f.message);
-    }
-    opened
+    })
 }
 
 /// Copies the message of the most recent `frt_policy_open` on this thread that failed (empty once

@@ -75,12 +75,13 @@ fn a_blank_prompt_is_rejected_and_the_task_stays() {
     assert_eq!(inference.tick(&shared, now), Tick::Ran { masked: 0 });
     let mut intake = intake(&shared, &config);
     let ((), logged) = warnings(|| {
-        for blank in ["", "   ", "\t\n"] {
+        // Underscores and the separators Python's strip removes are blank to the prompt cleaning.
+        for blank in ["", "   ", "\t\n", "__ _", "\u{1c}\u{1f}"] {
             intake.prompt(Ok::<_, String>(StringMsg { data: blank.into() }), now);
         }
     });
     let p = &shared.health.prompt;
-    assert_eq!((p.received.load(Relaxed), p.rejected.load(Relaxed)), (3, 3));
+    assert_eq!((p.received.load(Relaxed), p.rejected.load(Relaxed)), (5, 5));
     assert_eq!(*lock(&shared.prompt), None, "a blank prompt does not replace the task");
     assert_eq!(logged.len(), 1, "{logged:#?}");
     assert!(logged[0].contains("/prompt") && logged[0].contains("blank"), "{}", logged[0]);

@@ -9,10 +9,12 @@
  * -DEXPECTED_VERSION from Cargo.toml, and -DFRT_PANIC_HOOK when the library is a debug build that
  * exports frt_debug_panic_next_call.
  */
-#define _POSIX_C_SOURCE 200809L /* mkdir */
+#define _POSIX_C_SOURCE 200809L /* mkdir, dup2 */
 #include <flashrt.h>
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -348,6 +350,34 @@ static void on_log(void *user_data, FrtLogLevel level, const char *text, size_t 
     r->bad_text += text == NULL || strlen(text) != len || len == 0;
 }
 
+/* frt_policy_open with stderr (fd 2) redirected to a file; `text` receives what it wrote there. */
+static FrtStatus open_capturing_stderr(const FrtPolicyConfig *c, char *text, size_t cap) {
+    char path[1100];
+    FrtPolicy *p = NULL;
+    FrtStatus s;
+    int saved, fd;
+    FILE *f;
+    size_t n = 0;
+    snprintf(path, sizeof path, "%s/stderr.txt", scratch_dir);
+    fflush(stderr);
+    saved = dup(2);
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (saved < 0 || fd < 0 || dup2(fd, 2) < 0) abort();
+    close(fd);
+    s = frt_policy_open(c, &p);
+    fflush(stderr);
+    if (dup2(saved, 2) < 0) abort();
+    close(saved);
+    if (s == FRT_STATUS_OK) frt_policy_free(p);
+    f = fopen(path, "rb");
+    if (f != NULL) {
+        n = fread(text, 1, cap - 1, f);
+        fclose(f);
+    }
+    text[n] = '\0';
+    return s;
+}
+
 static void test_log_callback(void) {
     struct log_record r = {0, 0, 0, 0, 0};
     FrtPolicyConfig c = base_config();
@@ -362,6 +392,26 @@ static void test_log_callback(void) {
     c.checkpoint = missing;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_IO);
     CHECK(r.errors == 1);
+    /* So is every other failed open: a config field the library refuses, a NULL `out`... */
+    c.checkpoint = checkpoint_dir;
+    c.backend = 7;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
+    c.backend = FRT_BACKEND_CPU;
+    c.cameras = FRT_MAX_CAMERAS + 1;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
+    c.cameras = 0;
+    EXPECT_STATUS(frt_policy_open(&c, NULL), FRT_STATUS_NULL_ARGUMENT);
+    CHECK(r.errors == 4 && r.bad_text == 0);
+    /* ... and, to stderr, one whose config cannot be read at all. */
+    {
+        char text[2048];
+        FrtPolicyConfig unreadable = base_config();
+        unreadable.struct_size = 8;
+        EXPECT_STATUS(open_capturing_stderr(&unreadable, text, sizeof text), FRT_STATUS_INVALID_ARGUMENT);
+        EXPECT_MENTIONS(text, "frt_policy_open: invalid config.struct_size");
+        EXPECT_STATUS(open_capturing_stderr(NULL, text, sizeof text), FRT_STATUS_NULL_ARGUMENT);
+        EXPECT_MENTIONS(text, "config is NULL");
+    }
     /* Without a tokenizer (none given, none beside the checkpoint): a warning at open, and text
      * prompts are refused. */
     {
