@@ -339,6 +339,7 @@ struct log_record {
     int warnings;
     int errors;
     int bad_text;
+    char last[1024]; /* the most recent message */
 };
 
 static void on_log(void *user_data, FrtLogLevel level, const char *text, size_t len) {
@@ -348,6 +349,7 @@ static void on_log(void *user_data, FrtLogLevel level, const char *text, size_t 
     r->warnings += level == FRT_LOG_LEVEL_WARN;
     r->errors += level == FRT_LOG_LEVEL_ERROR;
     r->bad_text += text == NULL || strlen(text) != len || len == 0;
+    if (text != NULL) snprintf(r->last, sizeof r->last, "%s", text);
 }
 
 /* frt_policy_open with stderr (fd 2) redirected to a file; `text` receives what it wrote there. */
@@ -379,7 +381,7 @@ static FrtStatus open_capturing_stderr(const FrtPolicyConfig *c, char *text, siz
 }
 
 static void test_log_callback(void) {
-    struct log_record r = {0, 0, 0, 0, 0};
+    struct log_record r = {0};
     FrtPolicyConfig c = base_config();
     char missing[1100];
     c.log_level = FRT_LOG_LEVEL_INFO;
@@ -430,6 +432,27 @@ static void test_log_callback(void) {
         CHECK(r.warnings == 1 && r.infos == 0 && r.bad_text == 0);
         EXPECT_STATUS(frt_policy_set_prompt(p, "wave", 4), FRT_STATUS_TOKENIZER);
         EXPECT_MENTIONS(last_error(p), "tokenizer");
+        frt_policy_free(p);
+    }
+    /* A task longer than the prompt capacity: one warning per set_prompt, naming what is dropped. */
+    {
+        FrtPolicy *p = NULL;
+        char long_task[400];
+        size_t i;
+        for (i = 0; i + 1 < sizeof long_task; i++) long_task[i] = (i % 6 == 5) ? ' ' : (char)('a' + i % 26);
+        memset(&r, 0, sizeof r);
+        c = base_config();
+        c.log_level = FRT_LOG_LEVEL_WARN;
+        c.log_callback = on_log;
+        c.log_user_data = &r;
+        EXPECT_STATUS(frt_policy_open(&c, &p), FRT_STATUS_OK);
+        EXPECT_STATUS(frt_policy_set_prompt(p, long_task, sizeof long_task - 1), FRT_STATUS_OK);
+        CHECK(r.warnings == 1 && r.calls == 1);
+        EXPECT_MENTIONS(r.last, "prompt truncated");
+        EXPECT_MENTIONS(r.last, "capacity 64");
+        EXPECT_MENTIONS(r.last, "no state token survives");
+        EXPECT_STATUS(frt_policy_set_prompt(p, "pick up the cube", 16), FRT_STATUS_OK);
+        CHECK(r.calls == 1);
         frt_policy_free(p);
     }
     /* Above the level: nothing. */
