@@ -196,11 +196,11 @@ pub(crate) unsafe fn open_sink(config: *const FrtPolicyConfig) -> Sink {
     log_level(c.log_level).map_or(default, |level| Sink::new(level, c.log_callback, c.log_user_data))
 }
 
-/// Reads and checks a caller's config: the runtime's config and the log sink.
+/// Reads and checks a caller's config into the runtime's config (its log sink is [`open_sink`]'s).
 ///
 /// # Safety
 /// `config` points to a readable `FrtPolicyConfig` whose string fields are NUL-terminated or NULL.
-pub(crate) unsafe fn read(config: *const FrtPolicyConfig) -> Result<(PolicyConfig, Sink), Failure> {
+pub(crate) unsafe fn read(config: *const FrtPolicyConfig) -> Result<PolicyConfig, Failure> {
     if config.is_null() {
         return Err(Failure::null("config"));
     }
@@ -229,8 +229,9 @@ pub(crate) unsafe fn read(config: *const FrtPolicyConfig) -> Result<(PolicyConfi
         3 => Precision::Fp8,
         n => return Err(Failure::invalid("config.precision", format!("{n} is not an FrtPrecision value"))),
     };
-    let level = log_level(c.log_level)
-        .ok_or_else(|| Failure::invalid("config.log_level", format!("{} is not an FrtLogLevel value", c.log_level)))?;
+    if log_level(c.log_level).is_none() {
+        return Err(Failure::invalid("config.log_level", format!("{} is not an FrtLogLevel value", c.log_level)));
+    }
     if c.cameras > FRT_MAX_CAMERAS {
         return Err(Failure::invalid("config.cameras", format!("{} exceeds FRT_MAX_CAMERAS = {FRT_MAX_CAMERAS}", c.cameras)));
     }
@@ -250,5 +251,5 @@ pub(crate) unsafe fn read(config: *const FrtPolicyConfig) -> Result<(PolicyConfi
     out.seed = c.seed;
     out.threads = optional(c.threads);
     out.deadline = (c.deadline_us != 0).then(|| Duration::from_micros(c.deadline_us));
-    Ok((out, Sink::new(level, c.log_callback, c.log_user_data)))
+    Ok(out)
 }

@@ -175,8 +175,9 @@ thread_local! {
 pub unsafe extern "C" fn frt_policy_open(config: *const FrtPolicyConfig, out: *mut *mut FrtPolicy) -> FrtStatus {
     guard(FrtStatus::Panic, || {
         // SAFETY: the caller's promise on config.
-        let _scope = unsafe { config::open_sink(config) }.enter();
-        let opened = if out.is_null() { Err(Failure::null("out")) } else { unsafe { open(config) } };
+        let sink = unsafe { config::open_sink(config) };
+        let _scope = sink.enter();
+        let opened = if out.is_null() { Err(Failure::null("out")) } else { unsafe { open(config, sink) } };
         if let Err(f) = &opened {
             log::error!("frt_policy_open: {}", f.message);
         }
@@ -197,9 +198,9 @@ pub unsafe extern "C" fn frt_policy_open(config: *const FrtPolicyConfig, out: *m
 
 /// # Safety
 /// As `frt_policy_open`'s `config`.
-unsafe fn open(config: *const FrtPolicyConfig) -> Result<FrtPolicy, Failure> {
+unsafe fn open(config: *const FrtPolicyConfig, sink: Sink) -> Result<FrtPolicy, Failure> {
     // SAFETY: forwarded caller's promise.
-    let (config, sink) = unsafe { config::read(config)? };
+    let config = unsafe { config::read(config)? };
     Policy::open(&config).map_err(Failure::from).and_then(|policy| {
         let raw = policy.info();
         if raw.cameras.len() > FRT_MAX_CAMERAS {
