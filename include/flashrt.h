@@ -9,7 +9,7 @@
  *   frt_policy_config_default(&config);
  *   config.checkpoint = "/data/pi05";
  *   FrtPolicy *policy = NULL;
- *   if (frt_policy_open(&config, &policy) != FRT_STATUS_OK) { frt_last_open_error(...); ... }
+ *   if (frt_policy_open(&config, &policy) != FRT_STATUS_OK) { frt_last_error(...); ... }
  *   frt_policy_set_prompt(policy, task, strlen(task));
  *   every control tick: frt_policy_step(policy, &observation, actions, actions_len, NULL);
  *   frt_policy_free(policy);
@@ -28,8 +28,9 @@
  *   to get the length first.
  * - Text input is UTF-8; paths are NUL-terminated, other text comes with its length.
  * - Errors never abort the process: a Rust panic is caught and reported as FRT_STATUS_PANIC.
- *   frt_policy_last_error names the failing field ("observation.state[3]", ...); the message of a
- *   failed frt_policy_open is in frt_last_open_error.
+ *   Every failure but a text copy's leaves a message naming the problem: frt_policy_last_error
+ *   for calls taking an FrtPolicy* ("observation.state[3]", ...), frt_last_error (per thread)
+ *   for frt_policy_open, frt_policy_config_default and the const FrtPolicy* calls.
  * - Nothing the library returns must be freed by the caller except the policy (frt_policy_free).
  *
  * Thread safety: an FrtPolicy* is used by one thread at a time; functions taking a
@@ -95,7 +96,8 @@ enum FrtStatus
    */
   FRT_STATUS_NULL_ARGUMENT = 1,
   /**
-   * An argument or struct field has a wrong value; the policy's last error names the field.
+   * An argument or struct field has a wrong value; the last error (`frt_policy_last_error`, or
+   * `frt_last_error` for calls without a mutable policy) names the field.
    */
   FRT_STATUS_INVALID_ARGUMENT = 2,
   /**
@@ -550,11 +552,30 @@ const char *frt_version(void);
 FrtStatus frt_status_message(uint32_t status, char *buf, size_t len, size_t *written);
 
 /**
+ * Copies the message of the most recent call on this thread that failed without a mutable policy
+ * to keep its message — `frt_policy_open`, `frt_policy_config_default`, `frt_policy_info`,
+ * `frt_policy_stats` — naming the problem, e.g. "checkpoint /data/pi05: tensor ... missing" or
+ * "invalid info.struct_size: 8 is below sizeof(FrtPolicyInfo) = 152". Empty after one of them
+ * succeeded. The text-copying calls (`frt_status_message`, `frt_last_error`,
+ * `frt_policy_last_error`, `frt_policy_explain`) never change it: their statuses say everything,
+ * and reading a message must not replace it. Text rule as in `frt_status_message`.
+ *
+ * Returns `FRT_STATUS_OK`, `FRT_STATUS_NULL_ARGUMENT`, `FRT_STATUS_BUFFER_TOO_SMALL`.
+ *
+ * Thread safety: safe; each thread has its own message.
+ *
+ * # Safety
+ * `buf` must be valid for `len` bytes of writing and `written` for one `size_t`, or NULL.
+ */
+FrtStatus frt_last_error(char *buf, size_t len, size_t *written);
+
+/**
  * Fills `*config` with the defaults; `config->struct_size` must be set first.
  *
  * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT` when `config` is NULL;
  * `FRT_STATUS_INVALID_ARGUMENT` when `struct_size` is smaller than this library's
- * `FrtPolicyConfig` (a header older than the library); the struct is untouched then.
+ * `FrtPolicyConfig` (a header older than the library); the struct is untouched then and
+ * `frt_last_error` says which.
  *
  * Thread safety: safe to call from any thread.
  *
@@ -568,7 +589,7 @@ FrtStatus frt_policy_config_default(struct FrtPolicyConfig *config);
  * the backend. Slow (not for the control loop); call once.
  *
  * On success `*out` receives the policy, to be released with `frt_policy_free`. On failure `*out`
- * is untouched and `frt_last_open_error` describes the problem; every failure is also logged at
+ * is untouched and `frt_last_error` describes the problem; every failure is also logged at
  * `FRT_LOG_LEVEL_ERROR`, through the config's `log_level` and `log_callback`, or to stderr when
  * they cannot be read (`config` NULL, `struct_size` too small, `log_level` not a level).
  *
@@ -588,20 +609,6 @@ FrtStatus frt_policy_config_default(struct FrtPolicyConfig *config);
 FrtStatus frt_policy_open(const struct FrtPolicyConfig *config, struct FrtPolicy **out);
 
 /**
- * Copies the message of the most recent `frt_policy_open` on this thread that failed (empty once
- * one succeeded), e.g. "checkpoint /data/pi05: tensor ... missing". Text rule as in
- * `frt_status_message`.
- *
- * Returns `FRT_STATUS_OK`, `FRT_STATUS_NULL_ARGUMENT`, `FRT_STATUS_BUFFER_TOO_SMALL`.
- *
- * Thread safety: safe; each thread has its own message.
- *
- * # Safety
- * `buf` must be valid for `len` bytes of writing and `written` for one `size_t`, or NULL.
- */
-FrtStatus frt_last_open_error(char *buf, size_t len, size_t *written);
-
-/**
  * Releases a policy and everything it holds. NULL is accepted and ignored.
  *
  * Thread safety: no other call may use `policy` during or after this call.
@@ -615,7 +622,8 @@ void frt_policy_free(struct FrtPolicy *policy);
  * Describes the policy: model, backend, device, sizes and camera names.
  *
  * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` when
- * `info->struct_size` is below `sizeof(FrtPolicyInfo)`.
+ * `info->struct_size` is below `sizeof(FrtPolicyInfo)`. A failure's message is in
+ * `frt_last_error` (a `const` call writes nothing to the policy).
  *
  * Thread safety: `const`: may run concurrently with other `const FrtPolicy*` calls.
  *
@@ -699,16 +707,16 @@ FrtStatus frt_policy_step(struct FrtPolicy *policy,
  * Copies the latency statistics of the steps so far into `*stats`.
  *
  * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` when
- * `stats->struct_size` is below `sizeof(FrtLatencyStats)`. Computes percentiles (allocates): call it
- * between chunks or at the end, not every tick.
+ * `stats->struct_size` is below `sizeof(FrtLatencyStats)`; a failure's message is in
+ * `frt_last_error`. Computes percentiles (allocates): call it between chunks or at the end, not
+ * every tick.
  *
  * Thread safety: `const`: may run concurrently with other `const FrtPolicy*` calls.
  *
  * # Safety
  * `policy` from `frt_policy_open` or NULL; `stats` writable or NULL.
  */
-FrtStatus frt_policy_stats(const struct FrtPolicy *policy,
-                           struct FrtLatencyStats *stats);
+FrtStatus frt_policy_stats(const struct FrtPolicy *policy, struct FrtLatencyStats *stats);
 
 /**
  * Forgets the latency statistics (count, percentiles, maximum, deadline misses), e.g. after

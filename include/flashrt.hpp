@@ -52,6 +52,11 @@ std::string read_text(Read read) {
     return text;
 }
 
+/// Throws for a failed call whose message is kept per thread (frt_last_error).
+inline void check_on_thread(FrtStatus s) {
+    if (s != FRT_STATUS_OK) throw Error(s, read_text([](char *buf, size_t len, size_t *written) { return frt_last_error(buf, len, written); }));
+}
+
 }  // namespace detail
 
 /// A short description of a status, e.g. "the checkpoint is unusable".
@@ -65,8 +70,7 @@ inline std::string version() { return frt_version(); }
 /// FrtPolicyConfig with its defaults, owning the path strings. Set plain fields on `options`.
 struct Config {
     explicit Config(std::string checkpoint_path) : checkpoint(std::move(checkpoint_path)), options(sized<FrtPolicyConfig>()) {
-        FrtStatus s = frt_policy_config_default(&options);
-        if (s != FRT_STATUS_OK) throw Error(s, "frt_policy_config_default: " + status_message(s));
+        detail::check_on_thread(frt_policy_config_default(&options));
     }
     std::string checkpoint;
     std::string tokenizer;         // empty: the one beside the checkpoint
@@ -130,17 +134,14 @@ struct Info {
 /// An open policy. Move-only; the destructor frees it.
 class Policy {
 public:
-    /// Opens a checkpoint (slow: call once). Throws Error with frt_last_open_error's message.
+    /// Opens a checkpoint (slow: call once). Throws Error with frt_last_error's message.
     static Policy open(const Config &config) {
         FrtPolicyConfig c = config.options;
         c.checkpoint = config.checkpoint.c_str();
         c.tokenizer = config.tokenizer.empty() ? nullptr : config.tokenizer.c_str();
         c.kernel_cache_dir = config.kernel_cache_dir.empty() ? nullptr : config.kernel_cache_dir.c_str();
         FrtPolicy *p = nullptr;
-        FrtStatus s = frt_policy_open(&c, &p);
-        if (s != FRT_STATUS_OK) {
-            throw Error(s, detail::read_text([](char *buf, size_t len, size_t *written) { return frt_last_open_error(buf, len, written); }));
-        }
+        detail::check_on_thread(frt_policy_open(&c, &p));
         return Policy(p);
     }
 
@@ -158,7 +159,7 @@ public:
 
     Info info() const {
         FrtPolicyInfo i = sized<FrtPolicyInfo>();
-        check_const(frt_policy_info(p_, &i), "frt_policy_info");
+        detail::check_on_thread(frt_policy_info(p_, &i));
         Info out{i.model, i.backend, i.device_name, i.action_dim, i.horizon, i.actions_len, i.state_dim, i.noise_len, {},
                  i.max_frame_width, i.max_frame_height, i.denoise_steps, i.prompt_capacity, i.parameters, i.memory_bytes};
         out.camera_names.assign(i.camera_names, i.camera_names + i.cameras);
@@ -187,7 +188,7 @@ public:
 
     FrtLatencyStats stats() const {
         FrtLatencyStats s = sized<FrtLatencyStats>();
-        check_const(frt_policy_stats(p_, &s), "frt_policy_stats");
+        detail::check_on_thread(frt_policy_stats(p_, &s));
         return s;
     }
     void reset_stats() { check(frt_policy_reset_stats(p_)); }
@@ -208,10 +209,6 @@ private:
     explicit Policy(FrtPolicy *p) noexcept : p_(p) {}
     void check(FrtStatus s) const {
         if (s != FRT_STATUS_OK) throw Error(s, last_error());
-    }
-    // const calls record no last error: the status text is all there is.
-    static void check_const(FrtStatus s, const char *what) {
-        if (s != FRT_STATUS_OK) throw Error(s, std::string(what) + ": " + status_message(s));
     }
 
     FrtPolicy *p_;

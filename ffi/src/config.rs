@@ -9,7 +9,7 @@ use flashrt::{BackendKind, PolicyConfig, Precision};
 
 use crate::boundary::guard;
 use crate::logging::{FrtLogCallback, Sink};
-use crate::status::{Failure, FrtStatus};
+use crate::status::{Failure, FrtStatus, finish_on_thread, struct_size};
 
 /// Most camera slots a policy may have through the C ABI (`frt_policy_step` stages the frames in a
 /// fixed array on the stack, so it never allocates).
@@ -111,7 +111,8 @@ pub struct FrtPolicyConfig {
 ///
 /// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT` when `config` is NULL;
 /// `FRT_STATUS_INVALID_ARGUMENT` when `struct_size` is smaller than this library's
-/// `FrtPolicyConfig` (a header older than the library); the struct is untouched then.
+/// `FrtPolicyConfig` (a header older than the library); the struct is untouched then and
+/// `frt_last_error` says which.
 ///
 /// Thread safety: safe to call from any thread.
 ///
@@ -119,42 +120,44 @@ pub struct FrtPolicyConfig {
 /// `config` must point to a writable `FrtPolicyConfig`, or be NULL.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn frt_policy_config_default(config: *mut FrtPolicyConfig) -> FrtStatus {
-    guard(FrtStatus::Panic, || {
-        if config.is_null() {
-            return FrtStatus::NullArgument;
-        }
-        // SAFETY: non-NULL and points to a config (caller's promise); struct_size is its first field.
-        let size = unsafe { (*config).struct_size };
-        if size < size_of::<FrtPolicyConfig>() {
-            return FrtStatus::InvalidArgument;
-        }
-        let d = PolicyConfig::new("");
-        let defaults = FrtPolicyConfig {
-            struct_size: size,
-            checkpoint: std::ptr::null(),
-            tokenizer: std::ptr::null(),
-            kernel_cache_dir: std::ptr::null(),
-            backend: FrtBackend::Auto as u32,
-            precision: FrtPrecision::Auto as u32,
-            device: d.device as u32,
-            log_level: FrtLogLevel::Warn as u32,
-            cameras: 0,
-            max_frame_width: d.max_frame_width,
-            max_frame_height: d.max_frame_height,
-            prompt_capacity: 0,
-            prompt_buckets: d.prompt_buckets,
-            denoise_steps: 0,
-            state_dim: 0,
-            seed: d.seed,
-            deadline_us: 0,
-            log_callback: None,
-            log_user_data: std::ptr::null_mut(),
-            threads: 0,
-        };
-        // SAFETY: the caller's struct is at least as large as ours (checked above).
-        unsafe { config.write(defaults) };
-        FrtStatus::Ok
-    })
+    // SAFETY: the caller's promise on config.
+    guard(FrtStatus::Panic, || finish_on_thread(unsafe { write_defaults(config) }))
+}
+
+/// # Safety
+/// As `frt_policy_config_default`.
+unsafe fn write_defaults(config: *mut FrtPolicyConfig) -> Result<(), Failure> {
+    if config.is_null() {
+        return Err(Failure::null("config"));
+    }
+    // SAFETY: non-NULL and points to a config (caller's promise).
+    let size = unsafe { struct_size(config, "config")? };
+    let d = PolicyConfig::new("");
+    let defaults = FrtPolicyConfig {
+        struct_size: size,
+        checkpoint: std::ptr::null(),
+        tokenizer: std::ptr::null(),
+        kernel_cache_dir: std::ptr::null(),
+        backend: FrtBackend::Auto as u32,
+        precision: FrtPrecision::Auto as u32,
+        device: d.device as u32,
+        log_level: FrtLogLevel::Warn as u32,
+        cameras: 0,
+        max_frame_width: d.max_frame_width,
+        max_frame_height: d.max_frame_height,
+        prompt_capacity: 0,
+        prompt_buckets: d.prompt_buckets,
+        denoise_steps: 0,
+        state_dim: 0,
+        seed: d.seed,
+        deadline_us: 0,
+        log_callback: None,
+        log_user_data: std::ptr::null_mut(),
+        threads: 0,
+    };
+    // SAFETY: the caller's struct is at least as large as ours (checked above).
+    unsafe { config.write(defaults) };
+    Ok(())
 }
 
 fn path(p: *const c_char) -> Option<PathBuf> {
@@ -204,12 +207,8 @@ pub(crate) unsafe fn read(config: *const FrtPolicyConfig) -> Result<PolicyConfig
     if config.is_null() {
         return Err(Failure::null("config"));
     }
-    // SAFETY: struct_size is the first field of any version of the struct.
-    let size = unsafe { (*config).struct_size };
-    if size < size_of::<FrtPolicyConfig>() {
-        let msg = format!("{size} is below sizeof(FrtPolicyConfig) = {}: set it to sizeof(FrtPolicyConfig)", size_of::<FrtPolicyConfig>());
-        return Err(Failure::invalid("config.struct_size", msg));
-    }
+    // SAFETY: non-NULL and readable (caller's promise).
+    unsafe { struct_size(config, "config")? };
     // SAFETY: at least our version of the struct is readable (checked above).
     let c = unsafe { &*config };
     let checkpoint = path(c.checkpoint).ok_or_else(|| Failure::null("config.checkpoint"))?;

@@ -1,6 +1,5 @@
 //! The policy handle and every call made on it.
 
-use std::cell::RefCell;
 use std::ffi::{CString, c_char};
 use std::fmt::{self, Write as _};
 
@@ -9,7 +8,7 @@ use flashrt::{Frame, Observation, PixelFormat, Policy};
 use crate::boundary::guard;
 use crate::config::{self, FRT_MAX_CAMERAS, FrtBackend, FrtPolicyConfig};
 use crate::logging::Sink;
-use crate::status::{Failure, FrtStatus};
+use crate::status::{Failure, FrtStatus, finish_on_thread, struct_size};
 use crate::text::copy_text;
 
 /// An open policy: weights, plan, buffers, prompt, statistics and the last error. Opaque.
@@ -147,15 +146,11 @@ pub struct FrtLatencyStats {
     pub deadline_misses: u64,
 }
 
-thread_local! {
-    static OPEN_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
-}
-
 /// Opens a checkpoint: loads and converts the weights, builds the plan and its buffers and warms
 /// the backend. Slow (not for the control loop); call once.
 ///
 /// On success `*out` receives the policy, to be released with `frt_policy_free`. On failure `*out`
-/// is untouched and `frt_last_open_error` describes the problem; every failure is also logged at
+/// is untouched and `frt_last_error` describes the problem; every failure is also logged at
 /// `FRT_LOG_LEVEL_ERROR`, through the config's `log_level` and `log_callback`, or to stderr when
 /// they cannot be read (`config` NULL, `struct_size` too small, `log_level` not a level).
 ///
@@ -181,18 +176,10 @@ pub unsafe extern "C" fn frt_policy_open(config: *const FrtPolicyConfig, out: *m
         if let Err(f) = &opened {
             log::error!("frt_policy_open: {}", f.message);
         }
-        match opened {
-            Ok(policy) => {
-                // SAFETY: non-NULL, writable by the caller's promise.
-                unsafe { *out = Box::into_raw(Box::new(policy)) };
-                OPEN_ERROR.with_borrow_mut(String::clear);
-                FrtStatus::Ok
-            }
-            Err(f) => {
-                OPEN_ERROR.set(f.message);
-                f.status
-            }
-        }
+        finish_on_thread(opened.map(|policy| {
+            // SAFETY: non-NULL, writable by the caller's promise.
+            unsafe { *out = Box::into_raw(Box::new(policy)) };
+        }))
     })
 }
 
@@ -225,22 +212,6 @@ unsafe fn open(config: *const FrtPolicyConfig, sink: Sink) -> Result<FrtPolicy, 
     })
 }
 
-/// Copies the message of the most recent `frt_policy_open` on this thread that failed (empty once
-/// one succeeded), e.g. "checkpoint /data/pi05: tensor ... missing". Text rule as in
-/// `frt_status_message`.
-///
-/// Returns `FRT_STATUS_OK`, `FRT_STATUS_NULL_ARGUMENT`, `FRT_STATUS_BUFFER_TOO_SMALL`.
-///
-/// Thread safety: safe; each thread has its own message.
-///
-/// # Safety
-/// `buf` must be valid for `len` bytes of writing and `written` for one `size_t`, or NULL.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn frt_last_open_error(buf: *mut c_char, len: usize, written: *mut usize) -> FrtStatus {
-    // SAFETY: the caller's promise on buf/len/written.
-    guard(FrtStatus::Panic, || OPEN_ERROR.with_borrow(|m| unsafe { copy_text(m, buf, len, written) }))
-}
-
 /// Releases a policy and everything it holds. NULL is accepted and ignored.
 ///
 /// Thread safety: no other call may use `policy` during or after this call.
@@ -260,7 +231,8 @@ pub unsafe extern "C" fn frt_policy_free(policy: *mut FrtPolicy) {
 /// Describes the policy: model, backend, device, sizes and camera names.
 ///
 /// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` when
-/// `info->struct_size` is below `sizeof(FrtPolicyInfo)`.
+/// `info->struct_size` is below `sizeof(FrtPolicyInfo)`. A failure's message is in
+/// `frt_last_error` (a `const` call writes nothing to the policy).
 ///
 /// Thread safety: `const`: may run concurrently with other `const FrtPolicy*` calls.
 ///
@@ -268,39 +240,44 @@ pub unsafe extern "C" fn frt_policy_free(policy: *mut FrtPolicy) {
 /// `policy` from `frt_policy_open` or NULL; `info` writable or NULL.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn frt_policy_info(policy: *const FrtPolicy, info: *mut FrtPolicyInfo) -> FrtStatus {
-    guard(FrtStatus::Panic, || {
-        // SAFETY: valid or NULL (caller's promise).
-        let (Some(p), false) = (unsafe { policy.as_ref() }, info.is_null()) else { return FrtStatus::NullArgument };
-        // SAFETY: non-NULL; struct_size is the first field.
-        let size = unsafe { (*info).struct_size };
-        if size < size_of::<FrtPolicyInfo>() {
-            return FrtStatus::InvalidArgument;
-        }
-        let i = &p.info;
-        let r = &i.raw;
-        let out = FrtPolicyInfo {
-            struct_size: size,
-            model: i.model.as_ptr(),
-            backend: if r.backend == "cuda" { FrtBackend::Cuda } else { FrtBackend::Cpu },
-            device_name: i.device.as_ptr(),
-            action_dim: r.action_dim,
-            horizon: r.horizon,
-            actions_len: i.actions_len,
-            state_dim: r.state_dim,
-            noise_len: i.noise_len,
-            cameras: i.camera_ptrs.len(),
-            camera_names: i.camera_ptrs.as_ptr(),
-            max_frame_width: i.max_frame.0,
-            max_frame_height: i.max_frame.1,
-            denoise_steps: r.denoise_steps,
-            prompt_capacity: r.prompt_capacity,
-            parameters: r.parameters as u64,
-            memory_bytes: r.memory_bytes as u64,
-        };
-        // SAFETY: the caller's struct holds at least ours.
-        unsafe { info.write(out) };
-        FrtStatus::Ok
-    })
+    // SAFETY: the caller's promises.
+    guard(FrtStatus::Panic, || finish_on_thread(unsafe { write_info(policy, info) }))
+}
+
+/// # Safety
+/// As `frt_policy_info`.
+unsafe fn write_info(policy: *const FrtPolicy, info: *mut FrtPolicyInfo) -> Result<(), Failure> {
+    // SAFETY: valid or NULL (caller's promise).
+    let p = unsafe { policy.as_ref() }.ok_or_else(|| Failure::null("policy"))?;
+    if info.is_null() {
+        return Err(Failure::null("info"));
+    }
+    // SAFETY: non-NULL and writable (caller's promise).
+    let size = unsafe { struct_size(info, "info")? };
+    let i = &p.info;
+    let r = &i.raw;
+    let out = FrtPolicyInfo {
+        struct_size: size,
+        model: i.model.as_ptr(),
+        backend: if r.backend == "cuda" { FrtBackend::Cuda } else { FrtBackend::Cpu },
+        device_name: i.device.as_ptr(),
+        action_dim: r.action_dim,
+        horizon: r.horizon,
+        actions_len: i.actions_len,
+        state_dim: r.state_dim,
+        noise_len: i.noise_len,
+        cameras: i.camera_ptrs.len(),
+        camera_names: i.camera_ptrs.as_ptr(),
+        max_frame_width: i.max_frame.0,
+        max_frame_height: i.max_frame.1,
+        denoise_steps: r.denoise_steps,
+        prompt_capacity: r.prompt_capacity,
+        parameters: r.parameters as u64,
+        memory_bytes: r.memory_bytes as u64,
+    };
+    // SAFETY: the caller's struct holds at least ours.
+    unsafe { info.write(out) };
+    Ok(())
 }
 
 /// Sets the task text (UTF-8, `len` bytes, no NUL needed). It is tokenized once here; the state is
@@ -405,8 +382,9 @@ pub unsafe extern "C" fn frt_policy_step(
 /// Copies the latency statistics of the steps so far into `*stats`.
 ///
 /// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` when
-/// `stats->struct_size` is below `sizeof(FrtLatencyStats)`. Computes percentiles (allocates): call it
-/// between chunks or at the end, not every tick.
+/// `stats->struct_size` is below `sizeof(FrtLatencyStats)`; a failure's message is in
+/// `frt_last_error`. Computes percentiles (allocates): call it between chunks or at the end, not
+/// every tick.
 ///
 /// Thread safety: `const`: may run concurrently with other `const FrtPolicy*` calls.
 ///
@@ -414,28 +392,33 @@ pub unsafe extern "C" fn frt_policy_step(
 /// `policy` from `frt_policy_open` or NULL; `stats` writable or NULL.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn frt_policy_stats(policy: *const FrtPolicy, stats: *mut FrtLatencyStats) -> FrtStatus {
-    guard(FrtStatus::Panic, || {
-        // SAFETY: valid or NULL (caller's promise).
-        let (Some(p), false) = (unsafe { policy.as_ref() }, stats.is_null()) else { return FrtStatus::NullArgument };
-        // SAFETY: non-NULL; struct_size is the first field.
-        let size = unsafe { (*stats).struct_size };
-        if size < size_of::<FrtLatencyStats>() {
-            return FrtStatus::InvalidArgument;
-        }
-        let s = p.policy.stats().summary();
-        let out = FrtLatencyStats {
-            struct_size: size,
-            count: s.count,
-            p50_ms: s.p50_ms,
-            p90_ms: s.p90_ms,
-            p99_ms: s.p99_ms,
-            max_ms: s.max_ms,
-            deadline_misses: s.deadline_misses,
-        };
-        // SAFETY: the caller's struct holds at least ours.
-        unsafe { stats.write(out) };
-        FrtStatus::Ok
-    })
+    // SAFETY: the caller's promises.
+    guard(FrtStatus::Panic, || finish_on_thread(unsafe { write_stats(policy, stats) }))
+}
+
+/// # Safety
+/// As `frt_policy_stats`.
+unsafe fn write_stats(policy: *const FrtPolicy, stats: *mut FrtLatencyStats) -> Result<(), Failure> {
+    // SAFETY: valid or NULL (caller's promise).
+    let p = unsafe { policy.as_ref() }.ok_or_else(|| Failure::null("policy"))?;
+    if stats.is_null() {
+        return Err(Failure::null("stats"));
+    }
+    // SAFETY: non-NULL and writable (caller's promise).
+    let size = unsafe { struct_size(stats, "stats")? };
+    let s = p.policy.stats().summary();
+    let out = FrtLatencyStats {
+        struct_size: size,
+        count: s.count,
+        p50_ms: s.p50_ms,
+        p90_ms: s.p90_ms,
+        p99_ms: s.p99_ms,
+        max_ms: s.max_ms,
+        deadline_misses: s.deadline_misses,
+    };
+    // SAFETY: the caller's struct holds at least ours.
+    unsafe { stats.write(out) };
+    Ok(())
 }
 
 /// Forgets the latency statistics (count, percentiles, maximum, deadline misses), e.g. after

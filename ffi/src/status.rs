@@ -1,5 +1,6 @@
-//! Status codes, their messages and the library version.
+//! Status codes, their messages, the per-thread last error and the library version.
 
+use std::cell::RefCell;
 use std::ffi::c_char;
 
 use crate::boundary::guard;
@@ -14,7 +15,8 @@ pub enum FrtStatus {
     Ok = 0,
     /// A pointer argument (or a pointer field of a struct argument) that must not be NULL was NULL.
     NullArgument = 1,
-    /// An argument or struct field has a wrong value; the policy's last error names the field.
+    /// An argument or struct field has a wrong value; the last error (`frt_policy_last_error`, or
+    /// `frt_last_error` for calls without a mutable policy) names the field.
     InvalidArgument = 2,
     /// The caller's text buffer cannot hold the text and its NUL; the buffer is untouched and
     /// `*written` holds the text length (the size needed is that plus one for the NUL).
@@ -69,7 +71,7 @@ impl From<&flashrt::Error> for FrtStatus {
     }
 }
 
-/// A failed call: its status and the message `frt_policy_last_error` / `frt_last_open_error`
+/// A failed call: its status and the message `frt_policy_last_error` / `frt_last_error`
 /// report, in the runtime's wording ("invalid {field}: {message}").
 pub(crate) struct Failure {
     pub status: FrtStatus,
@@ -84,6 +86,25 @@ impl Failure {
     pub fn invalid(field: &str, message: impl std::fmt::Display) -> Failure {
         Failure { status: FrtStatus::InvalidArgument, message: format!("invalid {field}: {message}") }
     }
+}
+
+/// Reads the `struct_size` of the caller's struct `name` (its first field) and refuses one smaller
+/// than this library's `T`: it comes from an older header, and its tail is not the caller's memory.
+///
+/// # Safety
+/// `ptr` is non-NULL and points to a readable struct whose first field is `size_t struct_size`.
+pub(crate) unsafe fn struct_size<T>(ptr: *const T, name: &str) -> Result<usize, Failure> {
+    // SAFETY: the caller's promise; every version of the struct starts with struct_size.
+    let size = unsafe { ptr.cast::<usize>().read() };
+    let needed = size_of::<T>();
+    if size < needed {
+        let ty = std::any::type_name::<T>().rsplit("::").next().unwrap_or("the struct");
+        return Err(Failure::invalid(
+            &format!("{name}.struct_size"),
+            format!("{size} is below sizeof({ty}) = {needed}: set it to sizeof({ty})"),
+        ));
+    }
+    Ok(size)
 }
 
 impl From<flashrt::Error> for Failure {
@@ -146,6 +167,46 @@ pub unsafe extern "C" fn frt_status_message(status: u32, buf: *mut c_char, len: 
         Some(s) => unsafe { copy_text(s.message(), buf, len, written) },
         None => FrtStatus::InvalidArgument,
     })
+}
+
+thread_local! {
+    /// The message of the last failed call on this thread that has no `FrtPolicy*` to keep it.
+    static THREAD_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Ends a call whose message is kept per thread (`frt_last_error`): a failure's text replaces it,
+/// a success clears it.
+pub(crate) fn finish_on_thread(result: Result<(), Failure>) -> FrtStatus {
+    match result {
+        Ok(()) => {
+            THREAD_ERROR.with_borrow_mut(String::clear);
+            FrtStatus::Ok
+        }
+        Err(f) => {
+            THREAD_ERROR.set(f.message);
+            f.status
+        }
+    }
+}
+
+/// Copies the message of the most recent call on this thread that failed without a mutable policy
+/// to keep its message — `frt_policy_open`, `frt_policy_config_default`, `frt_policy_info`,
+/// `frt_policy_stats` — naming the problem, e.g. "checkpoint /data/pi05: tensor ... missing" or
+/// "invalid info.struct_size: 8 is below sizeof(FrtPolicyInfo) = 152". Empty after one of them
+/// succeeded. The text-copying calls (`frt_status_message`, `frt_last_error`,
+/// `frt_policy_last_error`, `frt_policy_explain`) never change it: their statuses say everything,
+/// and reading a message must not replace it. Text rule as in `frt_status_message`.
+///
+/// Returns `FRT_STATUS_OK`, `FRT_STATUS_NULL_ARGUMENT`, `FRT_STATUS_BUFFER_TOO_SMALL`.
+///
+/// Thread safety: safe; each thread has its own message.
+///
+/// # Safety
+/// `buf` must be valid for `len` bytes of writing and `written` for one `size_t`, or NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn frt_last_error(buf: *mut c_char, len: usize, written: *mut usize) -> FrtStatus {
+    // SAFETY: the caller's promise on buf/len/written.
+    guard(FrtStatus::Panic, || THREAD_ERROR.with_borrow(|m| unsafe { copy_text(m, buf, len, written) }))
 }
 
 #[cfg(test)]

@@ -48,14 +48,14 @@ static const char *read_text(FrtStatus (*read)(const FrtPolicy *, char *, size_t
     return long_message;
 }
 
-static FrtStatus read_open_error(const FrtPolicy *unused, char *buf, size_t len, size_t *written) {
+static FrtStatus read_thread_error(const FrtPolicy *unused, char *buf, size_t len, size_t *written) {
     (void)unused;
-    return frt_last_open_error(buf, len, written);
+    return frt_last_error(buf, len, written);
 }
 
 static const char *last_error(const FrtPolicy *policy) { return read_text(frt_policy_last_error, policy); }
 
-static const char *open_error(void) { return read_text(read_open_error, NULL); }
+static const char *thread_error(void) { return read_text(read_thread_error, NULL); }
 
 #define EXPECT_MENTIONS(text, needle)                                                   \
     do {                                                                                \
@@ -139,11 +139,15 @@ static void test_config_default(void) {
     FrtPolicyConfig c;
     memset(&c, 0xAB, sizeof c);
     EXPECT_STATUS(frt_policy_config_default(NULL), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_MENTIONS(thread_error(), "config is NULL");
     c.struct_size = sizeof c - 1;
     EXPECT_STATUS(frt_policy_config_default(&c), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(thread_error(), "config.struct_size");
+    EXPECT_MENTIONS(thread_error(), "sizeof(FrtPolicyConfig)");
     CHECK(c.backend == 0xABABABABu); /* untouched */
     c.struct_size = sizeof c;
     EXPECT_STATUS(frt_policy_config_default(&c), FRT_STATUS_OK);
+    CHECK(thread_error()[0] == '\0'); /* a success clears the thread's error */
     CHECK(c.struct_size == sizeof c);
     CHECK(c.checkpoint == NULL && c.tokenizer == NULL && c.kernel_cache_dir == NULL);
     CHECK(c.backend == FRT_BACKEND_AUTO && c.precision == FRT_PRECISION_AUTO && c.device == 0);
@@ -219,60 +223,60 @@ static void test_open_errors(void) {
     size_t n = 0;
 
     EXPECT_STATUS(frt_policy_open(NULL, &p), FRT_STATUS_NULL_ARGUMENT);
-    EXPECT_MENTIONS(open_error(), "config is NULL");
+    EXPECT_MENTIONS(thread_error(), "config is NULL");
     EXPECT_STATUS(frt_policy_open(&c, NULL), FRT_STATUS_NULL_ARGUMENT);
-    EXPECT_MENTIONS(open_error(), "out is NULL");
+    EXPECT_MENTIONS(thread_error(), "out is NULL");
     c.checkpoint = NULL;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_NULL_ARGUMENT);
-    EXPECT_MENTIONS(open_error(), "config.checkpoint");
-    /* The open error text follows the text rule too. */
-    EXPECT_STATUS(frt_last_open_error(small, sizeof small, &n), FRT_STATUS_BUFFER_TOO_SMALL);
-    EXPECT_STATUS(frt_last_open_error(NULL, 0, NULL), FRT_STATUS_NULL_ARGUMENT);
-    EXPECT_STATUS(frt_last_open_error(NULL, 5, &n), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_MENTIONS(thread_error(), "config.checkpoint");
+    /* The thread's error text follows the text rule too. */
+    EXPECT_STATUS(frt_last_error(small, sizeof small, &n), FRT_STATUS_BUFFER_TOO_SMALL);
+    EXPECT_STATUS(frt_last_error(NULL, 0, NULL), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_STATUS(frt_last_error(NULL, 5, &n), FRT_STATUS_NULL_ARGUMENT);
 
     c = base_config();
     c.struct_size = sizeof c - 8;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
-    EXPECT_MENTIONS(open_error(), "config.struct_size");
+    EXPECT_MENTIONS(thread_error(), "config.struct_size");
     c = base_config();
     c.backend = 7;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
-    EXPECT_MENTIONS(open_error(), "config.backend");
+    EXPECT_MENTIONS(thread_error(), "config.backend");
     c = base_config();
     c.precision = 99;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
-    EXPECT_MENTIONS(open_error(), "config.precision");
+    EXPECT_MENTIONS(thread_error(), "config.precision");
     c = base_config();
     c.threads = 65;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
-    EXPECT_MENTIONS(open_error(), "config.threads");
+    EXPECT_MENTIONS(thread_error(), "config.threads");
     c = base_config();
     c.log_level = 6;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
-    EXPECT_MENTIONS(open_error(), "config.log_level");
+    EXPECT_MENTIONS(thread_error(), "config.log_level");
     c = base_config();
     c.cameras = FRT_MAX_CAMERAS + 1;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
-    EXPECT_MENTIONS(open_error(), "config.cameras");
+    EXPECT_MENTIONS(thread_error(), "config.cameras");
     c = base_config();
     c.max_frame_height = 0;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
-    EXPECT_MENTIONS(open_error(), "config.max_frame_height");
+    EXPECT_MENTIONS(thread_error(), "config.max_frame_height");
     c = base_config();
     c.precision = FRT_PRECISION_FP8; /* a valid value the CPU backend cannot compute in */
     EXPECT_STATUS(try_open(&c), FRT_STATUS_BACKEND);
-    EXPECT_MENTIONS(open_error(), "config.precision");
+    EXPECT_MENTIONS(thread_error(), "config.precision");
     /* A state width other than the checkpoint's is refused, naming the checkpoint's. */
     c = base_config();
     c.state_dim = 5;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
-    EXPECT_MENTIONS(open_error(), "config.state_dim");
-    EXPECT_MENTIONS(open_error(), "checkpoint's 8");
+    EXPECT_MENTIONS(thread_error(), "config.state_dim");
+    EXPECT_MENTIONS(thread_error(), "checkpoint's 8");
     /* A prompt capacity that cannot hold BOS, the task label and the state tokens. */
     c = base_config();
     c.prompt_capacity = 1;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
-    EXPECT_MENTIONS(open_error(), "prompt_capacity");
+    EXPECT_MENTIONS(thread_error(), "prompt_capacity");
 
     /* No GPU here: the CUDA backend reports itself unavailable (on a GPU machine it may open). */
     c = base_config();
@@ -280,7 +284,7 @@ static void test_open_errors(void) {
     {
         FrtStatus s = try_open(&c);
         CHECK(s == FRT_STATUS_BACKEND || s == FRT_STATUS_OK);
-        if (s == FRT_STATUS_BACKEND) EXPECT_MENTIONS(open_error(), "backend");
+        if (s == FRT_STATUS_BACKEND) EXPECT_MENTIONS(thread_error(), "backend");
     }
 
     /* Missing checkpoint, missing tokenizer. */
@@ -288,11 +292,11 @@ static void test_open_errors(void) {
     snprintf(path, sizeof path, "%s/does-not-exist", scratch_dir);
     c.checkpoint = path;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_IO);
-    EXPECT_MENTIONS(open_error(), "does-not-exist");
+    EXPECT_MENTIONS(thread_error(), "does-not-exist");
     c = base_config();
     c.tokenizer = path;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_IO); /* an unreadable file, as for the checkpoint */
-    EXPECT_MENTIONS(open_error(), "does-not-exist");
+    EXPECT_MENTIONS(thread_error(), "does-not-exist");
 
     /* A directory without weights, truncated weights, garbage weights. */
     snprintf(dir, sizeof dir, "%s/empty", scratch_dir);
@@ -300,13 +304,13 @@ static void test_open_errors(void) {
     c = base_config();
     c.checkpoint = dir;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_CHECKPOINT);
-    EXPECT_MENTIONS(open_error(), "model.safetensors");
+    EXPECT_MENTIONS(thread_error(), "model.safetensors");
 
     snprintf(dir, sizeof dir, "%s/truncated", scratch_dir);
     make_checkpoint_copy(dir, 100000);
     c.checkpoint = dir;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_CHECKPOINT);
-    EXPECT_MENTIONS(open_error(), "truncated");
+    EXPECT_MENTIONS(thread_error(), "truncated");
 
     snprintf(dir, sizeof dir, "%s/garbage", scratch_dir);
     make_checkpoint_copy(dir, 0);
@@ -314,7 +318,7 @@ static void test_open_errors(void) {
     write_file(path, "\xff\xff\xff\xff\xff\xff\xff\x7fnot a safetensors file", 30);
     c.checkpoint = dir;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_CHECKPOINT);
-    EXPECT_MENTIONS(open_error(), "garbage");
+    EXPECT_MENTIONS(thread_error(), "garbage");
 
     /* A corrupted tokenizer. */
     snprintf(path, sizeof path, "%s/tokenizer-garbage.json", scratch_dir);
@@ -322,12 +326,12 @@ static void test_open_errors(void) {
     c = base_config();
     c.tokenizer = path;
     EXPECT_STATUS(try_open(&c), FRT_STATUS_TOKENIZER);
-    EXPECT_MENTIONS(open_error(), "tokenizer");
+    EXPECT_MENTIONS(thread_error(), "tokenizer");
 
-    /* A successful open clears the thread's open error. */
+    /* A successful open clears the thread's error. */
     c = base_config();
     EXPECT_STATUS(try_open(&c), FRT_STATUS_OK);
-    EXPECT_STATUS(frt_last_open_error(message, sizeof message, &n), FRT_STATUS_OK);
+    EXPECT_STATUS(frt_last_error(message, sizeof message, &n), FRT_STATUS_OK);
     CHECK(n == 0 && message[0] == '\0');
 }
 
@@ -509,12 +513,18 @@ static void test_info_explain(FrtPolicy *p) {
     memset(&info, 0, sizeof info);
     info.struct_size = sizeof info;
     EXPECT_STATUS(frt_policy_info(NULL, &info), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_MENTIONS(thread_error(), "policy is NULL");
     EXPECT_STATUS(frt_policy_info(p, NULL), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_MENTIONS(thread_error(), "info is NULL");
     info.struct_size = sizeof info - 1;
     EXPECT_STATUS(frt_policy_info(p, &info), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(thread_error(), "info.struct_size");
+    EXPECT_MENTIONS(thread_error(), "sizeof(FrtPolicyInfo)");
+    CHECK(last_error(p)[0] == '\0'); /* a const call writes nothing to the policy */
     CHECK(info.model == NULL);
     info.struct_size = sizeof info;
     EXPECT_STATUS(frt_policy_info(p, &info), FRT_STATUS_OK);
+    CHECK(thread_error()[0] == '\0');
     CHECK(info.struct_size == sizeof info);
     CHECK(strcmp(info.model, "pi05") == 0);
     CHECK(info.backend == FRT_BACKEND_CPU);
@@ -746,8 +756,10 @@ static void test_steps(FrtPolicy *p) {
     stats.struct_size = sizeof stats;
     EXPECT_STATUS(frt_policy_stats(NULL, &stats), FRT_STATUS_NULL_ARGUMENT);
     EXPECT_STATUS(frt_policy_stats(p, NULL), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_MENTIONS(thread_error(), "stats is NULL");
     stats.struct_size = 8;
     EXPECT_STATUS(frt_policy_stats(p, &stats), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(thread_error(), "stats.struct_size: 8 is below sizeof(FrtLatencyStats)");
     CHECK(stats.count == 0);
     stats.struct_size = sizeof stats;
     EXPECT_STATUS(frt_policy_stats(p, &stats), FRT_STATUS_OK);
@@ -815,7 +827,7 @@ static void test_panic_boundary(FrtPolicy *p) {
     EXPECT_PANIC(frt_policy_config_default(&c));
     EXPECT_PANIC(frt_policy_open(&c, &out));
     CHECK(out == NULL);
-    EXPECT_PANIC(frt_last_open_error(message, sizeof message, &n));
+    EXPECT_PANIC(frt_last_error(message, sizeof message, &n));
     EXPECT_PANIC(frt_policy_info(p, &info));
     EXPECT_PANIC(frt_policy_set_prompt(p, "x", 1));
     EXPECT_PANIC(frt_policy_set_prompt_tokens(p, tokens, 2));
@@ -857,7 +869,7 @@ int main(int argc, char **argv) {
     c = base_config();
     EXPECT_STATUS(frt_policy_open(&c, &p), FRT_STATUS_OK);
     if (p == NULL) {
-        fprintf(stderr, "cannot open %s: %s\n", checkpoint_dir, open_error());
+        fprintf(stderr, "cannot open %s: %s\n", checkpoint_dir, thread_error());
         return 1;
     }
     test_info_explain(p);

@@ -58,6 +58,13 @@ int main(int argc, char **argv) {
     config.options.threads = 1;
     frt::Policy opened = frt::Policy::open(config);
     frt::Policy policy = std::move(opened);  // the moved-from handle is empty; its destructor is a no-op
+    // A const call on the empty handle throws with the thread's message (frt_last_error).
+    try {
+        (void)opened.info();
+        CHECK(false);
+    } catch (const frt::Error &e) {
+        CHECK(e.status() == FRT_STATUS_NULL_ARGUMENT && mentions(e.what(), "policy is NULL"));
+    }
     CHECK(opened.get() == nullptr && policy.get() != nullptr);
 
     const frt::Info info = policy.info();
