@@ -105,10 +105,22 @@ fn gemm_generic<const FMA: bool>(a: &[f32], ad: Strided, w: &PackedMatrix, out: 
 }
 
 /// One `MR × NR` tile: `Σ_p a[i][p] · b[p][j]` over `kc` steps of a `[kc][NR]` panel.
+///
+/// `FMA` on x86_64 means the caller runs under AVX2+FMA (`gemm_avx2`, `attention::attend_avx2`,
+/// both reached only after the feature check): there the tile is written with intrinsics, because
+/// the compiler's vectorisation of the plain loop spilled half the accumulators to the stack on
+/// every step of `kc` in the attention's `scores·v` product.
 #[inline(always)]
 pub fn micro_kernel<const FMA: bool>(a: &[&[f32]; MR], b: &[f32], kc: usize) -> [[f32; NR]; MR] {
+    #[cfg(target_arch = "x86_64")]
+    if FMA {
+        // SAFETY: see above; FMA = true is instantiated on x86_64 only under AVX2+FMA.
+        return unsafe { micro_kernel_avx2(a, b, kc) };
+    }
+    // Rows cut to `kc` up front: the loop then needs no bounds checks.
+    let a: [&[f32]; MR] = std::array::from_fn(|i| &a[i][..kc]);
     let mut acc = [[0.0f32; NR]; MR];
-    for (p, b) in b.chunks_exact(NR).enumerate().take(kc) {
+    for (p, b) in b[..kc * NR].chunks_exact(NR).enumerate() {
         let b: &[f32; NR] = b.try_into().expect("panel rows are NR wide");
         for i in 0..MR {
             let av = a[i][p];
@@ -118,6 +130,40 @@ pub fn micro_kernel<const FMA: bool>(a: &[&[f32]; MR], b: &[f32], kc: usize) -> 
         }
     }
     acc
+}
+
+/// [`micro_kernel`] in twelve AVX registers: two 8-lane halves of `NR` per row.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn micro_kernel_avx2(a: &[&[f32]; MR], b: &[f32], kc: usize) -> [[f32; NR]; MR] {
+    use std::arch::x86_64::{__m256, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_setzero_ps, _mm256_storeu_ps};
+    const { assert!(NR == 16) };
+    // A loop, not `array::from_fn`: closures do not inherit the target features and were
+    // called out of line here.
+    let mut rows: [&[f32]; MR] = [&[]; MR];
+    for (row, a) in rows.iter_mut().zip(a) {
+        *row = &a[..kc];
+    }
+    let a = rows;
+    let mut acc: [[__m256; 2]; MR] = [[_mm256_setzero_ps(); 2]; MR];
+    for (p, b) in b[..kc * NR].chunks_exact(NR).enumerate() {
+        // SAFETY: `b` is NR = 16 floats.
+        let (b0, b1) = unsafe { (_mm256_loadu_ps(b.as_ptr()), _mm256_loadu_ps(b.as_ptr().add(8))) };
+        for i in 0..MR {
+            let av = _mm256_set1_ps(a[i][p]);
+            acc[i] = [_mm256_fmadd_ps(av, b0, acc[i][0]), _mm256_fmadd_ps(av, b1, acc[i][1])];
+        }
+    }
+    let mut out = [[0.0f32; NR]; MR];
+    for (row, acc) in out.iter_mut().zip(&acc) {
+        // SAFETY: `row` is NR = 16 floats.
+        unsafe {
+            _mm256_storeu_ps(row.as_mut_ptr(), acc[0]);
+            _mm256_storeu_ps(row.as_mut_ptr().add(8), acc[1]);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
