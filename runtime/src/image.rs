@@ -4,6 +4,8 @@
 //! align_corners=False)` (no antialias), clamps to [0, 1], pads centred with 0 and maps to [-1, 1].
 //! The arithmetic below follows PyTorch's CPU kernel (`upsample_bilinear2d`, f32 scale).
 
+use std::ops::Range;
+
 use crate::error::{Error, Result};
 
 /// Pixel layout of a host frame (interleaved, 8 bits per channel). The numbers are stable: they
@@ -119,47 +121,85 @@ fn source_index(dst: usize, scale: f32, len: usize) -> (usize, usize, f32) {
     (i0, i1, src - i0 as f32)
 }
 
-/// Writes the `size`×`size` preprocessed image of a packed frame (`width × bpp` bytes per row) as
-/// patches: `out[patch][c·p² + ky·p + kx]`, patches in row-major order, values in [-1, 1].
-/// `frame == None` writes a black image (-1 everywhere), as lerobot does for a missing camera.
-pub fn patchify(frame: Option<(&[u8], usize, usize, PixelFormat)>, size: usize, patch: usize, out: &mut [f32], out_stride: usize) {
-    let per_side = size / patch;
-    let mut put = |y: usize, x: usize, c: usize, value: f32| {
-        let (py, ky, px, kx) = (y / patch, y % patch, x / patch, x % patch);
-        out[(py * per_side + px) * out_stride + c * patch * patch + ky * patch + kx] = value;
-    };
-    let Some((data, width, height, format)) = frame else {
-        for y in 0..size {
-            for x in 0..size {
-                for c in 0..3 {
-                    put(y, x, c, -1.0);
-                }
-            }
-        }
-        return;
-    };
-    let bpp = format.bytes_per_pixel();
-    let offsets = format.rgb_offsets();
-    let pixel = |y: usize, x: usize, c: usize| data[y * width * bpp + x * bpp + offsets[c]] as f32 / 255.0;
-    let (rw, rh, left, top) = fit(width, height, size);
-    let (scale_h, scale_w) = (height as f32 / rh as f32, width as f32 / rw as f32);
-    for y in 0..size {
+/// Writes patch rows `patch_rows` of the `size`×`size` preprocessed image of a packed frame
+/// (`width × bpp` bytes per row): `out[patch][c·p² + ky·p + kx]`, patches in row-major order from
+/// the first patch of `patch_rows.start`, values in [-1, 1]. `frame == None` writes a black image
+/// (-1 everywhere), as lerobot does for a missing camera. Patch rows are independent, so threads
+/// can each write their own.
+pub fn patchify(
+    frame: Option<(&[u8], usize, usize, PixelFormat)>,
+    size: usize,
+    patch: usize,
+    patch_rows: Range<usize>,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let (per_side, plane) = (size / patch, patch * patch);
+    let frame = frame.map(|(data, width, height, format)| {
+        let (rw, rh, left, top) = fit(width, height, size);
+        Placed { data, width, height, format, columns: left..left + rw, rows: top..top + rh }
+    });
+    for y in patch_rows.start * patch..patch_rows.end * patch {
+        // Output pixel (y, x) lands in patch (y / p, x / p) at offset (y % p)·p + x % p.
+        let row = &mut out[(y / patch - patch_rows.start) * per_side * out_stride + y % patch * patch..];
+        let source = frame.as_ref().filter(|f| f.rows.contains(&y)).map(|f| f.source_rows(y));
+        // x's patch and offset are counted along the row, not divided out per pixel.
+        let (mut at, mut kx) = (0, 0);
         for x in 0..size {
-            let inside = (top..top + rh).contains(&y) && (left..left + rw).contains(&x);
-            if !inside {
-                for c in 0..3 {
-                    put(y, x, c, -1.0);
-                }
-                continue;
+            let rgb = source.as_ref().map_or([-1.0; 3], |s| s.value(x));
+            for (c, v) in rgb.into_iter().enumerate() {
+                row[at + c * plane] = v;
             }
-            let (y0, y1, ly) = source_index(y - top, scale_h, height);
-            let (x0, x1, lx) = source_index(x - left, scale_w, width);
-            for c in 0..3 {
-                let v = (1.0 - ly) * ((1.0 - lx) * pixel(y0, x0, c) + lx * pixel(y0, x1, c))
-                    + ly * ((1.0 - lx) * pixel(y1, x0, c) + lx * pixel(y1, x1, c));
-                put(y, x, c, v.clamp(0.0, 1.0) * 2.0 - 1.0);
-            }
+            (at, kx) = if kx + 1 == patch { (at + out_stride - kx, 0) } else { (at + 1, kx + 1) };
         }
+    }
+}
+
+/// A frame and where its resized copy lies in the padded square.
+struct Placed<'a> {
+    data: &'a [u8],
+    width: usize,
+    height: usize,
+    format: PixelFormat,
+    columns: Range<usize>,
+    rows: Range<usize>,
+}
+
+impl<'a> Placed<'a> {
+    /// The two source rows that output row `y` (inside `rows`) interpolates between.
+    fn source_rows(&'a self, y: usize) -> SourceRows<'a> {
+        let (y0, y1, ly) = source_index(y - self.rows.start, self.height as f32 / self.rows.len() as f32, self.height);
+        let line = self.width * self.format.bytes_per_pixel();
+        SourceRows { frame: self, row0: &self.data[y0 * line..][..line], row1: &self.data[y1 * line..][..line], ly }
+    }
+}
+
+struct SourceRows<'a> {
+    frame: &'a Placed<'a>,
+    row0: &'a [u8],
+    row1: &'a [u8],
+    ly: f32,
+}
+
+impl SourceRows<'_> {
+    /// Output pixel `x` of this row in [-1, 1] (padding is -1).
+    fn value(&self, x: usize) -> [f32; 3] {
+        let f = self.frame;
+        if !f.columns.contains(&x) {
+            return [-1.0; 3];
+        }
+        let (x0, x1, lx) = source_index(x - f.columns.start, f.width as f32 / f.columns.len() as f32, f.width);
+        let (bpp, ly) = (f.format.bytes_per_pixel(), self.ly);
+        let (p00, p01) = (&self.row0[x0 * bpp..][..bpp], &self.row0[x1 * bpp..][..bpp]);
+        let (p10, p11) = (&self.row1[x0 * bpp..][..bpp], &self.row1[x1 * bpp..][..bpp]);
+        // A loop rather than `array::map`, whose closure was not inlined here.
+        let mut rgb = [0.0; 3];
+        for (v, o) in rgb.iter_mut().zip(f.format.rgb_offsets()) {
+            let [a, b, c, d] = [p00[o], p01[o], p10[o], p11[o]].map(|p| p as f32 / 255.0);
+            let mixed = (1.0 - ly) * ((1.0 - lx) * a + lx * b) + ly * ((1.0 - lx) * c + lx * d);
+            *v = mixed.clamp(0.0, 1.0) * 2.0 - 1.0;
+        }
+        rgb
     }
 }
 
@@ -184,7 +224,7 @@ mod tests {
         let rgba: Vec<u8> = rgb.chunks(3).flat_map(|p| [p[0], p[1], p[2], 9]).collect();
         let run = |d: &[u8], f| {
             let mut out = vec![f32::NAN; 4 * 588];
-            patchify(Some((d, w, h, f)), 28, 14, &mut out, 588);
+            patchify(Some((d, w, h, f)), 28, 14, 0..2, &mut out, 588);
             out
         };
         let a = run(&rgb, PixelFormat::Rgb8);
@@ -196,9 +236,28 @@ mod tests {
     }
 
     #[test]
+    fn patch_rows_written_apart_equal_the_whole_image() {
+        // A resized, padded frame (40x30 into 28: 28x21, rows 3..24) in 7-pixel patches.
+        let (w, h, size, patch) = (40, 30, 28, 7);
+        let data: Vec<u8> = (0..w * h * 3).map(|i| (i * 13 % 253) as u8).collect();
+        let frame = Some((data.as_slice(), w, h, PixelFormat::Rgb8));
+        let stride = 3 * patch * patch + 1;
+        let mut whole = vec![f32::NAN; 16 * stride];
+        patchify(frame, size, patch, 0..4, &mut whole, stride);
+        let mut apart = vec![f32::NAN; 16 * stride];
+        for rows in [0..1, 1..3, 3..4] {
+            patchify(frame, size, patch, rows.clone(), &mut apart[rows.start * 4 * stride..], stride);
+        }
+        assert_eq!(whole.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), apart.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        // Padding rows are black; the column past each patch is never written.
+        assert!(whole[..3 * patch * patch].iter().step_by(patch).take(3).all(|&v| v == -1.0));
+        assert!(whole.chunks(stride).all(|p| p[stride - 1].is_nan()));
+    }
+
+    #[test]
     fn missing_frame_is_black() {
         let mut out = vec![0.0; 256 * 588];
-        patchify(None, 224, 14, &mut out, 588);
+        patchify(None, 224, 14, 0..16, &mut out, 588);
         assert!(out.iter().all(|&v| v == -1.0));
     }
 

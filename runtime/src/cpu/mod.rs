@@ -225,7 +225,14 @@ impl CpuBackend {
                 let format = PixelFormat::from_code(info[3] as u32).unwrap_or(PixelFormat::Rgb8);
                 let frame =
                     (info[0] != 0).then(|| (&staged[camera * frame_stride..][..frame_stride], info[1] as usize, info[2] as usize, format));
-                image::patchify(frame, size, patch, &mut self.f32_mut(out.buf)[out.offset..], out.stride);
+                // Each thread writes its own patch rows.
+                let per_side = size / patch;
+                let parts = self.pool.threads().min(per_side);
+                let blocks = row_blocks(0..per_side, parts, 1);
+                self.with_out(out.buf, |this, dst| {
+                    let dst = Parts::new(dst, blocks[..parts].iter().map(|r| rows_span(out, r.start * per_side..r.end * per_side)));
+                    this.pool.run(parts, &|i| image::patchify(frame, size, patch, blocks[i].clone(), dst.take(i), out.stride));
+                });
                 self.buffers[frames.0] = Buffer::U8(staged);
             }
             Op::Gemm { a, w, bias, out, accumulate } => {
