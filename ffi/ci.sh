@@ -73,17 +73,12 @@ echo "== ffi: examples/cpp_controller (CMake, find_package(flashrt))"
 cmake -S examples/cpp_controller -B "$tmp/build" -DCMAKE_PREFIX_PATH="$tmp/prefix" -DCMAKE_CXX_FLAGS=-Werror
 cmake --build "$tmp/build" -j 2
 
-# A synthesized checkpoint (tokenizer.json included) where the runtime has the synthesizer,
-# otherwise the committed fixture.
-if [ -f runtime/src/synth.rs ]; then
-  # The CLI the tests built (`cargo run -p flashrt` would resolve other features and rebuild).
-  flashrt=target/debug/flashrt
-  [ "$run_cargo_test" = 0 ] && [ -x "$flashrt" ] || { cargo build -q -p flashrt; }
-  "$flashrt" synth --model pi05 --size tiny --out "$tmp/pi05_tiny"
-  ckpt=(--checkpoint "$tmp/pi05_tiny")
-else
-  ckpt=(--checkpoint tests/data/pi05_tiny --tokenizer tests/data/tokenizer/tokenizer.json)
-fi
+# A synthesized checkpoint (tokenizer.json included), made by the CLI the tests built
+# (`cargo run -p flashrt` would resolve other features and rebuild).
+flashrt=target/debug/flashrt
+[ "$run_cargo_test" = 0 ] && [ -x "$flashrt" ] || { cargo build -q -p flashrt; }
+"$flashrt" synth --model pi05 --size tiny --out "$tmp/pi05_tiny"
+ckpt=(--checkpoint "$tmp/pi05_tiny")
 echo "== ffi: bounded controller run"
 "$tmp/build/cpp_controller" "${ckpt[@]}" --backend cpu --hz 50 --replan 10 --ticks 100
 echo "ffi/ci.sh: all C ABI checks passed"

@@ -211,16 +211,19 @@ fn processor_goldens_match_lerobot() {
     let text = std::fs::read_to_string(fixture_dir().join("golden_processor.json")).unwrap();
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     let vec = |v: &serde_json::Value| -> Vec<f32> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect() };
-    let stats = flashrt::norm::NormStats::find(&fixture_dir(), flashrt::norm::Modes::default()).unwrap();
+    let stats = flashrt::models::pi05::norm::NormStats::find(&fixture_dir(), flashrt::models::pi05::norm::Modes::default()).unwrap();
     let state = stats.state.as_ref().expect("state stats from the lerobot processor files");
     for case in json["states"].as_array().unwrap() {
         let raw = vec(&case["raw"]);
         let normalized: Vec<f32> = raw.iter().enumerate().map(|(i, &x)| state.normalize(i, x)).collect();
         assert_close("normalized state", &normalized, &vec(&case["normalized"]), 1e-6);
-        let bins: Vec<i64> = normalized.iter().map(|&x| flashrt::prompt::discretize_state(x) as i64).collect();
+        let bins: Vec<i64> = normalized.iter().map(|&x| flashrt::models::pi05::prompt::discretize_state(x) as i64).collect();
         let want_bins: Vec<i64> = case["bins"].as_array().unwrap().iter().map(|b| b.as_i64().unwrap()).collect();
         assert_eq!(bins, want_bins, "bins of {raw:?}");
-        let prompt = flashrt::prompt::format_prompt(case["task"].as_str().unwrap(), &bins.iter().map(|&b| b as i32).collect::<Vec<_>>());
+        let prompt = flashrt::models::pi05::prompt::format_prompt(
+            case["task"].as_str().unwrap(),
+            &bins.iter().map(|&b| b as i32).collect::<Vec<_>>(),
+        );
         assert_eq!(prompt, case["prompt"].as_str().unwrap());
     }
     let action = stats.action.as_ref().unwrap();

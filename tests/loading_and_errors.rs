@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use flashrt::image::{Frame, PixelFormat};
-use flashrt::synth::{SynthSize, synthesize};
+use flashrt::models::pi05::synth::{SynthSize, synthesize};
 use flashrt::{Error, Observation, Policy, PolicyConfig};
 use half::{bf16, f16};
 use safetensors::{Dtype, SafeTensors};
@@ -132,6 +132,18 @@ fn missing_path_and_garbage_files_are_refused() {
     let empty = tempfile::tempdir().unwrap();
     let e = open_err(empty.path());
     assert!(e.contains("neither model.safetensors"), "{e}");
+}
+
+#[test]
+fn a_model_flashrt_does_not_run_is_named_with_the_supported_ones() {
+    let dir = tiny();
+    let path = dir.path().join("config.json");
+    let json = std::fs::read_to_string(&path).unwrap().replacen(r#""type": "pi05""#, r#""type": "groot""#, 1);
+    std::fs::write(&path, json).unwrap();
+    let Err(e) = open(dir.path()) else { panic!("a groot config.json opened as pi05") };
+    assert!(matches!(e, Error::Checkpoint { .. }), "{e:?}");
+    let e = e.to_string();
+    assert!(e.contains("config.json") && e.contains(r#"`type` is "groot""#) && e.contains("supported: pi05"), "{e}");
 }
 
 #[test]

@@ -15,7 +15,7 @@ mod counting_alloc;
 
 use counting_alloc::count;
 use flashrt::image::{Frame, PixelFormat};
-use flashrt::synth::{SynthSize, synthesize};
+use flashrt::models::pi05::synth::{SynthSize, synthesize};
 use flashrt::{Observation, Policy, PolicyConfig};
 
 fn main() {

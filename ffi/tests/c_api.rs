@@ -62,7 +62,8 @@ fn run_checked(program: &Path, args: &[&Path]) {
 /// only through the header, as a user would.
 fn synthesized(dir: &Path) -> (PathBuf, PathBuf) {
     let ckpt = dir.join("pi05_micro");
-    flashrt::synth::synthesize(&ckpt, flashrt::synth::SynthSize::Micro, 7, &|_| {}).expect("synthesize a micro checkpoint");
+    flashrt::models::pi05::synth::synthesize(&ckpt, flashrt::models::pi05::synth::SynthSize::Micro, 7, &|_| {})
+        .expect("synthesize a micro checkpoint");
     let tokenizer = ckpt.join("tokenizer.json");
     (ckpt, tokenizer)
 }

@@ -17,7 +17,7 @@ const STEPS: usize = 6;
 
 fn main() {
     let dir = tempfile::tempdir().unwrap();
-    flashrt::synth::synthesize(dir.path(), flashrt::synth::SynthSize::Micro, 7, &|_| {}).unwrap();
+    flashrt::models::pi05::synth::synthesize(dir.path(), flashrt::models::pi05::synth::SynthSize::Micro, 7, &|_| {}).unwrap();
     let checkpoint = CString::new(dir.path().to_str().unwrap()).unwrap();
     let tokenizer = CString::new(dir.path().join("tokenizer.json").to_str().unwrap()).unwrap();
     unsafe {

@@ -109,7 +109,7 @@ impl Reject for PromptReject {
 /// Checks a prompt received on the topic (or configured): blank as the runtime's prompt cleaning
 /// sees it, so that nothing `Policy::set_prompt` would refuse replaces the task.
 pub fn check_prompt(text: &str) -> Result<(), PromptReject> {
-    if flashrt::prompt::is_blank_task(text) { Err(PromptReject::Blank) } else { Ok(()) }
+    if flashrt::models::pi05::prompt::is_blank_task(text) { Err(PromptReject::Blank) } else { Ok(()) }
 }
 
 pub fn pixel_format(encoding: &str) -> Option<PixelFormat> {

@@ -120,7 +120,7 @@ fn run_isolated() {
     // The smallest synthesized model: jetson/ci.sh runs this test under qemu, where a step of
     // the tiny one costs seconds.
     let checkpoint = dir.path().join("pi05_micro");
-    flashrt::synth::synthesize(&checkpoint, flashrt::synth::SynthSize::Micro, 7, &|_| {}).unwrap();
+    flashrt::models::pi05::synth::synthesize(&checkpoint, flashrt::models::pi05::synth::SynthSize::Micro, 7, &|_| {}).unwrap();
 
     // Relative names under a namespace, absolute ones, and a private one: the peer uses the
     // names as ROS 2 resolves them.

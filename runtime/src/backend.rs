@@ -5,6 +5,27 @@
 use crate::error::Result;
 use crate::plan::{BufId, Plan};
 
+/// Which backend executes the plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum BackendKind {
+    /// CUDA when a driver and GPU are present, else the CPU.
+    #[default]
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+/// Numeric precision of weights and activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// The backend's best: f32 on the CPU, bf16 on CUDA.
+    #[default]
+    Auto,
+    F32,
+    Bf16,
+    Fp8,
+}
+
 pub trait Backend: Send {
     /// Short backend name ("cpu", "cuda").
     fn name(&self) -> &'static str;

@@ -11,8 +11,8 @@ use std::sync::OnceLock;
 
 use serde::Deserialize;
 
+use crate::backend::Precision;
 use crate::error::{Error, Result};
-use crate::policy::Precision;
 
 /// The TOML sources of every known board, with the file name used in error messages.
 const PROFILES: [(&str, &str); 2] = [

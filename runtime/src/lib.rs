@@ -13,15 +13,14 @@ pub mod cuda;
 pub mod error;
 pub mod image;
 pub mod models;
-pub mod norm;
 pub mod plan;
 pub mod policy;
-pub mod prompt;
 pub mod realtime;
 pub mod stats;
-pub mod synth;
+pub mod weights;
 
+pub use backend::{BackendKind, Precision};
 pub use error::{Error, Result};
 pub use image::{Frame, PixelFormat};
-pub use policy::{BackendKind, Observation, Policy, PolicyConfig, PolicyInfo, Precision, StepInfo};
+pub use policy::{Observation, Policy, PolicyConfig, PolicyInfo, StepInfo};
 pub use stats::{LatencyStats, Summary};

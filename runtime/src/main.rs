@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use flashrt::bench::{self, SyntheticInputs};
 use flashrt::image::{Frame, PixelFormat};
+use flashrt::models::pi05::synth::{self, SynthSize};
 use flashrt::realtime::{self, RealtimeConfig};
-use flashrt::synth::{self, SynthSize};
 use flashrt::{BackendKind, Observation, Policy, PolicyConfig, Result};
 
 #[derive(Parser)]

@@ -12,37 +12,17 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, BackendKind, Precision};
 use crate::checkpoint::Checkpoint;
 use crate::cpu::{self, CpuBackend};
 use crate::error::{Error, Result};
 use crate::image::Frame;
+use crate::models::ModelKind;
+use crate::models::pi05::norm::{FeatureStats, Modes, NormStats};
+use crate::models::pi05::prompt::{PromptTokenizer, discretize_state};
 use crate::models::pi05::{self, BuildOptions, Config, LerobotConfig, Model};
-use crate::norm::{FeatureStats, Modes, NormStats};
 use crate::plan::FRAME_INFO_FIELDS;
-use crate::prompt::{PromptTokenizer, discretize_state};
 use crate::stats::LatencyStats;
-
-/// Which backend executes the plan.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum BackendKind {
-    /// CUDA when a driver and GPU are present, else the CPU.
-    #[default]
-    Auto,
-    Cpu,
-    Cuda,
-}
-
-/// Numeric precision of weights and activations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Precision {
-    /// The backend's best: f32 on the CPU, bf16 on CUDA.
-    #[default]
-    Auto,
-    F32,
-    Bf16,
-    Fp8,
-}
 
 /// Everything `Policy::open` needs. `PolicyConfig::new(path)` fills sensible defaults.
 #[derive(Clone, Debug)]
@@ -179,13 +159,15 @@ pub struct Policy {
 impl Policy {
     pub fn open(config: &PolicyConfig) -> Result<Policy> {
         let started = Instant::now();
-        let ckpt = Arc::new(Checkpoint::open(&config.checkpoint)?);
         let dir: PathBuf = if config.checkpoint.is_dir() {
             config.checkpoint.clone()
         } else {
             config.checkpoint.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
         };
         let config_json = dir.join("config.json");
+        // Pi0.5 is the only model yet; GR00T N1.7 joins as a second arm here.
+        let ModelKind::Pi05 = ModelKind::detect(&config_json)?;
+        let ckpt = Arc::new(Checkpoint::open(&config.checkpoint)?);
         let json = if config_json.exists() { Some(LerobotConfig::read(&config_json)?) } else { None };
         let mut model_config = Config::from_checkpoint(&ckpt, json.as_ref())?;
         if let Some(n) = config.prompt_len {
@@ -380,7 +362,7 @@ impl Policy {
             .tokenizer
             .as_mut()
             .ok_or_else(|| Error::Tokenizer("no tokenizer loaded: pass tokenizer.json or use raw prompt tokens".into()))?;
-        if crate::prompt::is_blank_task(text) {
+        if crate::models::pi05::prompt::is_blank_task(text) {
             return Err(Error::invalid("prompt", "the task text is empty or only whitespace; the previous prompt stays"));
         }
         tok.set_task(text)?;
@@ -547,7 +529,7 @@ fn state_field(i: usize) -> String {
 impl LerobotConfig {
     /// Normalization modes from `normalization_mapping` (pi05 default: quantiles for both).
     pub fn modes(&self) -> Modes {
-        use crate::norm::Mode;
+        use crate::models::pi05::norm::Mode;
         let mode = |key: &str, default: Mode| match self.normalization_mapping.get(key).and_then(|v| v.as_str()) {
             Some("MEAN_STD") => Mode::MeanStd,
             Some("QUANTILES") => Mode::Quantile,

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use flashrt::prompt::{PromptTokenizer, discretize_state};
+use flashrt::models::pi05::prompt::{PromptTokenizer, discretize_state};
 
 #[path = "../../tests/support/counting_alloc.rs"]
 mod counting_alloc;

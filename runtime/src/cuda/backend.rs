@@ -44,8 +44,8 @@ use super::gemm::{Matmul, MatmulSpec, Operand, WORKSPACE_BYTES};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::models::pi05::WeightData;
 use crate::plan::{Accesses, BufId, BufType, HostIo, Op, Plan, Section, Span, View, WeightId, WeightRole, cross_lane_waits, sections_of};
+use crate::weights::WeightData;
 
 /// Open-time options of the CUDA backend.
 #[derive(Clone, Debug, Default)]
@@ -503,7 +503,7 @@ impl CudaBackend {
         let board = crate::board::BoardProfile::for_compute_capability(major, minor);
         if let Some(board) = board {
             log::info!("board profile {} ({}): {:?} precision", board.name, board.description, board.precision);
-            if board.precision != crate::policy::Precision::Bf16 {
+            if board.precision != crate::backend::Precision::Bf16 {
                 log::info!("the CUDA backend computes in bf16; {:?} weights are not implemented yet", board.precision);
             }
         }

@@ -35,7 +35,7 @@ pub fn used_device_memory() -> Option<usize> {
 /// Opens the CUDA backend for `plan`.
 pub fn open(
     plan: crate::plan::Plan,
-    weights: Vec<crate::models::pi05::WeightData>,
+    weights: Vec<crate::weights::WeightData>,
     checkpoint: std::sync::Arc<crate::checkpoint::Checkpoint>,
     device: usize,
     kernel_cache_dir: Option<std::path::PathBuf>,

@@ -7,16 +7,23 @@
 //! - Checkpoint: `lerobot/pi05_base` (safetensors, PyTorch `[out, in]` layout).
 //! - Specification: `shared/specs/pi05.md` in the steering repo.
 //!
-//! This file derives the [`Config`] from tensor shapes (plus lerobot's `config.json`), checks the
+//! This module derives the [`Config`] from tensor shapes (plus lerobot's `config.json`), checks the
 //! checkpoint against it, folds constants (merged Q/K/V, `(1 + w)` norms into the next GEMM, the
 //! Euler step into `action_out_proj`, every time-dependent adaRMS modulation precomputed) and
-//! describes the whole step once, as a [`Plan`].
+//! describes the whole step once, as a [`Plan`]. Its pre- and post-processing live beside it:
+//! the prompt format and state discretization ([`prompt`]), lerobot's normalization statistics
+//! ([`norm`]) and random checkpoints in lerobot's layout for tests and demos ([`synth`]).
+
+pub mod norm;
+pub mod prompt;
+pub mod synth;
 
 use std::path::Path;
 
 use crate::checkpoint::{Checkpoint, Expected};
 use crate::error::{Error, Result};
 use crate::plan::{BufId, BufType, FRAME_INFO_FIELDS, HostIo, Op, Plan, View, WeightId, WeightRole};
+use crate::weights::WeightData;
 
 const P: &str = "paligemma_with_expert.paligemma.model.";
 const VT: &str = "paligemma_with_expert.paligemma.model.vision_tower.vision_model.";
@@ -264,8 +271,6 @@ impl Config {
 /// The parts of lerobot's `config.json` the runtime reads. Unknown fields are ignored.
 #[derive(Clone, Debug, Default, serde::Deserialize)]
 pub struct LerobotConfig {
-    #[serde(rename = "type")]
-    pub policy_type: Option<String>,
     pub chunk_size: Option<usize>,
     pub n_action_steps: Option<usize>,
     pub num_inference_steps: Option<usize>,
@@ -285,11 +290,7 @@ pub struct LerobotConfig {
 impl LerobotConfig {
     pub fn read(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.into(), source })?;
-        let config: LerobotConfig = serde_json::from_str(&text).map_err(|e| Error::checkpoint(path, format!("bad config.json: {e}")))?;
-        if let Some(t) = config.policy_type.as_deref().filter(|t| *t != "pi05") {
-            return Err(Error::checkpoint(path, format!("config.json says policy type {t:?}; this loader reads pi05")));
-        }
-        Ok(config)
+        serde_json::from_str(&text).map_err(|e| Error::checkpoint(path, format!("bad config.json: {e}")))
     }
 
     /// Camera feature names (type VISUAL) in the order config.json lists them.
@@ -308,68 +309,6 @@ impl LerobotConfig {
     /// Width of the first feature of this type (`STATE`, `ACTION`).
     pub fn feature_dim(&self, ty: &str) -> Option<usize> {
         self.features().find(|(_, t, _)| *t == ty).and_then(|(_, _, d)| d)
-    }
-}
-
-/// Where a weight's values come from.
-pub enum WeightData {
-    /// Computed at load (folded, merged or precomputed), f32.
-    Dense(Vec<f32>),
-    /// Read straight from the checkpoint by name (the token embedding: only gathered rows are used).
-    Checkpoint(String),
-    /// The rows of checkpoint tensors stacked in order (`[Σ n_i, k]`, e.g. merged Q/K/V), each
-    /// column scaled by `col_scale` (a folded `(1 + w)` norm weight) when given. Backends read
-    /// it from the mapped file when they convert it (`read_into`), so the 3.4 G values of a
-    /// full-size checkpoint are never all held in host memory as f32.
-    Rows { tensors: Vec<String>, col_scale: Option<Vec<f32>> },
-}
-
-impl WeightData {
-    /// Number of values.
-    pub fn len(&self, ckpt: &Checkpoint) -> usize {
-        let numel = |name: &String| ckpt.get(name).map_or(0, |t| t.numel());
-        match self {
-            WeightData::Dense(v) => v.len(),
-            WeightData::Checkpoint(name) => numel(name),
-            WeightData::Rows { tensors, .. } => tensors.iter().map(numel).sum(),
-        }
-    }
-
-    /// Values `start .. start + out.len()` as f32.
-    pub fn read_into(&self, ckpt: &Checkpoint, start: usize, out: &mut [f32]) {
-        let tensor = |name: &str| ckpt.get(name).unwrap_or_else(|| unreachable!("{name} checked at open"));
-        match self {
-            WeightData::Dense(v) => out.copy_from_slice(&v[start..start + out.len()]),
-            WeightData::Checkpoint(name) => tensor(name).read_f32_into(start, out),
-            WeightData::Rows { tensors, col_scale } => {
-                let (end, mut base) = (start + out.len(), 0);
-                for name in tensors {
-                    let t = tensor(name);
-                    let (lo, hi) = (start.max(base), end.min(base + t.numel()));
-                    if lo < hi {
-                        t.read_f32_into(lo - base, &mut out[lo - start..hi - start]);
-                    }
-                    base += t.numel();
-                }
-                if let Some(scale) = col_scale {
-                    for (i, w) in out.iter_mut().enumerate() {
-                        *w *= scale[(start + i) % scale.len()];
-                    }
-                }
-            }
-        }
-    }
-
-    /// All values as f32 (the CPU backend keeps them).
-    pub fn into_vec(self, ckpt: &Checkpoint) -> Vec<f32> {
-        match self {
-            WeightData::Dense(v) => v,
-            other => {
-                let mut out = vec![0.0; other.len(ckpt)];
-                other.read_into(ckpt, 0, &mut out);
-                out
-            }
-        }
     }
 }
 

@@ -14,11 +14,11 @@ use half::bf16;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::Config;
 use crate::error::{Error, Result};
-use crate::models::pi05::Config;
 
 /// The committed test tokenizer (Gemma-structured BPE, 1024 ids): valid for any vocabulary ≥ 1024.
-const TOKENIZER_JSON: &[u8] = include_bytes!("../../tests/data/tokenizer/tokenizer.json");
+const TOKENIZER_JSON: &[u8] = include_bytes!("../../../../tests/data/tokenizer/tokenizer.json");
 const CAMERAS: [&str; 3] = ["observation.images.base_0_rgb", "observation.images.left_wrist_0_rgb", "observation.images.right_wrist_0_rgb"];
 const STATE_DIM: usize = 8;
 const ACTION_DIM: usize = 7;
