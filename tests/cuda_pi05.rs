@@ -44,24 +44,15 @@ use serde_json::json;
 
 #[path = "support/counting_alloc.rs"]
 mod counting_alloc;
+#[path = "support/tolerance.rs"]
+mod tolerance;
+
+use tolerance::{
+    CUDA_BUCKET_MAX_ABS, CUDA_FULL_COSINE, CUDA_FULL_REL_L2, CUDA_TINY_COSINE, CUDA_TINY_MAX_ABS, OP_NMSE_BF16, OP_NMSE_F32, cosine,
+    max_abs, nmse, rel_l2,
+};
 
 // ---- helpers ----------------------------------------------------------------------------------
-
-/// DESIGN.md §6 single-kernel tiers (normalized MSE): a buffer with bf16 anywhere on its path, and
-/// one computed in f32 throughout (measured ≤ 3e-13: an f32 path demoted to bf16, ~1e-6, fails).
-const OP_NMSE_BF16: f64 = 1e-5;
-const OP_NMSE_F32: f64 = 1e-10;
-/// Tiny fixture, CUDA bf16 against the CPU's f32 and lerobot's f32 (measured: cosine 0.9999994,
-/// max-abs 5.7e-3 to 6.3e-3, bench/results/h200-cuda-parity-tiny-vs-cpu.json).
-const TINY_COSINE: f64 = 0.99999;
-const TINY_MAX_ABS: f32 = 1e-2;
-/// A prompt bucket against the whole prompt: the same kernels on the same rows (measured 0.0).
-const BUCKET_MAX_ABS: f32 = 1e-6;
-/// Full size against lerobot f32 (measured: cosine 0.999999, rel-L2 1.45e-3,
-/// bench/results/h200-cuda-parity-full-vs-lerobot.json); inside the CUDA-vs-reference tier
-/// (cosine ≥ 0.999, rel-L2 ≤ 3e-2) with a margin of ~3x.
-const FULL_COSINE: f64 = 0.99999;
-const FULL_REL_L2: f64 = 5e-3;
 
 /// Fails the test (it was asked for explicitly) when no CUDA device is usable.
 fn require_gpu(test: &str) {
@@ -77,29 +68,6 @@ fn write_result(file: &str, value: serde_json::Value) {
         std::fs::write(&path, serde_json::to_string_pretty(&value).unwrap()).unwrap();
         eprintln!("wrote {}", path.display());
     }
-}
-
-/// `mse(a, b) / mse(b, 0)`.
-fn nmse(got: &[f32], want: &[f32]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    let err: f64 = got.iter().zip(want).map(|(g, w)| (*g as f64 - *w as f64).powi(2)).sum();
-    let norm: f64 = want.iter().map(|w| (*w as f64).powi(2)).sum();
-    err / norm.max(f64::MIN_POSITIVE)
-}
-
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
-    let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
-    let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
-    dot / (na * nb)
-}
-
-fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
-    nmse(got, want).sqrt()
-}
-
-fn max_abs(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 /// The commit the binary was built from: FRT_COMMIT (tools/device/cuda_checks.sh sets it from
@@ -747,8 +715,8 @@ fn tiny_fixture_matches_cpu() {
             let want = golden.f32(&format!("output.{p}.actions"));
             (cosine(&gpu_x, &want), max_abs(&gpu_x, &want))
         });
-        let lerobot_ok = lerobot.is_none_or(|(c, e)| c >= TINY_COSINE && e <= TINY_MAX_ABS);
-        let ok = cos >= TINY_COSINE && err <= TINY_MAX_ABS && lerobot_ok;
+        let lerobot_ok = lerobot.is_none_or(|(c, e)| c >= CUDA_TINY_COSINE && e <= CUDA_TINY_MAX_ABS);
+        let ok = cos >= CUDA_TINY_COSINE && err <= CUDA_TINY_MAX_ABS && lerobot_ok;
         pass &= ok;
         eprintln!(
             "prompt {p}{}: actions cosine {cos:.6} max-abs {err:.3e}; x0 cosine {:.6}; vs lerobot x0 max-abs {lerobot:?} {}",
@@ -767,7 +735,7 @@ fn tiny_fixture_matches_cpu() {
             "backend": "cuda",
             "precision": "bf16",
             "reference": "flashrt CPU f32 (actions) and lerobot-0.6.1 f32 (x0)",
-            "bound": format!("cosine >= {TINY_COSINE}, max_abs <= {TINY_MAX_ABS:e}, against both"),
+            "bound": format!("cosine >= {CUDA_TINY_COSINE}, max_abs <= {CUDA_TINY_MAX_ABS:e}, against both"),
             "results": results,
             "commit": commit(),
         }),
@@ -815,7 +783,7 @@ fn prompt_buckets_match_the_whole_prompt() {
         let rows_past_kept = after[split..] == before[split..];
         let bucket_ran = bucket == slots || after[..split] != before[..split];
         let (cos, err) = (cosine(&got, &want), max_abs(&got, &want));
-        let ok = err <= BUCKET_MAX_ABS && rows_past_kept && bucket_ran;
+        let ok = err <= CUDA_BUCKET_MAX_ABS && rows_past_kept && bucket_ran;
         pass &= ok;
         eprintln!(
             "{n} prompt tokens, bucket {bucket}: cosine {cos:.6} max-abs {err:.3e}, rows past the bucket kept {rows_past_kept} {}",
@@ -828,7 +796,7 @@ fn prompt_buckets_match_the_whole_prompt() {
         json!({
             "check": "prompt buckets (conditional graph nodes) vs the whole prompt, tiny fixture, CUDA bf16 (actions)",
             "device": bucketed.info().device,
-            "bound": format!("max_abs <= {BUCKET_MAX_ABS:e}; prefix rows past the bucket untouched"),
+            "bound": format!("max_abs <= {CUDA_BUCKET_MAX_ABS:e}; prefix rows past the bucket untouched"),
             "results": results,
             "commit": commit(),
         }),
@@ -919,7 +887,7 @@ fn full_size_matches_lerobot() {
     let want = golden.f32("output.actions");
     let judge = |got: &[f32]| {
         let (cos, rl2, err) = (cosine(got, &want), rel_l2(got, &want), max_abs(got, &want));
-        (cos, rl2, err, cos >= FULL_COSINE && rl2 <= FULL_REL_L2)
+        (cos, rl2, err, cos >= CUDA_FULL_COSINE && rl2 <= CUDA_FULL_REL_L2)
     };
     let (got, info, prompt_tokens) = full_size_x0(&dir, &golden);
     let (cos, rl2, err, pass) = judge(&got);
@@ -951,7 +919,7 @@ fn full_size_matches_lerobot() {
             "cosine": cos,
             "rel_l2": rl2,
             "max_abs": err,
-            "bound": format!("cosine >= {FULL_COSINE}, rel_l2 <= {FULL_REL_L2:e}"),
+            "bound": format!("cosine >= {CUDA_FULL_COSINE}, rel_l2 <= {CUDA_FULL_REL_L2:e}"),
             "pass": pass,
             "control": {"perturbation": "action_out_proj.weight scaled by 1.02", "cosine": c_cos, "rel_l2": c_rl2, "max_abs": c_err, "fails_the_bound": !c_pass},
             "commit": commit(),

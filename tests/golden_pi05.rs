@@ -9,7 +9,10 @@ use flashrt::image::{Frame, PixelFormat};
 use flashrt::{BackendKind, Observation, Policy, PolicyConfig};
 use safetensors::SafeTensors;
 
-const TOL: f32 = 1e-4;
+#[path = "support/tolerance.rs"]
+mod tolerance;
+
+use tolerance::{CPU_MAX_ABS, NORMALIZED_MAX_ABS, UNNORMALIZED_MAX_ABS, max_abs};
 
 fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/pi05_tiny")
@@ -45,11 +48,6 @@ impl Golden {
         let mask = self.raw(&format!("input.{p}.token_mask")).1;
         ids.iter().zip(&mask).filter(|(_, m)| **m != 0).map(|(id, _)| *id as i32).collect()
     }
-}
-
-fn max_abs(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len(), "length mismatch");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
@@ -147,7 +145,7 @@ fn actions_and_intermediates_match_lerobot() {
     assert_eq!((info.state_dim, info.action_dim, info.horizon, info.cameras.len()), (8, 7, 50, 3));
     for p in ["a", "b"] {
         for (what, err) in parity_errors(&mut policy, &golden, p) {
-            assert!(err <= TOL, "{what}: max abs error {err:e} > {TOL:e}");
+            assert!(err <= CPU_MAX_ABS, "{what}: max abs error {err:e} > {CPU_MAX_ABS:e}");
             eprintln!("{what}: max abs error {err:e}");
         }
     }
@@ -163,7 +161,7 @@ fn actions_and_intermediates_match_lerobot() {
         let patch = 256 + (y / 14) * 16 + x / 14;
         *v = patches[patch * stride + c * 196 + (y % 14) * 14 + x % 14];
     }
-    assert_close("preprocessed left wrist", &chw, &golden.f32("output.preprocessed.left_wrist_0_rgb"), TOL);
+    assert_close("preprocessed left wrist", &chw, &golden.f32("output.preprocessed.left_wrist_0_rgb"), CPU_MAX_ABS);
 }
 
 #[test]
@@ -175,7 +173,7 @@ fn first_velocity_matches_lerobot() {
     for p in ["a", "b"] {
         let x0 = run(&mut policy, &golden, p);
         let v: Vec<f32> = noise.iter().zip(&x0).map(|(n, x)| n - x).collect();
-        assert_close(&format!("{p}: velocity step 0"), &v, &golden.f32(&format!("output.{p}.velocity.step0")), TOL);
+        assert_close(&format!("{p}: velocity step 0"), &v, &golden.f32(&format!("output.{p}.velocity.step0")), CPU_MAX_ABS);
     }
 }
 
@@ -201,7 +199,7 @@ fn returned_actions_match_lerobots_postprocessor() {
         let mut policy = open(&dir, None);
         for p in ["a", "b"] {
             let want = post.f32(&format!("output.{p}.actions.{mode}"));
-            assert_close(&format!("{mode}, prompt {p}: returned actions"), &step(&mut policy, &golden, p), &want, TOL);
+            assert_close(&format!("{mode}, prompt {p}: returned actions"), &step(&mut policy, &golden, p), &want, CPU_MAX_ABS);
         }
     }
 }
@@ -216,7 +214,7 @@ fn processor_goldens_match_lerobot() {
     for case in json["states"].as_array().unwrap() {
         let raw = vec(&case["raw"]);
         let normalized: Vec<f32> = raw.iter().enumerate().map(|(i, &x)| state.normalize(i, x)).collect();
-        assert_close("normalized state", &normalized, &vec(&case["normalized"]), 1e-6);
+        assert_close("normalized state", &normalized, &vec(&case["normalized"]), NORMALIZED_MAX_ABS);
         let bins: Vec<i64> = normalized.iter().map(|&x| flashrt::models::pi05::prompt::discretize_state(x) as i64).collect();
         let want_bins: Vec<i64> = case["bins"].as_array().unwrap().iter().map(|b| b.as_i64().unwrap()).collect();
         assert_eq!(bins, want_bins, "bins of {raw:?}");
@@ -232,7 +230,7 @@ fn processor_goldens_match_lerobot() {
         let norm: Vec<f32> = case["normalized"].as_array().unwrap().iter().flat_map(vec).collect();
         let want: Vec<f32> = case["unnormalized"].as_array().unwrap().iter().flat_map(vec).collect();
         let got: Vec<f32> = norm.iter().enumerate().map(|(i, x)| x * scale[i % 7] + offset[i % 7]).collect();
-        assert_close("unnormalized actions", &got, &want, 1e-5);
+        assert_close("unnormalized actions", &got, &want, UNNORMALIZED_MAX_ABS);
     }
 }
 
@@ -299,9 +297,9 @@ fn perturbing_any_used_weight_breaks_parity() {
         let mut policy = open(dir.path(), None);
         let (what, err) = parity_errors(&mut policy, &golden, "a").into_iter().max_by(|x, y| x.1.total_cmp(&y.1)).unwrap();
         if is_unused {
-            assert!(err <= TOL, "{name} should not influence the result; {what} moved by {err:e}");
+            assert!(err <= CPU_MAX_ABS, "{name} should not influence the result; {what} moved by {err:e}");
         } else {
-            assert!(err > TOL, "perturbing {name} left the parity test passing (largest error {err:e} in {what})");
+            assert!(err > CPU_MAX_ABS, "perturbing {name} left the parity test passing (largest error {err:e} in {what})");
             checked += 1;
         }
     }

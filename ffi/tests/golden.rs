@@ -9,6 +9,11 @@ use std::path::Path;
 use flashrt_ffi::*;
 use safetensors::SafeTensors;
 
+#[path = "../../tests/support/tolerance.rs"]
+mod tolerance;
+
+use tolerance::{CPU_MAX_ABS, max_abs};
+
 fn f32s(bytes: &[u8]) -> Vec<f32> {
     bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
 }
@@ -80,8 +85,8 @@ fn step_returns_lerobots_postprocessed_actions() {
         frt_policy_free(policy);
 
         assert_eq!(actions.len(), want.len(), "horizon x robot action columns");
-        let err = actions.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        let err = max_abs(&actions, &want);
         eprintln!("frt_policy_step vs lerobot's post-processed actions: max abs error {err:e}");
-        assert!(err <= 1e-4, "max abs error {err:e} > 1e-4");
+        assert!(err <= CPU_MAX_ABS, "max abs error {err:e} > {CPU_MAX_ABS:e}");
     }
 }
