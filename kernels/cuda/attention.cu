@@ -160,7 +160,7 @@ FOR_TYPE(ROPE_QKV, rope_qkv)
 
 // The RoPE table rows of every slot of the sequence, once per step after `positions_scan_1024`:
 // cos_rows[s] = cos_table[positions[s]] (and sin), so that the step's many `rope_qkv` launches
-// read their rows directly instead of waiting for a position first (bench/NOTES.md item 43).
+// read their rows directly instead of waiting for a position first.
 // One block per slot, one thread per 4 of the `half` columns.
 extern "C" __global__ void rope_rows_gather(float* cos_rows, float* sin_rows, const int* positions, const float* cos_table,
                                             const float* sin_table, int half) {
@@ -282,8 +282,8 @@ extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s,
 // work on the current one. Scores in the log2 domain (exp2). Row r is query r / heads, head r % heads.
 #define ATT_D 256
 // Keys per chunk, a multiple of 16 dividing 64 (launch.rs mirrors it per architecture): from
-// sm_90 on two 64-key chunks fit (178 KB of shared memory, -0.6 us per expert layer on the H200,
-// bench/NOTES.md items 21 and 37); Orin's 163 KB take 32-key ones (105 KB).
+// sm_90 on two 64-key chunks fit (178 KB of shared memory, -0.6 us per expert layer on the H200);
+// Orin's 163 KB take 32-key ones (105 KB).
 #ifndef ATT_KEYS
 #if __CUDA_ARCH__ >= 900
 #define ATT_KEYS 64
@@ -559,9 +559,9 @@ FOR_TYPE(ATTENTION_MQ256, attention_mq256)
 // the head dimension each); S = Q Kᵀ is 16 asynchronous m64n64k16 products with both operands in
 // shared memory (K as the K-major B), and O += P V takes P from registers, where the softmax
 // leaves it, and V as the N-major B (keys × d, d contiguous) of 16 more: 32 instructions per chunk
-// where mma.sync takes 256 per warp plus their operand loads (bench/NOTES.md item 38). K and V
+// where mma.sync takes 256 per warp plus their operand loads. K and V
 // arrive by bulk tensor copies (TMA: one thread issues a chunk's eight 64 × 64 boxes onto two
-// transaction barriers) instead of 48 cp.async per thread (bench/NOTES.md item 50), and so does
+// transaction barriers) instead of 48 cp.async per thread, and so does
 // Q when its (query, head) rows tile by whole queries (the head count divides 64; item 51),
 // else by cp.async.
 #if ATT_KEYS == 64 && ATT_ROWS == 64 && (!defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL))
@@ -593,7 +593,7 @@ __device__ __forceinline__ void attw_mma_rs(float* d, const unsigned* a, unsigne
 // from `row_of(r)`, or is zeros where `valid_row(r)` is false. Each thread copies the 16-byte
 // pieces c and c + 16 (c = threadIdx.x % 16) of eight consecutive rows, so each copy instruction
 // of a warp moves 256 contiguous bytes of each of two rows, all sixteen in flight at once: faster
-// than one piece per thread striding over the tile (bench/NOTES.md item 48).
+// than one piece per thread striding over the tile.
 template <typename RowOf, typename ValidRow>
 __device__ __forceinline__ void attw_copy_operand(unsigned tile, RowOf row_of, ValidRow valid_row) {
     const int c = threadIdx.x & 15;
@@ -757,7 +757,7 @@ FOR_TYPE(ATTENTION_MQ256_WGMMA, attention_mq256_wgmma)
 // Merges the splits of `attention_mq256_*`: out = Σ_s 2^(m_s - M) o_s / Σ_s 2^(m_s - M) l_s.
 // ATT_MERGE_DIMS head dimensions per thread in 16-byte loads, so 256 / ATT_MERGE_DIMS threads per
 // row and ATT_MERGE_ROWS rows per block of 256 threads (one thread per dimension, a block per
-// row, cost 0.7 us more per expert layer: bench/NOTES.md item 44). Lane s of each warp holds
+// row, cost 0.7 us more per expert layer). Lane s of each warp holds
 // split s's (max, sum) (32 splits per round), so the statistics cost one load per lane and a
 // warp reduction. The first ATT_MERGE_HELD splits' partial outputs are loaded before the
 // statistics (they do not depend on them), so for the expert's 12 splits a row waits for one

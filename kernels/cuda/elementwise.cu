@@ -22,7 +22,7 @@ FOR_IN_OUT(COPY, copy)
 // The small host inputs (mapped pinned memory) into their device buffers: block b copies piece
 // b of `pieces`, `count` × (destination, source, bytes; a multiple of 4). Kernels that many
 // blocks read (token ids, frame geometry) then read device memory: reads of the same host lines
-// from every block over the bus cost ~20-30 µs per launch (bench/NOTES.md item 63). Each read
+// from every block over the bus cost ~20-30 µs per launch. Each read
 // crosses the bus (~1 µs), so the number of rounds, not the bytes, sets the time: 16-byte words,
 // COPY_IN_FLIGHT of them per thread loaded before any is stored (item 66), 4-byte words for an
 // unaligned piece and for the tail.

@@ -1,5 +1,5 @@
 // The action expert's MLP (gate/up product, GeGLU, down product; at most 64 rows) as one launch
-// on Hopper (bench/NOTES.md item 52). cuBLASLt runs each few-row product as its own launch, each
+// on Hopper. cuBLASLt runs each few-row product as its own launch, each
 // paying its start and tail, with the GeGLU kernel between them; here one block per SM streams its
 // share of both weight matrices through one ring of shared-memory stages, so down's weights load
 // while gate/up finishes and while the blocks meet at the grid barrier between the two products.
@@ -10,7 +10,7 @@
 // writes them as bf16 (no gate/up output, no GeGLU launch). Down splits K over blocks; each adds
 // its f32 partial sums into `out`, which the blocks zero before the grid barrier. Launched as a
 // programmatic dependent of the norm before it, a block streams its first weight stages while
-// that norm still runs (bench/NOTES.md item 56).
+// that norm still runs.
 #include "common.cuh"
 
 // Row-major w [n, k] (bf16) into 64 × 64 swizzled tiles, tile (nt, kc) at element

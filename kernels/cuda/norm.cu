@@ -121,7 +121,7 @@ __device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, 
 }
 
 // The RMS norms let a programmatic dependent start at once (`launch_dependents`): the streamed
-// MLP after the expert's norms loads its weights meanwhile (bench/NOTES.md item 56). The gated
+// MLP after the expert's norms loads its weights meanwhile. The gated
 // residual norm may itself be launched as one (after a cuBLASLt product): it waits first.
 #define RMS_NORM(NAME, TIN, TOUT)                                                                   \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* x, int x_stride,         \
@@ -211,8 +211,8 @@ FOR_IN_OUT(GATED_RESIDUAL_RMS_NORM, gated_residual_rms_norm)
 // An Euler step ends with the gated residual, the final adaRMS norm and the action-out product
 // accumulated into x_t (32 columns), and the next begins with the action-in product (K = 32) and
 // the first layer's adaRMS norm: five launches of 1-4 µs around products far too small to fill
-// the GPU. Their rows are independent, so one block per row does each end in one launch
-// (bench/NOTES.md item 66). The products as cuBLASLt computes them: bf16 operands, f32 sums.
+// the GPU. Their rows are independent, so one block per row does each end in one launch.
+// The products as cuBLASLt computes them: bf16 operands, f32 sums.
 // One group of 8 columns per thread (cols / 8 threads, rounded up to whole warps); each thread's
 // slice of the weights is loaded with its row (the weights stay in L2: every step reads them).
 #define ROW_PRODUCT_MAX 32  // most columns of the narrow side (launch.rs mirrors it)
@@ -295,7 +295,7 @@ FOR_IN_OUT(GATED_RESIDUAL_RMS_NORM_PRODUCT, gated_residual_rms_norm_product)
 // them 512 bytes apart, 32 lines per load). The four lanes of a row meet by shuffles, the row's
 // values in shared memory, and the bias and the norm follow in groups of 8 columns per thread.
 // Every global load is issued before the first product: a load under a branch in the unrolled
-// loop (a per-row bias) made each iteration wait for its own (bench/NOTES.md item 66).
+// loop (a per-row bias) made each iteration wait for its own.
 #define PRODUCT_MAX_COLS 8192
 #define PRODUCT_GROUPS 8  // groups of 32 weight rows whose loads a warp has in flight at once
 template <typename Tout>

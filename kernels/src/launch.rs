@@ -91,8 +91,7 @@ pub struct AttentionArgs {
     pub partial_ml: DevPtr,
     /// `Some(n)`: the kernel before this launch on the stream writes `q` and no key or value
     /// before key `n`, and lets its dependents start at once (`rope_qkv`). The Hopper form is then
-    /// launched as its programmatic dependent and loads keys it does not write while it runs
-    /// (bench/NOTES.md item 72); other forms launch plainly.
+    /// launched as its programmatic dependent and loads keys it does not write while it runs; other forms launch plainly.
     pub keys_ready: Option<usize>,
 }
 

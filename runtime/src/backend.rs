@@ -42,6 +42,9 @@ pub trait Backend: Send {
     fn run(&mut self) -> Result<()>;
     /// Host view of an output buffer after [`Backend::run`].
     fn output_f32(&self, id: BufId) -> &[f32];
+    /// How this backend runs the plan, for `explain()`: what it fused or launched differently
+    /// from the plan's ops, what fell back and why, and its switches. Lines end with '\n'.
+    fn lowering(&self) -> String;
     /// A copy of any f32 buffer by name, for tests and debugging (allocates; may synchronize).
     fn read_buffer(&self, name: &str) -> Option<Vec<f32>>;
 }

@@ -349,9 +349,16 @@ impl Policy {
         self.backend.plan()
     }
 
-    /// The plan as text: every op with its shapes, and the folding decisions.
+    /// The plan as text: every op with its shapes and the folding decisions, then how the backend
+    /// runs it (fusions, fallbacks, switches).
     pub fn explain(&self) -> String {
-        self.backend.plan().explain()
+        format!(
+            "{}{} backend on {}:\n{}",
+            self.backend.plan().explain(),
+            self.backend.name(),
+            self.backend.device_name(),
+            self.backend.lowering()
+        )
     }
 
     /// Sets the task text. The state is appended in every step (pi05 prompt format). A text that

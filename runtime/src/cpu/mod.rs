@@ -526,6 +526,13 @@ impl Backend for CpuBackend {
         format!("CPU ({}, {} kernel, {threads} thread{})", std::env::consts::ARCH, self.kernel_name, if threads == 1 { "" } else { "s" })
     }
 
+    fn lowering(&self) -> String {
+        format!(
+            "  every op as the plan has it, in f32; GEMMs, attention and image patches split by rows over {} thread(s)\n",
+            self.pool.threads()
+        )
+    }
+
     fn plan(&self) -> &Plan {
         &self.plan
     }

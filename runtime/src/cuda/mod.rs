@@ -2,14 +2,32 @@
 //! answers that CUDA is unavailable, so backend selection needs no conditional code.
 
 #[cfg(feature = "cuda")]
+mod arena;
+#[cfg(feature = "cuda")]
 mod backend;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
+mod fusion;
+#[cfg(feature = "cuda")]
 mod gemm;
+#[cfg(feature = "cuda")]
+mod graph;
+#[cfg(feature = "cuda")]
+mod lowering;
+#[cfg(feature = "cuda")]
+mod options;
+#[cfg(feature = "cuda")]
+mod profile;
+#[cfg(feature = "cuda")]
+mod steps;
+#[cfg(feature = "cuda")]
+mod weights;
 
 #[cfg(feature = "cuda")]
-pub use backend::{CudaBackend, CudaOptions};
+pub use backend::CudaBackend;
+#[cfg(feature = "cuda")]
+pub use options::{CudaOptions, Switches};
 
 /// The name of CUDA device `ordinal`, or why CUDA cannot run here (no driver, no device, no
 /// cuBLASLt, or a build without CUDA). Never panics.
@@ -42,7 +60,7 @@ pub fn open(
 ) -> crate::Result<Box<dyn crate::backend::Backend>> {
     #[cfg(feature = "cuda")]
     {
-        let opts = CudaOptions { device, kernel_cache_dir };
+        let opts = CudaOptions { device, kernel_cache_dir, switches: Switches::from_env() };
         Ok(Box::new(CudaBackend::new(plan, weights, checkpoint, &opts)?))
     }
     #[cfg(not(feature = "cuda"))]

@@ -474,7 +474,7 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
     plan.phase("vision");
     // Patch rows padded with zero columns (never written) to a multiple of 64: 588 = 3·14·14
     // bf16 values make rows that are not 16-byte aligned, and cuBLASLt then picks a kernel 4×
-    // slower for the patch embedding (bench/NOTES.md item 63).
+    // slower for the patch embedding.
     let patch_cols = patch_dim.next_multiple_of(64);
     let patches = plan.matrix("patches", vrows, patch_cols);
     let vx = plan.matrix("vision_x", vrows, vw);

@@ -1,0 +1,328 @@
+//! Which plan ops the lowering fuses or launches early, decided from the plan's shapes and op
+//! order: the attention kernel of each attention op, the MLPs run as one streamed launch, and the
+//! launches that start as programmatic dependents of the one before them.
+
+use flashrt_kernels::{AttentionSplit, Kernels};
+
+use super::arena::Elem;
+use crate::plan::{BufId, Op, Plan, Span, View, WeightId, WeightRole};
+
+/// How an attention op runs on the GPU. Decided once per op by [`AttentionLowering::of`], which
+/// both the arena's scratch sizing and the lowering ask, so the two cannot disagree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum AttentionLowering {
+    /// [`Kernels::attention_mq256`] with this key split: multi-query, head dimension 256, one
+    /// group, few queries (the 50 action tokens). Measured on the H200, it beats
+    /// the two products around the softmax there; for the 712-token prefix it does not yet.
+    ActionTokens(AttentionSplit),
+    /// [`Kernels::attention_mh72`]: SigLIP's shape (head dimension 72, one K/V head per query
+    /// head, at most 256 keys per camera group), unmasked. One launch per layer instead of three
+    /// per camera.
+    Vision,
+    /// Two batched cuBLASLt products around the masked softmax kernel, per group.
+    Products,
+}
+
+impl AttentionLowering {
+    /// `fused`: the device runs the fused kernels and they are not switched off.
+    #[allow(clippy::too_many_arguments)] // the op's own fields, one to one
+    pub(super) fn of(
+        queries: usize,
+        keys: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        groups: usize,
+        masked: bool,
+        fused: bool,
+        multiprocessors: usize,
+    ) -> AttentionLowering {
+        if fused && queries <= 64 && kv_heads == 1 && head_dim == 256 && groups == 1 {
+            AttentionLowering::ActionTokens(Kernels::attention_split(queries * heads, keys, multiprocessors))
+        } else if fused && head_dim == 72 && kv_heads == heads && keys / groups <= flashrt_kernels::VISION_MAX_KEYS && !masked {
+            AttentionLowering::Vision
+        } else {
+            AttentionLowering::Products
+        }
+    }
+}
+
+/// The MLPs the lowering runs as one [`Kernels::mlp_stream`] launch: the
+/// index of each first op of a gate/up product (bf16 in, no bias), the GeGLU over its output and
+/// the down product over that (f32 out, overwritten), in one phase, where `runs(first op, rows,
+/// width, hidden)` (the device runs the shape there). The fused kernel never writes the gate/up
+/// output, so an MLP whose gate/up output some later op reads (before anything writes that
+/// buffer again) is not fused.
+pub(super) fn fused_mlps(plan: &Plan, elems: &[Elem], runs: impl Fn(usize, usize, usize, usize) -> bool) -> Vec<usize> {
+    let starts_phase = |i: usize| plan.phase_starting_at(i).is_some();
+    let matrix = |w: WeightId| match plan.weights[w.0].role {
+        WeightRole::Matrix { n, k } => Some((n, k)),
+        _ => None,
+    };
+    let fits = |i: usize| -> Option<BufId> {
+        let [
+            Op::Gemm { a, w: w_gate_up, bias: None, out: gate_up, accumulate: false },
+            Op::GeluTanhMul { gate_up: g, out: hidden },
+            Op::Gemm { a: h, w: w_down, bias: None, out, accumulate: false },
+        ] = plan.ops.get(i..i + 3)?
+        else {
+            return None;
+        };
+        let (rows, width, hid) = (a.rows, a.cols, hidden.cols);
+        let shapes = matrix(*w_gate_up) == Some((2 * hid, width))
+            && matrix(*w_down) == Some((width, hid))
+            && g == gate_up
+            && h == hidden
+            && (hidden.rows, out.rows, out.cols) == (rows, rows, width);
+        let types = [elems[a.buf.0], elems[hidden.buf.0], elems[out.buf.0]] == [Elem::Bf16, Elem::Bf16, Elem::F32];
+        (shapes && types && !starts_phase(i + 1) && !starts_phase(i + 2) && runs(i, rows, width, hid)).then_some(gate_up.buf)
+    };
+    let candidates: Vec<(usize, BufId)> = (0..plan.ops.len()).filter_map(|i| fits(i).map(|g| (i, g))).collect();
+    let firsts: Vec<usize> = candidates.iter().map(|c| c.0).collect();
+    // Walking on from the MLP past other fused ones (which read nothing of it outside their own
+    // kernel): the first op to touch the buffer must write it. Unfusing another MLP only turns
+    // its product into such a write, so one pass decides.
+    let unread = |&(i, g): &(usize, BufId)| {
+        let mut j = i + 3;
+        while j < plan.ops.len() {
+            if firsts.contains(&j) {
+                j += 3;
+                continue;
+            }
+            let accesses = plan.ops[j].accesses(&plan.buffers);
+            if accesses.reads.iter().any(|span| span.buf == g) {
+                return false;
+            }
+            if accesses.writes.iter().any(|span| span.buf == g) {
+                return true;
+            }
+            j += 1;
+        }
+        true
+    };
+    candidates.iter().filter(|c| unread(c)).map(|c| c.0).collect()
+}
+
+/// The fused MLPs (of `mlps`) that directly follow, on the same stream and in the same phase, the
+/// RMS norm writing their whole A: launched as its programmatic dependent, each streams its first
+/// weight stages while the norm runs.
+pub(super) fn mlps_after_their_norm(plan: &Plan, mlps: &[usize], op_lanes: &[usize]) -> Vec<usize> {
+    mlps.iter()
+        .copied()
+        .filter(|&i| {
+            let (Some(norm), Op::Gemm { a, .. }) = (i.checked_sub(1).map(|j| &plan.ops[j]), &plan.ops[i]) else {
+                return false;
+            };
+            let out = match norm {
+                Op::RmsNorm { out, .. } | Op::AdaRmsNorm { out, .. } => out,
+                _ => return false,
+            };
+            out == a && op_lanes[i - 1] == op_lanes[i] && plan.phase_starting_at(i).is_none()
+        })
+        .collect()
+}
+
+/// The attentions that directly follow, on the main stream and in the same phase, the RoPE op
+/// writing their queries, each with how many leading keys of its K and V that op does not write:
+/// launched as RoPE's programmatic dependent, the action tokens' attention loads those keys while
+/// RoPE runs. Ascending by op. (On the second stream an attention also
+/// waits for the prefix's cache rows, and the lowering keeps that stream's launches plain.)
+pub(super) fn attentions_after_their_rope(plan: &Plan, op_lanes: &[usize]) -> Vec<(usize, usize)> {
+    (1..plan.ops.len())
+        .filter_map(|i| {
+            let (Op::RopeQkv { qkv, .. }, Op::Attention { q, k, v, key_valid, .. }) = (&plan.ops[i - 1], &plan.ops[i]) else {
+                return None;
+            };
+            if q.buf != qkv.buf || op_lanes[i - 1] != 0 || op_lanes[i] != 0 || plan.phase_starting_at(i).is_some() {
+                return None;
+            }
+            let writes = plan.ops[i - 1].accesses(&plan.buffers).writes;
+            let written = |s: Span| writes.iter().any(|w| w.overlaps(&s));
+            if key_valid.is_some_and(|b| written(Span::whole(b, &plan.buffers))) {
+                return None;
+            }
+            let first_written = |view: View| (0..view.rows).find(|&r| written(view.rows(r, 1).span())).unwrap_or(view.rows);
+            Some((i, first_written(*k).min(first_written(*v))))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::arena::element_types;
+    use crate::cuda::weights::mlp_weight_tiling;
+    use crate::plan::BufType;
+
+    /// The expert's MLP shape in small: a → gate/up → GeGLU → down, `out` read by a residual
+    /// (so f32); `extra` adds what must rule the fusion out.
+    fn mlp_plan(extra: impl FnOnce(&mut Plan, WeightId, View)) -> (Plan, usize) {
+        let mut plan = Plan::default();
+        let (x, a, gate_up, hidden, out) = (
+            plan.matrix("x", 4, 64),
+            plan.matrix("a", 4, 64),
+            plan.matrix("gate_up", 4, 256),
+            plan.matrix("hidden", 4, 128),
+            plan.matrix("out", 4, 64),
+        );
+        let (w_gate_up, w_down) =
+            (plan.weight("gate_up", WeightRole::Matrix { n: 256, k: 64 }), plan.weight("down", WeightRole::Matrix { n: 64, k: 128 }));
+        let modulation = plan.weight("modulation", WeightRole::Vector);
+        plan.push(Op::RmsNorm { x, out: a, eps: 1e-6 });
+        let first = plan.ops.len();
+        plan.push(Op::Gemm { a, w: w_gate_up, bias: None, out: gate_up, accumulate: false });
+        plan.push(Op::GeluTanhMul { gate_up, out: hidden });
+        plan.push(Op::Gemm { a: hidden, w: w_down, bias: None, out, accumulate: false });
+        plan.push(Op::GatedResidual { x, y: out, modulation });
+        extra(&mut plan, w_down, gate_up);
+        (plan, first)
+    }
+
+    #[test]
+    fn the_expert_mlp_fuses_only_where_nothing_else_needs_its_parts() {
+        let fused = |plan: &Plan, runs: bool| fused_mlps(plan, &element_types(plan), |_, _, _, _| runs);
+        let (plan, first) = mlp_plan(|_, _, _| {});
+        assert_eq!(fused(&plan, true), vec![first]);
+        let (w_gate_up, w_down) = (WeightId(0), WeightId(1));
+        assert_eq!(mlp_weight_tiling(&plan, &[first]), vec![(w_gate_up, 128, true), (w_down, 0, true)]);
+        // The kernel cannot run the shape or on that stream.
+        assert_eq!(fused(&plan, false), Vec::<usize>::new());
+        // The down weight serves another product too: fused, with a tiled copy of it.
+        let (plan, _) = mlp_plan(|plan, w_down, _| {
+            let (h, y) = (plan.matrix("h2", 4, 128), plan.matrix("y2", 4, 64));
+            plan.push(Op::Gemm { a: h, w: w_down, bias: None, out: y, accumulate: false });
+        });
+        assert_eq!(fused(&plan, true), vec![first]);
+        assert_eq!(mlp_weight_tiling(&plan, &[first]), vec![(w_gate_up, 128, true), (w_down, 0, false)]);
+        // Another op reads the gate/up output the fused kernel never writes.
+        let (plan, _) = mlp_plan(|plan, _, gate_up| plan.push(Op::GeluTanh { x: gate_up }));
+        assert!(fused(&plan, true).is_empty());
+        // An unfused MLP after it (as on the second stream) writes the buffer before its GeGLU reads it.
+        let mut second = 0;
+        let (plan, first) = mlp_plan(|plan, _, gate_up| {
+            let (a, hidden, out) = (plan.matrix("a2", 4, 64), plan.matrix("hidden2", 4, 128), plan.matrix("out2", 4, 64));
+            let (w1, w2) =
+                (plan.weight("gate_up2", WeightRole::Matrix { n: 256, k: 64 }), plan.weight("down2", WeightRole::Matrix { n: 64, k: 128 }));
+            second = plan.ops.len();
+            plan.push(Op::Gemm { a, w: w1, bias: None, out: gate_up, accumulate: false });
+            plan.push(Op::GeluTanhMul { gate_up, out: hidden });
+            plan.push(Op::Gemm { a: hidden, w: w2, bias: None, out, accumulate: false });
+        });
+        assert_eq!(fused_mlps(&plan, &element_types(&plan), |i, _, _, _| i == first), vec![first]);
+        assert_eq!(fused_mlps(&plan, &element_types(&plan), |i, _, _, _| i == second), vec![second]);
+        assert_eq!(fused(&plan, true), vec![first, second]);
+        // A phase starting inside the sequence.
+        let mut plan = Plan::default();
+        let (a, gate_up, hidden, out) =
+            (plan.matrix("a", 4, 64), plan.matrix("gate_up", 4, 256), plan.matrix("hidden", 4, 128), plan.matrix("out", 4, 64));
+        let (w1, w2) =
+            (plan.weight("gate_up", WeightRole::Matrix { n: 256, k: 64 }), plan.weight("down", WeightRole::Matrix { n: 64, k: 128 }));
+        plan.push(Op::Gemm { a, w: w1, bias: None, out: gate_up, accumulate: false });
+        plan.push(Op::GeluTanhMul { gate_up, out: hidden });
+        plan.phase("next");
+        plan.push(Op::Gemm { a: hidden, w: w2, bias: None, out, accumulate: false });
+        assert!(fused(&plan, true).is_empty());
+    }
+
+    #[test]
+    fn a_fused_mlp_starts_early_only_right_after_the_norm_of_its_a() {
+        let (plan, first) = mlp_plan(|_, _, _| {});
+        let lanes = vec![0; plan.ops.len()];
+        assert_eq!(mlps_after_their_norm(&plan, &[first], &lanes), vec![first]);
+        // Not across streams, nor into a phase, nor after anything but an RMS norm of the whole A.
+        let mut other_lane = lanes.clone();
+        other_lane[first - 1] = 1;
+        assert!(mlps_after_their_norm(&plan, &[first], &other_lane).is_empty());
+        let mut phased = plan.clone();
+        phased.phase("mlp");
+        phased.phases.last_mut().unwrap().first_op = first;
+        assert!(mlps_after_their_norm(&phased, &[first], &lanes).is_empty());
+        let mut copied = plan.clone();
+        let Op::RmsNorm { x, out, .. } = copied.ops[first - 1] else { panic!("mlp_plan has the norm before the MLP") };
+        copied.ops[first - 1] = Op::Copy { src: x, dst: out };
+        assert!(mlps_after_their_norm(&copied, &[first], &lanes).is_empty());
+        let mut partial = plan.clone();
+        if let Op::RmsNorm { out, .. } = &mut partial.ops[first - 1] {
+            *out = out.cols(0, 32);
+        }
+        assert!(mlps_after_their_norm(&partial, &[first], &lanes).is_empty());
+    }
+
+    #[test]
+    fn an_attention_starts_early_only_right_after_its_rope_and_before_the_rows_rope_writes() {
+        // Four action tokens, two query heads of 8, over 12 cached keys and their own 4 (rows 12-15).
+        let mut plan = Plan::default();
+        let qkv = plan.matrix("qkv", 4, 4 * 8);
+        let (positions, valid) = (plan.buffer("positions", BufType::I32, 16), plan.buffer("valid", BufType::F32, 16));
+        let (k_cache, v_cache, out) = (plan.matrix("k", 16, 8), plan.matrix("v", 16, 8), plan.matrix("out", 4, 16));
+        plan.push(Op::RopeQkv { qkv, heads: 2, head_dim: 8, positions, position_offset: 12, k_cache, v_cache, cache_row: 12 });
+        let attention = Op::Attention {
+            q: qkv.cols(0, 16),
+            k: k_cache,
+            v: v_cache,
+            out,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 8,
+            groups: 1,
+            key_valid: Some(valid),
+            query_valid: None,
+        };
+        plan.push(attention);
+        let lanes = vec![0; plan.ops.len()];
+        assert_eq!(attentions_after_their_rope(&plan, &lanes), vec![(1, 12)]);
+        // A V cache that RoPE fills from an earlier row bounds the keys too.
+        let mut early_v = plan.clone();
+        if let Op::Attention { v, .. } = &mut early_v.ops[1] {
+            *v = v_cache.rows(4, 12);
+        }
+        assert_eq!(attentions_after_their_rope(&early_v, &lanes), vec![(1, 8)]);
+        // Not on the second stream, nor into a phase, nor after another op, nor when RoPE writes
+        // the key mask or another buffer holds the queries.
+        assert!(attentions_after_their_rope(&plan, &[0, 1]).is_empty());
+        assert!(attentions_after_their_rope(&plan, &[1, 1]).is_empty());
+        let mut phased = plan.clone();
+        phased.phase("attention");
+        phased.phases.last_mut().unwrap().first_op = 1;
+        assert!(attentions_after_their_rope(&phased, &lanes).is_empty());
+        let mut copied = plan.clone();
+        copied.ops[0] = Op::Copy { src: out, dst: out };
+        assert!(attentions_after_their_rope(&copied, &lanes).is_empty());
+        let mut masked_by_cache = plan.clone();
+        let cache_buf = k_cache.buf;
+        if let Op::Attention { key_valid, .. } = &mut masked_by_cache.ops[1] {
+            *key_valid = Some(cache_buf);
+        }
+        assert!(attentions_after_their_rope(&masked_by_cache, &lanes).is_empty());
+        let mut other_q = plan.clone();
+        if let Op::Attention { q, .. } = &mut other_q.ops[1] {
+            *q = out;
+        }
+        assert!(attentions_after_their_rope(&other_q, &lanes).is_empty());
+    }
+
+    #[test]
+    fn each_pi05_attention_gets_its_kernel() {
+        use AttentionLowering::{ActionTokens, Products, Vision};
+        let of = |queries, keys, heads, kv_heads, head_dim, groups, masked, fused| {
+            AttentionLowering::of(queries, keys, heads, kv_heads, head_dim, groups, masked, fused, 132)
+        };
+        // The 50 action tokens over a 2-camera prefix and themselves: split over about 132 blocks.
+        match of(50, 762, 8, 1, 256, 1, true, true) {
+            ActionTokens(split) => {
+                assert!(split.splits > 1 && split.splits * split.keys_per_split >= 762, "{split:?}");
+                assert_eq!(split.partial_lens, (split.splits * 400 * 256, split.splits * 400 * 2));
+            }
+            other => panic!("action tokens lowered as {other:?}"),
+        }
+        // SigLIP, two cameras of 256 tokens; masked or too many keys per camera falls back.
+        assert_eq!(of(512, 512, 16, 16, 72, 2, false, true), Vision);
+        assert_eq!(of(512, 512, 16, 16, 72, 2, true, true), Products);
+        let too_many = flashrt_kernels::VISION_MAX_KEYS + 1;
+        assert_eq!(of(too_many, too_many, 16, 16, 72, 1, false, true), Products);
+        // The 712-token prefix keeps the products, and everything does with the fused kernels off.
+        assert_eq!(of(712, 712, 8, 1, 256, 1, true, true), Products);
+        assert_eq!(of(50, 762, 8, 1, 256, 1, true, false), Products);
+        assert_eq!(of(512, 512, 16, 16, 72, 2, false, false), Products);
+    }
+}

@@ -1,0 +1,566 @@
+//! Lowering: each plan op becomes kernel launches and cuBLASLt products with resolved device
+//! addresses, fused with its neighbours where [`super::fusion`] says so.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use flashrt_kernels::{AttentionArgs, DevPtr, Dtype, Kernels, Mat, ROW_PRODUCT_MAX, RopeArgs};
+
+use super::arena::{DeviceBuf, Elem, Scratch, copied_input};
+use super::device::BlasLt;
+use super::fusion::AttentionLowering;
+use super::gemm::{Matmul, MatmulSpec, Operand};
+use super::steps::{RopeRows, Schedule, Step};
+use crate::error::{Error, Result};
+use crate::plan::{Accesses, BufId, Op, Plan, Section, Span, View, WeightId, WeightRole, sections_of};
+
+/// The lowered step: launches, their streams and cross-stream waits, where each plan phase
+/// starts among them, and the products.
+pub(super) struct Lowered {
+    pub(super) steps: Vec<Step>,
+    pub(super) schedule: Schedule,
+    pub(super) phase_steps: Vec<(String, usize)>,
+    pub(super) sections: Vec<Section>,
+    pub(super) matmuls: Vec<Matmul>,
+}
+
+/// Turns plan ops into steps with resolved device addresses.
+pub(super) struct Lowering<'a> {
+    pub(super) plan: &'a Plan,
+    pub(super) bufs: &'a [DeviceBuf],
+    pub(super) lt: &'a BlasLt,
+    pub(super) weights: &'a HashMap<(usize, Elem), DevPtr>,
+    /// Each lane's scratch regions, and the RoPE tables (read-only, shared).
+    pub(super) scratch: &'a [Scratch],
+    pub(super) rope: (DevPtr, DevPtr),
+    pub(super) rope_rows: Option<RopeRows>,
+    /// The lane of every plan op, and that of the op being lowered.
+    pub(super) op_lanes: &'a [usize],
+    /// The host-input copy table and its pieces (see [`copied_input`]).
+    pub(super) host_inputs: (DevPtr, usize),
+    pub(super) lane: usize,
+    /// Lower few-query multi-query attention to `Kernels::attention_mq256` (off with
+    /// FRT_NO_FUSED_ATTENTION=1), sized for this many SMs.
+    pub(super) fused_attention: bool,
+    pub(super) multiprocessors: usize,
+    /// The first ops of the MLPs lowered as one streamed launch ([`fused_mlps`]), ascending, and
+    /// those of them launched as programmatic dependents of their norm ([`mlps_after_their_norm`]).
+    pub(super) mlps: &'a [usize],
+    pub(super) early_mlps: &'a [usize],
+    /// The attentions launched as programmatic dependents of their RoPE kernel, with the keys it
+    /// does not write ([`attentions_after_their_rope`]), and the plan op being lowered.
+    pub(super) early_attentions: &'a [(usize, usize)],
+    pub(super) op_index: usize,
+    /// RoPE (loading its table rows first) and the gated residual norms right after a cuBLASLt
+    /// product launched as its programmatic dependents (measured −0.11 ms on the H200;
+    /// `Switches::early_launch`).
+    pub(super) early_after_products: bool,
+    /// The streamed MLPs' weights as that kernel reads them, by weight index.
+    pub(super) tiled: &'a HashMap<usize, DevPtr>,
+    pub(super) steps: Vec<Step>,
+    /// For each step: its lane, and what the plan ops it came from read and write.
+    pub(super) step_lanes: Vec<usize>,
+    pub(super) step_accesses: Vec<Accesses>,
+    pub(super) phase_steps: Vec<(String, usize)>,
+    /// The prompt bucket of each phase (as `phase_steps`).
+    pub(super) phase_buckets: Vec<Option<usize>>,
+    pub(super) matmuls: Vec<Matmul>,
+}
+
+impl Lowering<'_> {
+    pub(super) fn scratch(&self) -> &Scratch {
+        &self.scratch[self.lane]
+    }
+
+    /// Whether the step about to be lowered from the current op is launched as the programmatic
+    /// dependent of a cuBLASLt product: it directly follows one on its stream and in its phase,
+    /// and `early_after_products` is on.
+    pub(super) fn early_after_product(&self) -> bool {
+        self.early_after_products
+            && self.plan.phase_starting_at(self.op_index).is_none()
+            && self.step_lanes.last() == Some(&self.lane)
+            && matches!(self.steps.last(), Some(Step::Gemm { .. }))
+    }
+
+    /// Marks the steps pushed since step `from` as running on `lane` with these accesses.
+    pub(super) fn tag(&mut self, from: usize, lane: usize, accesses: Accesses) {
+        for _ in from..self.steps.len() {
+            self.step_lanes.push(lane);
+            self.step_accesses.push(accesses.clone());
+        }
+    }
+
+    /// Marks the steps pushed since step `from` as the lowering of `ops`: their lane and accesses.
+    pub(super) fn tag_steps(&mut self, from: usize, ops: std::ops::Range<usize>) {
+        let plan = self.plan;
+        let mut accesses = Accesses::default();
+        ops.clone().for_each(|i| accesses.extend(plan.ops[i].accesses(&plan.buffers)));
+        self.tag(from, self.op_lanes[ops.start], accesses);
+    }
+
+    pub(super) fn buf(&self, id: BufId) -> DeviceBuf {
+        self.bufs[id.0]
+    }
+
+    pub(super) fn ptr(&self, id: BufId) -> DevPtr {
+        self.buf(id).ptr
+    }
+
+    pub(super) fn mat(&self, v: View) -> Result<Mat> {
+        let b = self.buf(v.buf);
+        let dtype = b.elem.dtype().ok_or_else(|| self.error(format!("buffer {} is not a float buffer", self.name(v.buf))))?;
+        // Checked in every build: a plan is public data, and a view past its buffer would have a
+        // kernel read or write device memory it does not own.
+        if v.end() > b.len {
+            return Err(self.error(format!("view ending at {} is past the end of {} ({} elements)", v.end(), self.name(v.buf), b.len)));
+        }
+        Ok(Mat { ptr: b.ptr + (v.offset * b.elem.size()) as u64, rows: v.rows, cols: v.cols, stride: v.stride, dtype })
+    }
+
+    pub(super) fn name(&self, id: BufId) -> &str {
+        &self.plan.buffers[id.0].name
+    }
+
+    pub(super) fn weight(&self, id: WeightId, elem: Elem) -> DevPtr {
+        self.weights[&(id.0, elem)]
+    }
+
+    pub(super) fn error(&self, message: String) -> Error {
+        Error::Backend(format!("lowering the plan for CUDA: {message}"))
+    }
+
+    pub(super) fn lower(mut self) -> Result<Lowered> {
+        let plan = self.plan;
+        let (pieces, count) = self.host_inputs;
+        if count > 0 {
+            self.steps.push(Step::CopyHostInputs { pieces, count });
+            let writes =
+                plan.buffers.iter().enumerate().filter(|(_, b)| copied_input(b)).map(|(i, _)| Span::whole(BufId(i), &plan.buffers));
+            self.tag(0, 0, Accesses { reads: Vec::new(), writes: writes.collect() });
+        }
+        let mut ops = plan.ops.iter().enumerate().peekable();
+        while let Some((i, op)) = ops.next() {
+            if let Some(phase) = plan.phase_starting_at(i) {
+                // The host-input copy belongs to the first phase.
+                let first = if self.phase_steps.is_empty() { 0 } else { self.steps.len() };
+                let name = match phase.prompt_bucket {
+                    Some(b) => format!("{} ({b} slots)", phase.name),
+                    None => phase.name.clone(),
+                };
+                self.phase_steps.push((name, first));
+                self.phase_buckets.push(phase.prompt_bucket);
+            }
+            (self.lane, self.op_index) = (self.op_lanes[i], i);
+            let from = self.steps.len();
+            // Fusions at the denoise loop's step boundary: the gated
+            // residual, its norm and a narrow product over the norm's rows; a product over a
+            // narrow f32 input and the norm of its output. One row kernel each, same phase.
+            if let Some(step) = self.step_boundary(i)? {
+                let fused = match step {
+                    Step::GatedResidualRmsNormProduct { .. } => 3,
+                    _ => 2,
+                };
+                self.steps.push(step);
+                for _ in 1..fused {
+                    ops.next();
+                }
+                self.tag_steps(from, i..i + fused);
+                continue;
+            }
+            // Fusion: a gated residual followed by the adaRMS norm of the same stream (same phase).
+            if let (Op::GatedResidual { x, y, modulation }, Some((next, Op::AdaRmsNorm { x: nx, out, modulation: norm, eps }))) =
+                (op, ops.peek())
+            {
+                if x == nx && plan.phase_starting_at(*next).is_none() {
+                    let early = self.early_after_product();
+                    let step = Step::GatedResidualRmsNorm {
+                        out: self.mat(*out)?,
+                        x: self.mat(*x)?,
+                        y: self.mat(*y)?,
+                        gate: self.weight(*modulation, Elem::F32),
+                        norm: self.weight(*norm, Elem::F32),
+                        eps: *eps,
+                        early,
+                    };
+                    self.steps.push(step);
+                    ops.next();
+                    self.tag_steps(from, i..i + 2);
+                    continue;
+                }
+            }
+            // Fusion: the expert's MLP (product, GeGLU, product) as one streamed launch.
+            if self.mlps.binary_search(&i).is_ok() {
+                let (
+                    Op::Gemm { a, w: w_gate_up, .. },
+                    Some((_, Op::GeluTanhMul { out: hidden, .. })),
+                    Some((_, Op::Gemm { w: w_down, out, .. })),
+                ) = (op, ops.next(), ops.next())
+                else {
+                    return Err(self.error(format!("op {i} is not the first of a product, GeGLU, product sequence")));
+                };
+                self.steps.push(Step::StreamedMlp {
+                    out: self.mat(*out)?,
+                    hidden: self.mat(*hidden)?,
+                    a: self.mat(*a)?,
+                    w_gate_up: self.tiled[&w_gate_up.0],
+                    w_down: self.tiled[&w_down.0],
+                    barrier: self.scratch().grid_barrier,
+                    multiprocessors: self.multiprocessors,
+                    programmatic: self.early_mlps.binary_search(&i).is_ok(),
+                });
+                self.tag_steps(from, i..i + 3);
+                continue;
+            }
+            // Fusion: a product and the GELU over its output (SigLIP's MLP) as cuBLASLt's epilogue.
+            if let (Op::Gemm { a, w, bias, out, accumulate: false }, Some((next, Op::GeluTanh { x }))) = (op, ops.peek()) {
+                if x == out && plan.phase_starting_at(*next).is_none() {
+                    self.gemm(*a, *w, *bias, *out, false, true)?;
+                    ops.next();
+                    self.tag_steps(from, i..i + 2);
+                    continue;
+                }
+            }
+            self.lower_op(op)?;
+            self.tag_steps(from, i..i + 1);
+        }
+        let starts: Vec<(usize, Option<usize>)> = self.phase_steps.iter().map(|p| p.1).zip(self.phase_buckets.iter().copied()).collect();
+        let sections = sections_of(&starts, self.steps.len());
+        let ranges: Vec<Range<usize>> = sections.iter().map(|s| s.range.clone()).collect();
+        let schedule = Schedule::new(self.step_lanes, &self.step_accesses, &ranges);
+        Ok(Lowered { steps: self.steps, schedule, phase_steps: self.phase_steps, sections, matmuls: self.matmuls })
+    }
+
+    /// The step-boundary fusion starting at op `i`, if its ops are there (in one phase) and the
+    /// row kernels take their shapes.
+    pub(super) fn step_boundary(&self, i: usize) -> Result<Option<Step>> {
+        let plan = self.plan;
+        let in_phase = |j: usize| j < plan.ops.len() && plan.phase_starting_at(j).is_none();
+        let narrow_weight = |w: WeightId| match plan.weights[w.0].role {
+            WeightRole::Matrix { n, k } => Some((n, k)),
+            _ => None,
+        };
+        match &plan.ops[i..] {
+            [
+                Op::GatedResidual { x, y, modulation },
+                Op::AdaRmsNorm { x: nx, out, modulation: norm, eps },
+                Op::Gemm { a, w, bias, out: acc, accumulate },
+                ..,
+            ] if nx == x && a == out && in_phase(i + 1) && in_phase(i + 2) && acc.cols <= ROW_PRODUCT_MAX => {
+                let (x_mat, y_mat, out_mat, acc_mat) = (self.mat(*x)?, self.mat(*y)?, self.mat(*out)?, self.mat(*acc)?);
+                // (A narrow product is never a fused MLP's, whose weights may exist only tiled.)
+                let (gate, norm, w_ptr) = (self.weight(*modulation, Elem::F32), self.weight(*norm, Elem::F32), self.weight(*w, Elem::Bf16));
+                let fits = narrow_weight(*w) == Some((acc.cols, x.cols))
+                    && Kernels::gated_residual_rms_norm_product_fits(&out_mat, &x_mat, &y_mat, &[gate, norm, w_ptr], &acc_mat);
+                Ok(fits.then(|| Step::GatedResidualRmsNormProduct {
+                    out: out_mat,
+                    x: x_mat,
+                    y: y_mat,
+                    gate,
+                    norm,
+                    eps: *eps,
+                    w: w_ptr,
+                    bias: bias.map(|b| self.weight(b, Elem::F32)),
+                    acc: acc_mat,
+                    accumulate: *accumulate,
+                }))
+            }
+            [Op::Gemm { a, w, bias, out: x, accumulate: false }, norm, ..] if in_phase(i + 1) && a.cols <= ROW_PRODUCT_MAX => {
+                let (nx, out, modulation, eps) = match *norm {
+                    Op::AdaRmsNorm { x: nx, out, modulation, eps } => (nx, out, Some(self.weight(modulation, Elem::F32)), eps),
+                    Op::RmsNorm { x: nx, out, eps } => (nx, out, None, eps),
+                    _ => return Ok(None),
+                };
+                let (a_mat, x_mat, out_mat, w_ptr) = (self.mat(*a)?, self.mat(*x)?, self.mat(out)?, self.weight(*w, Elem::Bf16));
+                if nx != *x || [a_mat.dtype, x_mat.dtype] != [Dtype::F32; 2] {
+                    return Ok(None);
+                }
+                // An f32 product's bias is uploaded as f32.
+                let bias = bias.map(|b| self.weight(b, Elem::F32));
+                let fits = narrow_weight(*w) == Some((x.cols, a.cols))
+                    && Kernels::product_rms_norm_fits(&out_mat, &x_mat, &a_mat, &[w_ptr, bias.unwrap_or(0), modulation.unwrap_or(0)]);
+                Ok(fits.then_some(Step::ProductRmsNorm { out: out_mat, x: x_mat, a: a_mat, w: w_ptr, bias, modulation, eps }))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    pub(super) fn lower_op(&mut self, op: &Op) -> Result<()> {
+        let step = match *op {
+            Op::ImagePatches { camera, frames, frame_stride, frame_info, size, patch, out } => Step::ImagePatches {
+                out: self.mat(out)?,
+                frames: self.ptr(frames),
+                frame_stride,
+                frame_info: self.ptr(frame_info),
+                camera,
+                size,
+                patch,
+            },
+            Op::Gemm { a, w, bias, out, accumulate } => return self.gemm(a, w, bias, out, accumulate, false),
+            Op::AddTable { x, table, table_rows } => Step::AddTable { x: self.mat(x)?, table: self.weight(table, Elem::F32), table_rows },
+            Op::LayerNorm { x, out, gamma, beta, eps } => Step::LayerNorm {
+                out: self.mat(out)?,
+                x: self.mat(x)?,
+                gamma: self.weight(gamma, Elem::F32),
+                beta: self.weight(beta, Elem::F32),
+                eps,
+            },
+            Op::RmsNorm { x, out, eps } => Step::RmsNorm { out: self.mat(out)?, x: self.mat(x)?, modulation: None, eps },
+            Op::AdaRmsNorm { x, out, modulation, eps } => {
+                Step::RmsNorm { out: self.mat(out)?, x: self.mat(x)?, modulation: Some(self.weight(modulation, Elem::F32)), eps }
+            }
+            Op::GatedResidual { x, y, modulation } => {
+                Step::GatedResidual { x: self.mat(x)?, y: self.mat(y)?, modulation: self.weight(modulation, Elem::F32) }
+            }
+            Op::GeluTanh { x } => Step::GeluTanh { x: self.mat(x)? },
+            Op::GeluTanhMul { gate_up, out } => Step::GeluTanhMul { out: self.mat(out)?, gate_up: self.mat(gate_up)? },
+            Op::Embed { tokens, table, scale, out } => {
+                let WeightRole::Embedding { vocab, width } = self.plan.weights[table.0].role else {
+                    return Err(self.error(format!("embed table {} is not an embedding", self.plan.weights[table.0].name)));
+                };
+                if width != out.cols {
+                    return Err(self.error(format!("embedding width {width} for a {}-wide output", out.cols)));
+                }
+                Step::Embed { out: self.mat(out)?, tokens: self.ptr(tokens), table: self.weight(table, Elem::Bf16), vocab, scale }
+            }
+            Op::Positions { frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix, valid, positions } => Step::Positions {
+                valid: self.ptr(valid),
+                positions: self.ptr(positions),
+                frame_info: self.ptr(frame_info),
+                cameras,
+                tokens_per_image,
+                token_mask: self.ptr(token_mask),
+                prompt_len,
+                suffix,
+                rope_rows: self.rope_rows.filter(|r| r.positions == positions),
+            },
+            Op::RopeQkv { qkv, heads, head_dim, positions, position_offset, k_cache, v_cache, cache_row } => {
+                let rows = self.rope_rows.filter(|r| r.positions == positions && r.half == head_dim / 2);
+                let (positions, (cos, sin)) = match rows {
+                    Some(r) => (None, r.rows),
+                    None => (Some(self.ptr(positions)), self.rope),
+                };
+                Step::Rope(RopeArgs {
+                    qkv: self.mat(qkv)?,
+                    heads,
+                    head_dim,
+                    positions,
+                    position_offset,
+                    k_cache: self.mat(k_cache)?,
+                    v_cache: self.mat(v_cache)?,
+                    cache_row,
+                    cos,
+                    sin,
+                    early: self.early_after_product(),
+                })
+            }
+            Op::Attention { q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid } => {
+                return self.attention(q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid);
+            }
+            Op::Copy { src, dst } => Step::Copy { dst: self.mat(dst)?, src: self.mat(src)? },
+            Op::Affine { x, scale, offset, out } => Step::Affine {
+                out: self.mat(out)?,
+                x: self.mat(x)?,
+                scale: self.weight(scale, Elem::F32),
+                offset: self.weight(offset, Elem::F32),
+            },
+            Op::PromptBucket { token_mask } => {
+                Step::PromptBucket { token_mask: self.ptr(token_mask), prompt_len: self.buf(token_mask).len }
+            }
+        };
+        self.steps.push(step);
+        Ok(())
+    }
+
+    /// Adds a product; if cuBLASLt has no batched algorithm for it, one product per batch entry.
+    pub(super) fn matmul(&mut self, spec: MatmulSpec) -> Result<()> {
+        let lt = self.lt.0;
+        match Matmul::new(lt, spec) {
+            Ok(m) => {
+                self.steps.push(Step::Gemm { matmul: self.matmuls.len(), workspace: self.scratch().workspace });
+                self.matmuls.push(m);
+            }
+            Err(why) if spec.batch > 1 => {
+                log::warn!("{why}; issuing the {} batch entries one by one", spec.batch);
+                for i in 0..spec.batch {
+                    let m = Matmul::new(lt, spec.entry(i)).map_err(|e| self.error(e))?;
+                    self.steps.push(Step::Gemm { matmul: self.matmuls.len(), workspace: self.scratch().workspace });
+                    self.matmuls.push(m);
+                }
+            }
+            Err(why) => return Err(self.error(why)),
+        }
+        Ok(())
+    }
+
+    /// `out (+)= a · wᵀ (+ bias)`: see the column-major mapping in `gemm.rs`.
+    pub(super) fn gemm(&mut self, a: View, w: WeightId, bias: Option<WeightId>, out: View, accumulate: bool, gelu: bool) -> Result<()> {
+        let WeightRole::Matrix { n, k } = self.plan.weights[w.0].role else {
+            return Err(self.error(format!("GEMM weight {} is not a matrix", self.plan.weights[w.0].name)));
+        };
+        if a.cols != k || out.cols != n || a.rows != out.rows {
+            return Err(self.error(format!("GEMM {}x{} · [{n}, {k}]ᵀ into {}x{}", a.rows, a.cols, out.rows, out.cols)));
+        }
+        let mut a_mat = self.mat(a)?;
+        if a_mat.dtype == Dtype::F32 {
+            let shadow = Mat { ptr: self.scratch().shadow, rows: a.rows, cols: a.cols, stride: a.cols, dtype: Dtype::Bf16 };
+            self.steps.push(Step::Copy { dst: shadow, src: a_mat });
+            a_mat = shadow;
+        }
+        let d = self.mat(out)?;
+        let spec = MatmulSpec {
+            a: Operand { ptr: self.weight(w, Elem::Bf16), dtype: Dtype::Bf16, rows: k, cols: n, ld: k, transpose: true, batch_stride: 0 },
+            b: Operand { ptr: a_mat.ptr, dtype: Dtype::Bf16, rows: k, cols: a.rows, ld: a_mat.stride, transpose: false, batch_stride: 0 },
+            d: Operand { ptr: d.ptr, dtype: d.dtype, rows: n, cols: out.rows, ld: d.stride, transpose: false, batch_stride: 0 },
+            batch: 1,
+            alpha: 1.0,
+            beta: if accumulate { 1.0 } else { 0.0 },
+            bias: bias.map(|b| self.weight(b, Elem::from(d.dtype))),
+            gelu,
+        };
+        self.matmul(spec)
+    }
+
+    /// Softmax attention as two batched cuBLASLt products around the masked softmax kernel, one
+    /// group (camera) at a time: `S_h = Q_h Kᵀ / √d` (f32), `P = softmax(S)` (bf16),
+    /// `O_h = P_h V` written into head h's columns of `out`. Heads batch with stride `head_dim`;
+    /// with one K/V head (multi-query) K and V are broadcast (batch stride 0). Queries marked
+    /// invalid get zero probabilities, hence a zero output row, as on the CPU.
+    #[allow(clippy::too_many_arguments)] // the op's own fields, one to one
+    pub(super) fn attention(
+        &mut self,
+        q: View,
+        k: View,
+        v: View,
+        out: View,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        groups: usize,
+        key_valid: Option<BufId>,
+        query_valid: Option<BufId>,
+    ) -> Result<()> {
+        let kv_stride = if kv_heads == heads {
+            head_dim
+        } else if kv_heads == 1 {
+            0
+        } else {
+            return Err(
+                self.error(format!("{heads} query heads over {kv_heads} K/V heads: only multi-head and multi-query attention are lowered"))
+            );
+        };
+        let (qs, ks, vs) = (self.mat(q)?, self.mat(k)?, self.mat(v)?);
+        if [qs.dtype, ks.dtype, vs.dtype] != [Dtype::Bf16; 3] {
+            return Err(self.error(format!("attention operands must be bf16, got {:?}/{:?}/{:?}", qs.dtype, ks.dtype, vs.dtype)));
+        }
+        let masked = key_valid.is_some() || query_valid.is_some();
+        match AttentionLowering::of(q.rows, k.rows, heads, kv_heads, head_dim, groups, masked, self.fused_attention, self.multiprocessors) {
+            AttentionLowering::ActionTokens(split) => {
+                self.steps.push(Step::FusedAttention(AttentionArgs {
+                    q: qs,
+                    k: ks,
+                    v: vs,
+                    out: self.mat(out)?,
+                    heads,
+                    key_valid: key_valid.map(|b| self.ptr(b)),
+                    query_valid: query_valid.map(|b| self.ptr(b)),
+                    split,
+                    partial_o: self.scratch().attention_o,
+                    partial_ml: self.scratch().attention_ml,
+                    keys_ready: self
+                        .early_attentions
+                        .binary_search_by_key(&self.op_index, |e| e.0)
+                        .ok()
+                        .map(|e| self.early_attentions[e].1),
+                }));
+                return Ok(());
+            }
+            AttentionLowering::Vision => {
+                self.steps.push(Step::VisionAttention { out: self.mat(out)?, q: qs, k: ks, v: vs, heads, groups });
+                return Ok(());
+            }
+            AttentionLowering::Products => {}
+        }
+        let (rows, keys) = (q.rows / groups, k.rows / groups);
+        for g in 0..groups {
+            let (qg, kg, vg, og) = (
+                self.mat(q.rows(g * rows, rows))?,
+                self.mat(k.rows(g * keys, keys))?,
+                self.mat(v.rows(g * keys, keys))?,
+                self.mat(out.rows(g * rows, rows))?,
+            );
+            let (scores, probs) = (self.scratch().scores, self.scratch().probs);
+            self.matmul(MatmulSpec {
+                a: Operand {
+                    ptr: kg.ptr,
+                    dtype: Dtype::Bf16,
+                    rows: head_dim,
+                    cols: keys,
+                    ld: kg.stride,
+                    transpose: true,
+                    batch_stride: kv_stride,
+                },
+                b: Operand {
+                    ptr: qg.ptr,
+                    dtype: Dtype::Bf16,
+                    rows: head_dim,
+                    cols: rows,
+                    ld: qg.stride,
+                    transpose: false,
+                    batch_stride: head_dim,
+                },
+                d: Operand {
+                    ptr: scores,
+                    dtype: Dtype::F32,
+                    rows: keys,
+                    cols: rows,
+                    ld: keys,
+                    transpose: false,
+                    batch_stride: rows * keys,
+                },
+                batch: heads,
+                alpha: 1.0 / (head_dim as f32).sqrt(),
+                beta: 0.0,
+                bias: None,
+                gelu: false,
+            })?;
+            let key_valid = key_valid.map(|b| self.ptr(b) + (g * keys * 4) as u64);
+            let query_valid = query_valid.map(|b| self.ptr(b) + (g * rows * 4) as u64);
+            self.steps.push(Step::Softmax { p: probs, s: scores, rows: heads * rows, queries: rows, keys, key_valid, query_valid });
+            self.matmul(MatmulSpec {
+                a: Operand {
+                    ptr: vg.ptr,
+                    dtype: Dtype::Bf16,
+                    rows: head_dim,
+                    cols: keys,
+                    ld: vg.stride,
+                    transpose: false,
+                    batch_stride: kv_stride,
+                },
+                b: Operand {
+                    ptr: probs,
+                    dtype: Dtype::Bf16,
+                    rows: keys,
+                    cols: rows,
+                    ld: keys,
+                    transpose: false,
+                    batch_stride: rows * keys,
+                },
+                d: Operand {
+                    ptr: og.ptr,
+                    dtype: og.dtype,
+                    rows: head_dim,
+                    cols: rows,
+                    ld: og.stride,
+                    transpose: false,
+                    batch_stride: head_dim,
+                },
+                batch: heads,
+                alpha: 1.0,
+                beta: 0.0,
+                bias: None,
+                gelu: false,
+            })?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,81 @@
+//! What the CUDA backend is opened with: the device and kernel cache, and the switches that turn
+//! each of its optimisations off for A/B runs and diagnosis (all on by default).
+
+use std::path::PathBuf;
+
+/// Open-time options of the CUDA backend.
+#[derive(Clone, Debug, Default)]
+pub struct CudaOptions {
+    pub device: usize,
+    /// Kernel cache directory; default `$XDG_CACHE_HOME/flashrt/kernels`.
+    pub kernel_cache_dir: Option<PathBuf>,
+    pub switches: Switches,
+}
+
+/// The backend's optimisations, each of which can be switched off without changing what a step
+/// computes (beyond bf16 rounding order). [`Switches::from_env`] reads them from the
+/// environment, `explain()` lists them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Switches {
+    /// Hopper's warpgroup MMA in the kernels that have it (`FRT_NO_WGMMA=1`: off).
+    pub wgmma: bool,
+    /// Few-query multi-query attention and SigLIP's attention as one kernel each, instead of two
+    /// cuBLASLt products around a softmax (`FRT_NO_FUSED_ATTENTION=1`: off).
+    pub fused_attention: bool,
+    /// The action expert's MLPs as one streamed launch each (`FRT_NO_FUSED_MLP=1`: off).
+    pub fused_mlp: bool,
+    /// Concurrent phases on a second stream (`FRT_NO_OVERLAP=1`: one stream).
+    pub overlap: bool,
+    /// Kernels launched as programmatic dependents of the one before them, starting their
+    /// independent loads while it finishes: a fused MLP under its norm, an attention under its
+    /// RoPE, RoPE and the gated residual norms under a cuBLASLt product (`FRT_NO_EARLY_LAUNCH=1`:
+    /// every launch plain).
+    pub early_launch: bool,
+}
+
+impl Default for Switches {
+    fn default() -> Self {
+        Switches { wgmma: true, fused_attention: true, fused_mlp: true, overlap: true, early_launch: true }
+    }
+}
+
+impl Switches {
+    /// The defaults with every `FRT_NO_*` variable that is set and not "0" switching its part off.
+    pub fn from_env() -> Switches {
+        let on = |name: &str| std::env::var_os(name).is_none_or(|v| v == "0");
+        Switches {
+            wgmma: on("FRT_NO_WGMMA"),
+            fused_attention: on("FRT_NO_FUSED_ATTENTION"),
+            fused_mlp: on("FRT_NO_FUSED_MLP"),
+            overlap: on("FRT_NO_OVERLAP"),
+            early_launch: on("FRT_NO_EARLY_LAUNCH"),
+        }
+    }
+
+    /// One line for `explain()`: each switch and whether it is on.
+    pub fn describe(&self) -> String {
+        let Switches { wgmma, fused_attention, fused_mlp, overlap, early_launch } = *self;
+        let state = |on: bool| if on { "on" } else { "off" };
+        format!(
+            "wgmma {}, fused attention {}, fused MLP {}, two streams {}, early launches {} (FRT_NO_WGMMA, FRT_NO_FUSED_ATTENTION, FRT_NO_FUSED_MLP, FRT_NO_OVERLAP, FRT_NO_EARLY_LAUNCH)",
+            state(wgmma),
+            state(fused_attention),
+            state(fused_mlp),
+            state(overlap),
+            state(early_launch)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_switch_is_on_by_default_and_described() {
+        let all = Switches::default();
+        assert!(all.wgmma && all.fused_attention && all.fused_mlp && all.overlap && all.early_launch);
+        let off = Switches { overlap: false, ..all };
+        assert!(off.describe().contains("two streams off") && off.describe().contains("fused MLP on"), "{}", off.describe());
+    }
+}

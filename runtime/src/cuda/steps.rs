@@ -1,0 +1,219 @@
+//! The lowered step: every kernel launch and product with its device addresses resolved at
+//! open, and the schedule that puts them on streams with their cross-stream waits.
+
+use std::ops::Range;
+
+use flashrt_kernels::{AttentionArgs, DevPtr, Mat, RopeArgs};
+
+use crate::plan::{Accesses, BufId, cross_lane_waits};
+
+/// One enqueued operation of the lowered step.
+pub(super) enum Step {
+    /// `count` (destination, source, bytes) pieces from the table at `pieces`.
+    CopyHostInputs {
+        pieces: DevPtr,
+        count: usize,
+    },
+    /// Product `matmul` of the lowered step, with the cuBLASLt workspace of its stream.
+    Gemm {
+        matmul: usize,
+        workspace: DevPtr,
+    },
+    Copy {
+        dst: Mat,
+        src: Mat,
+    },
+    ImagePatches {
+        out: Mat,
+        frames: DevPtr,
+        frame_stride: usize,
+        frame_info: DevPtr,
+        camera: usize,
+        size: usize,
+        patch: usize,
+    },
+    AddTable {
+        x: Mat,
+        table: DevPtr,
+        table_rows: usize,
+    },
+    LayerNorm {
+        out: Mat,
+        x: Mat,
+        gamma: DevPtr,
+        beta: DevPtr,
+        eps: f32,
+    },
+    RmsNorm {
+        out: Mat,
+        x: Mat,
+        modulation: Option<DevPtr>,
+        eps: f32,
+    },
+    GatedResidual {
+        x: Mat,
+        y: Mat,
+        modulation: DevPtr,
+    },
+    GatedResidualRmsNorm {
+        out: Mat,
+        x: Mat,
+        y: Mat,
+        gate: DevPtr,
+        norm: DevPtr,
+        eps: f32,
+        /// Launched as a programmatic dependent of the step before it (a cuBLASLt product).
+        early: bool,
+    },
+    /// The end of an Euler step: the gated residual and its norm, then the narrow product
+    /// (action-out, Euler update) over the norm's rows, in one launch.
+    GatedResidualRmsNormProduct {
+        out: Mat,
+        x: Mat,
+        y: Mat,
+        gate: DevPtr,
+        norm: DevPtr,
+        eps: f32,
+        w: DevPtr,
+        bias: Option<DevPtr>,
+        acc: Mat,
+        accumulate: bool,
+    },
+    /// The start of an Euler step: the product over a narrow f32 input (action-in) into `x`,
+    /// then the norm of its rows, in one launch.
+    ProductRmsNorm {
+        out: Mat,
+        x: Mat,
+        a: Mat,
+        w: DevPtr,
+        bias: Option<DevPtr>,
+        modulation: Option<DevPtr>,
+        eps: f32,
+    },
+    GeluTanh {
+        x: Mat,
+    },
+    GeluTanhMul {
+        out: Mat,
+        gate_up: Mat,
+    },
+    /// A few-row MLP (gate/up product, GeGLU, down product) in one launch (see
+    /// `Kernels::mlp_stream`), its weights tiled at open.
+    StreamedMlp {
+        out: Mat,
+        hidden: Mat,
+        a: Mat,
+        w_gate_up: DevPtr,
+        w_down: DevPtr,
+        barrier: DevPtr,
+        multiprocessors: usize,
+        /// Launched as a programmatic dependent of the norm step before it (see `mlps_after_their_norm`).
+        programmatic: bool,
+    },
+    Embed {
+        out: Mat,
+        tokens: DevPtr,
+        table: DevPtr,
+        vocab: usize,
+        scale: f32,
+    },
+    Positions {
+        valid: DevPtr,
+        positions: DevPtr,
+        frame_info: DevPtr,
+        cameras: usize,
+        tokens_per_image: usize,
+        token_mask: DevPtr,
+        prompt_len: usize,
+        suffix: usize,
+        /// Where the positions' RoPE table rows are gathered right after (see [`RopeRows`]).
+        rope_rows: Option<RopeRows>,
+    },
+    Rope(RopeArgs),
+    /// Multi-query attention of few queries in one kernel (see `Kernels::attention_mq256`).
+    FusedAttention(AttentionArgs),
+    /// SigLIP's per-camera attention in one kernel (see `Kernels::attention_mh72`).
+    VisionAttention {
+        out: Mat,
+        q: Mat,
+        k: Mat,
+        v: Mat,
+        heads: usize,
+        groups: usize,
+    },
+    Softmax {
+        p: DevPtr,
+        s: DevPtr,
+        rows: usize,
+        queries: usize,
+        keys: usize,
+        key_valid: Option<DevPtr>,
+        query_valid: Option<DevPtr>,
+    },
+    Affine {
+        out: Mat,
+        x: Mat,
+        scale: DevPtr,
+        offset: DevPtr,
+    },
+    /// Sets the conditional handles of the prompt buckets' IF nodes (only inside the step's graph).
+    PromptBucket {
+        token_mask: DevPtr,
+        prompt_len: usize,
+    },
+}
+
+/// The streams the step runs on: the main one, and the one a concurrent phase takes.
+pub(super) const LANES: usize = 2;
+
+/// Which stream ("lane") each lowered step runs on and what it waits for first: for a step,
+/// the steps of other lanes it must follow (see [`cross_lane_waits`]).
+pub(super) struct Schedule {
+    pub(super) lanes: Vec<usize>,
+    pub(super) waits: Vec<Vec<usize>>,
+    /// For each step that another lane waits for, the index of the event recorded after it.
+    pub(super) event_of: Vec<Option<usize>>,
+}
+
+impl Schedule {
+    /// Waits are computed within each of `sections` (step ranges): a prompt bucket's steps run as
+    /// one conditional body, which can only follow everything before it as a whole.
+    pub(super) fn new(lanes: Vec<usize>, accesses: &[Accesses], sections: &[Range<usize>]) -> Schedule {
+        let mut waits = vec![Vec::new(); lanes.len()];
+        for r in sections {
+            for (i, w) in cross_lane_waits(&lanes[r.clone()], &accesses[r.clone()]).into_iter().enumerate() {
+                waits[r.start + i] = w.into_iter().map(|j| j + r.start).collect();
+            }
+        }
+        let mut event_of = vec![None; lanes.len()];
+        let mut events = 0;
+        for &j in waits.iter().flatten() {
+            if event_of[j].is_none() {
+                event_of[j] = Some(events);
+                events += 1;
+            }
+        }
+        Schedule { lanes, waits, event_of }
+    }
+
+    pub(super) fn events(&self) -> usize {
+        self.event_of.iter().flatten().count()
+    }
+
+    pub(super) fn concurrent(&self, steps: Range<usize>) -> bool {
+        self.lanes[steps].iter().any(|&l| l != 0)
+    }
+}
+
+/// The RoPE tables and, once per step, their rows for every slot of the sequence
+/// (`Kernels::rope_rows_gather`), which the step's RoPE launches then read without first waiting
+/// for a position.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RopeRows {
+    /// The plan's one positions buffer, whose slots the rows follow.
+    pub(super) positions: BufId,
+    pub(super) tables: (DevPtr, DevPtr),
+    pub(super) rows: (DevPtr, DevPtr),
+    pub(super) slots: usize,
+    pub(super) half: usize,
+}

@@ -1,0 +1,258 @@
+//! The weights on the device: converted (bf16 or f32, by use) and uploaded once at open through
+//! pinned staging, and the streamed MLPs' weights retiled for their kernel.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+use cudarc::driver::{result, sys};
+use flashrt_kernels::{DevPtr, Kernels};
+
+use super::arena::{Elem, Layout};
+use super::device::{DeviceMemory, Pinned, check};
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::plan::{Op, Plan, WeightId, WeightRole};
+use crate::weights::WeightData;
+
+/// Bytes of one pinned staging buffer for the weight upload (two alternate).
+pub(super) const STAGE_BYTES: usize = 64 << 20;
+
+/// Uploaded weights: one device allocation and each (weight, element type) pair's address.
+pub(super) struct UploadedWeights {
+    pub(super) memory: DeviceMemory,
+    pub(super) ptrs: HashMap<(usize, Elem), DevPtr>,
+}
+
+/// Which element type each use of a weight needs: GEMM matrices and the embedding in bf16,
+/// biases in the type of their GEMM's output, every other vector in f32.
+pub(super) fn weight_uses(plan: &Plan, elems: &[Elem]) -> Vec<(usize, Elem)> {
+    let mut uses = Vec::new();
+    for op in &plan.ops {
+        match *op {
+            Op::Gemm { w, bias, out, .. } => {
+                uses.push((w.0, Elem::Bf16));
+                if let Some(b) = bias {
+                    uses.push((b.0, elems[out.buf.0]));
+                }
+            }
+            Op::Embed { table, .. } => uses.push((table.0, Elem::Bf16)),
+            Op::AddTable { table, .. } => uses.push((table.0, Elem::F32)),
+            Op::LayerNorm { gamma, beta, .. } => uses.extend([(gamma.0, Elem::F32), (beta.0, Elem::F32)]),
+            Op::AdaRmsNorm { modulation, .. } | Op::GatedResidual { modulation, .. } => uses.push((modulation.0, Elem::F32)),
+            Op::Affine { scale, offset, .. } => uses.extend([(scale.0, Elem::F32), (offset.0, Elem::F32)]),
+            _ => {}
+        }
+    }
+    uses.sort_unstable_by_key(|&(w, e)| (w, e.size()));
+    uses.dedup();
+    uses
+}
+
+/// Runs `f` over `0..n` split into contiguous ranges across the host's cores (weights are
+/// converted at open; on a 16-core host this keeps bf16 conversion off the cold-start path).
+pub(super) fn parallel_ranges(n: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
+    let threads = if n < (1 << 20) { 1 } else { std::thread::available_parallelism().map_or(1, |t| t.get()).min(16) };
+    let per = n.div_ceil(threads);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let range = (t * per).min(n)..((t + 1) * per).min(n);
+            let f = &f;
+            s.spawn(move || f(range));
+        }
+    });
+}
+
+/// The weights of the fused MLPs as [`Kernels::mlp_stream`] reads them: (weight, the gate/up
+/// pairing's half or 0 for down, whether in place). A weight that also serves an unfused product
+/// (the expert's in the first denoise step, which runs beside the prefix on cuBLASLt) is tiled
+/// into a copy; the others replace their row-major form.
+pub(super) fn mlp_weight_tiling(plan: &Plan, mlps: &[usize]) -> Vec<(WeightId, usize, bool)> {
+    let mut tiled = Vec::new();
+    for &i in mlps {
+        if let (Op::Gemm { w: w_gate_up, .. }, Op::GeluTanhMul { out: hidden, .. }, Op::Gemm { w: w_down, .. }) =
+            (&plan.ops[i], &plan.ops[i + 1], &plan.ops[i + 2])
+        {
+            tiled.extend([(*w_gate_up, hidden.cols), (*w_down, 0)]);
+        }
+    }
+    tiled.sort_unstable_by_key(|(w, _)| w.0);
+    tiled.dedup();
+    let fused_op = |j: usize| mlps.iter().any(|&i| (i..i + 3).contains(&j));
+    let unfused: Vec<WeightId> = plan
+        .ops
+        .iter()
+        .enumerate()
+        .filter_map(|(j, op)| match op {
+            Op::Gemm { w, .. } if !fused_op(j) => Some(*w),
+            _ => None,
+        })
+        .collect();
+    tiled.into_iter().map(|(w, paired_half)| (w, paired_half, !unfused.contains(&w))).collect()
+}
+
+/// Tiles the fused MLPs' weights for [`Kernels::mlp_stream`] once, at open (see
+/// [`mlp_weight_tiling`]): in place through a staging copy, or into one allocation of copies.
+/// Returns that allocation (if any) and each tiled weight's address.
+pub(super) fn retile_mlp_weights(
+    kernels: &Kernels,
+    plan: &Plan,
+    mlps: &[usize],
+    ptrs: &HashMap<(usize, Elem), DevPtr>,
+    stream: sys::CUstream,
+) -> Result<(Option<DeviceMemory>, HashMap<usize, DevPtr>)> {
+    let tiling = mlp_weight_tiling(plan, mlps);
+    let numel = |w: WeightId| match plan.weights[w.0].role {
+        WeightRole::Matrix { n, k } => n * k,
+        _ => 0,
+    };
+    let mut layout = Layout::default();
+    let copy_at: Vec<Option<usize>> = tiling.iter().map(|&(w, _, in_place)| (!in_place).then(|| layout.take(numel(w) * 2))).collect();
+    let copies = if layout.bytes > 0 { Some(DeviceMemory::new(layout.bytes, "tiled MLP weights")?) } else { None };
+    let staging_elems = tiling.iter().filter(|t| t.2).map(|t| numel(t.0)).max().unwrap_or(0);
+    let staging = if staging_elems > 0 { Some(DeviceMemory::new(staging_elems * 2, "weight tiling")?) } else { None };
+    let mut tiled = HashMap::with_capacity(tiling.len());
+    for (&(w, paired_half, _), &at) in tiling.iter().zip(&copy_at) {
+        let WeightRole::Matrix { n, k } = plan.weights[w.0].role else { continue };
+        let plain = ptrs[&(w.0, Elem::Bf16)];
+        // SAFETY: every region holds n · k bf16; the stream orders each copy before its tiling and
+        // that tiling before the staging buffer's next copy.
+        let dst = unsafe {
+            match (at, &copies, &staging) {
+                (Some(off), Some(copies), _) => {
+                    let dst = copies.ptr + off as u64;
+                    kernels.retile_weight(dst, plain, n, k, paired_half, stream).map_err(|e| Error::Backend(e.to_string()))?;
+                    dst
+                }
+                (_, _, Some(staging)) => {
+                    check("weight tiling copy", sys::cuMemcpyDtoDAsync_v2(staging.ptr, plain, n * k * 2, stream).result())?;
+                    kernels.retile_weight(plain, staging.ptr, n, k, paired_half, stream).map_err(|e| Error::Backend(e.to_string()))?;
+                    plain
+                }
+                _ => unreachable!("sized above for every tiled weight"),
+            }
+        };
+        tiled.insert(w.0, dst);
+    }
+    if !tiling.is_empty() {
+        // SAFETY: the stream belongs to the caller's backend; the staging buffer outlives its work.
+        check("weight tiling", unsafe { result::stream::synchronize(stream) })?;
+        let copied = copies.as_ref().map_or(0, |c| c.bytes);
+        log::info!(
+            "{} few-row MLPs run as one streamed launch each ({} weights tiled, {:.1} MiB of them as copies)",
+            mlps.len(),
+            tiling.len(),
+            copied as f64 / (1 << 20) as f64
+        );
+    }
+    Ok((copies, tiled))
+}
+
+/// Converts and uploads every used weight through two alternating pinned staging buffers.
+pub(super) fn upload_weights(
+    plan: &Plan,
+    data: Vec<WeightData>,
+    ckpt: &Checkpoint,
+    elems: &[Elem],
+    stream: sys::CUstream,
+) -> Result<UploadedWeights> {
+    let uses = weight_uses(plan, elems);
+    let numel = |w: usize| match plan.weights[w].role {
+        WeightRole::Matrix { n, k } => n * k,
+        WeightRole::Embedding { vocab, width } => vocab * width,
+        WeightRole::Vector => data[w].len(ckpt),
+    };
+    let mut layout = Layout::default();
+    let offsets: Vec<usize> = uses.iter().map(|&(w, e)| layout.take(numel(w) * e.size())).collect();
+    let memory = DeviceMemory::new(layout.bytes, "weights")?;
+    let mut stages = [Pinned::new(STAGE_BYTES, "weight staging")?, Pinned::new(STAGE_BYTES, "weight staging")?];
+    let events = [(); 2].map(|_| result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING));
+    let events = [check("cuEventCreate", events[0])?, check("cuEventCreate", events[1])?];
+    let mut used = [false; 2];
+    let mut scratch_f32: Vec<f32> = Vec::new();
+    let mut turn = 0;
+    let mut ptrs = HashMap::with_capacity(uses.len());
+    let started = std::time::Instant::now();
+    let upload = (|| -> Result<()> {
+        for (&(w, elem), &off) in uses.iter().zip(&offsets) {
+            let total = numel(w);
+            let dst = memory.ptr + off as u64;
+            ptrs.insert((w, elem), dst);
+            let per_chunk = STAGE_BYTES / elem.size();
+            for start in (0..total).step_by(per_chunk) {
+                let count = per_chunk.min(total - start);
+                let slot = turn % 2;
+                turn += 1;
+                if used[slot] {
+                    // SAFETY: the event was recorded after the previous copy out of this stage.
+                    check("cuEventSynchronize", unsafe { result::event::synchronize(events[slot]) })?;
+                }
+                // Checkpoint-backed weights are read (and folded) from the mapping chunk by chunk.
+                let values: &[f32] = match &data[w] {
+                    WeightData::Dense(v) => &v[start..start + count],
+                    lazy => {
+                        scratch_f32.resize(count, 0.0);
+                        let chunks = SyncSlice(scratch_f32.as_mut_ptr());
+                        parallel_ranges(count, |r| {
+                            // SAFETY: ranges are disjoint, inside `scratch_f32`.
+                            let out = unsafe { std::slice::from_raw_parts_mut(chunks.at(r.start), r.len()) };
+                            lazy.read_into(ckpt, start + r.start, out);
+                        });
+                        &scratch_f32
+                    }
+                };
+                let stage = &mut stages[slot];
+                match elem {
+                    Elem::Bf16 => {
+                        let out = SyncSlice(stage.as_mut_slice::<u16>().as_mut_ptr());
+                        parallel_ranges(count, |r| {
+                            // SAFETY: disjoint ranges inside the stage (count ≤ its capacity).
+                            let o = unsafe { std::slice::from_raw_parts_mut(out.at(r.start), r.len()) };
+                            o.iter_mut().zip(&values[r]).for_each(|(o, v)| *o = half::bf16::from_f32(*v).to_bits());
+                        });
+                    }
+                    _ => stage.as_mut_slice::<f32>()[..count].copy_from_slice(values),
+                }
+                // SAFETY: the stage holds `count` converted values; the event marks when the copy
+                // has read them, before the stage is refilled.
+                unsafe {
+                    check(
+                        "weight upload",
+                        sys::cuMemcpyHtoDAsync_v2(
+                            dst + (start * elem.size()) as u64,
+                            stage.host as *const c_void,
+                            count * elem.size(),
+                            stream,
+                        )
+                        .result(),
+                    )?;
+                    check("cuEventRecord", result::event::record(events[slot], stream))?;
+                }
+                used[slot] = true;
+            }
+        }
+        // SAFETY: the stream belongs to the caller's backend.
+        check("weight upload", unsafe { result::stream::synchronize(stream) })
+    })();
+    for e in events {
+        // SAFETY: created above, destroyed once after the stream is idle (or failed).
+        let _ = unsafe { result::event::destroy(e) };
+    }
+    upload?;
+    log::info!("uploaded {:.1} MiB of weights in {:.2?}", memory.bytes as f64 / (1 << 20) as f64, started.elapsed());
+    Ok(UploadedWeights { memory, ptrs })
+}
+
+/// A raw pointer that scoped threads may share; each thread writes a disjoint range.
+#[derive(Clone, Copy)]
+pub(super) struct SyncSlice<T>(*mut T);
+
+unsafe impl<T> Sync for SyncSlice<T> {}
+
+unsafe impl<T> Send for SyncSlice<T> {}
+
+impl<T> SyncSlice<T> {
+    pub(super) fn at(self, i: usize) -> *mut T {
+        // SAFETY: callers stay within the buffer this pointer was taken from.
+        unsafe { self.0.add(i) }
+    }
+}
