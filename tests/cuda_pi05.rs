@@ -1,4 +1,4 @@
-//! CUDA backend checks on a GPU machine (DESIGN.md §6; driven by tools/device/cuda_checks.sh):
+//! CUDA backend checks on a GPU machine (DESIGN.md §6; driven by tools/device/checks/cuda_checks.sh):
 //!
 //! - `every_op_matches_cpu`: each plan op, alone in a small plan with random shapes and inputs,
 //!   against the CPU backend's op: normalized MSE `mse(gpu, cpu) / mse(cpu, 0)` ≤ 1e-5 for buffers
@@ -17,7 +17,7 @@
 //!   off that must fail those bounds.
 //!
 //! Every test is `#[ignore]`d, so that `cargo test` on a machine without a GPU lists them as
-//! ignored instead of passing them unrun. tools/device/cuda_checks.sh runs them with
+//! ignored instead of passing them unrun. tools/device/checks/cuda_checks.sh runs them with
 //! `--include-ignored` and fails unless each test it asked for reports `ok`; a test run without a
 //! usable GPU (or, for the full-size check, without `FRT_FULL_PARITY_DIR`) fails. With
 //! `FRT_RESULTS_DIR` set, each test writes its numbers there as JSON.
@@ -70,7 +70,7 @@ fn write_result(file: &str, value: serde_json::Value) {
     }
 }
 
-/// The commit the binary was built from: FRT_COMMIT (tools/device/cuda_checks.sh sets it from
+/// The commit the binary was built from: FRT_COMMIT (tools/device/checks/cuda_checks.sh sets it from
 /// the carried COMMIT file, since the GPU machine's copy of the tree may carry a stale .git),
 /// else the checkout's HEAD.
 fn commit() -> String {
@@ -585,7 +585,7 @@ fn image_case(seed: u64) -> Case {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU: tools/device/cuda_checks.sh tests"]
+#[ignore = "needs a CUDA GPU: tools/device/checks/cuda_checks.sh tests"]
 fn every_op_matches_cpu() {
     require_gpu("every_op_matches_cpu");
     let tmp = tempfile::tempdir().unwrap();
@@ -682,7 +682,7 @@ fn open(dir: &Path, backend: BackendKind) -> Policy {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU: tools/device/cuda_checks.sh tests"]
+#[ignore = "needs a CUDA GPU: tools/device/checks/cuda_checks.sh tests"]
 fn tiny_fixture_matches_cpu() {
     require_gpu("tiny_fixture_matches_cpu");
     let dir = fixture_dir();
@@ -747,7 +747,7 @@ fn tiny_fixture_matches_cpu() {
 /// each boundary), the graph with buckets gives the actions of one opened without them, and the
 /// IF node of the right bucket ran: the prefix rows past it keep the previous step's values.
 #[test]
-#[ignore = "needs a CUDA GPU: tools/device/cuda_checks.sh tests"]
+#[ignore = "needs a CUDA GPU: tools/device/checks/cuda_checks.sh tests"]
 fn prompt_buckets_match_the_whole_prompt() {
     require_gpu("prompt_buckets_match_the_whole_prompt");
     let open_with = |prompt_buckets: bool| {
@@ -807,7 +807,7 @@ fn prompt_buckets_match_the_whole_prompt() {
 // ---- (d) no allocation, constant device memory ----------------------------------------------------
 
 #[test]
-#[ignore = "needs a CUDA GPU: tools/device/cuda_checks.sh tests"]
+#[ignore = "needs a CUDA GPU: tools/device/checks/cuda_checks.sh tests"]
 fn step_allocates_nothing_and_device_memory_is_constant() {
     require_gpu("step_allocates_nothing_and_device_memory_is_constant");
     const STEPS: usize = 1200;
@@ -877,11 +877,11 @@ fn step_allocates_nothing_and_device_memory_is_constant() {
 // ---- (c) full size vs lerobot f32 ---------------------------------------------------------------
 
 #[test]
-#[ignore = "needs a CUDA GPU and lerobot's full-size outputs: tools/device/cuda_checks.sh full"]
+#[ignore = "needs a CUDA GPU and lerobot's full-size outputs: tools/device/checks/cuda_checks.sh full"]
 fn full_size_matches_lerobot() {
     let dir = std::env::var_os("FRT_FULL_PARITY_DIR")
         .map(PathBuf::from)
-        .expect("FRT_FULL_PARITY_DIR: the directory of lerobot's full-size outputs (tools/device/cuda_checks.sh full sets it)");
+        .expect("FRT_FULL_PARITY_DIR: the directory of lerobot's full-size outputs (tools/device/checks/cuda_checks.sh full sets it)");
     require_gpu("full_size_matches_lerobot");
     let golden = Golden::load(&dir);
     let want = golden.f32("output.actions");

@@ -292,7 +292,7 @@ extern "C" __global__ void softmax_rows_masked_f32_bf16(bf16* p, const float* s,
 #endif
 #endif
 #ifndef ATT_ROWS
-#define ATT_ROWS 64                  // rows per block (16 per warp; tools/device/attention_bench.cu tries others)
+#define ATT_ROWS 64                  // rows per block (16 per warp; tools/device/benches/attention_bench.cu tries others)
 #endif
 #define ATT_QK_STRIDE (ATT_D + 32)   // Q/K rows 576 B apart: a quarter-warp's two rows use disjoint banks
 #define ATT_V_STRIDE (ATT_D + 8)     // V rows 528 B apart: ldmatrix's eight rows use disjoint banks

@@ -7,7 +7,7 @@ How to run
 ----------
 Needs Python >= 3.12, torch (CPU is enough), lerobot==0.6.1, transformers==5.5.4 (lerobot 0.6.1
 needs transformers >=5.4,<5.6) and their small dependencies.  In this workplace that means the
-device machine: see tools/device/gen_golden.sh, which installs carried wheels and runs
+device machine: see tools/device/checks/gen_golden.sh, which installs carried wheels and runs
 
     python3 tools/golden/gen_pi05.py --out $OUT/fixture [--reference PATH/pi05_reference.py]
 

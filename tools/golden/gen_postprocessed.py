@@ -14,7 +14,7 @@ and writes golden_postprocessed.safetensors with `output.{p}.actions.quantiles` 
 `output.{p}.actions.mean_std` ([50, action_dim] f32). tests/golden_pi05.rs compares what
 Policy::step returns (and tests/c/abi_test.c what frt_policy_step returns) with them.
 
-Run on the device machine (Python 3.12 + torch): tools/device/gen_postprocessed.sh.
+Run on the device machine (Python 3.12 + torch): tools/device/checks/gen_postprocessed.sh.
 """
 
 from __future__ import annotations

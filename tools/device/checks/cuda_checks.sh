@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# CUDA backend checks and benchmark on a GPU machine (issue #3, checks 5a-5d and the pi05-2v
+# benchmark). Binaries are built on the x86_64 build host by tools/device/checks/build_carry.sh into
+# .device-carry/ (gitignored); this script only runs them.
+#
+#   bash tools/device/checks/cuda_checks.sh tests        # 5a tiny parity, 5b every op, 5d no-alloc, prompt buckets
+#   bash tools/device/checks/cuda_checks.sh bench        # pi05-2v, cold then warm kernel cache
+#   bash tools/device/checks/cuda_checks.sh views        # 1 and 3 views
+#   bash tools/device/checks/cuda_checks.sh full         # lerobot f32 reference on the same weights, 5c
+#   bash tools/device/checks/cuda_checks.sh profile      # per-phase and per-kernel profile, both paths
+#   bash tools/device/checks/cuda_checks.sh ab           # pi05-2v without the fused attention
+#   bash tools/device/checks/cuda_checks.sh overlap      # pi05-2v on one stream (no concurrent phase)
+#   bash tools/device/checks/cuda_checks.sh slots        # pi05-2v's 64-token prompt in 96 and 64 prompt slots
+#   bash tools/device/checks/cuda_checks.sh buckets      # pi05-2v computing all 200 prompt slots (no buckets)
+#   bash tools/device/checks/cuda_checks.sh attention    # attention_mq256 variants alone (needs nvcc)
+#   bash tools/device/checks/cuda_checks.sh versus       # pi05-2v, this build against .device-carry/base/flashrt
+#                                                 # (another commit's CLI), alternating, twice each
+#   SETTINGS="FRT_X=0 FRT_X=1,FRT_Y=1" bash tools/device/checks/cuda_checks.sh settings
+#                                                 # pi05-2v under each environment setting (assignments
+#                                                 # joined by commas), alternating, ROUNDS (2) times each
+# (bench/views/full synthesize the full-size checkpoint first if /tmp/flashrt_full lacks it.)
+#
+# On this workplace's device tool: `run` with carry [".device-carry", ".whl"] and the command
+#   bash tools/device/checks/cuda_checks.sh tests bench full views overlap buckets
+# Results (JSON) and the log land in $OUT; commit them under bench/results/.
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+OUT="${OUT:-/tmp/flashrt_device_out}"
+mkdir -p "$OUT"
+BIN="$PWD/.device-carry"
+FULL=/tmp/flashrt_full
+LOG="$OUT/device.log"
+exec > >(tee -a "$LOG") 2>&1
+
+# cuBLASLt and NVRTC: the toolkit's and/or the Python wheels' copies (cudarc loads them by name).
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+    $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cublas", "cuda_nvrtc")))' 2>/dev/null); do
+    [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+export FRT_COMMIT="$(cat "$BIN/COMMIT")" FRT_RESULTS_DIR="$OUT" FRT_FIXTURE_DIR="$PWD/tests/data/pi05_tiny"
+export RUST_LOG="${RUST_LOG:-info}" RUST_BACKTRACE=1
+echo "== commit $FRT_COMMIT; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
+ls "$LD_LIBRARY_PATH" >/dev/null 2>&1 || true
+
+# Every phase runs even when an earlier one fails (one device call should report everything);
+# the exit status says whether all passed.
+status=0
+run() {
+    echo "-- $*"
+    "$@" || { echo "!! FAILED ($?): $*"; status=1; }
+}
+# The GPU tests are #[ignore]d (cargo test elsewhere lists them as ignored): run the named ones
+# and fail unless each reported ok, so a filter that matches nothing or a test that did not run
+# cannot pass.
+gpu_tests() { # test names...
+    local log
+    log="$(mktemp)"
+    echo "-- cuda_pi05 $*"
+    # --show-output instead of --nocapture: each test's output comes after the results, so the
+    # "test NAME ... ok" lines stay whole.
+    local rc=0
+    "$BIN/cuda_pi05" --include-ignored --exact --test-threads=1 --show-output "$@" 2>&1 | tee "$log" || rc=$?
+    [ "$rc" = 0 ] || { echo "!! FAILED ($rc): cuda_pi05 $*"; status=1; }
+    for t in "$@"; do
+        grep -q "^test $t \.\.\. ok$" "$log" || { echo "!! FAILED: $t did not run and pass"; status=1; }
+    done
+    rm -f "$log"
+}
+synth_full() {
+    [ -f "$FULL/model.safetensors" ] || run "$BIN/flashrt" synth --size full --seed 1 --out "$FULL"
+}
+# The plan is sized for the camera slots it is opened with (missing cameras are masked, not
+# skipped), so an N-view workload opens N slots: --cameras N.
+bench() { # views workload [more bench options]
+    local views=$1 workload=$2
+    shift 2
+    XDG_CACHE_HOME=/tmp/kcache run "${FLASHRT:-$BIN/flashrt}" bench --checkpoint "$FULL" --backend cuda --cameras "$views" --iterations 1000 --views "$views" --workload "$workload" --out "$OUT/bench.json" "$@"
+}
+
+for phase in "$@"; do
+    SECONDS=0
+    case "$phase" in
+    tests)
+        echo "== tests: every op vs CPU, tiny fixture vs CPU, prompt buckets, no allocation"
+        gpu_tests every_op_matches_cpu tiny_fixture_matches_cpu prompt_buckets_match_the_whole_prompt step_allocates_nothing_and_device_memory_is_constant
+        ;;
+    bench)
+        echo "== bench pi05-2v: cold kernel cache, then warm"
+        synth_full
+        rm -rf /tmp/kcache
+        bench 2 pi05-2v-cold-kernel-cache
+        # Per-phase breakdown (each phase as its own graph, GEMMs alone too) of the warm run.
+        FRT_PROFILE="$OUT/profile_2v.json" bench 2 pi05-2v
+        ;;
+    views)
+        echo "== bench with 1 and 3 views"
+        synth_full
+        bench 1 pi05-1v
+        bench 3 pi05-3v
+        ;;
+    profile)
+        echo "== pi05-2v profile: per phase and per kernel, default and with unfused attention"
+        synth_full
+        XDG_CACHE_HOME=/tmp/kcache FRT_PROFILE="$OUT/profile_default.json" run "$BIN/flashrt" bench --checkpoint "$FULL" --backend cuda --cameras 2 --iterations 20 --views 2 --workload profile
+        XDG_CACHE_HOME=/tmp/kcache FRT_NO_FUSED_ATTENTION=1 FRT_PROFILE="$OUT/profile_unfused.json" run "$BIN/flashrt" bench --checkpoint "$FULL" --backend cuda --cameras 2 --iterations 20 --views 2 --workload profile
+        ;;
+    ab)
+        echo "== pi05-2v without the fused attention (QKᵀ and PV products around the softmax)"
+        synth_full
+        FRT_NO_FUSED_ATTENTION=1 bench 2 pi05-2v-unfused-attention
+        ;;
+    overlap)
+        echo "== pi05-2v on one stream: the first denoise step not overlapped with the prefix"
+        synth_full
+        FRT_NO_OVERLAP=1 bench 2 pi05-2v-one-stream
+        ;;
+    slots)
+        echo "== pi05-2v with fewer prompt slots (--prompt-capacity): the prefix computes every slot"
+        synth_full
+        bench 2 pi05-2v-96-slots --prompt-capacity 96
+        bench 2 pi05-2v-64-slots --prompt-capacity 64
+        ;;
+    buckets)
+        echo "== pi05-2v without prompt buckets: the prefix computes all 200 slots for the 64-token prompt"
+        synth_full
+        bench 2 pi05-2v-no-prompt-buckets --no-prompt-buckets
+        ;;
+    versus)
+        echo "== pi05-2v: this build ($FRT_COMMIT) against base/ ($(cat "$BIN/base/COMMIT")), alternating"
+        synth_full
+        for round in 1 2; do
+            FLASHRT="$BIN/base/flashrt" FRT_COMMIT="$(cat "$BIN/base/COMMIT")" bench 2 "pi05-2v-base-$round"
+            bench 2 "pi05-2v-this-$round"
+        done
+        ;;
+    settings)
+        echo "== pi05-2v under each of: ${SETTINGS:?SETTINGS lists NAME=VALUE settings}, alternating"
+        synth_full
+        for round in $(seq "${ROUNDS:-2}"); do
+            for setting in $SETTINGS; do
+                (IFS=,; for assignment in $setting; do export "$assignment"; done; bench 2 "pi05-2v-$setting-$round"; exit $status) || status=1
+            done
+        done
+        ;;
+    attention)
+        echo "== attention_mq256 variants alone (tools/device/benches/attention_bench.cu)"
+        run env VARIANTS="${VARIANTS:--DATT_KEYS=32;-DATT_KEYS=64;-DBENCH_NO_COMBINE;-DBENCH_KV_COPIES=1}" bash tools/device/benches/attention_bench.sh
+        ;;
+    full)
+        echo "== full size: lerobot f32 reference, then CUDA parity"
+        synth_full
+        run python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+        PYTHONPATH=/tmp/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 \
+            run python3 tools/device/checks/full_parity.py --ckpt "$FULL" --timing-json "$OUT/lerobot_eager_bf16.json"
+        FRT_FULL_PARITY_DIR="$FULL" gpu_tests full_size_matches_lerobot
+        ;;
+    *)
+        echo "unknown phase $phase (tests | bench | views | full | ab | overlap | slots | buckets | settings | attention | profile | versus)"
+        status=2
+        ;;
+    esac
+    echo "== $phase: ${SECONDS}s"
+done
+echo "== done (status $status)"
+exit $status
