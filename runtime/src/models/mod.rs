@@ -6,6 +6,7 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
+pub mod blocks;
 pub mod pi05;
 
 /// The models FlashRT runs.

@@ -25,6 +25,8 @@ use crate::error::{Error, Result};
 use crate::plan::{BufId, BufType, FRAME_INFO_FIELDS, HostIo, Op, Plan, View, WeightId, WeightRole};
 use crate::weights::WeightData;
 
+use super::blocks::{gemma, siglip};
+
 const P: &str = "paligemma_with_expert.paligemma.model.";
 const VT: &str = "paligemma_with_expert.paligemma.model.vision_tower.vision_model.";
 const LM: &str = "paligemma_with_expert.paligemma.model.language_model.";
@@ -483,6 +485,7 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
     let vatt = plan.matrix("vision_attn", vrows, vw);
     let vmlp = plan.matrix("vision_mlp", vrows, c.vision_mlp);
     let vout = plan.matrix("vision_features", vrows, vw);
+    let vision = siglip::Activations { x: vx, h: vh, qkv: vqkv, attn: vatt, mlp: vmlp };
     for cam in 0..cams {
         plan.push(Op::ImagePatches {
             camera: cam,
@@ -524,26 +527,9 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
         let o_w = add(&mut plan, format!("vision.{i}.out_proj"), matrix(vw, vw), ld.rows(&[format!("{p}self_attn.out_proj.weight")], None));
         let fc1 = add(&mut plan, format!("vision.{i}.fc1"), matrix(c.vision_mlp, vw), ld.rows(&[format!("{p}mlp.fc1.weight")], None));
         let fc2 = add(&mut plan, format!("vision.{i}.fc2"), matrix(vw, c.vision_mlp), ld.rows(&[format!("{p}mlp.fc2.weight")], None));
-
-        plan.push(Op::LayerNorm { x: vx, out: vh, gamma: ln1.0, beta: ln1.1, eps: EPS });
-        plan.push(Op::Gemm { a: vh, w: qkv_w, bias: Some(qkv_b), out: vqkv, accumulate: false });
-        plan.push(Op::Attention {
-            q: vqkv.cols(0, vw),
-            k: vqkv.cols(vw, vw),
-            v: vqkv.cols(2 * vw, vw),
-            out: vatt,
-            heads: c.vision_heads,
-            kv_heads: c.vision_heads,
-            head_dim: vw / c.vision_heads,
-            groups: cams,
-            key_valid: None,
-            query_valid: None,
-        });
-        plan.push(Op::Gemm { a: vatt, w: o_w, bias: Some(o_b), out: vx, accumulate: true });
-        plan.push(Op::LayerNorm { x: vx, out: vh, gamma: ln2.0, beta: ln2.1, eps: EPS });
-        plan.push(Op::Gemm { a: vh, w: fc1, bias: Some(fc1_b), out: vmlp, accumulate: false });
-        plan.push(Op::GeluTanh { x: vmlp });
-        plan.push(Op::Gemm { a: vmlp, w: fc2, bias: Some(fc2_b), out: vx, accumulate: true });
+        let layer =
+            siglip::EncoderLayer { norm1: ln1, qkv: (qkv_w, qkv_b), out: (o_w, o_b), norm2: ln2, fc1: (fc1, fc1_b), fc2: (fc2, fc2_b) };
+        siglip::encoder_layer(&mut plan, &layer, &vision, c.vision_heads, cams, EPS);
     }
     let post = (
         add(
@@ -607,7 +593,7 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
                 add(&mut plan, format!("lm.{i}.down_proj"), matrix(lw, c.lm_mlp), ld.rows(&[format!("{p}mlp.down_proj.weight")], None));
             (o_w, gu_w, down)
         });
-        lm_w.push((q_heads, qkv_w, rest));
+        lm_w.push(gemma::DecoderLayer { qkv: qkv_w, q_heads, rest });
     }
     // The prefix for the first `slots` prompt slots (the prompt buckets below): every later slot
     // is masked, so leaving its rows out changes no valid row.
@@ -617,38 +603,11 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
         plan.push(Op::Gemm { a: vout, w: proj_w, bias: Some(proj_b), out: embed.rows(0, vrows), accumulate: false });
         plan.push(Op::Embed { tokens: io.tokens, table: emb, scale: (lw as f32).sqrt(), out: embed.rows(vrows, slots) });
         plan.push(Op::Copy { src: embed.rows(0, rows), dst: x });
-        for (&(q_heads, qkv_w, rest), &(k_cache, v_cache)) in lm_w.iter().zip(&caches) {
-            let qkv_view = qkv.rows(0, rows).cols(0, (q_heads + 2) * hd);
-            plan.push(Op::RmsNorm { x, out: h, eps: EPS });
-            plan.push(Op::Gemm { a: h, w: qkv_w, bias: None, out: qkv_view, accumulate: false });
-            plan.push(Op::RopeQkv {
-                qkv: qkv_view,
-                heads: q_heads,
-                head_dim: hd,
-                positions,
-                position_offset: 0,
-                k_cache,
-                v_cache,
-                cache_row: 0,
-            });
-            let Some((o_w, gu_w, down)) = rest else { break };
-            plan.push(Op::Attention {
-                q: qkv.rows(0, rows).cols(0, nh * hd),
-                k: k_cache.rows(0, rows),
-                v: v_cache.rows(0, rows),
-                out: att,
-                heads: nh,
-                kv_heads: 1,
-                head_dim: hd,
-                groups: 1,
-                key_valid: Some(valid),
-                query_valid: Some(valid),
-            });
-            plan.push(Op::Gemm { a: att, w: o_w, bias: None, out: x, accumulate: true });
-            plan.push(Op::RmsNorm { x, out: h, eps: EPS });
-            plan.push(Op::Gemm { a: h, w: gu_w, bias: None, out: gate_up, accumulate: false });
-            plan.push(Op::GeluTanhMul { gate_up, out: mlp });
-            plan.push(Op::Gemm { a: mlp, w: down, bias: None, out: x, accumulate: true });
+        let acts = gemma::Activations { x, h, qkv: qkv.rows(0, rows), attn: att, gate_up, mlp };
+        for (layer, &(k, v)) in lm_w.iter().zip(&caches) {
+            let cache =
+                gemma::CacheAttention { heads: nh, head_dim: hd, k, v, positions, valid, first_row: 0, keys: rows, mask_queries: true };
+            gemma::decoder_layer(plan, layer, &acts, &cache, gemma::Conditioning::Plain, EPS);
         }
     };
 
@@ -683,12 +642,13 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
         let p = format!("{EX}model.layers.{i}.");
         let qkv_names: Vec<String> = ["q", "k", "v"].iter().map(|n| format!("{p}self_attn.{n}_proj.weight")).collect();
         let gu_names = [format!("{p}mlp.gate_proj.weight"), format!("{p}mlp.up_proj.weight")];
-        layer_w.push((
-            add(&mut plan, format!("expert.{i}.qkv"), matrix((nh + 2) * hd, ew), ld.rows(&qkv_names, None)),
+        let qkv = add(&mut plan, format!("expert.{i}.qkv"), matrix((nh + 2) * hd, ew), ld.rows(&qkv_names, None));
+        let rest = (
             add(&mut plan, format!("expert.{i}.o_proj"), matrix(ew, nh * hd), ld.rows(&[format!("{p}self_attn.o_proj.weight")], None)),
             add(&mut plan, format!("expert.{i}.gate_up"), matrix(2 * c.expert_mlp, ew), ld.rows(&gu_names, None)),
             add(&mut plan, format!("expert.{i}.down_proj"), matrix(ew, c.expert_mlp), ld.rows(&[format!("{p}mlp.down_proj.weight")], None)),
-        ));
+        );
+        layer_w.push(gemma::DecoderLayer { qkv, q_heads: nh, rest: Some(rest) });
         let norm = |n: &str| (ld.get(&format!("{p}{n}.dense.weight")), ld.get(&format!("{p}{n}.dense.bias")));
         dense.push([norm("input_layernorm"), norm("post_attention_layernorm")]);
     }
@@ -731,39 +691,21 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
     let emit_step = |plan: &mut Plan, s: usize| {
         let (layer_mods, final_mod) = &step_mods[s];
         plan.push(Op::Gemm { a: xt, w: in_w, bias: Some(in_b), out: eh, accumulate: false });
-        for (i, (&(qkv_w, o_w, gu_w, down_w), &[attn_mod, mlp_mod])) in layer_w.iter().zip(layer_mods).enumerate() {
-            let (k_cache, v_cache) = caches[i];
-            plan.push(Op::AdaRmsNorm { x: eh, out: en, modulation: attn_mod, eps: EPS });
-            plan.push(Op::Gemm { a: en, w: qkv_w, bias: None, out: eqkv, accumulate: false });
-            plan.push(Op::RopeQkv {
-                qkv: eqkv,
+        let acts = gemma::Activations { x: eh, h: en, qkv: eqkv, attn: eatt, gate_up: egu, mlp: emlp };
+        for ((layer, &[attention, mlp]), &(k, v)) in layer_w.iter().zip(layer_mods).zip(&caches) {
+            let cache = gemma::CacheAttention {
                 heads: nh,
                 head_dim: hd,
+                k,
+                v,
                 positions,
-                position_offset: prefix,
-                k_cache,
-                v_cache,
-                cache_row: prefix,
-            });
-            plan.push(Op::Attention {
-                q: eqkv.cols(0, nh * hd),
-                k: k_cache,
-                v: v_cache,
-                out: eatt,
-                heads: nh,
-                kv_heads: 1,
-                head_dim: hd,
-                groups: 1,
-                key_valid: Some(valid),
-                query_valid: None,
-            });
-            plan.push(Op::Gemm { a: eatt, w: o_w, bias: None, out: etmp, accumulate: false });
-            plan.push(Op::GatedResidual { x: eh, y: etmp, modulation: attn_mod });
-            plan.push(Op::AdaRmsNorm { x: eh, out: en, modulation: mlp_mod, eps: EPS });
-            plan.push(Op::Gemm { a: en, w: gu_w, bias: None, out: egu, accumulate: false });
-            plan.push(Op::GeluTanhMul { gate_up: egu, out: emlp });
-            plan.push(Op::Gemm { a: emlp, w: down_w, bias: None, out: etmp, accumulate: false });
-            plan.push(Op::GatedResidual { x: eh, y: etmp, modulation: mlp_mod });
+                valid,
+                first_row: prefix,
+                keys: kv_rows,
+                mask_queries: false,
+            };
+            let conditioning = gemma::Conditioning::Adaptive { attention, mlp, branch: etmp };
+            gemma::decoder_layer(plan, layer, &acts, &cache, conditioning, EPS);
         }
         plan.push(Op::AdaRmsNorm { x: eh, out: en, modulation: *final_mod, eps: EPS });
         plan.push(Op::Gemm { a: en, w: out_w, bias: Some(out_b), out: xt, accumulate: true });
