@@ -8,7 +8,7 @@ use std::time::Duration;
 use flashrt::{BackendKind, PolicyConfig, Precision};
 
 use crate::boundary::guard;
-use crate::logging::{FrtLogCallback, Sink};
+use crate::logging::{FrtLogCallback, FrtLogLevel, Sink};
 use crate::status::{Failure, FrtStatus, finish_on_thread, struct_size};
 
 /// Most camera slots a policy may have through the C ABI (`frt_policy_step` stages the frames in a
@@ -36,19 +36,6 @@ pub enum FrtPrecision {
     F32 = 1,
     Bf16 = 2,
     Fp8 = 3,
-}
-
-/// Severity of a log message; in `FrtPolicyConfig.log_level`, the least severe level delivered.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FrtLogLevel {
-    /// No messages.
-    Off = 0,
-    Error = 1,
-    Warn = 2,
-    Info = 3,
-    Debug = 4,
-    Trace = 5,
 }
 
 /// Everything `frt_policy_open` needs. Fill it with `frt_policy_config_default` (after setting

@@ -23,9 +23,8 @@ mod logging;
 mod policy;
 // Internals.
 mod boundary;
-mod text;
 
 pub use config::*;
-pub use logging::FrtLogCallback;
+pub use logging::{FrtLogCallback, FrtLogLevel};
 pub use policy::*;
 pub use status::*;

@@ -10,7 +10,18 @@ use std::fmt::{self, Write as _};
 use std::io::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::config::FrtLogLevel;
+/// Severity of a log message; in `FrtPolicyConfig.log_level`, the least severe level delivered.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrtLogLevel {
+    /// No messages.
+    Off = 0,
+    Error = 1,
+    Warn = 2,
+    Info = 3,
+    Debug = 4,
+    Trace = 5,
+}
 
 /// Receives one log message: `message` is NUL-terminated, `message_len` bytes long (without the
 /// NUL), truncated to 1023 bytes, and valid only during the call. Called on the thread that made

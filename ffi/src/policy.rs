@@ -8,8 +8,8 @@ use flashrt::{Frame, Observation, PixelFormat, Policy};
 use crate::boundary::guard;
 use crate::config::{self, FRT_MAX_CAMERAS, FrtBackend, FrtPolicyConfig};
 use crate::logging::Sink;
+use crate::status::copy_text;
 use crate::status::{Failure, FrtStatus, finish_on_thread, struct_size};
-use crate::text::copy_text;
 
 /// An open policy: weights, plan, buffers, prompt, statistics and the last error. Opaque.
 pub struct FrtPolicy {

@@ -138,7 +138,7 @@ __device__ __forceinline__ void grid_barrier_128(unsigned* word) {
     asm volatile("bar.sync 1, 128;\n" ::: "memory");
 }
 
-// ---- Hopper (sm_90a) building blocks: the warpgroup MMA kernels' (attention.cu, mlp.cu) --------
+// ---- Hopper (sm_90a) building blocks: the warpgroup MMA kernels' (attention_mq256.cu, mlp.cu) --------
 // Byte offset of 16-byte piece `piece` (0-7) of row `r` in a 64 × 64 bf16 tile in the 128-byte
 // swizzle wgmma reads (and bulk tensor copies write): the piece index XOR the row within its 8.
 // Plain arithmetic, for every architecture (mlp.cu's retile_weight prepares tiles anywhere).
@@ -148,6 +148,46 @@ __host__ __device__ __forceinline__ unsigned swizzle128(int r, int piece) { retu
 __device__ __forceinline__ void mbarrier_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
+
+// ---- Tensor-core helpers shared by the attention kernels (sm_80 instructions) ---------------
+
+__device__ __forceinline__ void att_mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16 bytes global -> shared without registers; `valid` false writes zeros instead.
+__device__ __forceinline__ void att_copy16(void* smem, const void* global, bool valid) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(valid ? 16 : 0));
+}
+
+// Four 8x8 bf16 matrices from shared memory (lanes 8i … 8i + 7 address matrix i's rows), as
+// mma fragments; `_trans` transposes each matrix on the way.
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const unsigned short* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, const unsigned short* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+
+// Max and sum over the four lanes of an mma quad (the lanes holding one row's columns).
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
 
 #if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Shared-memory matrix descriptor with the 128-byte swizzle: start, leading and stride byte offsets.

@@ -17,10 +17,13 @@ pub struct Source {
 /// Included by every source as `common.cuh` (handed to NVRTC as an in-memory header).
 pub const COMMON_HEADER: &str = include_str!("../cuda/common.cuh");
 
-pub const SOURCES: [Source; 5] = [
+pub const SOURCES: [Source; 8] = [
     Source { name: "norm", code: include_str!("../cuda/norm.cu") },
     Source { name: "elementwise", code: include_str!("../cuda/elementwise.cu") },
-    Source { name: "attention", code: include_str!("../cuda/attention.cu") },
+    Source { name: "sequence", code: include_str!("../cuda/sequence.cu") },
+    Source { name: "softmax", code: include_str!("../cuda/softmax.cu") },
+    Source { name: "attention_mq256", code: include_str!("../cuda/attention_mq256.cu") },
+    Source { name: "attention_mh72", code: include_str!("../cuda/attention_mh72.cu") },
     Source { name: "image", code: include_str!("../cuda/image.cu") },
     Source { name: "mlp", code: include_str!("../cuda/mlp.cu") },
 ];

@@ -22,10 +22,9 @@ pub use compile::{
     COMMON_HEADER, Cubin, SOURCES, Source, cubin_file_name, default_cache_dir, device_arch, load_or_compile, nvrtc_available,
     nvrtc_version, supported_archs, write_cubins,
 };
-pub use launch::{
-    AttentionArgs, AttentionSplit, DevPtr, Dtype, Kernels, MAX_PROMPT_BUCKETS, Mat, ROW_PRODUCT_MAX, RopeArgs, VISION_MAX_KEYS, has_wgmma,
-    kernel_names,
-};
+pub use launch::attention::{AttentionArgs, AttentionSplit};
+pub use launch::sequence::{MAX_PROMPT_BUCKETS, RopeArgs};
+pub use launch::{DevPtr, Dtype, Kernels, Mat, ROW_PRODUCT_MAX, VISION_MAX_KEYS, has_wgmma, kernel_names};
 
 pub type Result<T, E = KernelError> = std::result::Result<T, E>;
 

@@ -1,4 +1,4 @@
-// Checks and times attention_mq256 (kernels/cuda/attention.cu) against a plain f32 reference on
+// Checks and times attention_mq256 (kernels/cuda/attention_mq256.cu) against a plain f32 reference on
 // the Pi0.5 shapes: the denoise step (50 queries x 8 heads over 762 cached keys, several splits)
 // and the prefix (712 x 8 over 712 keys), with masked keys and queries. Built on the GPU machine:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I kernels/cuda tools/device/benches/attention_bench.cu -o att && ./att
@@ -10,12 +10,12 @@
 #include <cstring>
 #include <vector>
 
-// attention.cu picks its chunk size from __CUDA_ARCH__, which nvcc's host pass lacks: the
+// attention_mq256.cu picks its chunk size from __CUDA_ARCH__, which nvcc's host pass lacks: the
 // harness (launch sizes on the host) and the kernel must agree, so the default is set here (sm_90).
 #ifndef ATT_KEYS
 #define ATT_KEYS 64
 #endif
-#include "attention.cu"
+#include "attention_mq256.cu"
 
 #include <cuda.h>
 

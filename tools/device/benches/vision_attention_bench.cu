@@ -1,22 +1,22 @@
-// Checks and times attention_mh72 (kernels/cuda/attention.cu, SigLIP's fused attention) against
+// Checks and times attention_mh72 (kernels/cuda/attention_mh72.cu, SigLIP's fused attention) against
 // a plain f32 reference on SigLIP's shape in the step: 2 cameras × 256 patches, 16 heads of 72,
 // Q/K/V inside the fused QKV product's rows (stride 3456), written just before (L2-resident),
 // and on a ragged case (50 queries over 79 keys per group: empty key parts, rows past the end).
 // Then the floor its loads set: a kernel with the same grid that only copies each block's Q, K
 // and V into shared memory as attention_mh72 does, and an empty kernel with that grid.
 // Built on the GPU machine (variants by -D, e.g. -DVA_SPLIT=2; -I a directory holding another
-// commit's attention.cu first times that one):
+// commit's attention_mh72.cu first times that one):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I kernels/cuda tools/device/benches/vision_attention_bench.cu -o va && ./va
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
-#include "attention.cu"
+#include "attention_mh72.cu"
 #include "bench.cuh"
 
 #ifndef VA_THREADS
-#define VA_THREADS 256  // attention.cu before VA_SPLIT: eight warps
+#define VA_THREADS 256  // attention_mh72.cu before VA_SPLIT: eight warps
 #endif
 
 // One block per (group, row, head); scores in shared memory.

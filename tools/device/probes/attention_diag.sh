@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: where the time of attention_mq256_wgmma's split kernel goes (bench/NOTES.md
-# item 40). Writes a copy of kernels/cuda/attention.cu into a temporary directory with the
+# item 40). Writes a copy of kernels/cuda/attention_mq256.cu into a temporary directory with the
 # kernel's parts behind -D switches (DIAG_NO_KV: no K/V copies nor waits, DIAG_NO_Q: no Q copies
 # (the bench's 8 heads: its tensor-map copy),
 # DIAG_NO_MMA: no wgmma, DIAG_NO_STORE: no output rows; each gives wrong results, timing only),
@@ -12,9 +12,9 @@ cd "$(dirname "$0")/../../.."
 out="${OUT:-/tmp/out}"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-python3 - "$dir/attention.cu" <<'PY'
+python3 - "$dir/attention_mq256.cu" <<'PY'
 import sys
-s = open("kernels/cuda/attention.cu").read()
+s = open("kernels/cuda/attention_mq256.cu").read()
 def guard(text, flag):
     global s
     assert text in s, text

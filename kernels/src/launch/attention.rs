@@ -1,0 +1,306 @@
+//! Launchers of the attention kernels: the masked softmax of the general path (softmax.cu), the
+//! few-query multi-query flash attention (attention_mq256.cu) and SigLIP's (attention_mh72.cu).
+
+use super::*;
+
+/// Arguments of [`Kernels::attention_mq256`] besides the stream: softmax attention of `heads`
+/// query heads of dimension 256 over one shared K/V head.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionArgs {
+    /// `[queries, heads · 256]` bf16.
+    pub q: Mat,
+    /// `[keys, 256]` bf16 each.
+    pub k: Mat,
+    pub v: Mat,
+    /// `[queries, heads · 256]` bf16.
+    pub out: Mat,
+    pub heads: usize,
+    /// f32 per key (0 masks the key out) and per query (0 gives a zero output row).
+    pub key_valid: Option<DevPtr>,
+    pub query_valid: Option<DevPtr>,
+    /// How the keys are split over blocks, from [`Kernels::attention_split`].
+    pub split: AttentionSplit,
+    /// f32 scratch of `split.partial_lens`: partial outputs, and two values (running max, sum)
+    /// per split and row.
+    pub partial_o: DevPtr,
+    pub partial_ml: DevPtr,
+    /// `Some(n)`: the kernel before this launch on the stream writes `q` and no key or value
+    /// before key `n`, and lets its dependents start at once (`rope_qkv`). The Hopper form is then
+    /// launched as its programmatic dependent and loads keys it does not write while it runs; other forms launch plainly.
+    pub keys_ready: Option<usize>,
+}
+
+/// How [`Kernels::attention_mq256`] splits the keys of one attention over blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionSplit {
+    pub splits: usize,
+    pub keys_per_split: usize,
+    /// f32 elements of the partial outputs and of the (max, sum) pairs the splits leave for the
+    /// merge kernel (none for one split).
+    pub partial_lens: (usize, usize),
+}
+
+impl TensorMap {
+    /// A map the kernel never reads (the mma.sync attention's unused arguments).
+    const UNUSED: TensorMap = TensorMap([0; 16]);
+
+    /// A bf16 matrix `[rows, 256]` (row stride `m.stride` elements) read in 64 × 64 boxes that land
+    /// in shared memory with the 128-byte swizzle wgmma reads; rows past the end arrive as zeros.
+    fn bf16_rows_64x64(m: &Mat, what: &str) -> Result<TensorMap> {
+        let row_bytes = (m.stride * 2) as u64;
+        Self::encode_bf16_256(m.ptr, [m.rows as u64, 1], [row_bytes, row_bytes * m.rows as u64], [64, 1], what)
+    }
+
+    /// The query rows of `q` (`[queries, heads · 256]`, row stride `q.stride`) as (query, head)
+    /// pairs, read 64 pairs at a time (64 / `heads` queries, every head) in the same boxes; `None`
+    /// when `heads` does not divide 64 (no box then spans a 64-row tile).
+    fn bf16_query_heads_64(q: &Mat, heads: usize, what: &str) -> Result<Option<TensorMap>> {
+        if heads == 0 || 64 % heads != 0 {
+            return Ok(None);
+        }
+        let dims = [heads as u64, q.rows as u64];
+        let strides = [(ATTENTION_HEAD_DIM * 2) as u64, (q.stride * 2) as u64];
+        Self::encode_bf16_256(q.ptr, dims, strides, [heads as u32, (64 / heads) as u32], what).map(Some)
+    }
+
+    /// A rank-3 map `[outer[1], outer[0], 256]` of bf16 (byte strides `strides` of the two outer
+    /// dimensions) in boxes of 64 × `boxes`, 128-byte swizzled; reads past any dimension's end
+    /// arrive as zeros.
+    fn encode_bf16_256(ptr: DevPtr, outer: [u64; 2], strides: [u64; 2], boxes: [u32; 2], what: &str) -> Result<TensorMap> {
+        let mut map = TensorMap::UNUSED;
+        let dims = [ATTENTION_HEAD_DIM as u64, outer[0], outer[1]];
+        let (boxes, element_strides) = ([64, boxes[0], boxes[1]], [1u32; 3]);
+        // SAFETY: the out-pointer is a 128-byte-aligned, 128-byte map; the arrays are as long as
+        // the rank (3) asks (strides: rank - 1); the driver only encodes, it reads no memory.
+        let status = unsafe {
+            sys::cuTensorMapEncodeTiled(
+                &mut map as *mut TensorMap as *mut sys::CUtensorMap,
+                sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                3,
+                ptr as *mut c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxes.as_ptr(),
+                element_strides.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        };
+        status.result().map_err(|e| KernelError::cuda(format!("{what}: tensor map of {dims:?} (strides {strides:?})"), e))?;
+        Ok(map)
+    }
+}
+
+impl Kernels {
+    /// `p = softmax(s)` per row over valid keys: `s` f32 and `p` bf16, both dense
+    /// `[heads · queries, keys]`; `key_valid` (f32 flags of the keys) masks keys, `query_valid`
+    /// (f32 flags of the queries) zeroes the rows of invalid queries.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    #[allow(clippy::too_many_arguments)] // two matrices, their shape and two optional masks
+    pub unsafe fn softmax_rows(
+        &self,
+        p: DevPtr,
+        s: DevPtr,
+        rows: usize,
+        queries: usize,
+        keys: usize,
+        key_valid: Option<DevPtr>,
+        query_valid: Option<DevPtr>,
+        stream: CUstream,
+    ) -> Result<()> {
+        let name = "softmax_rows_masked_f32_bf16";
+        if queries == 0 || rows % queries != 0 {
+            return Err(shape_error(name, format!("{rows} rows are not whole heads of {queries} queries")));
+        }
+        let args = [
+            Arg::P(p),
+            Arg::P(s),
+            Arg::I(i32_of(rows, name)?),
+            Arg::I(i32_of(queries, name)?),
+            Arg::I(i32_of(keys, name)?),
+            Arg::P(key_valid.unwrap_or(0)),
+            Arg::P(query_valid.unwrap_or(0)),
+        ];
+        // SAFETY: matches the kernel in softmax.cu: one warp per row, 8 rows per block.
+        unsafe { self.launch(name, (rows.div_ceil(8) as u32, 1, 1), 256, stream, args) }
+    }
+
+    /// Whether [`Kernels::attention_mq256`] and [`Kernels::attention_mh72`] can run on this
+    /// device (178 KB from sm_90 on, else 105 KB, and 99 KB of shared memory per block).
+    pub fn has_fused_attention(&self) -> bool {
+        self.fused_attention
+    }
+
+    /// How to split `keys` for `rows` (query × head) rows so that about `target_blocks` blocks
+    /// run; few rows (the action tokens) take several splits. Scratch sizing at open and the
+    /// lowering both ask here.
+    pub fn attention_split(rows: usize, keys: usize, target_blocks: usize) -> AttentionSplit {
+        let (row_tiles, chunks) = (rows.div_ceil(ATTENTION_ROWS).max(1), keys.div_ceil(ATTENTION_SPLIT_KEYS).max(1));
+        let wanted = target_blocks.div_ceil(row_tiles).clamp(1, chunks);
+        let keys_per_split = chunks.div_ceil(wanted) * ATTENTION_SPLIT_KEYS;
+        let splits = keys.div_ceil(keys_per_split).max(1);
+        let partial_lens = if splits > 1 { (splits * rows * ATTENTION_HEAD_DIM, splits * rows * 2) } else { (0, 0) };
+        AttentionSplit { splits, keys_per_split, partial_lens }
+    }
+
+    /// Fused multi-query attention, head dimension 256: `softmax(q kᵀ / 16) v` per head with the
+    /// masks of [`AttentionArgs`], in one launch (plus a merge of the splits when there are
+    /// several).
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes; the partial buffers must
+    /// not be in use by a concurrent launch.
+    pub unsafe fn attention_mq256(&self, args: &AttentionArgs, stream: CUstream) -> Result<()> {
+        let what = "attention_mq256";
+        let AttentionArgs { q, k, v, out, heads, split, .. } = *args;
+        let d = ATTENTION_HEAD_DIM;
+        if !self.fused_attention {
+            return Err(shape_error(
+                what,
+                format!("the device does not grant {} bytes of shared memory per block", self.attention_shared_bytes),
+            ));
+        }
+        if [q.dtype, k.dtype, v.dtype] != [Dtype::Bf16; 3]
+            || heads == 0
+            || q.cols != heads * d
+            || (out.rows, out.cols) != (q.rows, q.cols)
+            || k.cols != d
+            || (v.rows, v.cols) != (k.rows, k.cols)
+        {
+            return Err(shape_error(
+                what,
+                format!(
+                    "needs bf16 q [queries, {heads}·{d}] and k/v [keys, {d}], out like q, got q {}x{} {:?}, k {}x{}, v {}x{}, out {}x{}",
+                    q.rows, q.cols, q.dtype, k.rows, k.cols, v.rows, v.cols, out.rows, out.cols
+                ),
+            ));
+        }
+        if k.rows == 0 {
+            return Err(shape_error(what, "no keys".into()));
+        }
+        if [q, k, v, out].iter().any(|m| m.ptr % 16 != 0 || m.stride % 8 != 0) || args.partial_o % 16 != 0 {
+            return Err(shape_error(what, "q, k, v, out and the partial outputs must be 16-byte aligned".into()));
+        }
+        let (rows, keys) = (q.rows * heads, k.rows);
+        if split.splits == 0 || split.keys_per_split % ATTENTION_SPLIT_KEYS != 0 || split.splits * split.keys_per_split < keys {
+            return Err(shape_error(what, format!("{split:?} does not cover {keys} keys in whole chunks")));
+        }
+        // The Hopper form reads K and V (and Q, when its heads tile 64 rows) by bulk tensor
+        // copies; the maps are encoded here, at capture, and travel in the graph's launch
+        // parameters.
+        let hopper = self.attention_kernel == "attention_mq256_wgmma";
+        let (early, keys_ready) = match args.keys_ready {
+            Some(n) if hopper => (true, n.min(keys)),
+            _ => (false, 0),
+        };
+        let (q_map, k_map, v_map) = if hopper {
+            (TensorMap::bf16_query_heads_64(&q, heads, what)?, TensorMap::bf16_rows_64x64(&k, what)?, TensorMap::bf16_rows_64x64(&v, what)?)
+        } else {
+            (None, TensorMap::UNUSED, TensorMap::UNUSED)
+        };
+        let args_list = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, what)?),
+            Arg::P(q.ptr),
+            Arg::I(i32_of(q.stride, what)?),
+            Arg::P(k.ptr),
+            Arg::I(i32_of(k.stride, what)?),
+            Arg::P(v.ptr),
+            Arg::I(i32_of(v.stride, what)?),
+            Arg::P(args.key_valid.unwrap_or(0)),
+            Arg::P(args.query_valid.unwrap_or(0)),
+            Arg::I(i32_of(q.rows, what)?),
+            Arg::I(i32_of(heads, what)?),
+            Arg::I(i32_of(keys, what)?),
+            Arg::I(i32_of(split.keys_per_split, what)?),
+            Arg::F(std::f32::consts::LOG2_E / (d as f32).sqrt()),
+            Arg::P(args.partial_o),
+            Arg::P(args.partial_ml),
+            Arg::I(i32_of(keys_ready, what)?),
+            Arg::I(q_map.is_some() as i32),
+            Arg::M(q_map.unwrap_or(TensorMap::UNUSED)),
+            Arg::M(k_map),
+            Arg::M(v_map),
+        ];
+        let grid = (rows.div_ceil(ATTENTION_ROWS) as u32, split.splits as u32, 1);
+        let name = format!("{}_{}", self.attention_kernel, out.dtype.suffix());
+        // SAFETY: matches `attention_mq256_*` and `attention_mq256_wgmma_*` (the same signature):
+        // 128 threads, grid (row tiles, splits), the shared memory granted at load; the Hopper
+        // form waits for the kernel before it before reading Q or keys from `keys_ready` on.
+        unsafe { self.launch_maybe_early(early, &name, grid, 128, self.attention_shared_bytes, stream, args_list)? };
+        if split.splits == 1 {
+            return Ok(());
+        }
+        let name = &format!("attention_mq256_combine_{}", out.dtype.suffix());
+        let combine = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, name)?),
+            Arg::P(args.partial_o),
+            Arg::P(args.partial_ml),
+            Arg::P(args.query_valid.unwrap_or(0)),
+            Arg::I(i32_of(q.rows, name)?),
+            Arg::I(i32_of(heads, name)?),
+            Arg::I(split.splits as i32),
+        ];
+        // SAFETY: matches `attention_mq256_combine`: blocks of 256 threads, ATTENTION_MERGE_ROWS rows each.
+        unsafe { self.launch(name, (rows.div_ceil(ATTENTION_MERGE_ROWS) as u32, 1, 1), 256, stream, combine) }
+    }
+
+    /// Fused attention of SigLIP's shape: `heads` heads of dimension 72, each with its own K/V
+    /// head, per group (camera) of `q.rows / groups` queries over `k.rows / groups` keys (at most
+    /// [`VISION_MAX_KEYS`]), no masks: `softmax(q kᵀ / √72) v` in one launch.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    #[allow(clippy::too_many_arguments)] // the op's operands and shape, one to one
+    pub unsafe fn attention_mh72(&self, out: Mat, q: Mat, k: Mat, v: Mat, heads: usize, groups: usize, stream: CUstream) -> Result<()> {
+        let name = format!("attention_mh72_{}", out.dtype.suffix());
+        let d = VISION_HEAD_DIM;
+        if !self.fused_attention {
+            return Err(shape_error(&name, format!("the device does not grant {VISION_SHARED_BYTES} bytes of shared memory per block")));
+        }
+        let (rows, keys) = (q.rows / groups.max(1), k.rows / groups.max(1));
+        if [q.dtype, k.dtype, v.dtype] != [Dtype::Bf16; 3]
+            || heads == 0
+            || groups == 0
+            || [q.cols, k.cols, v.cols] != [heads * d; 3]
+            || (out.rows, out.cols) != (q.rows, q.cols)
+            || v.rows != k.rows
+            || rows * groups != q.rows
+            || keys * groups != k.rows
+            || !(1..=VISION_MAX_KEYS).contains(&keys)
+        {
+            return Err(shape_error(
+                &name,
+                format!(
+                    "needs bf16 q/k/v [{groups} groups of rows, {heads}·{d}] with 1 to {VISION_MAX_KEYS} keys per group, out like q; got q {}x{} {:?}, k {}x{}, v {}x{}, out {}x{}",
+                    q.rows, q.cols, q.dtype, k.rows, k.cols, v.rows, v.cols, out.rows, out.cols
+                ),
+            ));
+        }
+        if [q, k, v, out].iter().any(|m| m.ptr % 16 != 0 || m.stride % 8 != 0) {
+            return Err(shape_error(&name, "q, k, v and out rows must be 16-byte aligned (8-element strides)".into()));
+        }
+        let args = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, &name)?),
+            Arg::P(q.ptr),
+            Arg::I(i32_of(q.stride, &name)?),
+            Arg::P(k.ptr),
+            Arg::I(i32_of(k.stride, &name)?),
+            Arg::P(v.ptr),
+            Arg::I(i32_of(v.stride, &name)?),
+            Arg::I(i32_of(rows, &name)?),
+            Arg::I(i32_of(keys, &name)?),
+            Arg::F(std::f32::consts::LOG2_E / (d as f32).sqrt()),
+        ];
+        let grid = (rows.div_ceil(VISION_ROWS) as u32, i32_of(heads, &name)? as u32, i32_of(groups, &name)? as u32);
+        // SAFETY: matches `attention_mh72_*`: its threads, grid (query tiles, heads, groups), the
+        // shared memory granted at load.
+        unsafe { self.launch_with_shared(&name, grid, VISION_THREADS, VISION_SHARED_BYTES, stream, args) }
+    }
+}

@@ -1,0 +1,252 @@
+//! Launchers of the normalisation kernels (norm.cu): LayerNorm, RMSNorm and adaRMS, the gated
+//! residual, and their fusions with it and with the narrow products at the step boundary.
+
+use super::*;
+
+impl Kernels {
+    /// Row-wise LayerNorm with f32 `gamma`/`beta` of `x.cols`.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    pub unsafe fn layer_norm(&self, out: Mat, x: Mat, gamma: DevPtr, beta: DevPtr, eps: f32, stream: CUstream) -> Result<()> {
+        Self::same_shape("layer_norm", &out, &x)?;
+        let name = format!("layer_norm_{}_{}", x.dtype.suffix(), out.dtype.suffix());
+        let (per, threads) = Self::row_launch(&[(out, 0), (x, 0)], &[gamma, beta], x.cols);
+        let args = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, &name)?),
+            Arg::P(x.ptr),
+            Arg::I(i32_of(x.stride, &name)?),
+            Arg::P(gamma),
+            Arg::P(beta),
+            Arg::I(i32_of(x.cols, &name)?),
+            Arg::F(eps),
+            Arg::I(per),
+        ];
+        // SAFETY: matches `layer_norm_*` in norm.cu.
+        unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
+    }
+
+    /// Row-wise RMS norm; with `modulation` (`[scale | shift | gate]`, 3 · cols f32) the adaRMS
+    /// form `rms(x) · (1 + scale) + shift`.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    pub unsafe fn rms_norm(&self, out: Mat, x: Mat, modulation: Option<DevPtr>, eps: f32, stream: CUstream) -> Result<()> {
+        Self::same_shape("rms_norm", &out, &x)?;
+        let name = format!("rms_norm_{}_{}", x.dtype.suffix(), out.dtype.suffix());
+        let (per, threads) = Self::row_launch(&[(out, 0), (x, 0)], &[modulation.unwrap_or(0)], x.cols);
+        let args = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, &name)?),
+            Arg::P(x.ptr),
+            Arg::I(i32_of(x.stride, &name)?),
+            Arg::P(modulation.unwrap_or(0)),
+            Arg::I(i32_of(x.cols, &name)?),
+            Arg::F(eps),
+            Arg::I(per),
+        ];
+        // SAFETY: matches `rms_norm_*` in norm.cu (a null modulation means plain RMS).
+        unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
+    }
+
+    /// `x += y ⊙ gate`, gate = the third third of `modulation` (3 · cols f32); `x` is f32.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    pub unsafe fn gated_residual(&self, x: Mat, y: Mat, modulation: DevPtr, stream: CUstream) -> Result<()> {
+        Self::same_shape("gated_residual", &x, &y)?;
+        if x.dtype != Dtype::F32 {
+            return Err(shape_error("gated_residual", "the residual stream must be f32".into()));
+        }
+        let name = format!("gated_residual_{}", y.dtype.suffix());
+        let grid = Self::elementwise_grid(x.rows, x.cols, &name)?;
+        let args = [
+            Arg::P(x.ptr),
+            Arg::I(i32_of(x.stride, &name)?),
+            Arg::P(y.ptr),
+            Arg::I(i32_of(y.stride, &name)?),
+            Arg::P(modulation),
+            Arg::I(x.rows as i32),
+            Arg::I(i32_of(x.cols, &name)?),
+        ];
+        // SAFETY: matches `gated_residual_*` in norm.cu.
+        unsafe { self.launch(&name, grid, 256, stream, args) }
+    }
+
+    /// `x += y ⊙ gate(gate_modulation)`, then `out = rms(x) · (1 + scale) + shift` with
+    /// `norm_modulation`, in one pass per row.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    #[allow(clippy::too_many_arguments)] // mirrors the kernel's signature: two matrices in, two modulations
+    pub unsafe fn gated_residual_rms_norm(
+        &self,
+        out: Mat,
+        x: Mat,
+        y: Mat,
+        gate_modulation: DevPtr,
+        norm_modulation: DevPtr,
+        eps: f32,
+        early: bool,
+        stream: CUstream,
+    ) -> Result<()> {
+        Self::same_shape("gated_residual_rms_norm", &x, &y)?;
+        Self::same_shape("gated_residual_rms_norm", &x, &out)?;
+        if x.dtype != Dtype::F32 {
+            return Err(shape_error("gated_residual_rms_norm", "the residual stream must be f32".into()));
+        }
+        let name = format!("gated_residual_rms_norm_{}_{}", y.dtype.suffix(), out.dtype.suffix());
+        let (per, threads) = Self::row_launch(&[(out, 0), (x, 0), (y, 0)], &[gate_modulation, norm_modulation], x.cols);
+        let args = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, &name)?),
+            Arg::P(x.ptr),
+            Arg::I(i32_of(x.stride, &name)?),
+            Arg::P(y.ptr),
+            Arg::I(i32_of(y.stride, &name)?),
+            Arg::P(gate_modulation),
+            Arg::P(norm_modulation),
+            Arg::I(i32_of(x.cols, &name)?),
+            Arg::F(eps),
+            Arg::I(per),
+        ];
+        // SAFETY: matches `gated_residual_rms_norm_*` in norm.cu, which waits for the kernel
+        // before it first.
+        unsafe { self.launch_maybe_early(early, &name, (x.rows as u32, 1, 1), threads, 0, stream, args) }
+    }
+
+    /// The step-boundary row kernels' rows (all of one width) and vectors: one group of 8 columns
+    /// per thread in 16-byte pieces (aligned rows and vectors, at most 8192 columns).
+    fn row_pieces(rows: &[Mat], vectors: &[DevPtr]) -> bool {
+        let pieces = |m: &Mat| m.ptr % 16 == 0 && (m.stride * m.dtype.size()) % 16 == 0 && m.cols % 8 == 0;
+        rows.iter().all(|m| pieces(m) && m.cols == rows[0].cols && m.cols / 8 <= 1024) && vectors.iter().all(|p| p % 16 == 0)
+    }
+
+    /// Whether [`Kernels::gated_residual_rms_norm_product`] takes these operands (`vectors`: the
+    /// two modulations and the weight): an f32 residual and an f32 product over the same rows
+    /// of at most [`ROW_PRODUCT_MAX`] columns.
+    pub fn gated_residual_rms_norm_product_fits(out: &Mat, x: &Mat, y: &Mat, vectors: &[DevPtr], acc: &Mat) -> bool {
+        [x.dtype, acc.dtype] == [Dtype::F32; 2]
+            && acc.rows == x.rows
+            && (1..=ROW_PRODUCT_MAX).contains(&acc.cols)
+            && Self::row_pieces(&[*x, *y, *out], vectors)
+    }
+
+    /// Whether [`Kernels::product_rms_norm`] takes these operands (`vectors`: the weight, bias
+    /// and modulation, null where absent): f32 rows from an f32 input of [`ROW_PRODUCT_MAX`]
+    /// columns in 16-byte aligned rows.
+    pub fn product_rms_norm_fits(out: &Mat, x: &Mat, a: &Mat, vectors: &[DevPtr]) -> bool {
+        [x.dtype, a.dtype] == [Dtype::F32; 2]
+            && a.rows == x.rows
+            && a.cols == ROW_PRODUCT_MAX
+            && a.ptr % 16 == 0
+            && (a.stride * 4) % 16 == 0
+            && Self::row_pieces(&[*x, *out], vectors)
+    }
+
+    /// `x += y ⊙ gate(gate_modulation)`, `out = rms(x) · (1 + scale) + shift` with
+    /// `norm_modulation`, then `acc (+)= bf16(out) · wᵀ + bias` (w bf16 `[acc.cols, x.cols]`,
+    /// bias f32 `acc.cols`), one launch of one block per row: the end of an Euler step.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    #[allow(clippy::too_many_arguments)] // mirrors the kernel's signature: the norm's and the product's operands
+    pub unsafe fn gated_residual_rms_norm_product(
+        &self,
+        norm: (Mat, Mat, Mat),
+        gate_modulation: DevPtr,
+        norm_modulation: DevPtr,
+        eps: f32,
+        w: DevPtr,
+        bias: Option<DevPtr>,
+        (acc, accumulate): (Mat, bool),
+        stream: CUstream,
+    ) -> Result<()> {
+        let (out, x, y) = norm;
+        let what = "gated_residual_rms_norm_product";
+        Self::same_shape(what, &x, &y)?;
+        Self::same_shape(what, &x, &out)?;
+        if !Self::gated_residual_rms_norm_product_fits(&out, &x, &y, &[gate_modulation, norm_modulation, w], &acc) {
+            return Err(shape_error(
+                what,
+                format!(
+                    "needs an f32 residual {}x{} (16-byte aligned rows and vectors) and an f32 product of at most \
+                     {ROW_PRODUCT_MAX} columns over its rows, got {:?} and {:?} {}x{}",
+                    x.rows, x.cols, x.dtype, acc.dtype, acc.rows, acc.cols
+                ),
+            ));
+        }
+        let threads = Self::row_threads(x.cols);
+        let name = format!("{what}_{}_{}", y.dtype.suffix(), out.dtype.suffix());
+        let args = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, &name)?),
+            Arg::P(x.ptr),
+            Arg::I(i32_of(x.stride, &name)?),
+            Arg::P(y.ptr),
+            Arg::I(i32_of(y.stride, &name)?),
+            Arg::P(gate_modulation),
+            Arg::P(norm_modulation),
+            Arg::I(i32_of(x.cols, &name)?),
+            Arg::F(eps),
+            Arg::P(w),
+            Arg::P(bias.unwrap_or(0)),
+            Arg::P(acc.ptr),
+            Arg::I(i32_of(acc.stride, &name)?),
+            Arg::I(acc.cols as i32),
+            Arg::I(accumulate as i32),
+        ];
+        // SAFETY: matches `gated_residual_rms_norm_product_*` in norm.cu (null bias: none).
+        unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
+    }
+
+    /// `x = bf16(a) · wᵀ + bias` (a f32 `[rows, 32]`, w bf16 `[x.cols, 32]`, bias f32 `x.cols`),
+    /// then `out = rms(x)`, `· (1 + scale) + shift` with `modulation`, one launch of one block
+    /// per row: the start of an Euler step.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    #[allow(clippy::too_many_arguments)] // mirrors the kernel's signature
+    pub unsafe fn product_rms_norm(
+        &self,
+        out: Mat,
+        x: Mat,
+        a: Mat,
+        w: DevPtr,
+        bias: Option<DevPtr>,
+        modulation: Option<DevPtr>,
+        eps: f32,
+        stream: CUstream,
+    ) -> Result<()> {
+        let what = "product_rms_norm";
+        Self::same_shape(what, &x, &out)?;
+        if !Self::product_rms_norm_fits(&out, &x, &a, &[w, bias.unwrap_or(0), modulation.unwrap_or(0)]) {
+            return Err(shape_error(
+                what,
+                format!(
+                    "needs f32 rows {}x{} (16-byte aligned rows and vectors) from an f32 input of {ROW_PRODUCT_MAX} columns in \
+                     16-byte aligned rows, got {:?} from {:?} {}x{}",
+                    x.rows, x.cols, x.dtype, a.dtype, a.rows, a.cols
+                ),
+            ));
+        }
+        let threads = Self::row_threads(x.cols);
+        let name = format!("{what}_{}", out.dtype.suffix());
+        let args = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, &name)?),
+            Arg::P(x.ptr),
+            Arg::I(i32_of(x.stride, &name)?),
+            Arg::P(a.ptr),
+            Arg::I(i32_of(a.stride, &name)?),
+            Arg::P(w),
+            Arg::P(bias.unwrap_or(0)),
+            Arg::P(modulation.unwrap_or(0)),
+            Arg::I(i32_of(x.cols, &name)?),
+            Arg::F(eps),
+        ];
+        // SAFETY: matches `product_rms_norm_*` in norm.cu (null bias or modulation: none).
+        unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
+    }
+}
