@@ -31,7 +31,7 @@ use flashrt::checkpoint::Checkpoint;
 use flashrt::cpu::CpuBackend;
 use flashrt::cuda::{CudaBackend, CudaOptions};
 use flashrt::image::{Frame, PixelFormat};
-use flashrt::plan::{BufId, BufType, HostIo, Op, Plan, View, WeightId, WeightRole};
+use flashrt::plan::{Activation, BufId, BufType, HostIo, Op, Plan, View, WeightId, WeightRole};
 use flashrt::weights::WeightData;
 use flashrt::{BackendKind, Observation, Policy, PolicyConfig};
 use rand::{Rng, SeedableRng};
@@ -254,7 +254,7 @@ fn gemm_case(seed: u64) -> Case {
     // bf16 output with bias, then GELU over it (SigLIP's fc1): cuBLASLt's GELU epilogue on CUDA.
     let act = c.plan.matrix("act", m, n);
     c.plan.push(Op::Gemm { a, w, bias: Some(bias), out: act, accumulate: false });
-    c.plan.push(Op::GeluTanh { x: act });
+    c.plan.push(Op::Activation { x: act, kind: Activation::GeluTanh });
     c.check(act);
     c.consume(act);
     c
@@ -352,15 +352,17 @@ fn step_boundary_case(seed: u64) -> Case {
 fn elementwise_case(seed: u64) -> Case {
     let mut c = Case::new(String::new(), seed);
     let (rows, f) = (c.rng.random_range(1..120), c.rng.random_range(1..100) * 4);
-    c.name = format!("gelu_tanh / gelu_tanh_mul / add_table / affine {rows}x{f}");
-    let x = c.input("x", rows, f);
-    c.plan.push(Op::GeluTanh { x });
-    c.check(x);
-    let gate_up = c.input("gate_up", rows, 2 * f);
-    let out = c.plan.matrix("mlp", rows, f);
-    c.plan.push(Op::GeluTanhMul { gate_up, out });
-    c.check(out);
-    c.consume(out);
+    c.name = format!("activations (each alone and gated) / add_table / affine {rows}x{f}");
+    for kind in Activation::ALL {
+        let x = c.input(&format!("x.{}", kind.name()), rows, f);
+        c.plan.push(Op::Activation { x, kind });
+        c.check(x);
+        let gate_up = c.input(&format!("gate_up.{}", kind.name()), rows, 2 * f);
+        let out = c.plan.matrix(kind.gated_name(), rows, f);
+        c.plan.push(Op::GatedActivation { gate_up, out, kind });
+        c.check(out);
+        c.consume(out);
+    }
     let table_rows = c.rng.random_range(1..=rows);
     let t = c.normal(table_rows * f, 1.0);
     let table = c.vector_weight(t);
@@ -412,7 +414,7 @@ fn mlp_case(seed: u64) -> Case {
     let (gate_up, h, out) =
         (c.plan.matrix("gate_up", rows, 2 * hidden), c.plan.matrix("hidden", rows, hidden), c.plan.matrix("out", rows, width));
     c.plan.push(Op::Gemm { a, w: w_gate_up, bias: None, out: gate_up, accumulate: false });
-    c.plan.push(Op::GeluTanhMul { gate_up, out: h });
+    c.plan.push(Op::GatedActivation { gate_up, out: h, kind: Activation::GeluTanh });
     c.plan.push(Op::Gemm { a: h, w: w_down, bias: None, out, accumulate: false });
     c.check(h);
     c.check(out);
@@ -515,6 +517,7 @@ fn attention_case(seed: u64) -> Case {
             groups: 1,
             key_valid: Some(valid),
             query_valid,
+            causal: None,
         });
         c.check(qkv);
         c.check(out);
@@ -537,8 +540,43 @@ fn attention_case(seed: u64) -> Case {
         groups: cameras,
         key_valid: None,
         query_valid: None,
+        causal: None,
     });
     c.check(vout);
+    c
+}
+
+/// The general attention path (the Products lowering, on every architecture): grouped-query heads
+/// (Qwen3's 16 over 8, and 4 over 1), causal self-attention over a masked sequence, and rows
+/// appended after cached keys (causal offset), in groups; head dimensions 64 and 128.
+fn general_attention_case(seed: u64) -> Case {
+    let mut c = Case::new(String::new(), seed);
+    let (heads, kv_heads, head_dim) = [(16, 8, 128), (4, 1, 64), (6, 3, 64)][seed as usize % 3];
+    let (groups, keys) = (c.rng.random_range(1..3), c.rng.random_range(8..200));
+    let offset = [0, 0, c.rng.random_range(1..keys / 2 + 1)][seed as usize % 3];
+    let queries = keys - offset;
+    c.name = format!("attention {heads}/{kv_heads}x{head_dim} causal+{offset} groups {groups} keys {keys}");
+    let q = c.input("q", groups * queries, heads * head_dim);
+    let k = c.input("k", groups * keys, kv_heads * head_dim);
+    let v = c.input("v", groups * keys, kv_heads * head_dim);
+    let mask: Vec<f32> = (0..groups * keys).map(|i| if i % 7 == 3 { 0.0 } else { 1.0 }).collect();
+    let host = c.plan.host_buffer("key_valid.host", BufType::F32, mask.len(), HostIo::Input);
+    c.inputs.push((host, Input::F32(mask)));
+    let out = c.plan.matrix("attn", groups * queries, heads * head_dim);
+    c.plan.push(Op::Attention {
+        q,
+        k,
+        v,
+        out,
+        heads,
+        kv_heads,
+        head_dim,
+        groups,
+        key_valid: Some(host),
+        query_valid: None,
+        causal: Some(offset),
+    });
+    c.check(out);
     c
 }
 
@@ -611,6 +649,7 @@ fn every_op_matches_cpu() {
             (mlp_case(seed), dummy.clone()),
             (qkv_rope_case(seed), dummy.clone()),
             (attention_case(seed), dummy.clone()),
+            (general_attention_case(seed), dummy.clone()),
             (image_case(seed), dummy.clone()),
         ];
         cases.push(embed_case(seed, tmp.path()));

@@ -63,31 +63,53 @@ extern "C" __global__ void add_table_f32(float* x, int x_stride, const float* ta
     x[(long)r * x_stride + c] += table[(long)(r % table_rows) * cols + c];
 }
 
-// The GeLU passes run `per` (1 or 8, chosen by the launcher from the alignment of the rows)
+// Activation codes (the launcher's): the tanh GELU, the exact (erf) GELU, SiLU, ReLU.
+#define ACT_GELU_TANH 0
+#define ACT_GELU_ERF 1
+#define ACT_SILU 2
+#define ACT_RELU 3
+template <int KIND>
+__device__ __forceinline__ float activate(float x) {
+    if (KIND == ACT_GELU_TANH) return gelu_tanh(x);
+    if (KIND == ACT_GELU_ERF) return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    if (KIND == ACT_SILU) return x / (1.0f + __expf(-x));
+    return fmaxf(x, 0.0f);
+}
+// One body per activation, chosen once per thread from the uniform `kind`.
+#define FOR_ACTIVATION(BODY)                  \
+    switch (kind) {                           \
+    case ACT_GELU_TANH: BODY(ACT_GELU_TANH); break; \
+    case ACT_GELU_ERF: BODY(ACT_GELU_ERF); break;   \
+    case ACT_SILU: BODY(ACT_SILU); break;           \
+    default: BODY(ACT_RELU); break;                 \
+    }
+
+// The activation passes run `per` (1 or 8, chosen by the launcher from the alignment of the rows)
 // consecutive columns per thread: grid (ceil(cols / per / 256), rows).
-template <typename T>
-__device__ void gelu_tanh_inplace(T* x, int stride, int rows, int cols, int per) {
+template <int KIND, typename T>
+__device__ void activation_inplace(T* x, int stride, int rows, int cols, int per) {
     const int c = (blockIdx.x * blockDim.x + threadIdx.x) * per, r = blockIdx.y;
     if (c >= cols || r >= rows) return;
     T* p = x + (long)r * stride + c;
     if (per == 8) {
         float v[8];
         load8(p, v);
-        for (int i = 0; i < 8; ++i) v[i] = gelu_tanh(v[i]);
+        for (int i = 0; i < 8; ++i) v[i] = activate<KIND>(v[i]);
         store8(p, v);
     } else {
-        *p = from_float<T>(gelu_tanh(to_float(*p)));
+        *p = from_float<T>(activate<KIND>(to_float(*p)));
     }
 }
-#define GELU_TANH(NAME, T)                                                                 \
-    extern "C" __global__ void NAME(T* x, int stride, int rows, int cols, int per) {       \
-        gelu_tanh_inplace<T>(x, stride, rows, cols, per);                                  \
+#define ACTIVATION_BODY(K) activation_inplace<K>(x, stride, rows, cols, per)  // T deduced from x
+#define ACTIVATION(NAME, T)                                                                    \
+    extern "C" __global__ void NAME(T* x, int stride, int rows, int cols, int per, int kind) { \
+        FOR_ACTIVATION(ACTIVATION_BODY)                                                        \
     }
-FOR_TYPE(GELU_TANH, gelu_tanh)
+FOR_TYPE(ACTIVATION, activation)
 
-// out = gelu_tanh(gate) * up, with gate_up = [gate | up] column halves of `cols` each (GeGLU).
-template <typename Tin, typename Tout>
-__device__ void gelu_tanh_mul(Tout* out, int out_stride, const Tin* gate_up, int gu_stride, int rows, int cols, int per) {
+// out = act(gate) * up, with gate_up = [gate | up] column halves of `cols` each (GeGLU, SwiGLU).
+template <int KIND, typename Tin, typename Tout>
+__device__ void gated_activation(Tout* out, int out_stride, const Tin* gate_up, int gu_stride, int rows, int cols, int per) {
     const int c = (blockIdx.x * blockDim.x + threadIdx.x) * per, r = blockIdx.y;
     if (c >= cols || r >= rows) return;
     const Tin* g = gate_up + (long)r * gu_stride + c;
@@ -96,18 +118,19 @@ __device__ void gelu_tanh_mul(Tout* out, int out_stride, const Tin* gate_up, int
         float gate[8], up[8];
         load8(g, gate);
         load8(g + cols, up);
-        for (int i = 0; i < 8; ++i) gate[i] = gelu_tanh(gate[i]) * up[i];
+        for (int i = 0; i < 8; ++i) gate[i] = activate<KIND>(gate[i]) * up[i];
         store8(o, gate);
     } else {
-        *o = from_float<Tout>(gelu_tanh(to_float(g[0])) * to_float(g[cols]));
+        *o = from_float<Tout>(activate<KIND>(to_float(g[0])) * to_float(g[cols]));
     }
 }
-#define GELU_TANH_MUL(NAME, TIN, TOUT)                                                             \
-    extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* gate_up, int gu_stride,  \
-                                    int rows, int cols, int per) {                                 \
-        gelu_tanh_mul<TIN, TOUT>(out, out_stride, gate_up, gu_stride, rows, cols, per);            \
+#define GATED_ACTIVATION_BODY(K) gated_activation<K>(out, out_stride, gate_up, gu_stride, rows, cols, per)
+#define GATED_ACTIVATION(NAME, TIN, TOUT)                                                         \
+    extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* gate_up, int gu_stride, \
+                                    int rows, int cols, int per, int kind) {                      \
+        FOR_ACTIVATION(GATED_ACTIVATION_BODY)                                                     \
     }
-FOR_IN_OUT(GELU_TANH_MUL, gelu_tanh_mul)
+FOR_IN_OUT(GATED_ACTIVATION, gated_activation)
 
 // out[r, c] = x[r, c] * scale[c] + offset[c] (action unnormalisation), out f32.
 template <typename Tin>

@@ -176,6 +176,42 @@ pub fn sections_of(phase_starts: &[(usize, Option<usize>)], len: usize) -> Vec<S
 /// camera: `[present, width, height, pixel format]` (format codes of [`crate::image::PixelFormat`]).
 pub const FRAME_INFO_FIELDS: usize = 4;
 
+/// An element-wise activation function, alone ([`Op::Activation`]) or as the gate of a gated
+/// linear unit ([`Op::GatedActivation`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// GELU with the tanh approximation (Gemma, SigLIP).
+    GeluTanh,
+    /// Exact GELU, `x · Φ(x)` with the error function.
+    GeluErf,
+    /// `x · sigmoid(x)` (SwiGLU's gate: Qwen3, Llama).
+    Silu,
+    Relu,
+}
+
+impl Activation {
+    pub const ALL: [Activation; 4] = [Activation::GeluTanh, Activation::GeluErf, Activation::Silu, Activation::Relu];
+
+    /// Its name alone and as a gate, as `explain()` prints them.
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::GeluTanh => "gelu_tanh",
+            Activation::GeluErf => "gelu_erf",
+            Activation::Silu => "silu",
+            Activation::Relu => "relu",
+        }
+    }
+
+    pub fn gated_name(self) -> &'static str {
+        match self {
+            Activation::GeluTanh => "gelu_tanh_mul",
+            Activation::GeluErf => "gelu_erf_mul",
+            Activation::Silu => "silu_mul",
+            Activation::Relu => "relu_mul",
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub enum Op {
     /// Resize-with-pad a staged u8 frame to `size`×`size`, map to [-1, 1] and cut it into
@@ -196,10 +232,11 @@ pub enum Op {
     AdaRmsNorm { x: View, out: View, modulation: WeightId, eps: f32 },
     /// `x += y ⊙ gate`, gate = the third third of an adaRMS modulation vector.
     GatedResidual { x: View, y: View, modulation: WeightId },
-    /// In place `x = gelu_tanh(x)`.
-    GeluTanh { x: View },
-    /// `out = gelu_tanh(gate) ⊙ up` where `gate_up = [gate | up]` column halves.
-    GeluTanhMul { gate_up: View, out: View },
+    /// In place `x = kind(x)`.
+    Activation { x: View, kind: Activation },
+    /// `out = kind(gate) ⊙ up` where `gate_up = [gate | up]` column halves (GeGLU with
+    /// [`Activation::GeluTanh`], SwiGLU with [`Activation::Silu`]).
+    GatedActivation { gate_up: View, out: View, kind: Activation },
     /// Gather token embeddings: `out[i] = table[tokens[i]] · scale`.
     Embed { tokens: BufId, table: WeightId, scale: f32, out: View },
     /// Validity and RoPE positions of the `prefix + suffix` sequence: the prefix is
@@ -228,9 +265,12 @@ pub enum Op {
         v_cache: View,
         cache_row: usize,
     },
-    /// Softmax attention. `q` is `[rows, heads·head_dim]`, `k`/`v` are `[keys, kv_heads·head_dim]`.
-    /// Rows are split into `groups` equal blocks that see only their own block of keys (the
-    /// cameras of the vision tower); `key_valid` (f32, 1 = valid) masks keys when present.
+    /// Softmax attention. `q` is `[rows, heads·head_dim]`, `k`/`v` are `[keys, kv_heads·head_dim]`;
+    /// `kv_heads` divides `heads` (grouped-query: query head `h` reads K/V head
+    /// `h / (heads / kv_heads)`). Rows are split into `groups` equal blocks that see only their own
+    /// block of keys (the cameras of the vision tower); `key_valid` (f32, 1 = valid) masks keys
+    /// when present; `causal: Some(offset)` lets row `r` of a block see only its keys `0..=r +
+    /// offset` (decoder self-attention: 0; rows appended after `offset` cached keys: `offset`).
     /// Rows with `query_valid[row] == 0` may be skipped (their output is never read).
     Attention {
         q: View,
@@ -243,6 +283,7 @@ pub enum Op {
         groups: usize,
         key_valid: Option<BufId>,
         query_valid: Option<BufId>,
+        causal: Option<usize>,
     },
     /// Copies `src` into `dst` (same shape).
     Copy { src: View, dst: View },
@@ -263,8 +304,8 @@ impl Op {
             Op::RmsNorm { .. } => "rms_norm",
             Op::AdaRmsNorm { .. } => "ada_rms_norm",
             Op::GatedResidual { .. } => "gated_residual",
-            Op::GeluTanh { .. } => "gelu_tanh",
-            Op::GeluTanhMul { .. } => "gelu_tanh_mul",
+            Op::Activation { kind, .. } => kind.name(),
+            Op::GatedActivation { kind, .. } => kind.gated_name(),
             Op::Embed { .. } => "embed",
             Op::Positions { .. } => "positions",
             Op::RopeQkv { .. } => "rope_qkv",
@@ -291,7 +332,7 @@ impl Op {
                 }
                 writes.push(out.span());
             }
-            Op::AddTable { x, .. } | Op::GeluTanh { x } => {
+            Op::AddTable { x, .. } | Op::Activation { x, .. } => {
                 reads.push(x.span());
                 writes.push(x.span());
             }
@@ -303,7 +344,7 @@ impl Op {
                 reads.extend([x.span(), y.span()]);
                 writes.push(x.span());
             }
-            Op::GeluTanhMul { gate_up, out } => {
+            Op::GatedActivation { gate_up, out, .. } => {
                 reads.push(gate_up.span());
                 writes.push(out.span());
             }
@@ -528,22 +569,23 @@ impl Plan {
                 bias.map(|b| format!(" + {}", w(&b))).unwrap_or_default(),
                 if *accumulate { " (accumulate)" } else { "" }
             ),
-            Op::Attention { q, k, heads, kv_heads, head_dim, groups, key_valid, .. } => format!(
-                "attention q={} k={} heads={heads}/{kv_heads}x{head_dim} groups={groups}{}",
+            Op::Attention { q, k, heads, kv_heads, head_dim, groups, key_valid, causal, .. } => format!(
+                "attention q={} k={} heads={heads}/{kv_heads}x{head_dim} groups={groups}{}{}",
                 v(q),
                 v(k),
-                if key_valid.is_some() { " masked" } else { "" }
+                if key_valid.is_some() { " masked" } else { "" },
+                causal.map(|o| format!(" causal+{o}")).unwrap_or_default()
             ),
             Op::AdaRmsNorm { x, modulation, .. } => format!("ada_rms_norm {} mod={}", v(x), w(modulation)),
             Op::GatedResidual { x, y, modulation } => format!("gated_residual {} += {} * gate({})", v(x), v(y), w(modulation)),
             Op::LayerNorm { x, out, .. } | Op::RmsNorm { x, out, .. } => format!("{} {} -> {}", op.name(), v(x), v(out)),
-            Op::GeluTanhMul { gate_up, out } => format!("gelu_tanh_mul {} -> {}", v(gate_up), v(out)),
+            Op::GatedActivation { gate_up, out, kind } => format!("{} {} -> {}", kind.gated_name(), v(gate_up), v(out)),
             Op::Copy { src, dst } => format!("copy {} -> {}", v(src), v(dst)),
             Op::RopeQkv { qkv, k_cache, cache_row, .. } => format!("rope_qkv {} -> {} @row {cache_row}", v(qkv), v(k_cache)),
             Op::ImagePatches { camera, out, .. } => format!("image_patches camera {camera} -> {}", v(out)),
             Op::Embed { out, scale, .. } => format!("embed -> {} x {scale}", v(out)),
             Op::AddTable { x, table, .. } => format!("add_table {} += {}", v(x), w(table)),
-            Op::GeluTanh { x } => format!("gelu_tanh {}", v(x)),
+            Op::Activation { x, kind } => format!("{} {}", kind.name(), v(x)),
             Op::Positions { .. } => "positions (validity mask, RoPE positions)".to_string(),
             Op::Affine { x, out, .. } => format!("affine {} -> {}", v(x), v(out)),
             Op::PromptBucket { token_mask } => {
@@ -576,6 +618,7 @@ mod tests {
             groups: 1,
             key_valid: None,
             query_valid: None,
+            causal: None,
         };
         let writes = rope.accesses(&plan.buffers).writes;
         assert!(writes.contains(&Span { buf: k_cache.buf, start: 12 * 8, end: 16 * 8 }), "{writes:?}");

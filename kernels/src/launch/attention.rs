@@ -95,21 +95,21 @@ impl TensorMap {
 
 impl Kernels {
     /// `p = softmax(s)` per row over valid keys: `s` f32 and `p` bf16, both dense
-    /// `[heads · queries, keys]`; `key_valid` (f32 flags of the keys) masks keys, `query_valid`
-    /// (f32 flags of the queries) zeroes the rows of invalid queries.
+    /// `[heads · queries, keys]` (`shape = (rows, queries, keys)`); `key_valid` (f32 flags of the
+    /// keys) masks keys, `query_valid` (f32 flags of the queries) zeroes the rows of invalid
+    /// queries, and `causal: Some(offset)` masks the keys past `query + offset` of each row.
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
-    #[allow(clippy::too_many_arguments)] // two matrices, their shape and two optional masks
+    #[allow(clippy::too_many_arguments)] // two matrices, their shape and three optional masks
     pub unsafe fn softmax_rows(
         &self,
         p: DevPtr,
         s: DevPtr,
-        rows: usize,
-        queries: usize,
-        keys: usize,
+        (rows, queries, keys): (usize, usize, usize),
         key_valid: Option<DevPtr>,
         query_valid: Option<DevPtr>,
+        causal: Option<usize>,
         stream: CUstream,
     ) -> Result<()> {
         let name = "softmax_rows_masked_f32_bf16";
@@ -124,6 +124,7 @@ impl Kernels {
             Arg::I(i32_of(keys, name)?),
             Arg::P(key_valid.unwrap_or(0)),
             Arg::P(query_valid.unwrap_or(0)),
+            Arg::I(causal.map_or(Ok(-1), |offset| i32_of(offset, name))?),
         ];
         // SAFETY: matches the kernel in softmax.cu: one warp per row, 8 rows per block.
         unsafe { self.launch(name, (rows.div_ceil(8) as u32, 1, 1), 256, stream, args) }

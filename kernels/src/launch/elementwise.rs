@@ -58,32 +58,40 @@ impl Kernels {
         unsafe { self.launch("add_table_f32", grid, 256, stream, args) }
     }
 
-    /// In place `x = gelu_tanh(x)`.
+    /// In place `x = act(x)`; `kind` is the kernel's code of the activation (`ACT_*` in
+    /// elementwise.cu: 0 tanh GELU, 1 erf GELU, 2 SiLU, 3 ReLU).
     ///
     /// # Safety
     /// `x` must be live device memory.
-    pub unsafe fn gelu_tanh(&self, x: Mat, stream: CUstream) -> Result<()> {
-        let name = format!("gelu_tanh_{}", x.dtype.suffix());
+    pub unsafe fn activation(&self, x: Mat, kind: i32, stream: CUstream) -> Result<()> {
+        let name = format!("activation_{}", x.dtype.suffix());
         let per = Self::columns_per_thread(&[(x, x.cols)]);
         let grid = Self::elementwise_grid(x.rows, x.cols.div_ceil(per), &name)?;
-        let args =
-            [Arg::P(x.ptr), Arg::I(i32_of(x.stride, &name)?), Arg::I(x.rows as i32), Arg::I(i32_of(x.cols, &name)?), Arg::I(per as i32)];
-        // SAFETY: matches `gelu_tanh_*` in elementwise.cu.
+        let args = [
+            Arg::P(x.ptr),
+            Arg::I(i32_of(x.stride, &name)?),
+            Arg::I(x.rows as i32),
+            Arg::I(i32_of(x.cols, &name)?),
+            Arg::I(per as i32),
+            Arg::I(kind),
+        ];
+        // SAFETY: matches `activation_*` in elementwise.cu.
         unsafe { self.launch(&name, grid, 256, stream, args) }
     }
 
-    /// `out = gelu_tanh(gate) ⊙ up` with `gate_up = [gate | up]`, each `out.cols` wide.
+    /// `out = act(gate) ⊙ up` with `gate_up = [gate | up]`, each `out.cols` wide; `kind` as in
+    /// [`Kernels::activation`].
     ///
     /// # Safety
     /// Both matrices must be live device memory.
-    pub unsafe fn gelu_tanh_mul(&self, out: Mat, gate_up: Mat, stream: CUstream) -> Result<()> {
+    pub unsafe fn gated_activation(&self, out: Mat, gate_up: Mat, kind: i32, stream: CUstream) -> Result<()> {
         if gate_up.rows != out.rows || gate_up.cols != 2 * out.cols {
             return Err(shape_error(
-                "gelu_tanh_mul",
+                "gated_activation",
                 format!("gate_up {}x{} for out {}x{}", gate_up.rows, gate_up.cols, out.rows, out.cols),
             ));
         }
-        let name = format!("gelu_tanh_mul_{}_{}", gate_up.dtype.suffix(), out.dtype.suffix());
+        let name = format!("gated_activation_{}_{}", gate_up.dtype.suffix(), out.dtype.suffix());
         // The up half starts `out.cols` into each gate_up row: it must be aligned too.
         let per = Self::columns_per_thread(&[(out, out.cols), (gate_up, out.cols)]);
         let grid = Self::elementwise_grid(out.rows, out.cols.div_ceil(per), &name)?;
@@ -95,8 +103,9 @@ impl Kernels {
             Arg::I(out.rows as i32),
             Arg::I(i32_of(out.cols, &name)?),
             Arg::I(per as i32),
+            Arg::I(kind),
         ];
-        // SAFETY: matches `gelu_tanh_mul_*` in elementwise.cu.
+        // SAFETY: matches `gated_activation_*` in elementwise.cu.
         unsafe { self.launch(&name, grid, 256, stream, args) }
     }
 

@@ -122,11 +122,12 @@ pub const ROW_PRODUCT_MAX: usize = 32;
 /// Most 64-column chunks of A a block of `mlp_stream_wgmma` holds (MLP_A_CHUNKS).
 const MLP_A_CHUNKS: usize = 16;
 
-const IN_OUT: [&str; 6] = ["layer_norm", "rms_norm", "gated_residual_rms_norm", "gated_residual_rms_norm_product", "copy", "gelu_tanh_mul"];
+const IN_OUT: [&str; 6] =
+    ["layer_norm", "rms_norm", "gated_residual_rms_norm", "gated_residual_rms_norm_product", "copy", "gated_activation"];
 const TYPED: [&str; 10] = [
     "product_rms_norm",
     "gated_residual",
-    "gelu_tanh",
+    "activation",
     "affine",
     "embed_bf16",
     "rope_qkv",

@@ -25,11 +25,13 @@ pub struct KeysValues<'a> {
 }
 
 /// The valid keys of one K/V head packed for the micro-kernel: `k` as `[key panel][dim][NR]` (the
-/// `b` operand of `q·kᵀ`), `v` as `[dim panel][key][NR]` (the `b` operand of `scores·v`).
+/// `b` operand of `q·kᵀ`), `v` as `[dim panel][key][NR]` (the `b` operand of `scores·v`), and
+/// each packed key's index in its range (ascending: a causal row sees a prefix of them).
 #[derive(Default)]
 pub struct Packed {
     k: Vec<f32>,
     v: Vec<f32>,
+    index: Vec<usize>,
     keys: usize,
     head_dim: usize,
 }
@@ -37,7 +39,7 @@ pub struct Packed {
 impl Packed {
     pub fn with_capacity(keys: usize, head_dim: usize) -> Packed {
         let padded = keys.div_ceil(NR) * NR;
-        Packed { k: vec![0.0; padded * head_dim], v: vec![0.0; keys * head_dim.div_ceil(NR) * NR], keys: 0, head_dim }
+        Packed { k: vec![0.0; padded * head_dim], v: vec![0.0; keys * head_dim.div_ceil(NR) * NR], index: vec![0; keys], keys: 0, head_dim }
     }
 
     /// How many valid keys the last `pack` gathered.
@@ -58,6 +60,7 @@ impl Packed {
         }
         v.fill(0.0);
         for (j, key) in kv.keys.clone().filter(valid).enumerate() {
+            self.index[j] = key - kv.keys.start;
             let (krow, vrow) = (&kv.k[key * kv.k_stride..][..d], &kv.v[key * kv.v_stride..][..d]);
             let (panel, lane) = (j / NR, j % NR);
             for (dim, &x) in krow.iter().enumerate() {
@@ -72,7 +75,8 @@ impl Packed {
 }
 
 /// The query side of one op for one K/V head: `q` rows hold `heads_per_kv` heads of `head_dim`
-/// starting at `q_col`; the output rows likewise at `out_col`.
+/// starting at `q_col`; the output rows likewise at `out_col`. With `causal: Some(offset)`, query
+/// `first + r` sees the keys of index `0..=r + offset` in the packed range only.
 #[derive(Clone, Copy)]
 pub struct Queries<'a> {
     pub q: &'a [f32],
@@ -80,6 +84,8 @@ pub struct Queries<'a> {
     pub q_col: usize,
     pub heads_per_kv: usize,
     pub query_valid: Option<&'a [f32]>,
+    pub first: usize,
+    pub causal: Option<usize>,
 }
 
 pub type AttendFn = fn(&Queries, Range<usize>, &Packed, &mut [f32], usize, usize, &mut [f32]);
@@ -155,10 +161,13 @@ fn attend<const FMA: bool>(
                 }
             }
         }
-        // Softmax numerators over the valid keys; the sums divide the outputs below.
+        // Softmax numerators over the keys each row sees (all valid ones, or a causal prefix of
+        // them, the rest zero); the sums divide the outputs below.
         let mut sums = [0.0f32; ROWS];
-        for (row, sum) in scores.chunks_exact_mut(width).zip(&mut sums).take(count) {
-            *sum = softmax_numerators::<FMA>(&mut row[..n], scale);
+        for (r, (row, sum)) in scores.chunks_exact_mut(width).zip(&mut sums).take(count).enumerate() {
+            let seen = q.causal.map_or(n, |offset| kv.index[..n].partition_point(|&key| key <= block[r / h] - q.first + offset));
+            *sum = softmax_numerators::<FMA>(&mut row[..seen], scale);
+            row[seen..n].fill(0.0);
         }
         // out = scores·v, one tile against one NR-column panel of v at a time.
         for r0 in (0..count).step_by(MR) {
@@ -169,7 +178,8 @@ fn attend<const FMA: bool>(
                 for (i, acc) in acc.iter().enumerate().take(count - r0) {
                     let r = r0 + i;
                     let o = &mut out[(block[r / h] - first) * stride + col + (r % h) * d + p * NR..][..cols];
-                    let inv = 1.0 / sums[r];
+                    // A causal row that sees no valid key gets zeros, as does a row with no valid key.
+                    let inv = if sums[r] > 0.0 { 1.0 / sums[r] } else { 0.0 };
                     o.iter_mut().zip(acc).for_each(|(o, a)| *o = a * inv);
                 }
             }
@@ -236,10 +246,16 @@ fn exp_nonpositive<const FMA: bool>(x: f32) -> f32 {
 mod tests {
     use super::*;
 
-    /// Naive per-head attention in f64 over the valid keys; `None` for an invalid query.
-    fn reference(q: &[f32], qi: usize, h: usize, kv: &KeysValues) -> Vec<f32> {
+    /// Naive per-head attention in f64 over the valid keys query `qi` sees: all of them, or with
+    /// `causal: Some((first, offset))` those of index `..= qi - first + offset` in the key range.
+    /// Zeros when it sees none.
+    fn reference(q: &[f32], qi: usize, h: usize, kv: &KeysValues, causal: Option<(usize, usize)>) -> Vec<f32> {
         let d = kv.head_dim;
-        let valid: Vec<usize> = kv.keys.clone().filter(|&k| kv.key_valid.is_none_or(|m| m[k] != 0.0)).collect();
+        let seen = |k: usize| causal.is_none_or(|(first, offset)| k - kv.keys.start <= qi - first + offset);
+        let valid: Vec<usize> = kv.keys.clone().filter(|&k| kv.key_valid.is_none_or(|m| m[k] != 0.0) && seen(k)).collect();
+        if valid.is_empty() {
+            return vec![0.0; h * d];
+        }
         let mut out = Vec::new();
         for head in 0..h {
             let qrow = &q[qi * h * d + head * d..][..d];
@@ -261,7 +277,8 @@ mod tests {
     fn attention_matches_a_naive_reference() {
         // Key counts around the NR-key panels, masked keys, invalid queries, heads per K/V head
         // from 1 to more than one block holds, head dims across and past one NR panel, and
-        // query ranges that start inside the buffer.
+        // query ranges that start inside the buffer; bidirectional and causal (offsets 0 and 3:
+        // the first rows of a masked range then see no key at all).
         let mut seed = 1u32;
         let mut next = move || {
             seed ^= seed << 13;
@@ -279,7 +296,7 @@ mod tests {
                 let queries = 2..11;
                 let q: Vec<f32> = (0..11 * h * d).map(|_| next()).collect();
                 let query_mask: Vec<f32> = (0..11).map(|i| if i == 4 { 0.0 } else { 1.0 }).collect();
-                for masked in [false, true] {
+                for (masked, causal) in [false, true].into_iter().flat_map(|m| [(m, None), (m, Some(0)), (m, Some(3))]) {
                     let kv = KeysValues {
                         k: &k,
                         v: &v,
@@ -290,8 +307,15 @@ mod tests {
                         key_valid: masked.then_some(mask.as_slice()),
                     };
                     packed.pack(&kv);
-                    let qs =
-                        Queries { q: &q, q_stride: h * d, q_col: 0, heads_per_kv: h, query_valid: masked.then_some(query_mask.as_slice()) };
+                    let qs = Queries {
+                        q: &q,
+                        q_stride: h * d,
+                        q_col: 0,
+                        heads_per_kv: h,
+                        query_valid: masked.then_some(query_mask.as_slice()),
+                        first: 2,
+                        causal,
+                    };
                     // Output rows wider than the heads, starting at column 1: neighbours stay NaN.
                     let out_stride = h * d + 2;
                     for attend in [select(), attend::<false> as AttendFn] {
@@ -305,9 +329,12 @@ mod tests {
                                 assert!(got.iter().all(|&x| x == 0.0), "an invalid query's output is zero");
                                 continue;
                             }
-                            let want = reference(&q, qi, h, &kv);
+                            let want = reference(&q, qi, h, &kv, causal.map(|offset| (2, offset)));
                             let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-                            assert!(worst < 1e-5, "{h} heads × {d}, {keys} keys, masked {masked}, query {qi}: max error {worst:e}");
+                            assert!(
+                                worst < 1e-5,
+                                "{h} heads × {d}, {keys} keys, masked {masked}, causal {causal:?}, query {qi}: max error {worst:e}"
+                            );
                         }
                     }
                 }

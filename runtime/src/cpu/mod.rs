@@ -12,7 +12,7 @@ use crate::backend::Backend;
 use crate::checkpoint::{Checkpoint, DType, TensorRef};
 use crate::error::{Error, Result};
 use crate::image::{self, PixelFormat};
-use crate::plan::{BufId, BufType, FRAME_INFO_FIELDS, Op, Plan, Section, View, WeightId, WeightRole};
+use crate::plan::{Activation, BufId, BufType, FRAME_INFO_FIELDS, Op, Plan, Section, View, WeightId, WeightRole};
 use crate::weights::WeightData;
 use attention::{KeysValues, Packed, Queries};
 use gemm::{MR, PackedMatrix, Strided};
@@ -298,11 +298,11 @@ impl CpuBackend {
                     });
                 });
             }
-            Op::GeluTanh { x } => {
+            Op::Activation { x, kind } => {
                 let buf = self.f32_mut(x.buf);
-                for_rows(buf, x, |row| row.iter_mut().for_each(|v| *v = gelu_tanh(*v)));
+                for_rows(buf, x, |row| row.iter_mut().for_each(|v| *v = activate(kind, *v)));
             }
-            Op::GeluTanhMul { gate_up, out } => {
+            Op::GatedActivation { gate_up, out, kind } => {
                 self.with_out(out.buf, |this, dst| {
                     let src = this.f32(gate_up.buf);
                     let f = out.cols;
@@ -310,7 +310,7 @@ impl CpuBackend {
                     for_rows(dst, out, |row| {
                         let gu = &src[gate_up.offset + r * gate_up.stride..][..2 * f];
                         for c in 0..f {
-                            row[c] = gelu_tanh(gu[c]) * gu[f + c];
+                            row[c] = activate(kind, gu[c]) * gu[f + c];
                         }
                         r += 1;
                     });
@@ -366,8 +366,8 @@ impl CpuBackend {
                 self.buffers[v_cache.buf.0] = Buffer::F32(vc);
                 self.buffers[qkv.buf.0] = Buffer::F32(rows);
             }
-            Op::Attention { q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid } => {
-                self.attention(q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid)
+            Op::Attention { q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid, causal } => {
+                self.attention(q, k, v, out, [heads, kv_heads, head_dim, groups], key_valid, query_valid, causal)
             }
             Op::Copy { src, dst } => {
                 self.with_out(dst.buf, |this, d| {
@@ -423,19 +423,17 @@ impl CpuBackend {
 
     /// Per group and K/V head: the valid keys packed once, then the query rows split across the
     /// threads, each with its own score block.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)] // the op's fields
     fn attention(
         &mut self,
         q: View,
         k: View,
         v: View,
         out: View,
-        heads: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        groups: usize,
+        [heads, kv_heads, head_dim, groups]: [usize; 4],
         key_valid: Option<BufId>,
         query_valid: Option<BufId>,
+        causal: Option<usize>,
     ) {
         let mut packed = std::mem::take(&mut self.packed_kv);
         let mut scores = std::mem::take(&mut self.scores);
@@ -445,8 +443,15 @@ impl CpuBackend {
         self.with_out(out.buf, |this, dst| {
             let (qb, kb, vb) = (this.f32(q.buf), this.f32(k.buf), this.f32(v.buf));
             let key_valid = key_valid.map(|b| this.f32(b));
-            let queries =
-                Queries { q: qb, q_stride: q.stride, q_col: 0, heads_per_kv: per_kv, query_valid: query_valid.map(|b| this.f32(b)) };
+            let queries = Queries {
+                q: qb,
+                q_stride: q.stride,
+                q_col: 0,
+                heads_per_kv: per_kv,
+                query_valid: query_valid.map(|b| this.f32(b)),
+                first: 0,
+                causal,
+            };
             for g in 0..groups {
                 for kvh in 0..kv_heads {
                     packed.pack(&KeysValues {
@@ -458,7 +463,7 @@ impl CpuBackend {
                         keys: g * k_per_group..(g + 1) * k_per_group,
                         key_valid,
                     });
-                    let queries = Queries { q: &qb[q.offset..], q_col: kvh * per_kv * head_dim, ..queries };
+                    let queries = Queries { q: &qb[q.offset..], q_col: kvh * per_kv * head_dim, first: g * q_per_group, ..queries };
                     let parts = this.parts_for(q_per_group, packed.keys() * heads * head_dim / kv_heads);
                     let blocks = row_blocks(g * q_per_group..(g + 1) * q_per_group, parts, 1);
                     let dst = Parts::new(&mut *dst, blocks[..parts].iter().map(|r| rows_span(out, r.clone())));
@@ -583,7 +588,39 @@ fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     }
 }
 
-pub fn gelu_tanh(x: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+/// `kind(x)` in f32, as PyTorch computes it (`gelu(approximate="tanh")`, `gelu`, `silu`, `relu`).
+pub fn activate(kind: Activation, x: f32) -> f32 {
+    match kind {
+        Activation::GeluTanh => {
+            const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+            0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+        }
+        Activation::GeluErf => 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2)),
+        Activation::Silu => x / (1.0 + (-x).exp()),
+        Activation::Relu => x.max(0.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn activations_match_their_f64_definitions() {
+        let reference = |kind: Activation, x: f64| match kind {
+            Activation::GeluTanh => 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh()),
+            Activation::GeluErf => 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2)),
+            Activation::Silu => x / (1.0 + (-x).exp()),
+            Activation::Relu => x.max(0.0),
+        };
+        for kind in Activation::ALL {
+            for i in -400..=400 {
+                let x = i as f32 / 40.0;
+                let (got, want) = (activate(kind, x) as f64, reference(kind, x as f64));
+                assert!((got - want).abs() <= 1e-6 * (1.0 + want.abs()), "{kind:?}({x}) = {got}, want {want}");
+            }
+        }
+        // The two GELUs differ (by up to ~1e-3): a plan that picks the wrong one is caught.
+        assert!((activate(Activation::GeluTanh, -1.5) - activate(Activation::GeluErf, -1.5)).abs() > 1e-4);
+    }
 }

@@ -152,10 +152,10 @@ impl CudaBackend {
         for (op, &lane) in plan.ops.iter().zip(&op_lanes) {
             let size = &mut sizes[lane];
             match *op {
-                Op::Attention { q, k, heads, kv_heads, head_dim, groups, key_valid, query_valid, .. } => {
+                Op::Attention { q, k, heads, kv_heads, head_dim, groups, key_valid, query_valid, causal, .. } => {
                     let masked = key_valid.is_some() || query_valid.is_some();
-                    match AttentionLowering::of(q.rows, k.rows, heads, kv_heads, head_dim, groups, masked, fused_attention, multiprocessors)
-                    {
+                    let fused = fused_attention && causal.is_none();
+                    match AttentionLowering::of(q.rows, k.rows, heads, kv_heads, head_dim, groups, masked, fused, multiprocessors) {
                         AttentionLowering::ActionTokens(split) => {
                             let (o, ml) = split.partial_lens;
                             (size.attention_o, size.attention_ml) = (size.attention_o.max(o), size.attention_ml.max(ml));

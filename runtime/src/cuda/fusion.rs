@@ -5,7 +5,7 @@
 use flashrt_kernels::{AttentionSplit, Kernels};
 
 use super::arena::Elem;
-use crate::plan::{BufId, Op, Plan, Span, View, WeightId, WeightRole};
+use crate::plan::{Activation, BufId, Op, Plan, Span, View, WeightId, WeightRole};
 
 /// How an attention op runs on the GPU. Decided once per op by [`AttentionLowering::of`], which
 /// both the arena's scratch sizing and the lowering ask, so the two cannot disagree.
@@ -62,7 +62,8 @@ pub(super) fn fused_mlps(plan: &Plan, elems: &[Elem], runs: impl Fn(usize, usize
     let fits = |i: usize| -> Option<BufId> {
         let [
             Op::Gemm { a, w: w_gate_up, bias: None, out: gate_up, accumulate: false },
-            Op::GeluTanhMul { gate_up: g, out: hidden },
+            // The streamed kernel computes the tanh GELU.
+            Op::GatedActivation { gate_up: g, out: hidden, kind: Activation::GeluTanh },
             Op::Gemm { a: h, w: w_down, bias: None, out, accumulate: false },
         ] = plan.ops.get(i..i + 3)?
         else {
@@ -171,7 +172,7 @@ mod tests {
         plan.push(Op::RmsNorm { x, out: a, eps: 1e-6 });
         let first = plan.ops.len();
         plan.push(Op::Gemm { a, w: w_gate_up, bias: None, out: gate_up, accumulate: false });
-        plan.push(Op::GeluTanhMul { gate_up, out: hidden });
+        plan.push(Op::GatedActivation { gate_up, out: hidden, kind: Activation::GeluTanh });
         plan.push(Op::Gemm { a: hidden, w: w_down, bias: None, out, accumulate: false });
         plan.push(Op::GatedResidual { x, y: out, modulation });
         extra(&mut plan, w_down, gate_up);
@@ -195,7 +196,7 @@ mod tests {
         assert_eq!(fused(&plan, true), vec![first]);
         assert_eq!(mlp_weight_tiling(&plan, &[first]), vec![(w_gate_up, 128, true), (w_down, 0, false)]);
         // Another op reads the gate/up output the fused kernel never writes.
-        let (plan, _) = mlp_plan(|plan, _, gate_up| plan.push(Op::GeluTanh { x: gate_up }));
+        let (plan, _) = mlp_plan(|plan, _, gate_up| plan.push(Op::Activation { x: gate_up, kind: Activation::GeluTanh }));
         assert!(fused(&plan, true).is_empty());
         // An unfused MLP after it (as on the second stream) writes the buffer before its GeGLU reads it.
         let mut second = 0;
@@ -205,7 +206,7 @@ mod tests {
                 (plan.weight("gate_up2", WeightRole::Matrix { n: 256, k: 64 }), plan.weight("down2", WeightRole::Matrix { n: 64, k: 128 }));
             second = plan.ops.len();
             plan.push(Op::Gemm { a, w: w1, bias: None, out: gate_up, accumulate: false });
-            plan.push(Op::GeluTanhMul { gate_up, out: hidden });
+            plan.push(Op::GatedActivation { gate_up, out: hidden, kind: Activation::GeluTanh });
             plan.push(Op::Gemm { a: hidden, w: w2, bias: None, out, accumulate: false });
         });
         assert_eq!(fused_mlps(&plan, &element_types(&plan), |i, _, _, _| i == first), vec![first]);
@@ -218,7 +219,7 @@ mod tests {
         let (w1, w2) =
             (plan.weight("gate_up", WeightRole::Matrix { n: 256, k: 64 }), plan.weight("down", WeightRole::Matrix { n: 64, k: 128 }));
         plan.push(Op::Gemm { a, w: w1, bias: None, out: gate_up, accumulate: false });
-        plan.push(Op::GeluTanhMul { gate_up, out: hidden });
+        plan.push(Op::GatedActivation { gate_up, out: hidden, kind: Activation::GeluTanh });
         plan.phase("next");
         plan.push(Op::Gemm { a: hidden, w: w2, bias: None, out, accumulate: false });
         assert!(fused(&plan, true).is_empty());
@@ -267,6 +268,7 @@ mod tests {
             groups: 1,
             key_valid: Some(valid),
             query_valid: None,
+            causal: None,
         };
         plan.push(attention);
         let lanes = vec![0; plan.ops.len()];

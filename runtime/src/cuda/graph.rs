@@ -11,7 +11,7 @@ use super::device::{BlasLt, CapturedGraph, Event, Graph, Stream, capture_if, che
 use super::gemm::Matmul;
 use super::steps::{Schedule, Step};
 use crate::error::{Error, Result};
-use crate::plan::Section;
+use crate::plan::{Activation, Section};
 
 /// The lowered step and everything that enqueues it: the kernels, the products, both streams and
 /// the events between them.
@@ -159,8 +159,8 @@ impl Launcher {
                     k.gated_residual_rms_norm_product((out, x, y), gate, norm, eps, w, bias, (acc, accumulate), s)
                 }
                 Step::ProductRmsNorm { out, x, a, w, bias, modulation, eps } => k.product_rms_norm(out, x, a, w, bias, modulation, eps, s),
-                Step::GeluTanh { x } => k.gelu_tanh(x, s),
-                Step::GeluTanhMul { out, gate_up } => k.gelu_tanh_mul(out, gate_up, s),
+                Step::Activation { x, kind } => k.activation(x, activation_code(kind), s),
+                Step::GatedActivation { out, gate_up, kind } => k.gated_activation(out, gate_up, activation_code(kind), s),
                 Step::StreamedMlp { out, hidden, a, w_gate_up, w_down, barrier, multiprocessors, programmatic } => {
                     k.mlp_stream(out, hidden, a, w_gate_up, w_down, barrier, multiprocessors, programmatic, s)
                 }
@@ -174,8 +174,8 @@ impl Launcher {
                 Step::Rope(ref args) => k.rope_qkv(args, s),
                 Step::FusedAttention(ref args) => k.attention_mq256(args, s),
                 Step::VisionAttention { out, q, k: keys, v, heads, groups } => k.attention_mh72(out, q, keys, v, heads, groups, s),
-                Step::Softmax { p, s: scores, rows, queries, keys, key_valid, query_valid } => {
-                    k.softmax_rows(p, scores, rows, queries, keys, key_valid, query_valid, s)
+                Step::Softmax { p, s: scores, rows, queries, keys, key_valid, query_valid, causal } => {
+                    k.softmax_rows(p, scores, (rows, queries, keys), key_valid, query_valid, causal, s)
                 }
                 Step::Affine { out, x, scale, offset } => k.affine(out, x, scale, offset, s),
                 Step::PromptBucket { token_mask, prompt_len } => {
@@ -189,5 +189,15 @@ impl Launcher {
             }
         };
         r.map_err(|e| Error::Backend(e.to_string()))
+    }
+}
+
+/// The kernels' code of an activation (`ACT_*` in elementwise.cu).
+fn activation_code(kind: Activation) -> i32 {
+    match kind {
+        Activation::GeluTanh => 0,
+        Activation::GeluErf => 1,
+        Activation::Silu => 2,
+        Activation::Relu => 3,
     }
 }

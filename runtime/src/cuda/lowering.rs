@@ -12,7 +12,7 @@ use super::fusion::AttentionLowering;
 use super::gemm::{Matmul, MatmulSpec, Operand};
 use super::steps::{RopeRows, Schedule, Step};
 use crate::error::{Error, Result};
-use crate::plan::{Accesses, BufId, Op, Plan, Section, Span, View, WeightId, WeightRole, sections_of};
+use crate::plan::{Accesses, Activation, BufId, Op, Plan, Section, Span, View, WeightId, WeightRole, sections_of};
 
 /// The lowered step: launches, their streams and cross-stream waits, where each plan phase
 /// starts among them, and the products.
@@ -192,7 +192,7 @@ impl Lowering<'_> {
             if self.mlps.binary_search(&i).is_ok() {
                 let (
                     Op::Gemm { a, w: w_gate_up, .. },
-                    Some((_, Op::GeluTanhMul { out: hidden, .. })),
+                    Some((_, Op::GatedActivation { out: hidden, .. })),
                     Some((_, Op::Gemm { w: w_down, out, .. })),
                 ) = (op, ops.next(), ops.next())
                 else {
@@ -211,8 +211,11 @@ impl Lowering<'_> {
                 self.tag_steps(from, i..i + 3);
                 continue;
             }
-            // Fusion: a product and the GELU over its output (SigLIP's MLP) as cuBLASLt's epilogue.
-            if let (Op::Gemm { a, w, bias, out, accumulate: false }, Some((next, Op::GeluTanh { x }))) = (op, ops.peek()) {
+            // Fusion: a product and the tanh GELU over its output (SigLIP's MLP) as cuBLASLt's
+            // epilogue (CUBLASLT_EPILOGUE_GELU is the tanh approximation).
+            if let (Op::Gemm { a, w, bias, out, accumulate: false }, Some((next, Op::Activation { x, kind: Activation::GeluTanh }))) =
+                (op, ops.peek())
+            {
                 if x == out && plan.phase_starting_at(*next).is_none() {
                     self.gemm(*a, *w, *bias, *out, false, true)?;
                     ops.next();
@@ -311,8 +314,8 @@ impl Lowering<'_> {
             Op::GatedResidual { x, y, modulation } => {
                 Step::GatedResidual { x: self.mat(x)?, y: self.mat(y)?, modulation: self.weight(modulation, Elem::F32) }
             }
-            Op::GeluTanh { x } => Step::GeluTanh { x: self.mat(x)? },
-            Op::GeluTanhMul { gate_up, out } => Step::GeluTanhMul { out: self.mat(out)?, gate_up: self.mat(gate_up)? },
+            Op::Activation { x, kind } => Step::Activation { x: self.mat(x)?, kind },
+            Op::GatedActivation { gate_up, out, kind } => Step::GatedActivation { out: self.mat(out)?, gate_up: self.mat(gate_up)?, kind },
             Op::Embed { tokens, table, scale, out } => {
                 let WeightRole::Embedding { vocab, width } = self.plan.weights[table.0].role else {
                     return Err(self.error(format!("embed table {} is not an embedding", self.plan.weights[table.0].name)));
@@ -353,8 +356,8 @@ impl Lowering<'_> {
                     early: self.early_after_product(),
                 })
             }
-            Op::Attention { q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid } => {
-                return self.attention(q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid);
+            Op::Attention { q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid, causal } => {
+                return self.attention(q, k, v, out, [heads, kv_heads, head_dim, groups], key_valid, query_valid, causal);
             }
             Op::Copy { src, dst } => Step::Copy { dst: self.mat(dst)?, src: self.mat(src)? },
             Op::Affine { x, scale, offset, out } => Step::Affine {
@@ -432,28 +435,22 @@ impl Lowering<'_> {
         k: View,
         v: View,
         out: View,
-        heads: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        groups: usize,
+        [heads, kv_heads, head_dim, groups]: [usize; 4],
         key_valid: Option<BufId>,
         query_valid: Option<BufId>,
+        causal: Option<usize>,
     ) -> Result<()> {
-        let kv_stride = if kv_heads == heads {
-            head_dim
-        } else if kv_heads == 1 {
-            0
-        } else {
-            return Err(
-                self.error(format!("{heads} query heads over {kv_heads} K/V heads: only multi-head and multi-query attention are lowered"))
-            );
-        };
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(self.error(format!("{heads} query heads over {kv_heads} K/V heads: the K/V heads must divide the query heads")));
+        }
         let (qs, ks, vs) = (self.mat(q)?, self.mat(k)?, self.mat(v)?);
         if [qs.dtype, ks.dtype, vs.dtype] != [Dtype::Bf16; 3] {
             return Err(self.error(format!("attention operands must be bf16, got {:?}/{:?}/{:?}", qs.dtype, ks.dtype, vs.dtype)));
         }
         let masked = key_valid.is_some() || query_valid.is_some();
-        match AttentionLowering::of(q.rows, k.rows, heads, kv_heads, head_dim, groups, masked, self.fused_attention, self.multiprocessors) {
+        // The fused kernels have no causal mask.
+        let fused = self.fused_attention && causal.is_none();
+        match AttentionLowering::of(q.rows, k.rows, heads, kv_heads, head_dim, groups, masked, fused, self.multiprocessors) {
             AttentionLowering::ActionTokens(split) => {
                 self.steps.push(Step::FusedAttention(AttentionArgs {
                     q: qs,
@@ -480,7 +477,13 @@ impl Lowering<'_> {
             }
             AttentionLowering::Products => {}
         }
+        // The general path: per group, scores = Q·Kᵀ and out = P·V as batched cuBLASLt products
+        // around the masked softmax. One batch over all heads when each has its own K/V head;
+        // otherwise one batch per K/V head over the query heads that share it (grouped-query; a
+        // single batch for multi-query).
         let (rows, keys) = (q.rows / groups, k.rows / groups);
+        let (batches, per_batch, kv_stride) = if kv_heads == heads { (1, heads, head_dim) } else { (kv_heads, heads / kv_heads, 0) };
+        let bf16 = |elements: usize| (elements * 2) as u64;
         for g in 0..groups {
             let (qg, kg, vg, og) = (
                 self.mat(q.rows(g * rows, rows))?,
@@ -489,77 +492,85 @@ impl Lowering<'_> {
                 self.mat(out.rows(g * rows, rows))?,
             );
             let (scores, probs) = (self.scratch().scores, self.scratch().probs);
-            self.matmul(MatmulSpec {
-                a: Operand {
-                    ptr: kg.ptr,
-                    dtype: Dtype::Bf16,
-                    rows: head_dim,
-                    cols: keys,
-                    ld: kg.stride,
-                    transpose: true,
-                    batch_stride: kv_stride,
-                },
-                b: Operand {
-                    ptr: qg.ptr,
-                    dtype: Dtype::Bf16,
-                    rows: head_dim,
-                    cols: rows,
-                    ld: qg.stride,
-                    transpose: false,
-                    batch_stride: head_dim,
-                },
-                d: Operand {
-                    ptr: scores,
-                    dtype: Dtype::F32,
-                    rows: keys,
-                    cols: rows,
-                    ld: keys,
-                    transpose: false,
-                    batch_stride: rows * keys,
-                },
-                batch: heads,
-                alpha: 1.0 / (head_dim as f32).sqrt(),
-                beta: 0.0,
-                bias: None,
-                gelu: false,
-            })?;
+            // Batch `b` takes query heads `b·per_batch..` and (grouped) K/V head `b`; scores and
+            // probabilities are `[head][query][key]` either way.
+            for b in 0..batches {
+                let head0 = b * per_batch;
+                self.matmul(MatmulSpec {
+                    a: Operand {
+                        ptr: kg.ptr + bf16(b * head_dim),
+                        dtype: Dtype::Bf16,
+                        rows: head_dim,
+                        cols: keys,
+                        ld: kg.stride,
+                        transpose: true,
+                        batch_stride: kv_stride,
+                    },
+                    b: Operand {
+                        ptr: qg.ptr + bf16(head0 * head_dim),
+                        dtype: Dtype::Bf16,
+                        rows: head_dim,
+                        cols: rows,
+                        ld: qg.stride,
+                        transpose: false,
+                        batch_stride: head_dim,
+                    },
+                    d: Operand {
+                        ptr: scores + (head0 * rows * keys * 4) as u64,
+                        dtype: Dtype::F32,
+                        rows: keys,
+                        cols: rows,
+                        ld: keys,
+                        transpose: false,
+                        batch_stride: rows * keys,
+                    },
+                    batch: per_batch,
+                    alpha: 1.0 / (head_dim as f32).sqrt(),
+                    beta: 0.0,
+                    bias: None,
+                    gelu: false,
+                })?;
+            }
             let key_valid = key_valid.map(|b| self.ptr(b) + (g * keys * 4) as u64);
             let query_valid = query_valid.map(|b| self.ptr(b) + (g * rows * 4) as u64);
-            self.steps.push(Step::Softmax { p: probs, s: scores, rows: heads * rows, queries: rows, keys, key_valid, query_valid });
-            self.matmul(MatmulSpec {
-                a: Operand {
-                    ptr: vg.ptr,
-                    dtype: Dtype::Bf16,
-                    rows: head_dim,
-                    cols: keys,
-                    ld: vg.stride,
-                    transpose: false,
-                    batch_stride: kv_stride,
-                },
-                b: Operand {
-                    ptr: probs,
-                    dtype: Dtype::Bf16,
-                    rows: keys,
-                    cols: rows,
-                    ld: keys,
-                    transpose: false,
-                    batch_stride: rows * keys,
-                },
-                d: Operand {
-                    ptr: og.ptr,
-                    dtype: og.dtype,
-                    rows: head_dim,
-                    cols: rows,
-                    ld: og.stride,
-                    transpose: false,
-                    batch_stride: head_dim,
-                },
-                batch: heads,
-                alpha: 1.0,
-                beta: 0.0,
-                bias: None,
-                gelu: false,
-            })?;
+            self.steps.push(Step::Softmax { p: probs, s: scores, rows: heads * rows, queries: rows, keys, key_valid, query_valid, causal });
+            for b in 0..batches {
+                let head0 = b * per_batch;
+                self.matmul(MatmulSpec {
+                    a: Operand {
+                        ptr: vg.ptr + bf16(b * head_dim),
+                        dtype: Dtype::Bf16,
+                        rows: head_dim,
+                        cols: keys,
+                        ld: vg.stride,
+                        transpose: false,
+                        batch_stride: kv_stride,
+                    },
+                    b: Operand {
+                        ptr: probs + bf16(head0 * rows * keys),
+                        dtype: Dtype::Bf16,
+                        rows: keys,
+                        cols: rows,
+                        ld: keys,
+                        transpose: false,
+                        batch_stride: rows * keys,
+                    },
+                    d: Operand {
+                        ptr: og.ptr + (head0 * head_dim * og.dtype.size()) as u64,
+                        dtype: og.dtype,
+                        rows: head_dim,
+                        cols: rows,
+                        ld: og.stride,
+                        transpose: false,
+                        batch_stride: head_dim,
+                    },
+                    batch: per_batch,
+                    alpha: 1.0,
+                    beta: 0.0,
+                    bias: None,
+                    gelu: false,
+                })?;
+            }
         }
         Ok(())
     }

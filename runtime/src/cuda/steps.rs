@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use flashrt_kernels::{AttentionArgs, DevPtr, Mat, RopeArgs};
 
-use crate::plan::{Accesses, BufId, cross_lane_waits};
+use crate::plan::{Accesses, Activation, BufId, cross_lane_waits};
 
 /// One enqueued operation of the lowered step.
 pub(super) enum Step {
@@ -90,12 +90,14 @@ pub(super) enum Step {
         modulation: Option<DevPtr>,
         eps: f32,
     },
-    GeluTanh {
+    Activation {
         x: Mat,
+        kind: Activation,
     },
-    GeluTanhMul {
+    GatedActivation {
         out: Mat,
         gate_up: Mat,
+        kind: Activation,
     },
     /// A few-row MLP (gate/up product, GeGLU, down product) in one launch (see
     /// `Kernels::mlp_stream`), its weights tiled at open.
@@ -149,6 +151,7 @@ pub(super) enum Step {
         keys: usize,
         key_valid: Option<DevPtr>,
         query_valid: Option<DevPtr>,
+        causal: Option<usize>,
     },
     Affine {
         out: Mat,

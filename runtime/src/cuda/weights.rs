@@ -69,7 +69,7 @@ pub(super) fn parallel_ranges(n: usize, f: impl Fn(std::ops::Range<usize>) + Syn
 pub(super) fn mlp_weight_tiling(plan: &Plan, mlps: &[usize]) -> Vec<(WeightId, usize, bool)> {
     let mut tiled = Vec::new();
     for &i in mlps {
-        if let (Op::Gemm { w: w_gate_up, .. }, Op::GeluTanhMul { out: hidden, .. }, Op::Gemm { w: w_down, .. }) =
+        if let (Op::Gemm { w: w_gate_up, .. }, Op::GatedActivation { out: hidden, .. }, Op::Gemm { w: w_down, .. }) =
             (&plan.ops[i], &plan.ops[i + 1], &plan.ops[i + 2])
         {
             tiled.extend([(*w_gate_up, hidden.cols), (*w_down, 0)]);

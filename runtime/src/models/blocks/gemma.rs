@@ -3,7 +3,7 @@
 //! gate/up, GeGLU (tanh), down. The RMSNorm's `(1 + w)` weights are folded into the product after
 //! each norm by the model, so the norms here carry none.
 
-use crate::plan::{BufId, Op, Plan, View, WeightId};
+use crate::plan::{Activation, BufId, Op, Plan, View, WeightId};
 
 /// One layer's products in the plan. `q_heads` query heads in `qkv` (0 for a layer that only
 /// fills the cache: the prefix's last layer, whose queries nothing reads) and, unless so, its
@@ -96,10 +96,11 @@ pub fn decoder_layer(plan: &mut Plan, w: &DecoderLayer, a: &Activations, cache: 
         groups: 1,
         key_valid: Some(cache.valid),
         query_valid: cache.mask_queries.then_some(cache.valid),
+        causal: None,
     });
     residual(plan, a.attn, o, attention_mod);
     norm(plan, mlp_mod.map(|m| m.0));
     plan.push(Op::Gemm { a: a.h, w: gate_up, bias: None, out: a.gate_up, accumulate: false });
-    plan.push(Op::GeluTanhMul { gate_up: a.gate_up, out: a.mlp });
+    plan.push(Op::GatedActivation { gate_up: a.gate_up, out: a.mlp, kind: Activation::GeluTanh });
     residual(plan, a.mlp, down, mlp_mod);
 }

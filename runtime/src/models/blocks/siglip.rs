@@ -1,7 +1,7 @@
 //! SigLIP's vision encoder layer (Hugging Face `SiglipEncoderLayer`): pre-norm LayerNorm, self-
 //! attention over each image's patches, residual; LayerNorm, fc1, GELU (tanh), fc2, residual.
 
-use crate::plan::{Op, Plan, View, WeightId};
+use crate::plan::{Activation, Op, Plan, View, WeightId};
 
 /// One layer's weights in the plan: `(weight, bias)` pairs; Q, K and V merged into one product.
 pub struct EncoderLayer {
@@ -41,10 +41,11 @@ pub fn encoder_layer(plan: &mut Plan, w: &EncoderLayer, a: &Activations, heads: 
         groups: images,
         key_valid: None,
         query_valid: None,
+        causal: None,
     });
     plan.push(Op::Gemm { a: a.attn, w: w.out.0, bias: Some(w.out.1), out: a.x, accumulate: true });
     plan.push(Op::LayerNorm { x: a.x, out: a.h, gamma: w.norm2.0, beta: w.norm2.1, eps });
     plan.push(Op::Gemm { a: a.h, w: w.fc1.0, bias: Some(w.fc1.1), out: a.mlp, accumulate: false });
-    plan.push(Op::GeluTanh { x: a.mlp });
+    plan.push(Op::Activation { x: a.mlp, kind: Activation::GeluTanh });
     plan.push(Op::Gemm { a: a.mlp, w: w.fc2.0, bias: Some(w.fc2.1), out: a.x, accumulate: true });
 }
