@@ -270,14 +270,26 @@ fn norm_case(seed: u64, kind: usize) -> Case {
         match kind {
             0 => {
                 let (g, b) = (c.normal(cols, 0.2).iter().map(|v| 1.0 + v).collect(), c.normal(cols, 0.2));
-                let (gamma, beta) = (c.vector_weight(g), c.vector_weight(b));
-                c.plan.push(Op::LayerNorm { x, out, gamma, beta, eps: 1e-6 });
+                let affine = Some((c.vector_weight(g), c.vector_weight(b)));
+                c.plan.push(Op::LayerNorm { x, out, affine, modulation: None, eps: 1e-6 });
             }
-            1 => c.plan.push(Op::RmsNorm { x, out, eps: 1e-6 }),
-            _ => {
+            1 => c.plan.push(Op::RmsNorm { x, out, weight: None, eps: 1e-6 }),
+            2 => {
                 let m = c.normal(3 * cols, 0.3);
                 let modulation = c.vector_weight(m);
                 c.plan.push(Op::AdaRmsNorm { x, out, modulation, eps: 1e-6 });
+            }
+            // The general forms: LayerNorm without affine weights and with an AdaLN modulation,
+            // RMSNorm with a weight.
+            3 => {
+                let m = c.normal(2 * cols, 0.3);
+                let modulation = Some(c.vector_weight(m));
+                c.plan.push(Op::LayerNorm { x, out, affine: None, modulation, eps: 1e-6 });
+            }
+            _ => {
+                let w = c.normal(cols, 0.2).iter().map(|v| 1.0 + v).collect();
+                let weight = Some(c.vector_weight(w));
+                c.plan.push(Op::RmsNorm { x, out, weight, eps: 1e-6 });
             }
         }
         c.check(out);
@@ -285,7 +297,10 @@ fn norm_case(seed: u64, kind: usize) -> Case {
             c.consume(out);
         }
     }
-    c.name = format!("{} {rows}x{cols}", ["layer_norm", "rms_norm", "ada_rms_norm"][kind]);
+    c.name = format!(
+        "{} {rows}x{cols}",
+        ["layer_norm", "rms_norm", "ada_rms_norm", "layer_norm (adaptive, no affine)", "rms_norm (weighted)"][kind]
+    );
     c
 }
 
@@ -396,7 +411,7 @@ fn mlp_case(seed: u64) -> Case {
         0 => c.input("a", rows, width),
         1 => {
             let (x, a) = (c.input("x", rows, width), c.plan.matrix("a", rows, width));
-            c.plan.push(Op::RmsNorm { x, out: a, eps: 1e-6 });
+            c.plan.push(Op::RmsNorm { x, out: a, weight: None, eps: 1e-6 });
             c.check(a);
             a
         }
@@ -643,6 +658,8 @@ fn every_op_matches_cpu() {
             (norm_case(seed, 0), dummy.clone()),
             (norm_case(seed, 1), dummy.clone()),
             (norm_case(seed, 2), dummy.clone()),
+            (norm_case(seed, 3), dummy.clone()),
+            (norm_case(seed, 4), dummy.clone()),
             (residual_case(seed), dummy.clone()),
             (step_boundary_case(seed), dummy.clone()),
             (elementwise_case(seed), dummy.clone()),

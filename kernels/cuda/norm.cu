@@ -17,20 +17,27 @@ __device__ __forceinline__ void load8_or_zero(const T* p, float* v, bool mine) {
     }
 }
 
-// out = (x - mean) / sqrt(var + eps) * gamma + beta  (two-pass variance, as the CPU reference).
+// out = (x - mean) / sqrt(var + eps) * gamma + beta  (two-pass variance, as the CPU reference);
+// without gamma and beta (null) the plain normalisation, and with an adaptive `modulation`
+// `[scale | shift | ...]` (2 * cols floats at least) then `* (1 + scale) + shift` (AdaLN).
 template <typename Tin, typename Tout>
 __device__ void layer_norm(Tout* out, int out_stride, const Tin* x, int x_stride, const float* gamma,
-                           const float* beta, int cols, float eps, int per) {
+                           const float* beta, const float* modulation, int cols, float eps, int per) {
     __shared__ float scratch[32];
     const Tin* xr = x + (long)blockIdx.x * x_stride;
     Tout* orow = out + (long)blockIdx.x * out_stride;
+    auto finish = [&](float y, int c) {
+        if (gamma) y = y * gamma[c] + beta[c];
+        if (modulation) y = y * (1.0f + modulation[c]) + modulation[cols + c];
+        return y;
+    };
     if (per == 8) {
         const int c = threadIdx.x * 8;
         const bool mine = c < cols;
         float v[8], g[8], b[8];
         load8_or_zero(xr + c, v, mine);
-        load8_or_zero(gamma + c, g, mine);
-        load8_or_zero(beta + c, b, mine);
+        load8_or_zero(gamma ? gamma + c : nullptr, g, mine && gamma);
+        load8_or_zero(beta ? beta + c : nullptr, b, mine && beta);
         float s = 0.0f;
         for (int i = 0; i < 8; ++i) s += v[i];
         const float mean = block_sum(s, scratch) / cols;
@@ -38,7 +45,11 @@ __device__ void layer_norm(Tout* out, int out_stride, const Tin* x, int x_stride
         for (int i = 0; i < 8; ++i) q += mine ? (v[i] - mean) * (v[i] - mean) : 0.0f;
         const float inv = 1.0f / sqrtf(block_sum(q, scratch) / cols + eps);
         if (!mine) return;
-        for (int i = 0; i < 8; ++i) v[i] = (v[i] - mean) * inv * g[i] + b[i];
+        for (int i = 0; i < 8; ++i) {
+            v[i] = (v[i] - mean) * inv;
+            if (gamma) v[i] = v[i] * g[i] + b[i];
+            if (modulation) v[i] = v[i] * (1.0f + modulation[c + i]) + modulation[cols + c + i];
+        }
         store8(orow + c, v);
         return;
     }
@@ -52,33 +63,36 @@ __device__ void layer_norm(Tout* out, int out_stride, const Tin* x, int x_stride
     }
     const float inv = 1.0f / sqrtf(block_sum(v, scratch) / cols + eps);
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        orow[c] = from_float<Tout>((to_float(xr[c]) - mean) * inv * gamma[c] + beta[c]);
+        orow[c] = from_float<Tout>(finish((to_float(xr[c]) - mean) * inv, c));
     }
 }
 
-#define LAYER_NORM(NAME, TIN, TOUT)                                                               \
-    extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* x, int x_stride,       \
-                                    const float* gamma, const float* beta, int cols, float eps,  \
-                                    int per) {                                                    \
-        layer_norm<TIN, TOUT>(out, out_stride, x, x_stride, gamma, beta, cols, eps, per);         \
+#define LAYER_NORM(NAME, TIN, TOUT)                                                                    \
+    extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* x, int x_stride,            \
+                                    const float* gamma, const float* beta, const float* modulation,   \
+                                    int cols, float eps, int per) {                                   \
+        layer_norm<TIN, TOUT>(out, out_stride, x, x_stride, gamma, beta, modulation, cols, eps, per);  \
     }
 FOR_IN_OUT(LAYER_NORM, layer_norm)
 
 // Normalises this thread's 8 values of a row (columns c … c + 7, `mine` whether they exist) by
-// the row's RMS, then `* (1 + scale) + shift` when an adaRMS modulation `[scale | shift | gate]`
-// (3 * cols floats) is given, and stores them. `ss` is the thread's sum of squares.
+// the row's RMS, times `weight` when given (Qwen3's RMSNorm), then `* (1 + scale) + shift` when an
+// adaRMS modulation `[scale | shift | gate]` (3 * cols floats) is given, and stores them. `ss` is
+// the thread's sum of squares.
 template <typename Tout>
 __device__ __forceinline__ void rms_finish8(Tout* orow, int c, bool mine, float* v, float ss, const float* modulation,
-                                            int cols, float eps, float* scratch) {
-    float scale[8], shift[8];
+                                            int cols, float eps, float* scratch, const float* weight = nullptr) {
+    float scale[8], shift[8], w[8];
     if (modulation) {
         load8_or_zero(modulation + c, scale, mine);
         load8_or_zero(modulation + cols + c, shift, mine);
     }
+    if (weight) load8_or_zero(weight + c, w, mine);
     const float inv = 1.0f / sqrtf(block_sum(ss, scratch) / cols + eps);
     if (!mine) return;
     for (int i = 0; i < 8; ++i) {
         v[i] *= inv;
+        if (weight) v[i] *= w[i];
         if (modulation) v[i] = v[i] * (1.0f + scale[i]) + shift[i];
     }
     store8(orow + c, v);
@@ -88,17 +102,18 @@ __device__ __forceinline__ void rms_finish8(Tout* orow, int c, bool mine, float*
 // of `xr`, which is read again.
 template <typename Tin, typename Tout>
 __device__ void rms_finish(Tout* orow, const Tin* xr, float ss, const float* modulation, int cols, float eps,
-                           float* scratch) {
+                           float* scratch, const float* weight = nullptr) {
     const float inv = 1.0f / sqrtf(block_sum(ss, scratch) / cols + eps);
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float o = to_float(xr[c]) * inv;
+        if (weight) o *= weight[c];
         if (modulation) o = o * (1.0f + modulation[c]) + modulation[cols + c];
         orow[c] = from_float<Tout>(o);
     }
 }
 
 template <typename Tin, typename Tout>
-__device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, const float* modulation,
+__device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, const float* weight, const float* modulation,
                          int cols, float eps, int per) {
     __shared__ float scratch[32];
     const Tin* xr = x + (long)blockIdx.x * x_stride;
@@ -110,14 +125,14 @@ __device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, 
         float v[8];
         load8_or_zero(xr + c, v, mine);
         for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
-        rms_finish8<Tout>(orow, c, mine, v, ss, modulation, cols, eps, scratch);
+        rms_finish8<Tout>(orow, c, mine, v, ss, modulation, cols, eps, scratch, weight);
         return;
     }
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         const float v = to_float(xr[c]);
         ss += v * v;
     }
-    rms_finish<Tin, Tout>(orow, xr, ss, modulation, cols, eps, scratch);
+    rms_finish<Tin, Tout>(orow, xr, ss, modulation, cols, eps, scratch, weight);
 }
 
 // The RMS norms let a programmatic dependent start at once (`launch_dependents`): the streamed
@@ -125,9 +140,10 @@ __device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, 
 // residual norm may itself be launched as one (after a cuBLASLt product): it waits first.
 #define RMS_NORM(NAME, TIN, TOUT)                                                                   \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* x, int x_stride,         \
-                                    const float* modulation, int cols, float eps, int per) {        \
+                                    const float* weight, const float* modulation, int cols, float eps, \
+                                    int per) {                                                      \
         launch_dependents();                                                                        \
-        rms_norm<TIN, TOUT>(out, out_stride, x, x_stride, modulation, cols, eps, per);              \
+        rms_norm<TIN, TOUT>(out, out_stride, x, x_stride, weight, modulation, cols, eps, per);      \
     }
 FOR_IN_OUT(RMS_NORM, rms_norm)
 

@@ -222,11 +222,14 @@ pub enum Op {
     Gemm { a: View, w: WeightId, bias: Option<WeightId>, out: View, accumulate: bool },
     /// `x += table` row by row (`table` is `[x.rows, x.cols]`, repeated every `table_rows` rows).
     AddTable { x: View, table: WeightId, table_rows: usize },
-    /// LayerNorm over each row: `out = (x − mean) / sqrt(var + eps) · gamma + beta`.
-    LayerNorm { x: View, out: View, gamma: WeightId, beta: WeightId, eps: f32 },
-    /// RMS normalisation over each row, `out = x / sqrt(mean(x²) + eps)`; any `(1 + w)` scale has
-    /// been folded into the next GEMM's weight at load.
-    RmsNorm { x: View, out: View, eps: f32 },
+    /// LayerNorm over each row: `out = (x − mean) / sqrt(var + eps)`, then `· gamma + beta` with
+    /// `affine = Some((gamma, beta))`, then `· (1 + scale) + shift` with an adaptive
+    /// `modulation = [scale | shift | ...]` (AdaLN, as DiT blocks condition on the timestep).
+    LayerNorm { x: View, out: View, affine: Option<(WeightId, WeightId)>, modulation: Option<WeightId>, eps: f32 },
+    /// RMS normalisation over each row, `out = x / sqrt(mean(x²) + eps)`, times `weight` when
+    /// given (Qwen3's RMSNorm). Gemma's `(1 + w)` scale is folded into the next GEMM's weight at
+    /// load instead (no weight here).
+    RmsNorm { x: View, out: View, weight: Option<WeightId>, eps: f32 },
     /// Adaptive RMS norm: `out = rms(x) · (1 + scale) + shift` with `modulation = [scale | shift | gate]`
     /// precomputed at load for this denoise step and layer.
     AdaRmsNorm { x: View, out: View, modulation: WeightId, eps: f32 },

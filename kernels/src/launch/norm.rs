@@ -4,13 +4,23 @@
 use super::*;
 
 impl Kernels {
-    /// Row-wise LayerNorm with f32 `gamma`/`beta` of `x.cols`.
+    /// Row-wise LayerNorm, with f32 `(gamma, beta)` of `x.cols` when `affine`, and with an
+    /// adaptive `modulation` (`[scale | shift | ...]`, f32) `· (1 + scale) + shift` after it.
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
-    pub unsafe fn layer_norm(&self, out: Mat, x: Mat, gamma: DevPtr, beta: DevPtr, eps: f32, stream: CUstream) -> Result<()> {
+    pub unsafe fn layer_norm(
+        &self,
+        out: Mat,
+        x: Mat,
+        affine: Option<(DevPtr, DevPtr)>,
+        modulation: Option<DevPtr>,
+        eps: f32,
+        stream: CUstream,
+    ) -> Result<()> {
         Self::same_shape("layer_norm", &out, &x)?;
         let name = format!("layer_norm_{}_{}", x.dtype.suffix(), out.dtype.suffix());
+        let (gamma, beta) = affine.unwrap_or((0, 0));
         let (per, threads) = Self::row_launch(&[(out, 0), (x, 0)], &[gamma, beta], x.cols);
         let args = [
             Arg::P(out.ptr),
@@ -19,6 +29,7 @@ impl Kernels {
             Arg::I(i32_of(x.stride, &name)?),
             Arg::P(gamma),
             Arg::P(beta),
+            Arg::P(modulation.unwrap_or(0)),
             Arg::I(i32_of(x.cols, &name)?),
             Arg::F(eps),
             Arg::I(per),
@@ -27,26 +38,35 @@ impl Kernels {
         unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
     }
 
-    /// Row-wise RMS norm; with `modulation` (`[scale | shift | gate]`, 3 · cols f32) the adaRMS
-    /// form `rms(x) · (1 + scale) + shift`.
+    /// Row-wise RMS norm, times `weight` (cols f32) when given; with `modulation`
+    /// (`[scale | shift | gate]`, 3 · cols f32) the adaRMS form `rms(x) · (1 + scale) + shift`.
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
-    pub unsafe fn rms_norm(&self, out: Mat, x: Mat, modulation: Option<DevPtr>, eps: f32, stream: CUstream) -> Result<()> {
+    pub unsafe fn rms_norm(
+        &self,
+        out: Mat,
+        x: Mat,
+        weight: Option<DevPtr>,
+        modulation: Option<DevPtr>,
+        eps: f32,
+        stream: CUstream,
+    ) -> Result<()> {
         Self::same_shape("rms_norm", &out, &x)?;
         let name = format!("rms_norm_{}_{}", x.dtype.suffix(), out.dtype.suffix());
-        let (per, threads) = Self::row_launch(&[(out, 0), (x, 0)], &[modulation.unwrap_or(0)], x.cols);
+        let (per, threads) = Self::row_launch(&[(out, 0), (x, 0)], &[weight.unwrap_or(0), modulation.unwrap_or(0)], x.cols);
         let args = [
             Arg::P(out.ptr),
             Arg::I(i32_of(out.stride, &name)?),
             Arg::P(x.ptr),
             Arg::I(i32_of(x.stride, &name)?),
+            Arg::P(weight.unwrap_or(0)),
             Arg::P(modulation.unwrap_or(0)),
             Arg::I(i32_of(x.cols, &name)?),
             Arg::F(eps),
             Arg::I(per),
         ];
-        // SAFETY: matches `rms_norm_*` in norm.cu (a null modulation means plain RMS).
+        // SAFETY: matches `rms_norm_*` in norm.cu (a null weight or modulation is left out).
         unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
     }
 

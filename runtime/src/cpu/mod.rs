@@ -267,9 +267,11 @@ impl CpuBackend {
                     });
                 });
             }
-            Op::LayerNorm { x, out, gamma, beta, eps } => {
+            Op::LayerNorm { x, out, affine, modulation, eps } => {
                 self.with_out(out.buf, |this, dst| {
-                    let (g, b, src) = (this.vector(gamma), this.vector(beta), this.f32(x.buf));
+                    let src = this.f32(x.buf);
+                    let affine = affine.map(|(g, b)| (this.vector(g), this.vector(b)));
+                    let modulation = modulation.map(|m| this.vector(m));
                     for r in 0..x.rows {
                         let xi = &src[x.offset + r * x.stride..][..x.cols];
                         let mean = xi.iter().sum::<f32>() / x.cols as f32;
@@ -277,13 +279,19 @@ impl CpuBackend {
                         let inv = 1.0 / (var + eps).sqrt();
                         let o = &mut dst[out.offset + r * out.stride..][..x.cols];
                         for c in 0..x.cols {
-                            o[c] = (xi[c] - mean) * inv * g[c] + b[c];
+                            o[c] = (xi[c] - mean) * inv;
+                            if let Some((g, b)) = affine {
+                                o[c] = o[c] * g[c] + b[c];
+                            }
+                            if let Some(m) = modulation {
+                                o[c] = o[c] * (1.0 + m[c]) + m[x.cols + c];
+                            }
                         }
                     }
                 });
             }
-            Op::RmsNorm { x, out, eps } => self.rms_norm(x, out, eps, None),
-            Op::AdaRmsNorm { x, out, modulation, eps } => self.rms_norm(x, out, eps, Some(modulation)),
+            Op::RmsNorm { x, out, weight, eps } => self.rms_norm(x, out, eps, weight, None),
+            Op::AdaRmsNorm { x, out, modulation, eps } => self.rms_norm(x, out, eps, None, Some(modulation)),
             Op::GatedResidual { x, y, modulation } => {
                 self.with_out(x.buf, |this, dst| {
                     let gate = &this.vector(modulation)[2 * x.cols..][..x.cols];
@@ -399,18 +407,19 @@ impl CpuBackend {
         }
     }
 
-    fn rms_norm(&mut self, x: View, out: View, eps: f32, modulation: Option<WeightId>) {
+    fn rms_norm(&mut self, x: View, out: View, eps: f32, weight: Option<WeightId>, modulation: Option<WeightId>) {
         self.with_out(out.buf, |this, dst| {
             let src = this.f32(x.buf);
-            let m = modulation.map(|m| this.vector(m));
+            let (w, m) = (weight.map(|w| this.vector(w)), modulation.map(|m| this.vector(m)));
             for r in 0..x.rows {
                 let xi = &src[x.offset + r * x.stride..][..x.cols];
                 let var = xi.iter().map(|v| v * v).sum::<f32>() / x.cols as f32;
                 let inv = 1.0 / (var + eps).sqrt();
                 let o = &mut dst[out.offset + r * out.stride..][..x.cols];
-                match m {
-                    None => o.iter_mut().zip(xi).for_each(|(o, v)| *o = v * inv),
-                    Some(m) => {
+                match (w, m) {
+                    (None, None) => o.iter_mut().zip(xi).for_each(|(o, v)| *o = v * inv),
+                    (Some(w), _) => o.iter_mut().zip(xi).zip(w).for_each(|((o, v), w)| *o = v * inv * w),
+                    (None, Some(m)) => {
                         let (scale, shift) = (&m[..x.cols], &m[x.cols..2 * x.cols]);
                         for c in 0..x.cols {
                             o[c] = xi[c] * inv * (1.0 + scale[c]) + shift[c];
@@ -622,5 +631,44 @@ mod tests {
         }
         // The two GELUs differ (by up to ~1e-3): a plan that picks the wrong one is caught.
         assert!((activate(Activation::GeluTanh, -1.5) - activate(Activation::GeluErf, -1.5)).abs() > 1e-4);
+    }
+
+    #[test]
+    fn norm_forms_match_their_definitions() {
+        use crate::plan::HostIo;
+        let (rows, cols) = (3, 12);
+        let mut plan = Plan::default();
+        let host = plan.host_buffer("x.host", BufType::F32, rows * cols, HostIo::Input);
+        let x = View { buf: host, offset: 0, rows, cols, stride: cols };
+        let values: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 23) as f32 - 11.0) / 4.0).collect();
+        let (modulation, weight): (Vec<f32>, Vec<f32>) =
+            ((0..2 * cols).map(|i| i as f32 / 10.0 - 1.0).collect(), (0..cols).map(|i| 0.5 + i as f32 / 8.0).collect());
+        let m = plan.weight("modulation", WeightRole::Vector);
+        let w = plan.weight("weight", WeightRole::Vector);
+        let (ada, rms) = (plan.matrix("ada_layer_norm", rows, cols), plan.matrix("weighted_rms_norm", rows, cols));
+        plan.push(Op::LayerNorm { x, out: ada, affine: None, modulation: Some(m), eps: 1e-6 });
+        plan.push(Op::RmsNorm { x, out: rms, weight: Some(w), eps: 1e-6 });
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("empty.safetensors");
+        let one = 0f32.to_le_bytes();
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1], &one).unwrap();
+        safetensors::serialize_to_file([("unused", view)], None, &path).unwrap();
+        let ckpt = Checkpoint::open(&path).unwrap();
+        let weights = vec![WeightData::Dense(modulation.clone()), WeightData::Dense(weight.clone())];
+        let mut cpu = CpuBackend::new(plan, weights, &ckpt, 1).unwrap();
+        cpu.input_f32(host).copy_from_slice(&values);
+        cpu.run().unwrap();
+        let (got_ada, got_rms) = (cpu.read_buffer("ada_layer_norm").unwrap(), cpu.read_buffer("weighted_rms_norm").unwrap());
+        for (r, row) in values.chunks(cols).enumerate() {
+            let mean = row.iter().map(|&v| v as f64).sum::<f64>() / cols as f64;
+            let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / cols as f64;
+            let ms = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / cols as f64;
+            for c in 0..cols {
+                let ada = (row[c] as f64 - mean) / (var + 1e-6).sqrt() * (1.0 + modulation[c] as f64) + modulation[cols + c] as f64;
+                let rms = row[c] as f64 / (ms + 1e-6).sqrt() * weight[c] as f64;
+                assert!((got_ada[r * cols + c] as f64 - ada).abs() < 1e-5, "AdaLN row {r} col {c}");
+                assert!((got_rms[r * cols + c] as f64 - rms).abs() < 1e-5, "weighted RMSNorm row {r} col {c}");
+            }
+        }
     }
 }

@@ -141,7 +141,7 @@ mod tests {
         let h = plan.matrix("h", 4, 8);
         let y = plan.matrix("y", 4, 8);
         let w = plan.weight("w", WeightRole::Matrix { n: 8, k: 8 });
-        plan.push(Op::RmsNorm { x, out: h, eps: 1e-6 });
+        plan.push(Op::RmsNorm { x, out: h, weight: None, eps: 1e-6 });
         plan.push(Op::Gemm { a: h, w, bias: None, out: x, accumulate: true });
         // `x` is also a GEMM input: it stays f32 (accumulated) and is converted before use.
         plan.push(Op::Gemm { a: x, w, bias: None, out: y, accumulate: false });

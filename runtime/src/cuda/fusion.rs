@@ -169,7 +169,7 @@ mod tests {
         let (w_gate_up, w_down) =
             (plan.weight("gate_up", WeightRole::Matrix { n: 256, k: 64 }), plan.weight("down", WeightRole::Matrix { n: 64, k: 128 }));
         let modulation = plan.weight("modulation", WeightRole::Vector);
-        plan.push(Op::RmsNorm { x, out: a, eps: 1e-6 });
+        plan.push(Op::RmsNorm { x, out: a, weight: None, eps: 1e-6 });
         let first = plan.ops.len();
         plan.push(Op::Gemm { a, w: w_gate_up, bias: None, out: gate_up, accumulate: false });
         plan.push(Op::GatedActivation { gate_up, out: hidden, kind: Activation::GeluTanh });

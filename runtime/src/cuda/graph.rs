@@ -149,8 +149,8 @@ impl Launcher {
                     k.image_patches(out, frames, frame_stride, frame_info, camera, size, patch, s)
                 }
                 Step::AddTable { x, table, table_rows } => k.add_table(x, table, table_rows, s),
-                Step::LayerNorm { out, x, gamma, beta, eps } => k.layer_norm(out, x, gamma, beta, eps, s),
-                Step::RmsNorm { out, x, modulation, eps } => k.rms_norm(out, x, modulation, eps, s),
+                Step::LayerNorm { out, x, affine, modulation, eps } => k.layer_norm(out, x, affine, modulation, eps, s),
+                Step::RmsNorm { out, x, weight, modulation, eps } => k.rms_norm(out, x, weight, modulation, eps, s),
                 Step::GatedResidual { x, y, modulation } => k.gated_residual(x, y, modulation, s),
                 Step::GatedResidualRmsNorm { out, x, y, gate, norm, eps, early } => {
                     k.gated_residual_rms_norm(out, x, y, gate, norm, eps, early, s)

@@ -270,7 +270,7 @@ impl Lowering<'_> {
             [Op::Gemm { a, w, bias, out: x, accumulate: false }, norm, ..] if in_phase(i + 1) && a.cols <= ROW_PRODUCT_MAX => {
                 let (nx, out, modulation, eps) = match *norm {
                     Op::AdaRmsNorm { x: nx, out, modulation, eps } => (nx, out, Some(self.weight(modulation, Elem::F32)), eps),
-                    Op::RmsNorm { x: nx, out, eps } => (nx, out, None, eps),
+                    Op::RmsNorm { x: nx, out, weight: None, eps } => (nx, out, None, eps),
                     _ => return Ok(None),
                 };
                 let (a_mat, x_mat, out_mat, w_ptr) = (self.mat(*a)?, self.mat(*x)?, self.mat(out)?, self.weight(*w, Elem::Bf16));
@@ -300,17 +300,27 @@ impl Lowering<'_> {
             },
             Op::Gemm { a, w, bias, out, accumulate } => return self.gemm(a, w, bias, out, accumulate, false),
             Op::AddTable { x, table, table_rows } => Step::AddTable { x: self.mat(x)?, table: self.weight(table, Elem::F32), table_rows },
-            Op::LayerNorm { x, out, gamma, beta, eps } => Step::LayerNorm {
+            Op::LayerNorm { x, out, affine, modulation, eps } => Step::LayerNorm {
                 out: self.mat(out)?,
                 x: self.mat(x)?,
-                gamma: self.weight(gamma, Elem::F32),
-                beta: self.weight(beta, Elem::F32),
+                affine: affine.map(|(gamma, beta)| (self.weight(gamma, Elem::F32), self.weight(beta, Elem::F32))),
+                modulation: modulation.map(|m| self.weight(m, Elem::F32)),
                 eps,
             },
-            Op::RmsNorm { x, out, eps } => Step::RmsNorm { out: self.mat(out)?, x: self.mat(x)?, modulation: None, eps },
-            Op::AdaRmsNorm { x, out, modulation, eps } => {
-                Step::RmsNorm { out: self.mat(out)?, x: self.mat(x)?, modulation: Some(self.weight(modulation, Elem::F32)), eps }
-            }
+            Op::RmsNorm { x, out, weight, eps } => Step::RmsNorm {
+                out: self.mat(out)?,
+                x: self.mat(x)?,
+                weight: weight.map(|w| self.weight(w, Elem::F32)),
+                modulation: None,
+                eps,
+            },
+            Op::AdaRmsNorm { x, out, modulation, eps } => Step::RmsNorm {
+                out: self.mat(out)?,
+                x: self.mat(x)?,
+                weight: None,
+                modulation: Some(self.weight(modulation, Elem::F32)),
+                eps,
+            },
             Op::GatedResidual { x, y, modulation } => {
                 Step::GatedResidual { x: self.mat(x)?, y: self.mat(y)?, modulation: self.weight(modulation, Elem::F32) }
             }

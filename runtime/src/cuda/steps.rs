@@ -40,13 +40,14 @@ pub(super) enum Step {
     LayerNorm {
         out: Mat,
         x: Mat,
-        gamma: DevPtr,
-        beta: DevPtr,
+        affine: Option<(DevPtr, DevPtr)>,
+        modulation: Option<DevPtr>,
         eps: f32,
     },
     RmsNorm {
         out: Mat,
         x: Mat,
+        weight: Option<DevPtr>,
         modulation: Option<DevPtr>,
         eps: f32,
     },

@@ -57,7 +57,7 @@ pub fn decoder_layer(plan: &mut Plan, w: &DecoderLayer, a: &Activations, cache: 
     let (heads, head_dim) = (cache.heads, cache.head_dim);
     let norm = |plan: &mut Plan, modulation: Option<WeightId>| match modulation {
         Some(modulation) => plan.push(Op::AdaRmsNorm { x: a.x, out: a.h, modulation, eps }),
-        None => plan.push(Op::RmsNorm { x: a.x, out: a.h, eps }),
+        None => plan.push(Op::RmsNorm { x: a.x, out: a.h, weight: None, eps }),
     };
     // A sublayer's output: added into the residual stream, or gated into it from the branch.
     let residual = |plan: &mut Plan, a_in: View, w_out: WeightId, modulation: Option<(WeightId, View)>| match modulation {

@@ -28,7 +28,7 @@ pub struct Activations {
 /// (unmasked), the residual stream `a.x` updated in place.
 pub fn encoder_layer(plan: &mut Plan, w: &EncoderLayer, a: &Activations, heads: usize, images: usize, eps: f32) {
     let width = a.x.cols;
-    plan.push(Op::LayerNorm { x: a.x, out: a.h, gamma: w.norm1.0, beta: w.norm1.1, eps });
+    plan.push(Op::LayerNorm { x: a.x, out: a.h, affine: Some(w.norm1), modulation: None, eps });
     plan.push(Op::Gemm { a: a.h, w: w.qkv.0, bias: Some(w.qkv.1), out: a.qkv, accumulate: false });
     plan.push(Op::Attention {
         q: a.qkv.cols(0, width),
@@ -44,7 +44,7 @@ pub fn encoder_layer(plan: &mut Plan, w: &EncoderLayer, a: &Activations, heads: 
         causal: None,
     });
     plan.push(Op::Gemm { a: a.attn, w: w.out.0, bias: Some(w.out.1), out: a.x, accumulate: true });
-    plan.push(Op::LayerNorm { x: a.x, out: a.h, gamma: w.norm2.0, beta: w.norm2.1, eps });
+    plan.push(Op::LayerNorm { x: a.x, out: a.h, affine: Some(w.norm2), modulation: None, eps });
     plan.push(Op::Gemm { a: a.h, w: w.fc1.0, bias: Some(w.fc1.1), out: a.mlp, accumulate: false });
     plan.push(Op::Activation { x: a.mlp, kind: Activation::GeluTanh });
     plan.push(Op::Gemm { a: a.mlp, w: w.fc2.0, bias: Some(w.fc2.1), out: a.x, accumulate: true });

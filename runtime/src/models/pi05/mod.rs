@@ -545,7 +545,7 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
             WeightData::Dense(ld.get(&format!("{VT}post_layernorm.bias"))),
         ),
     );
-    plan.push(Op::LayerNorm { x: vx, out: vout, gamma: post.0, beta: post.1, eps: EPS });
+    plan.push(Op::LayerNorm { x: vx, out: vout, affine: Some(post), modulation: None, eps: EPS });
 
     // ---- Prefix: projected image tokens, then scaled prompt embeddings; the LM fills the K/V cache.
     let embed = plan.matrix("prefix_embed", prefix, lw);
