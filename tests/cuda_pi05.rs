@@ -454,7 +454,18 @@ fn qkv_rope_case(seed: u64) -> Case {
     let qkv = c.plan.matrix("qkv", rows, (heads + 2) * head_dim);
     let (k_cache, v_cache) = (c.plan.matrix("k_cache", slots, head_dim), c.plan.matrix("v_cache", slots, head_dim));
     c.plan.push(Op::Gemm { a, w, bias: None, out: qkv, accumulate: false });
-    c.plan.push(Op::RopeQkv { qkv, heads, head_dim, positions, position_offset: 3, k_cache, v_cache, cache_row: 20 });
+    c.plan.push(Op::RopeQkv {
+        qkv,
+        heads,
+        kv_heads: 1,
+        head_dim,
+        theta: 1e4,
+        positions,
+        position_offset: 3,
+        k_cache,
+        v_cache,
+        cache_row: 20,
+    });
     for v in [qkv, k_cache, v_cache] {
         c.check(v);
     }
@@ -517,7 +528,18 @@ fn attention_case(seed: u64) -> Case {
     let v_cache = c.plan.matrix("v_cache", slots, head_dim);
     for (part, rows, offset) in [("prefix", prefix, 0), ("suffix", suffix, prefix)] {
         let qkv = c.input(&format!("{part}_qkv"), rows, (heads + 2) * head_dim);
-        c.plan.push(Op::RopeQkv { qkv, heads, head_dim, positions, position_offset: offset, k_cache, v_cache, cache_row: offset });
+        c.plan.push(Op::RopeQkv {
+            qkv,
+            heads,
+            kv_heads: 1,
+            head_dim,
+            theta: 1e4,
+            positions,
+            position_offset: offset,
+            k_cache,
+            v_cache,
+            cache_row: offset,
+        });
         let (k, v) = if part == "prefix" { (k_cache.rows(0, prefix), v_cache.rows(0, prefix)) } else { (k_cache, v_cache) };
         let out = c.plan.matrix(format!("{part}_attn"), rows, heads * head_dim);
         let query_valid = (part == "prefix").then_some(valid);
@@ -558,6 +580,27 @@ fn attention_case(seed: u64) -> Case {
         causal: None,
     });
     c.check(vout);
+    c
+}
+
+/// RoPE with Qwen3's base (θ = 1e6) and grouped K/V heads (8 and 2), beside a Gemma-based one in
+/// the same plan: two tables, rows read through the positions (no gathered rows).
+fn gqa_rope_case(seed: u64) -> Case {
+    let mut c = Case::new(String::new(), seed);
+    let (heads, kv_heads, head_dim) = [(16, 8, 128), (4, 2, 64), (6, 2, 32)][seed as usize % 3];
+    let rows = c.rng.random_range(1..80);
+    c.name = format!("rope_qkv {heads}/{kv_heads}x{head_dim} theta 1e6 and 1e4, {rows} rows");
+    let slots = rows + 2;
+    let positions = c.host_i32("positions", (0..slots as i32).map(|i| 3 * i + 1).collect());
+    for (theta, name) in [(1e6f32, "qwen"), (1e4, "gemma")] {
+        let qkv = c.input(&format!("{name}_qkv"), rows, (heads + 2 * kv_heads) * head_dim);
+        let k_cache = c.plan.matrix(format!("{name}_k_cache"), slots, kv_heads * head_dim);
+        let v_cache = c.plan.matrix(format!("{name}_v_cache"), slots, kv_heads * head_dim);
+        c.plan.push(Op::RopeQkv { qkv, heads, kv_heads, head_dim, theta, positions, position_offset: 2, k_cache, v_cache, cache_row: 2 });
+        c.check(qkv);
+        c.check(k_cache.rows(2, rows));
+        c.check(v_cache.rows(2, rows));
+    }
     c
 }
 
@@ -667,6 +710,7 @@ fn every_op_matches_cpu() {
             (qkv_rope_case(seed), dummy.clone()),
             (attention_case(seed), dummy.clone()),
             (general_attention_case(seed), dummy.clone()),
+            (gqa_rope_case(seed), dummy.clone()),
             (image_case(seed), dummy.clone()),
         ];
         cases.push(embed_case(seed, tmp.path()));

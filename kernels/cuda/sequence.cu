@@ -95,8 +95,9 @@ extern "C" __global__ void prompt_bucket_256(const int* token_mask, int prompt_l
 // A programmatic dependent (the action tokens' attention) may start at once: it waits for this
 // grid before reading what it writes. Launched as one itself (after the QKV product), RoPE loads
 // its table rows before it waits for that product.
+// `qkv` rows are [q heads | k heads | v heads]; the caches take `kv_heads * head_dim` columns.
 template <typename T>
-__device__ void rope_qkv(T* qkv, int qkv_stride, int heads, int head_dim, const int* positions,
+__device__ void rope_qkv(T* qkv, int qkv_stride, int heads, int kv_heads, int head_dim, const int* positions,
                          int position_offset, T* k_cache, int k_stride, T* v_cache, int v_stride, int cache_row,
                          const float* cos_table, const float* sin_table, int per) {
     const int r = blockIdx.x, half = head_dim / 2;
@@ -109,10 +110,10 @@ __device__ void rope_qkv(T* qkv, int qkv_stride, int heads, int head_dim, const 
     T* k = k_cache + (long)(cache_row + r) * k_stride;
     T* v = v_cache + (long)(cache_row + r) * v_stride;
     if (per == 8) {
-        const int groups = half / 8, rotations = (heads + 1) * groups, t = threadIdx.x;
+        const int groups = half / 8, rotations = (heads + kv_heads) * groups, t = threadIdx.x;
         if (t < rotations) {
             const int h = t / groups, j = (t % groups) * 8;
-            const T* src = row + h * head_dim;  // h == heads: the k part
+            const T* src = row + h * head_dim;  // h >= heads: k head h - heads
             float a[8], b[8], c[8], s[8];
             load8(cs + j, c);
             load8(sn + j, s);
@@ -124,37 +125,37 @@ __device__ void rope_qkv(T* qkv, int qkv_stride, int heads, int head_dim, const 
                 lo[i] = a[i] * c[i] - b[i] * s[i];
                 hi[i] = b[i] * c[i] + a[i] * s[i];
             }
-            T* dst = h < heads ? row + h * head_dim : k;
+            T* dst = h < heads ? row + h * head_dim : k + (h - heads) * head_dim;
             store8(dst + j, lo);
             store8(dst + j + half, hi);
-        } else if (t < rotations + head_dim / 8) {
+        } else if (t < rotations + kv_heads * head_dim / 8) {
             const int j = (t - rotations) * 8;
             wait_for_prior_grid();
             float x[8];
-            load8(row + (heads + 1) * head_dim + j, x);
+            load8(row + (heads + kv_heads) * head_dim + j, x);
             store8(v + j, x);
         }
         return;
     }
     wait_for_prior_grid();
-    for (int i = threadIdx.x; i < (heads + 1) * half; i += blockDim.x) {
+    for (int i = threadIdx.x; i < (heads + kv_heads) * half; i += blockDim.x) {
         const int h = i / half, j = i % half;
-        const T* src = row + h * head_dim;  // h == heads: the k part
+        const T* src = row + h * head_dim;  // h >= heads: k head h - heads
         const float a = to_float(src[j]), b = to_float(src[j + half]);
-        T* dst = h < heads ? row + h * head_dim : k;
+        T* dst = h < heads ? row + h * head_dim : k + (h - heads) * head_dim;
         dst[j] = from_float<T>(a * cs[j] - b * sn[j]);
         dst[j + half] = from_float<T>(b * cs[j] + a * sn[j]);
     }
-    for (int j = threadIdx.x; j < head_dim; j += blockDim.x) v[j] = row[(heads + 1) * head_dim + j];
+    for (int j = threadIdx.x; j < kv_heads * head_dim; j += blockDim.x) v[j] = row[(heads + kv_heads) * head_dim + j];
 }
 #define ROPE_QKV(NAME, T)                                                                                \
-    extern "C" __global__ void NAME(T* qkv, int qkv_stride, int heads, int head_dim, const int* positions, \
-                                    int position_offset, T* k_cache, int k_stride, T* v_cache,            \
-                                    int v_stride, int cache_row, const float* cos_table,                  \
+    extern "C" __global__ void NAME(T* qkv, int qkv_stride, int heads, int kv_heads, int head_dim,        \
+                                    const int* positions, int position_offset, T* k_cache, int k_stride,  \
+                                    T* v_cache, int v_stride, int cache_row, const float* cos_table,      \
                                     const float* sin_table, int per) {                                    \
         launch_dependents();                                                                              \
-        rope_qkv<T>(qkv, qkv_stride, heads, head_dim, positions, position_offset, k_cache, k_stride,      \
-                    v_cache, v_stride, cache_row, cos_table, sin_table, per);                             \
+        rope_qkv<T>(qkv, qkv_stride, heads, kv_heads, head_dim, positions, position_offset, k_cache,      \
+                    k_stride, v_cache, v_stride, cache_row, cos_table, sin_table, per);                   \
     }
 FOR_TYPE(ROPE_QKV, rope_qkv)
 

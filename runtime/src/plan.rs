@@ -256,12 +256,16 @@ pub enum Op {
         valid: BufId,
         positions: BufId,
     },
-    /// Rotary embedding (split-half) of the q heads in place and of k, written together with v into
-    /// rows `cache_row..` of the layer's K/V cache. `qkv` is `[rows, (heads + 2)·head_dim]`.
+    /// Rotary embedding (split-half, as transformers' `rotate_half`) with base `theta` of the q
+    /// heads in place and of the k heads, written together with the v heads into rows
+    /// `cache_row..` of the layer's K/V cache. `qkv` is `[rows, (heads + 2·kv_heads)·head_dim]`
+    /// (q heads, k heads, v heads); the caches are `[slots, kv_heads·head_dim]`.
     RopeQkv {
         qkv: View,
         heads: usize,
+        kv_heads: usize,
         head_dim: usize,
+        theta: f32,
         positions: BufId,
         position_offset: usize,
         k_cache: View,
@@ -295,6 +299,37 @@ pub enum Op {
     /// Picks which of the plan's prompt buckets ([`Plan::prompt_buckets`]) the phases that follow
     /// run: the smallest that holds the last valid slot of `token_mask` ([`Plan::bucket_for`]).
     PromptBucket { token_mask: BufId },
+}
+
+/// One RoPE table of a plan: the rotary base and head dimension some [`Op::RopeQkv`] ops share,
+/// for positions `0..positions` (the most rows of their caches). Backends build one per spec.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeSpec {
+    pub theta: f32,
+    pub head_dim: usize,
+    pub positions: usize,
+}
+
+impl RopeSpec {
+    pub fn serves(&self, theta: f32, head_dim: usize) -> bool {
+        self.theta == theta && self.head_dim == head_dim
+    }
+
+    /// `cos` and `sin` of every angle, `[position][head_dim / 2]`, as transformers computes them
+    /// (inverse frequencies in f32, angle = position · inverse frequency in f32).
+    pub fn tables(&self) -> (Vec<f32>, Vec<f32>) {
+        let half = self.head_dim / 2;
+        let (mut cos, mut sin) = (vec![0.0; self.positions * half], vec![0.0; self.positions * half]);
+        for pos in 0..self.positions {
+            for j in 0..half {
+                let inv_freq = (1.0 / (self.theta as f64).powf(2.0 * j as f64 / self.head_dim as f64)) as f32;
+                let angle = (pos as f32 * inv_freq) as f64;
+                cos[pos * half + j] = angle.cos() as f32;
+                sin[pos * half + j] = angle.sin() as f32;
+            }
+        }
+        (cos, sin)
+    }
 }
 
 impl Op {
@@ -428,6 +463,21 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The RoPE tables the plan's [`Op::RopeQkv`] ops read, one per (θ, head dimension), in
+    /// order of first use.
+    pub fn rope_specs(&self) -> Vec<RopeSpec> {
+        let mut specs: Vec<RopeSpec> = Vec::new();
+        for op in &self.ops {
+            if let Op::RopeQkv { theta, head_dim, k_cache, .. } = *op {
+                match specs.iter_mut().find(|s| s.serves(theta, head_dim)) {
+                    Some(s) => s.positions = s.positions.max(k_cache.rows),
+                    None => specs.push(RopeSpec { theta, head_dim, positions: k_cache.rows }),
+                }
+            }
+        }
+        specs
+    }
+
     pub fn buffer(&mut self, name: impl Into<String>, ty: BufType, len: usize) -> BufId {
         self.host_buffer(name, ty, len, HostIo::Internal)
     }
@@ -609,7 +659,18 @@ mod tests {
         let qkv = plan.matrix("qkv", 4, 3 * 8);
         let positions = plan.buffer("positions", BufType::I32, 16);
         let (k_cache, v_cache) = (plan.matrix("k", 16, 8), plan.matrix("v", 16, 8));
-        let rope = Op::RopeQkv { qkv, heads: 1, head_dim: 8, positions, position_offset: 12, k_cache, v_cache, cache_row: 12 };
+        let rope = Op::RopeQkv {
+            qkv,
+            heads: 1,
+            kv_heads: 1,
+            head_dim: 8,
+            theta: 1e4,
+            positions,
+            position_offset: 12,
+            k_cache,
+            v_cache,
+            cache_row: 12,
+        };
         let attention_of_rows = |rows: usize| Op::Attention {
             q: qkv.cols(0, 8),
             k: k_cache.rows(0, rows),

@@ -6,9 +6,11 @@ use super::*;
 /// Arguments of [`Kernels::rope_qkv`] besides the stream.
 #[derive(Clone, Copy, Debug)]
 pub struct RopeArgs {
-    /// `[rows, (heads + 2) · head_dim]`: q heads, then k, then v.
+    /// `[rows, (heads + 2 · kv_heads) · head_dim]`: q heads, then k heads, then v heads; the
+    /// caches hold `kv_heads · head_dim` columns.
     pub qkv: Mat,
     pub heads: usize,
+    pub kv_heads: usize,
     pub head_dim: usize,
     /// i32 positions: row `r` uses table row `positions[position_offset + r]`; `None`: the tables
     /// hold the sequence's rows ([`Kernels::rope_rows_gather`]) and row `r` uses row
@@ -143,12 +145,18 @@ impl Kernels {
         let name = format!("rope_qkv_{}", a.qkv.dtype.suffix());
         if a.k_cache.dtype != a.qkv.dtype
             || a.v_cache.dtype != a.qkv.dtype
-            || a.qkv.cols < (a.heads + 2) * a.head_dim
+            || a.kv_heads == 0
+            || a.qkv.cols < (a.heads + 2 * a.kv_heads) * a.head_dim
+            || a.k_cache.cols < a.kv_heads * a.head_dim
+            || a.v_cache.cols < a.kv_heads * a.head_dim
             || a.head_dim % 2 != 0
         {
             return Err(shape_error(
                 &name,
-                format!("qkv {:?} / caches {:?} {:?} do not fit {} heads of {}", a.qkv, a.k_cache, a.v_cache, a.heads, a.head_dim),
+                format!(
+                    "qkv {:?} / caches {:?} {:?} do not fit {} query and {} K/V heads of {}",
+                    a.qkv, a.k_cache, a.v_cache, a.heads, a.kv_heads, a.head_dim
+                ),
             ));
         }
         // 8 pairs (or 8 values of v) per thread when every piece is 16-byte aligned, the tables'
@@ -156,16 +164,18 @@ impl Kernels {
         let vectors = a.head_dim % 16 == 0
             && Self::columns_per_thread(&[(a.qkv, a.head_dim / 2), (a.k_cache, a.head_dim / 2), (a.v_cache, 0)]) == 8
             && [a.cos, a.sin].iter().all(|p| p % 16 == 0);
-        let vector_threads = (a.heads + 1) * a.head_dim / 16 + a.head_dim / 8;
+        let (rotated, kv_width) = (a.heads + a.kv_heads, a.kv_heads * a.head_dim);
+        let vector_threads = rotated * a.head_dim / 16 + kv_width / 8;
         let (per, threads) = if vectors && vector_threads <= 1024 {
             (8, vector_threads.div_ceil(32) as u32 * 32)
         } else {
-            (1, ((a.heads + 1) * a.head_dim / 2).max(a.head_dim).div_ceil(32).clamp(1, 8) as u32 * 32)
+            (1, (rotated * a.head_dim / 2).max(kv_width).div_ceil(32).clamp(1, 8) as u32 * 32)
         };
         let args = [
             Arg::P(a.qkv.ptr),
             Arg::I(i32_of(a.qkv.stride, &name)?),
             Arg::I(i32_of(a.heads, &name)?),
+            Arg::I(i32_of(a.kv_heads, &name)?),
             Arg::I(i32_of(a.head_dim, &name)?),
             Arg::P(a.positions.unwrap_or(0)),
             Arg::I(i32_of(a.position_offset, &name)?),

@@ -12,7 +12,7 @@ use crate::backend::Backend;
 use crate::checkpoint::{Checkpoint, DType, TensorRef};
 use crate::error::{Error, Result};
 use crate::image::{self, PixelFormat};
-use crate::plan::{Activation, BufId, BufType, FRAME_INFO_FIELDS, Op, Plan, Section, View, WeightId, WeightRole};
+use crate::plan::{Activation, BufId, BufType, FRAME_INFO_FIELDS, Op, Plan, RopeSpec, Section, View, WeightId, WeightRole};
 use crate::weights::WeightData;
 use attention::{KeysValues, Packed, Queries};
 use gemm::{MR, PackedMatrix, Strided};
@@ -50,10 +50,8 @@ pub struct CpuBackend {
     attend: attention::AttendFn,
     /// Splits GEMMs and attention by rows; one part per thread.
     pool: Pool,
-    /// `cos`/`sin` of every RoPE angle for positions `0..rope_positions`: `[pos][head_dim / 2]`.
-    rope_cos: Vec<f32>,
-    rope_sin: Vec<f32>,
-    rope_half: usize,
+    /// Each RoPE table of the plan with its `cos`/`sin` of every angle, `[pos][head_dim / 2]`.
+    rope: Vec<(RopeSpec, Vec<f32>, Vec<f32>)>,
     /// The valid keys and values of the K/V head being attended to.
     packed_kv: Packed,
     /// Attention scores, one block per thread.
@@ -93,25 +91,22 @@ impl CpuBackend {
             .collect();
 
         let (mut scores, mut max_keys, mut max_head_dim) = (0, 0, 0);
-        let mut rope_positions = 0;
-        let mut head_dim = 2;
         for op in &plan.ops {
-            match op {
-                Op::Attention { k, groups, heads, kv_heads, head_dim, .. } => {
-                    scores = scores.max(attention::scratch_len(k.rows / groups, heads / kv_heads));
-                    max_keys = max_keys.max(k.rows / groups);
-                    max_head_dim = max_head_dim.max(*head_dim);
-                }
-                Op::RopeQkv { k_cache, head_dim: hd, .. } => {
-                    rope_positions = rope_positions.max(k_cache.rows);
-                    head_dim = *hd;
-                }
-                _ => {}
+            if let Op::Attention { k, groups, heads, kv_heads, head_dim, .. } = op {
+                scores = scores.max(attention::scratch_len(k.rows / groups, heads / kv_heads));
+                max_keys = max_keys.max(k.rows / groups);
+                max_head_dim = max_head_dim.max(*head_dim);
             }
         }
         // Positions never exceed the number of sequence slots (cumsum of validity).
-        let half = head_dim / 2;
-        let (rope_cos, rope_sin) = rope_tables(rope_positions, head_dim);
+        let rope = plan
+            .rope_specs()
+            .into_iter()
+            .map(|spec| {
+                let (cos, sin) = spec.tables();
+                (spec, cos, sin)
+            })
+            .collect();
         let pool = Pool::new(threads).map_err(|e| Error::Backend(format!("cannot start {threads} CPU threads: {e}")))?;
         Ok(CpuBackend {
             buffers,
@@ -119,9 +114,7 @@ impl CpuBackend {
             gemm: select_kernel().0,
             kernel_name: select_kernel().1,
             attend: attention::select(),
-            rope_cos,
-            rope_sin,
-            rope_half: half,
+            rope,
             packed_kv: Packed::with_capacity(max_keys, max_head_dim),
             scores: (0..pool.threads()).map(|_| vec![0.0; scores]).collect(),
             pool,
@@ -352,23 +345,28 @@ impl CpuBackend {
                     self.i32_mut(positions)[slot] = count - 1;
                 }
             }
-            Op::RopeQkv { qkv, heads, head_dim, positions, position_offset, k_cache, v_cache, cache_row } => {
+            Op::RopeQkv { qkv, heads, kv_heads, head_dim, theta, positions, position_offset, k_cache, v_cache, cache_row } => {
                 let half = head_dim / 2;
-                debug_assert_eq!(half, self.rope_half, "one RoPE table per plan");
                 let Buffer::F32(mut kc) = self.take(k_cache.buf) else { unreachable!("k cache is f32") };
                 let Buffer::F32(mut vc) = self.take(v_cache.buf) else { unreachable!("v cache is f32") };
                 let Buffer::F32(mut rows) = self.take(qkv.buf) else { unreachable!("qkv is f32") };
+                let (_, cos_table, sin_table) =
+                    self.rope.iter().find(|(spec, ..)| spec.serves(theta, head_dim)).expect("a table per RoPE spec of the plan");
+                let kv_width = kv_heads * head_dim;
                 for r in 0..qkv.rows {
                     let pos = self.i32(positions)[position_offset + r].max(0) as usize;
-                    let (cos, sin) = (&self.rope_cos[pos * half..][..half], &self.rope_sin[pos * half..][..half]);
-                    let row = &mut rows[qkv.offset + r * qkv.stride..][..(heads + 2) * head_dim];
+                    let (cos, sin) = (&cos_table[pos * half..][..half], &sin_table[pos * half..][..half]);
+                    let row = &mut rows[qkv.offset + r * qkv.stride..][..heads * head_dim + 2 * kv_width];
                     for h in 0..heads {
                         rotate(&mut row[h * head_dim..][..head_dim], cos, sin);
                     }
-                    let k = &mut kc[k_cache.offset + (cache_row + r) * k_cache.stride..][..head_dim];
-                    k.copy_from_slice(&row[heads * head_dim..][..head_dim]);
-                    rotate(k, cos, sin);
-                    vc[v_cache.offset + (cache_row + r) * v_cache.stride..][..head_dim].copy_from_slice(&row[(heads + 1) * head_dim..]);
+                    let k = &mut kc[k_cache.offset + (cache_row + r) * k_cache.stride..][..kv_width];
+                    k.copy_from_slice(&row[heads * head_dim..][..kv_width]);
+                    for kh in k.chunks_exact_mut(head_dim) {
+                        rotate(kh, cos, sin);
+                    }
+                    vc[v_cache.offset + (cache_row + r) * v_cache.stride..][..kv_width]
+                        .copy_from_slice(&row[heads * head_dim + kv_width..]);
                 }
                 self.buffers[k_cache.buf.0] = Buffer::F32(kc);
                 self.buffers[v_cache.buf.0] = Buffer::F32(vc);
@@ -504,24 +502,6 @@ fn rows_span(view: View, rows: Range<usize>) -> Range<usize> {
     if rows.is_empty() { start..start } else { start..view.offset + (rows.end - 1) * view.stride + view.cols }
 }
 
-/// `cos` and `sin` of every RoPE angle for positions `0..positions`, `[pos][head_dim / 2]`; the
-/// CUDA backend uploads the same tables.
-pub fn rope_tables(positions: usize, head_dim: usize) -> (Vec<f32>, Vec<f32>) {
-    let half = head_dim / 2;
-    let mut cos = vec![0.0; positions * half];
-    let mut sin = vec![0.0; positions * half];
-    for pos in 0..positions {
-        for j in 0..half {
-            // transformers' Gemma rotary: inv_freq in f32, angle = pos · inv_freq in f32.
-            let inv_freq = (1.0 / 10000f64.powf(2.0 * j as f64 / head_dim as f64)) as f32;
-            let angle = (pos as f32 * inv_freq) as f64;
-            cos[pos * half + j] = angle.cos() as f32;
-            sin[pos * half + j] = angle.sin() as f32;
-        }
-    }
-    (cos, sin)
-}
-
 /// Applies `f` to each row of `view` inside `buf`.
 fn for_rows(buf: &mut [f32], view: View, mut f: impl FnMut(&mut [f32])) {
     for r in 0..view.rows {
@@ -631,6 +611,56 @@ mod tests {
         }
         // The two GELUs differ (by up to ~1e-3): a plan that picks the wrong one is caught.
         assert!((activate(Activation::GeluTanh, -1.5) - activate(Activation::GeluErf, -1.5)).abs() > 1e-4);
+    }
+
+    #[test]
+    fn rope_rotates_every_head_with_its_base() {
+        use crate::plan::HostIo;
+        let (rows, heads, kv_heads, hd, theta) = (3, 4, 2, 8, 1e6f32);
+        let width = (heads + 2 * kv_heads) * hd;
+        let mut plan = Plan::default();
+        let host = plan.host_buffer("qkv.host", BufType::F32, rows * width, HostIo::Input);
+        let qkv = View { buf: host, offset: 0, rows, cols: width, stride: width };
+        let positions = plan.host_buffer("positions", BufType::I32, rows + 1, HostIo::Input);
+        let (k_cache, v_cache) = (plan.matrix("k", rows + 1, kv_heads * hd), plan.matrix("v", rows + 1, kv_heads * hd));
+        plan.push(Op::RopeQkv { qkv, heads, kv_heads, head_dim: hd, theta, positions, position_offset: 1, k_cache, v_cache, cache_row: 1 });
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("empty.safetensors");
+        let one = 0f32.to_le_bytes();
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1], &one).unwrap();
+        safetensors::serialize_to_file([("unused", view)], None, &path).unwrap();
+        let mut cpu = CpuBackend::new(plan, vec![], &Checkpoint::open(&path).unwrap(), 1).unwrap();
+        let values: Vec<f32> = (0..rows * width).map(|i| ((i * 29 % 31) as f32 - 15.0) / 8.0).collect();
+        let pos = [0, 2, 3, 1]; // inside the table: positions never exceed the slots
+        cpu.input_f32(host).copy_from_slice(&values);
+        cpu.input_i32(positions).copy_from_slice(&pos);
+        cpu.run().unwrap();
+        let (q_out, k_out, v_out) = (cpu.read_buffer("qkv.host").unwrap(), cpu.read_buffer("k").unwrap(), cpu.read_buffer("v").unwrap());
+        let rotate = |x: &[f32], p: i32| -> Vec<f64> {
+            let half = hd / 2;
+            let angle = |j: usize| p as f64 * (theta as f64).powf(-2.0 * j as f64 / hd as f64);
+            let (a, b) = x.split_at(half);
+            let lo = (0..half).map(|j| a[j] as f64 * angle(j).cos() - b[j] as f64 * angle(j).sin());
+            lo.chain((0..half).map(|j| b[j] as f64 * angle(j).cos() + a[j] as f64 * angle(j).sin())).collect()
+        };
+        let close = |got: &[f32], want: &[f64], what: &str| {
+            for (g, w) in got.iter().zip(want) {
+                assert!((*g as f64 - w).abs() < 1e-4, "{what}: {g} vs {w}");
+            }
+        };
+        for r in 0..rows {
+            let row = &values[r * width..][..width];
+            let p = pos[1 + r];
+            for h in 0..heads {
+                close(&q_out[r * width + h * hd..][..hd], &rotate(&row[h * hd..][..hd], p), "q head");
+            }
+            for kh in 0..kv_heads {
+                let k_row = &k_out[(1 + r) * kv_heads * hd + kh * hd..][..hd];
+                close(k_row, &rotate(&row[(heads + kh) * hd..][..hd], p), "k head");
+                let v_row = &v_out[(1 + r) * kv_heads * hd + kh * hd..][..hd];
+                assert_eq!(v_row, &row[(heads + kv_heads + kh) * hd..][..hd], "v head copied");
+            }
+        }
     }
 
     #[test]

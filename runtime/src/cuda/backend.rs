@@ -32,7 +32,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
-use flashrt_kernels::{Kernels, MAX_PROMPT_BUCKETS};
+use flashrt_kernels::{DevPtr, Kernels, MAX_PROMPT_BUCKETS};
 
 use super::arena::{DeviceBuf, Elem, Layout, Scratch, ScratchSizes, copied_input, element_types};
 use super::device::{BlasLt, Context, DeviceMemory, Event, Graph, Pinned, Stream, check};
@@ -46,7 +46,7 @@ use super::weights::{retile_mlp_weights, upload_weights};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::plan::{BufId, HostIo, Op, Plan};
+use crate::plan::{BufId, HostIo, Op, Plan, RopeSpec};
 use crate::weights::WeightData;
 
 pub struct CudaBackend {
@@ -123,7 +123,6 @@ impl CudaBackend {
             .zip(&elems)
             .map(|(b, e)| (b.host == HostIo::Internal || copied_input(b)).then(|| layout.take(b.len * e.size())))
             .collect();
-        let (mut rope_positions, mut head_dim) = (0, 2);
         let mut positions_bufs = Vec::new();
         let fused_attention = kernels.has_fused_attention() && switches.fused_attention;
         let multiprocessors = ctx.multiprocessors()?;
@@ -169,15 +168,10 @@ impl CudaBackend {
                     }
                 }
                 Op::Gemm { a, .. } if elems[a.buf.0] == Elem::F32 => size.shadow = size.shadow.max(a.rows * a.cols),
-                Op::RopeQkv { k_cache, head_dim: hd, .. } => {
-                    rope_positions = rope_positions.max(k_cache.rows);
-                    head_dim = hd;
-                }
                 Op::Positions { positions, .. } => positions_bufs.push(positions),
                 _ => {}
             }
         }
-        let half = head_dim / 2;
         // A second stream with no ops gets no scratch (only the cuBLASLt workspace is unsized).
         let used_lanes = op_lanes.iter().max().map_or(1, |l| l + 1);
         let scratch_at: Vec<[usize; 7]> = sizes[..used_lanes]
@@ -194,14 +188,24 @@ impl CudaBackend {
                 ]
             })
             .collect();
-        let rope_at = [layout.take(rope_positions * half * 4), layout.take(rope_positions * half * 4)];
-        // Gathered rows need whole 16-byte groups (rope_rows_gather) and one positions buffer;
-        // else RoPE reads the positions itself.
-        let gathered = match positions_bufs[..] {
-            [positions] if half % 4 == 0 && rope_positions > 0 => Some((positions, plan.buffers[positions.0].len)),
+        // One (cos, sin) pair of tables per RoPE spec (θ, head dimension) of the plan.
+        let specs = plan.rope_specs();
+        let table_at: Vec<[usize; 2]> = specs
+            .iter()
+            .map(|s| {
+                let bytes = s.positions * s.head_dim / 2 * 4;
+                [layout.take(bytes), layout.take(bytes)]
+            })
+            .collect();
+        // Gathered rows need whole 16-byte groups (rope_rows_gather), one positions buffer and one
+        // table; else RoPE reads the positions itself.
+        let gathered = match (&positions_bufs[..], &specs[..]) {
+            (&[positions], &[spec]) if spec.head_dim / 2 % 4 == 0 && spec.positions > 0 => {
+                Some((positions, plan.buffers[positions.0].len, spec))
+            }
             _ => None,
         };
-        let rows_len = gathered.map_or(0, |(_, slots)| slots * half * 4);
+        let rows_len = gathered.map_or(0, |(_, slots, spec)| slots * spec.head_dim / 2 * 4);
         let rope_rows_at = [layout.take(rows_len), layout.take(rows_len)];
         // (destination, source, bytes) of each copied host input, for `copy_host_inputs`.
         let copied_inputs = plan.buffers.iter().filter(|b| copied_input(b)).count();
@@ -222,19 +226,21 @@ impl CudaBackend {
                 grid_barrier: at(o[6]),
             })
             .collect();
-        let rope = (at(rope_at[0]), at(rope_at[1]));
-        let rope_rows = gathered.map(|(positions, slots)| RopeRows {
+        let rope: Vec<(RopeSpec, (DevPtr, DevPtr))> = specs.iter().zip(&table_at).map(|(s, t)| (*s, (at(t[0]), at(t[1])))).collect();
+        let rope_rows = gathered.map(|(positions, slots, spec)| RopeRows {
             positions,
-            tables: rope,
+            tables: rope[0].1,
             rows: (at(rope_rows_at[0]), at(rope_rows_at[1])),
             slots,
-            half,
+            half: spec.head_dim / 2,
         });
-        let (cos, sin) = crate::cpu::rope_tables(rope_positions, head_dim);
-        // SAFETY: both regions were sized for these tables above.
-        unsafe {
-            check("uploading RoPE tables", result::memcpy_htod_sync(rope.0, &cos))?;
-            check("uploading RoPE tables", result::memcpy_htod_sync(rope.1, &sin))?;
+        for (spec, (cos_at, sin_at)) in &rope {
+            let (cos, sin) = spec.tables();
+            // SAFETY: both regions were sized for these tables above.
+            unsafe {
+                check("uploading RoPE tables", result::memcpy_htod_sync(*cos_at, &cos))?;
+                check("uploading RoPE tables", result::memcpy_htod_sync(*sin_at, &sin))?;
+            }
         }
 
         let mut host: Vec<Option<Pinned>> = Vec::with_capacity(plan.buffers.len());
@@ -281,7 +287,7 @@ impl CudaBackend {
             lt: &lt,
             weights: &uploaded.ptrs,
             scratch: &scratch,
-            rope,
+            rope: &rope,
             rope_rows,
             op_lanes: &op_lanes,
             host_inputs,

@@ -256,7 +256,18 @@ mod tests {
         let qkv = plan.matrix("qkv", 4, 4 * 8);
         let (positions, valid) = (plan.buffer("positions", BufType::I32, 16), plan.buffer("valid", BufType::F32, 16));
         let (k_cache, v_cache, out) = (plan.matrix("k", 16, 8), plan.matrix("v", 16, 8), plan.matrix("out", 4, 16));
-        plan.push(Op::RopeQkv { qkv, heads: 2, head_dim: 8, positions, position_offset: 12, k_cache, v_cache, cache_row: 12 });
+        plan.push(Op::RopeQkv {
+            qkv,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 8,
+            theta: 1e4,
+            positions,
+            position_offset: 12,
+            k_cache,
+            v_cache,
+            cache_row: 12,
+        });
         let attention = Op::Attention {
             q: qkv.cols(0, 16),
             k: k_cache,

@@ -12,7 +12,7 @@ use super::fusion::AttentionLowering;
 use super::gemm::{Matmul, MatmulSpec, Operand};
 use super::steps::{RopeRows, Schedule, Step};
 use crate::error::{Error, Result};
-use crate::plan::{Accesses, Activation, BufId, Op, Plan, Section, Span, View, WeightId, WeightRole, sections_of};
+use crate::plan::{Accesses, Activation, BufId, Op, Plan, RopeSpec, Section, Span, View, WeightId, WeightRole, sections_of};
 
 /// The lowered step: launches, their streams and cross-stream waits, where each plan phase
 /// starts among them, and the products.
@@ -32,7 +32,7 @@ pub(super) struct Lowering<'a> {
     pub(super) weights: &'a HashMap<(usize, Elem), DevPtr>,
     /// Each lane's scratch regions, and the RoPE tables (read-only, shared).
     pub(super) scratch: &'a [Scratch],
-    pub(super) rope: (DevPtr, DevPtr),
+    pub(super) rope: &'a [(RopeSpec, (DevPtr, DevPtr))],
     pub(super) rope_rows: Option<RopeRows>,
     /// The lane of every plan op, and that of the op being lowered.
     pub(super) op_lanes: &'a [usize],
@@ -346,15 +346,20 @@ impl Lowering<'_> {
                 suffix,
                 rope_rows: self.rope_rows.filter(|r| r.positions == positions),
             },
-            Op::RopeQkv { qkv, heads, head_dim, positions, position_offset, k_cache, v_cache, cache_row } => {
-                let rows = self.rope_rows.filter(|r| r.positions == positions && r.half == head_dim / 2);
+            Op::RopeQkv { qkv, heads, kv_heads, head_dim, theta, positions, position_offset, k_cache, v_cache, cache_row } => {
+                let Some(&(_, tables)) = self.rope.iter().find(|(spec, _)| spec.serves(theta, head_dim)) else {
+                    unreachable!("a table per RoPE spec of the plan")
+                };
+                // The gathered rows exist only for a plan with one table (this one).
+                let rows = self.rope_rows.filter(|r| r.positions == positions);
                 let (positions, (cos, sin)) = match rows {
                     Some(r) => (None, r.rows),
-                    None => (Some(self.ptr(positions)), self.rope),
+                    None => (Some(self.ptr(positions)), tables),
                 };
                 Step::Rope(RopeArgs {
                     qkv: self.mat(qkv)?,
                     heads,
+                    kv_heads,
                     head_dim,
                     positions,
                     position_offset,

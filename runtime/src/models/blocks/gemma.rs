@@ -5,6 +5,9 @@
 
 use crate::plan::{Activation, BufId, Op, Plan, View, WeightId};
 
+/// Gemma's rotary base (`rope_theta` of PaliGemma's Gemma 2B and of the 300M action expert).
+const ROPE_THETA: f32 = 10_000.0;
+
 /// One layer's products in the plan. `q_heads` query heads in `qkv` (0 for a layer that only
 /// fills the cache: the prefix's last layer, whose queries nothing reads) and, unless so, its
 /// O, gate/up and down products.
@@ -77,7 +80,9 @@ pub fn decoder_layer(plan: &mut Plan, w: &DecoderLayer, a: &Activations, cache: 
     plan.push(Op::RopeQkv {
         qkv,
         heads: w.q_heads,
+        kv_heads: 1,
         head_dim,
+        theta: ROPE_THETA,
         positions: cache.positions,
         position_offset: cache.first_row,
         k_cache: cache.k,
