@@ -137,6 +137,7 @@ enum Prompt {
 }
 
 pub struct Policy {
+    model: ModelKind,
     model_config: Config,
     io: pi05::IoBuffers,
     cameras: usize,
@@ -166,7 +167,8 @@ impl Policy {
         };
         let config_json = dir.join("config.json");
         // Pi0.5 is the only model yet; GR00T N1.7 joins as a second arm here.
-        let ModelKind::Pi05 = ModelKind::detect(&config_json)?;
+        let model = ModelKind::detect(&config_json)?;
+        let ModelKind::Pi05 = model;
         let ckpt = Arc::new(Checkpoint::open(&config.checkpoint)?);
         let json = if config_json.exists() { Some(LerobotConfig::read(&config_json)?) } else { None };
         let mut model_config = Config::from_checkpoint(&ckpt, json.as_ref())?;
@@ -297,6 +299,7 @@ impl Policy {
         log::info!("opened {} in {:.2?}", config.checkpoint.display(), started.elapsed());
 
         Ok(Policy {
+            model,
             io,
             cameras,
             out_action_dim,
@@ -319,7 +322,7 @@ impl Policy {
     pub fn info(&self) -> PolicyInfo {
         let c = &self.model_config;
         PolicyInfo {
-            model: "pi05",
+            model: self.model.name(),
             backend: self.backend.name(),
             device: self.backend.device_name(),
             cameras: c.cameras.clone(),

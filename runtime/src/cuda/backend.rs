@@ -146,8 +146,10 @@ impl CudaBackend {
         // the keys RoPE does not write meanwhile.
         let early_attentions = if switches.early_launch { attentions_after_their_rope(&plan, &op_lanes) } else { Vec::new() };
         let mut sizes = [ScratchSizes::default(); LANES];
-        // Attention ops per kernel: attention_mq256, attention_mh72, the two products (for explain).
+        // Attention ops per kernel: attention_mq256, attention_mh72, the two products, and why
+        // each on the products took neither fused kernel (for explain).
         let mut attention_kernels = [0usize; 3];
+        let mut general_reasons: Vec<(String, usize)> = Vec::new();
         for (op, &lane) in plan.ops.iter().zip(&op_lanes) {
             let size = &mut sizes[lane];
             match *op {
@@ -164,6 +166,19 @@ impl CudaBackend {
                         AttentionLowering::Products => {
                             size.scores = size.scores.max(heads * (q.rows / groups) * (k.rows / groups));
                             attention_kernels[2] += 1;
+                            let why = AttentionLowering::why_general(
+                                q.rows / groups,
+                                heads,
+                                kv_heads,
+                                head_dim,
+                                masked,
+                                causal.is_some(),
+                                fused_attention,
+                            );
+                            match general_reasons.iter_mut().find(|(r, _)| *r == why) {
+                                Some((_, n)) => *n += 1,
+                                None => general_reasons.push((why, 1)),
+                            }
                         }
                     }
                 }
@@ -336,13 +351,14 @@ impl CudaBackend {
         };
         let lowering = format!(
             "  switches: {}\n  attention: {} op(s) as attention_mq256 (few queries, one K/V head, head dim 256), {} as attention_mh72 \
-             (SigLIP: head dim 72, unmasked), {} as two cuBLASLt products around a softmax (every other shape)\n  MLPs as one \
+             (SigLIP: head dim 72, unmasked), {} as two cuBLASLt products around a softmax (every other shape){}\n  MLPs as one \
              streamed launch: {} ({} started under their norm); attentions started under their RoPE: {}; ops on the second \
              stream: {}\n  launches: {}\n",
             switches.describe(),
             attention_kernels[0],
             attention_kernels[1],
             attention_kernels[2],
+            general_reasons.iter().map(|(why, n)| format!("\n    {n} on the products: {why}")).collect::<String>(),
             mlps.len(),
             early_mlps.len(),
             early_attentions.len(),

@@ -45,6 +45,42 @@ impl AttentionLowering {
             AttentionLowering::Products
         }
     }
+
+    /// Why an op on the general path takes neither fused kernel, for `explain()`: the first
+    /// condition of each kernel it misses (`causal` and `fused` as for [`AttentionLowering::of`]).
+    pub(super) fn why_general(
+        queries: usize,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        masked: bool,
+        causal: bool,
+        fused: bool,
+    ) -> String {
+        if !fused {
+            return "the fused kernels are off or get too little shared memory here".into();
+        }
+        if causal {
+            return "a causal mask (the fused kernels have none)".into();
+        }
+        let mq256 = if head_dim != 256 {
+            format!("head dim {head_dim}")
+        } else if kv_heads != 1 {
+            format!("{kv_heads} K/V heads")
+        } else {
+            format!("{queries} queries (attention_mq256 takes at most 64, one group)")
+        };
+        let mh72 = if head_dim != 72 {
+            "not 72".to_string()
+        } else if kv_heads != heads {
+            format!("{kv_heads} K/V heads for {heads}")
+        } else if masked {
+            "masked".into()
+        } else {
+            "over 256 keys per group".into()
+        };
+        format!("{mq256}; attention_mh72: {mh72}")
+    }
 }
 
 /// The MLPs the lowering runs as one [`Kernels::mlp_stream`] launch: the
@@ -312,6 +348,18 @@ mod tests {
             *q = out;
         }
         assert!(attentions_after_their_rope(&other_q, &lanes).is_empty());
+    }
+
+    #[test]
+    fn the_general_path_says_why_each_fused_kernel_passed() {
+        // Pi0.5's prefix: 800 queries of head dim 256 over one K/V head, masked.
+        let why = AttentionLowering::why_general(800, 8, 1, 256, true, false, true);
+        assert_eq!(why, "800 queries (attention_mq256 takes at most 64, one group); attention_mh72: not 72");
+        // Qwen3's decoder: causal first; grouped heads name their count.
+        assert!(AttentionLowering::why_general(30, 16, 8, 128, false, true, true).contains("causal"));
+        assert!(AttentionLowering::why_general(30, 16, 8, 128, false, false, true).starts_with("head dim 128"));
+        assert!(AttentionLowering::why_general(30, 16, 8, 72, false, false, true).ends_with("8 K/V heads for 16"));
+        assert!(AttentionLowering::why_general(30, 16, 16, 72, true, false, false).contains("off"));
     }
 
     #[test]

@@ -16,8 +16,14 @@ pub enum ModelKind {
 }
 
 impl ModelKind {
-    /// Every model with the name its `config.json` gives it.
-    const NAMES: [(&'static str, ModelKind); 1] = [("pi05", ModelKind::Pi05)];
+    pub const ALL: [ModelKind; 1] = [ModelKind::Pi05];
+
+    /// The name `config.json` gives the model (and `PolicyInfo::model` reports).
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelKind::Pi05 => "pi05",
+        }
+    }
 
     /// The model of the checkpoint whose `config.json` is `config_json`: its `type` (lerobot) or
     /// `model_type` (Hugging Face). Without a config.json (a lone `.safetensors` file) or a
@@ -32,8 +38,8 @@ impl ModelKind {
         let named = ["type", "model_type"].iter().find_map(|field| json.get(field).map(|v| (field, v)));
         let Some((field, value)) = named else { return Ok(ModelKind::Pi05) };
         let name = value.as_str().unwrap_or_default();
-        Self::NAMES.iter().find(|(n, _)| *n == name).map(|(_, kind)| *kind).ok_or_else(|| {
-            let supported: Vec<&str> = Self::NAMES.iter().map(|(n, _)| *n).collect();
+        Self::ALL.into_iter().find(|kind| kind.name() == name).ok_or_else(|| {
+            let supported: Vec<&str> = Self::ALL.iter().map(|kind| kind.name()).collect();
             Error::checkpoint(
                 config_json,
                 format!("config.json `{field}` is {value}, a model FlashRT does not run; supported: {}", supported.join(", ")),
