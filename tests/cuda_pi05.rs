@@ -286,10 +286,17 @@ fn norm_case(seed: u64, kind: usize) -> Case {
                 let modulation = Some(c.vector_weight(m));
                 c.plan.push(Op::LayerNorm { x, out, affine: None, modulation, eps: 1e-6 });
             }
-            _ => {
+            4 => {
                 let w = c.normal(cols, 0.2).iter().map(|v| 1.0 + v).collect();
                 let weight = Some(c.vector_weight(w));
                 c.plan.push(Op::RmsNorm { x, out, weight, eps: 1e-6 });
+            }
+            // Per-head RMSNorm (Qwen3's q/k norm) over the row as `heads` slices, one shared weight.
+            _ => {
+                let heads = [1, 2, 4, 8].into_iter().rev().find(|h| cols % h == 0).unwrap();
+                let w = c.normal(cols / heads, 0.2).iter().map(|v| 1.0 + v).collect();
+                let weight = c.vector_weight(w);
+                c.plan.push(Op::HeadRmsNorm { x, out, heads, weight, eps: 1e-6 });
             }
         }
         c.check(out);
@@ -299,7 +306,7 @@ fn norm_case(seed: u64, kind: usize) -> Case {
     }
     c.name = format!(
         "{} {rows}x{cols}",
-        ["layer_norm", "rms_norm", "ada_rms_norm", "layer_norm (adaptive, no affine)", "rms_norm (weighted)"][kind]
+        ["layer_norm", "rms_norm", "ada_rms_norm", "layer_norm (adaptive, no affine)", "rms_norm (weighted)", "head_rms_norm"][kind]
     );
     c
 }
@@ -704,6 +711,7 @@ fn every_op_matches_cpu() {
             (norm_case(seed, 2), dummy.clone()),
             (norm_case(seed, 3), dummy.clone()),
             (norm_case(seed, 4), dummy.clone()),
+            (norm_case(seed, 5), dummy.clone()),
             (residual_case(seed), dummy.clone()),
             (step_boundary_case(seed), dummy.clone()),
             (elementwise_case(seed), dummy.clone()),

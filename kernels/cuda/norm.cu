@@ -112,12 +112,15 @@ __device__ void rms_finish(Tout* orow, const Tin* xr, float ss, const float* mod
     }
 }
 
+// One block per (row, head): each row's `heads` slices of `cols` are normalised separately
+// (heads = 1: the whole row), sharing `weight`.
 template <typename Tin, typename Tout>
 __device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, const float* weight, const float* modulation,
-                         int cols, float eps, int per) {
+                         int cols, int heads, float eps, int per) {
     __shared__ float scratch[32];
-    const Tin* xr = x + (long)blockIdx.x * x_stride;
-    Tout* orow = out + (long)blockIdx.x * out_stride;
+    const long r = blockIdx.x / heads, h = blockIdx.x % heads;
+    const Tin* xr = x + r * x_stride + h * cols;
+    Tout* orow = out + r * out_stride + h * cols;
     float ss = 0.0f;
     if (per == 8) {
         const int c = threadIdx.x * 8;
@@ -140,10 +143,10 @@ __device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, 
 // residual norm may itself be launched as one (after a cuBLASLt product): it waits first.
 #define RMS_NORM(NAME, TIN, TOUT)                                                                   \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* x, int x_stride,         \
-                                    const float* weight, const float* modulation, int cols, float eps, \
-                                    int per) {                                                      \
+                                    const float* weight, const float* modulation, int cols, int heads, \
+                                    float eps, int per) {                                           \
         launch_dependents();                                                                        \
-        rms_norm<TIN, TOUT>(out, out_stride, x, x_stride, weight, modulation, cols, eps, per);      \
+        rms_norm<TIN, TOUT>(out, out_stride, x, x_stride, weight, modulation, cols, heads, eps, per); \
     }
 FOR_IN_OUT(RMS_NORM, rms_norm)
 

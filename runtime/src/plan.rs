@@ -230,6 +230,10 @@ pub enum Op {
     /// given (Qwen3's RMSNorm). Gemma's `(1 + w)` scale is folded into the next GEMM's weight at
     /// load instead (no weight here).
     RmsNorm { x: View, out: View, weight: Option<WeightId>, eps: f32 },
+    /// RMS normalisation of each of the `heads` equal column slices of every row separately
+    /// (`x` is `[rows, heads·head_dim]`), times the `weight` (head_dim wide) the heads share:
+    /// Qwen3's q_norm / k_norm, applied per head before RoPE.
+    HeadRmsNorm { x: View, out: View, heads: usize, weight: WeightId, eps: f32 },
     /// Adaptive RMS norm: `out = rms(x) · (1 + scale) + shift` with `modulation = [scale | shift | gate]`
     /// precomputed at load for this denoise step and layer.
     AdaRmsNorm { x: View, out: View, modulation: WeightId, eps: f32 },
@@ -341,6 +345,7 @@ impl Op {
             Op::LayerNorm { .. } => "layer_norm",
             Op::RmsNorm { .. } => "rms_norm",
             Op::AdaRmsNorm { .. } => "ada_rms_norm",
+            Op::HeadRmsNorm { .. } => "head_rms_norm",
             Op::GatedResidual { .. } => "gated_residual",
             Op::Activation { kind, .. } => kind.name(),
             Op::GatedActivation { kind, .. } => kind.gated_name(),
@@ -374,7 +379,11 @@ impl Op {
                 reads.push(x.span());
                 writes.push(x.span());
             }
-            Op::LayerNorm { x, out, .. } | Op::RmsNorm { x, out, .. } | Op::AdaRmsNorm { x, out, .. } | Op::Affine { x, out, .. } => {
+            Op::LayerNorm { x, out, .. }
+            | Op::RmsNorm { x, out, .. }
+            | Op::AdaRmsNorm { x, out, .. }
+            | Op::HeadRmsNorm { x, out, .. }
+            | Op::Affine { x, out, .. } => {
                 reads.push(x.span());
                 writes.push(out.span());
             }
@@ -630,6 +639,9 @@ impl Plan {
                 causal.map(|o| format!(" causal+{o}")).unwrap_or_default()
             ),
             Op::AdaRmsNorm { x, modulation, .. } => format!("ada_rms_norm {} mod={}", v(x), w(modulation)),
+            Op::HeadRmsNorm { x, out, heads, weight, .. } => {
+                format!("head_rms_norm {} -> {} per {heads} heads x {}", v(x), v(out), w(weight))
+            }
             Op::GatedResidual { x, y, modulation } => format!("gated_residual {} += {} * gate({})", v(x), v(y), w(modulation)),
             Op::LayerNorm { x, out, .. } | Op::RmsNorm { x, out, .. } => format!("{} {} -> {}", op.name(), v(x), v(out)),
             Op::GatedActivation { gate_up, out, kind } => format!("{} {} -> {}", kind.gated_name(), v(gate_up), v(out)),

@@ -38,15 +38,18 @@ impl Kernels {
         unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
     }
 
-    /// Row-wise RMS norm, times `weight` (cols f32) when given; with `modulation`
-    /// (`[scale | shift | gate]`, 3 · cols f32) the adaRMS form `rms(x) · (1 + scale) + shift`.
+    /// RMS norm of each row's `heads` equal column slices (1: the whole row), times `weight`
+    /// (one slice wide, f32) when given; with `modulation` (`[scale | shift | gate]`, 3 · cols
+    /// f32) the adaRMS form `rms(x) · (1 + scale) + shift`.
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
+    #[allow(clippy::too_many_arguments)] // two matrices, the slicing and three optional vectors
     pub unsafe fn rms_norm(
         &self,
         out: Mat,
         x: Mat,
+        heads: usize,
         weight: Option<DevPtr>,
         modulation: Option<DevPtr>,
         eps: f32,
@@ -54,7 +57,16 @@ impl Kernels {
     ) -> Result<()> {
         Self::same_shape("rms_norm", &out, &x)?;
         let name = format!("rms_norm_{}_{}", x.dtype.suffix(), out.dtype.suffix());
-        let (per, threads) = Self::row_launch(&[(out, 0), (x, 0)], &[weight.unwrap_or(0), modulation.unwrap_or(0)], x.cols);
+        if heads == 0 || x.cols % heads != 0 || (heads > 1 && modulation.is_some()) {
+            return Err(shape_error(&name, format!("{} columns in {heads} heads (with a modulation: {})", x.cols, modulation.is_some())));
+        }
+        let cols = x.cols / heads;
+        // Each slice starts `cols` elements after the last: its alignment is that of `cols`.
+        let (per, threads) = if cols % 8 == 0 {
+            Self::row_launch(&[(out, cols), (x, cols)], &[weight.unwrap_or(0), modulation.unwrap_or(0)], cols)
+        } else {
+            (1, Self::row_block(cols))
+        };
         let args = [
             Arg::P(out.ptr),
             Arg::I(i32_of(out.stride, &name)?),
@@ -62,12 +74,15 @@ impl Kernels {
             Arg::I(i32_of(x.stride, &name)?),
             Arg::P(weight.unwrap_or(0)),
             Arg::P(modulation.unwrap_or(0)),
-            Arg::I(i32_of(x.cols, &name)?),
+            Arg::I(i32_of(cols, &name)?),
+            Arg::I(i32_of(heads, &name)?),
             Arg::F(eps),
             Arg::I(per),
         ];
-        // SAFETY: matches `rms_norm_*` in norm.cu (a null weight or modulation is left out).
-        unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
+        let blocks = u32::try_from(x.rows * heads).map_err(|_| shape_error(&name, format!("{} rows x {heads} heads", x.rows)))?;
+        // SAFETY: matches `rms_norm_*` in norm.cu (a null weight or modulation is left out): one
+        // block per (row, head) slice.
+        unsafe { self.launch(&name, (blocks, 1, 1), threads, stream, args) }
     }
 
     /// `x += y ⊙ gate`, gate = the third third of `modulation` (3 · cols f32); `x` is f32.

@@ -285,6 +285,14 @@ impl CpuBackend {
             }
             Op::RmsNorm { x, out, weight, eps } => self.rms_norm(x, out, eps, weight, None),
             Op::AdaRmsNorm { x, out, modulation, eps } => self.rms_norm(x, out, eps, None, Some(modulation)),
+            Op::HeadRmsNorm { x, out, heads, weight, eps } => {
+                // Each head's slice as its own row: the same arithmetic as RmsNorm with a weight.
+                let d = x.cols / heads;
+                for h in 0..heads {
+                    let slice = |v: View| View { offset: v.offset + h * d, cols: d, ..v };
+                    self.rms_norm(slice(x), slice(out), eps, Some(weight), None);
+                }
+            }
             Op::GatedResidual { x, y, modulation } => {
                 self.with_out(x.buf, |this, dst| {
                     let gate = &this.vector(modulation)[2 * x.cols..][..x.cols];
@@ -678,6 +686,9 @@ mod tests {
         let (ada, rms) = (plan.matrix("ada_layer_norm", rows, cols), plan.matrix("weighted_rms_norm", rows, cols));
         plan.push(Op::LayerNorm { x, out: ada, affine: None, modulation: Some(m), eps: 1e-6 });
         plan.push(Op::RmsNorm { x, out: rms, weight: Some(w), eps: 1e-6 });
+        // Per head: each half of a row normalised alone, with the first half of the weight.
+        let per_head = plan.matrix("head_rms_norm", rows, cols);
+        plan.push(Op::HeadRmsNorm { x, out: per_head, heads: 2, weight: w, eps: 1e-6 });
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("empty.safetensors");
         let one = 0f32.to_le_bytes();
@@ -689,6 +700,7 @@ mod tests {
         cpu.input_f32(host).copy_from_slice(&values);
         cpu.run().unwrap();
         let (got_ada, got_rms) = (cpu.read_buffer("ada_layer_norm").unwrap(), cpu.read_buffer("weighted_rms_norm").unwrap());
+        let got_heads = cpu.read_buffer("head_rms_norm").unwrap();
         for (r, row) in values.chunks(cols).enumerate() {
             let mean = row.iter().map(|&v| v as f64).sum::<f64>() / cols as f64;
             let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / cols as f64;
@@ -698,6 +710,13 @@ mod tests {
                 let rms = row[c] as f64 / (ms + 1e-6).sqrt() * weight[c] as f64;
                 assert!((got_ada[r * cols + c] as f64 - ada).abs() < 1e-5, "AdaLN row {r} col {c}");
                 assert!((got_rms[r * cols + c] as f64 - rms).abs() < 1e-5, "weighted RMSNorm row {r} col {c}");
+            }
+            for (h, head) in row.chunks(cols / 2).enumerate() {
+                let ms = head.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / head.len() as f64;
+                for (c, &v) in head.iter().enumerate() {
+                    let want = v as f64 / (ms + 1e-6).sqrt() * weight[c] as f64;
+                    assert!((got_heads[r * cols + h * cols / 2 + c] as f64 - want).abs() < 1e-5, "head RMSNorm row {r} head {h}");
+                }
             }
         }
     }

@@ -150,7 +150,7 @@ impl Launcher {
                 }
                 Step::AddTable { x, table, table_rows } => k.add_table(x, table, table_rows, s),
                 Step::LayerNorm { out, x, affine, modulation, eps } => k.layer_norm(out, x, affine, modulation, eps, s),
-                Step::RmsNorm { out, x, weight, modulation, eps } => k.rms_norm(out, x, weight, modulation, eps, s),
+                Step::RmsNorm { out, x, heads, weight, modulation, eps } => k.rms_norm(out, x, heads, weight, modulation, eps, s),
                 Step::GatedResidual { x, y, modulation } => k.gated_residual(x, y, modulation, s),
                 Step::GatedResidualRmsNorm { out, x, y, gate, norm, eps, early } => {
                     k.gated_residual_rms_norm(out, x, y, gate, norm, eps, early, s)

@@ -310,13 +310,23 @@ impl Lowering<'_> {
             Op::RmsNorm { x, out, weight, eps } => Step::RmsNorm {
                 out: self.mat(out)?,
                 x: self.mat(x)?,
+                heads: 1,
                 weight: weight.map(|w| self.weight(w, Elem::F32)),
+                modulation: None,
+                eps,
+            },
+            Op::HeadRmsNorm { x, out, heads, weight, eps } => Step::RmsNorm {
+                out: self.mat(out)?,
+                x: self.mat(x)?,
+                heads,
+                weight: Some(self.weight(weight, Elem::F32)),
                 modulation: None,
                 eps,
             },
             Op::AdaRmsNorm { x, out, modulation, eps } => Step::RmsNorm {
                 out: self.mat(out)?,
                 x: self.mat(x)?,
+                heads: 1,
                 weight: None,
                 modulation: Some(self.weight(modulation, Elem::F32)),
                 eps,

@@ -154,7 +154,12 @@ impl Launcher {
             Step::ImagePatches { .. } => "image_patches".into(),
             Step::AddTable { .. } => "add_table".into(),
             Step::LayerNorm { .. } => "layer_norm".into(),
-            Step::RmsNorm { modulation, .. } => if modulation.is_some() { "ada_rms_norm" } else { "rms_norm" }.into(),
+            Step::RmsNorm { modulation, heads, .. } => match (modulation.is_some(), *heads > 1) {
+                (true, _) => "ada_rms_norm",
+                (false, true) => "head_rms_norm",
+                (false, false) => "rms_norm",
+            }
+            .into(),
             Step::GatedResidual { .. } => "gated_residual".into(),
             Step::GatedResidualRmsNorm { .. } => "gated_residual_rms_norm".into(),
             Step::GatedResidualRmsNormProduct { .. } => "gated_residual_rms_norm_product".into(),

@@ -44,9 +44,11 @@ pub(super) enum Step {
         modulation: Option<DevPtr>,
         eps: f32,
     },
+    /// Each row's `heads` equal column slices normalised separately (1: the whole row).
     RmsNorm {
         out: Mat,
         x: Mat,
+        heads: usize,
         weight: Option<DevPtr>,
         modulation: Option<DevPtr>,
         eps: f32,

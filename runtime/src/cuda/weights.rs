@@ -41,7 +41,7 @@ pub(super) fn weight_uses(plan: &Plan, elems: &[Elem]) -> Vec<(usize, Elem)> {
                 uses.extend(affine.into_iter().flat_map(|(g, b)| [(g.0, Elem::F32), (b.0, Elem::F32)]));
                 uses.extend(modulation.map(|m| (m.0, Elem::F32)));
             }
-            Op::RmsNorm { weight: Some(w), .. } => uses.push((w.0, Elem::F32)),
+            Op::RmsNorm { weight: Some(w), .. } | Op::HeadRmsNorm { weight: w, .. } => uses.push((w.0, Elem::F32)),
             Op::AdaRmsNorm { modulation, .. } | Op::GatedResidual { modulation, .. } => uses.push((modulation.0, Elem::F32)),
             Op::Affine { scale, offset, .. } => uses.extend([(scale.0, Elem::F32), (offset.0, Elem::F32)]),
             _ => {}
