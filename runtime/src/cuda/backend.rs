@@ -167,10 +167,12 @@ impl CudaBackend {
                             size.scores = size.scores.max(heads * (q.rows / groups) * (k.rows / groups));
                             attention_kernels[2] += 1;
                             let why = AttentionLowering::why_general(
-                                q.rows / groups,
+                                q.rows,
+                                k.rows,
                                 heads,
                                 kv_heads,
                                 head_dim,
+                                groups,
                                 masked,
                                 causal.is_some(),
                                 fused_attention,

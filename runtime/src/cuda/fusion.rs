@@ -37,9 +37,9 @@ impl AttentionLowering {
         fused: bool,
         multiprocessors: usize,
     ) -> AttentionLowering {
-        if fused && queries <= 64 && kv_heads == 1 && head_dim == 256 && groups == 1 {
+        if fused && misses_mq256(queries, kv_heads, head_dim, groups).is_none() {
             AttentionLowering::ActionTokens(Kernels::attention_split(queries * heads, keys, multiprocessors))
-        } else if fused && head_dim == 72 && kv_heads == heads && keys / groups <= flashrt_kernels::VISION_MAX_KEYS && !masked {
+        } else if fused && misses_mh72(heads, kv_heads, head_dim, keys / groups, masked).is_none() {
             AttentionLowering::Vision
         } else {
             AttentionLowering::Products
@@ -47,12 +47,16 @@ impl AttentionLowering {
     }
 
     /// Why an op on the general path takes neither fused kernel, for `explain()`: the first
-    /// condition of each kernel it misses (`causal` and `fused` as for [`AttentionLowering::of`]).
+    /// condition of each kernel it misses (the op's fields, `causal` and `fused` as for
+    /// [`AttentionLowering::of`]).
+    #[allow(clippy::too_many_arguments)] // the op's own fields, one to one
     pub(super) fn why_general(
         queries: usize,
+        keys: usize,
         heads: usize,
         kv_heads: usize,
         head_dim: usize,
+        groups: usize,
         masked: bool,
         causal: bool,
         fused: bool,
@@ -63,23 +67,40 @@ impl AttentionLowering {
         if causal {
             return "a causal mask (the fused kernels have none)".into();
         }
-        let mq256 = if head_dim != 256 {
-            format!("head dim {head_dim}")
-        } else if kv_heads != 1 {
-            format!("{kv_heads} K/V heads")
-        } else {
-            format!("{queries} queries (attention_mq256 takes at most 64, one group)")
-        };
-        let mh72 = if head_dim != 72 {
-            "not 72".to_string()
-        } else if kv_heads != heads {
-            format!("{kv_heads} K/V heads for {heads}")
-        } else if masked {
-            "masked".into()
-        } else {
-            "over 256 keys per group".into()
-        };
+        let mq256 = misses_mq256(queries, kv_heads, head_dim, groups).unwrap_or_default();
+        let mh72 = misses_mh72(heads, kv_heads, head_dim, keys / groups, masked).unwrap_or_default();
         format!("{mq256}; attention_mh72: {mh72}")
+    }
+}
+
+/// The first condition of [`Kernels::attention_mq256`] an op misses, `None` when it takes it:
+/// head dimension 256, one K/V head, at most 64 queries in one group.
+fn misses_mq256(queries: usize, kv_heads: usize, head_dim: usize, groups: usize) -> Option<String> {
+    if head_dim != 256 {
+        Some(format!("head dim {head_dim}"))
+    } else if kv_heads != 1 {
+        Some(format!("{kv_heads} K/V heads"))
+    } else if queries > 64 || groups != 1 {
+        Some(format!("{queries} queries (attention_mq256 takes at most 64, one group)"))
+    } else {
+        None
+    }
+}
+
+/// The first condition of [`Kernels::attention_mh72`] an op misses, `None` when it takes it:
+/// head dimension 72, one K/V head per query head, unmasked, at most
+/// [`flashrt_kernels::VISION_MAX_KEYS`] keys per group.
+fn misses_mh72(heads: usize, kv_heads: usize, head_dim: usize, keys_per_group: usize, masked: bool) -> Option<String> {
+    if head_dim != 72 {
+        Some("not 72".into())
+    } else if kv_heads != heads {
+        Some(format!("{kv_heads} K/V heads for {heads}"))
+    } else if masked {
+        Some("masked".into())
+    } else if keys_per_group > flashrt_kernels::VISION_MAX_KEYS {
+        Some(format!("over {} keys per group", flashrt_kernels::VISION_MAX_KEYS))
+    } else {
+        None
     }
 }
 
@@ -353,13 +374,13 @@ mod tests {
     #[test]
     fn the_general_path_says_why_each_fused_kernel_passed() {
         // Pi0.5's prefix: 800 queries of head dim 256 over one K/V head, masked.
-        let why = AttentionLowering::why_general(800, 8, 1, 256, true, false, true);
+        let why = AttentionLowering::why_general(800, 812, 8, 1, 256, 1, true, false, true);
         assert_eq!(why, "800 queries (attention_mq256 takes at most 64, one group); attention_mh72: not 72");
         // Qwen3's decoder: causal first; grouped heads name their count.
-        assert!(AttentionLowering::why_general(30, 16, 8, 128, false, true, true).contains("causal"));
-        assert!(AttentionLowering::why_general(30, 16, 8, 128, false, false, true).starts_with("head dim 128"));
-        assert!(AttentionLowering::why_general(30, 16, 8, 72, false, false, true).ends_with("8 K/V heads for 16"));
-        assert!(AttentionLowering::why_general(30, 16, 16, 72, true, false, false).contains("off"));
+        assert!(AttentionLowering::why_general(30, 30, 16, 8, 128, 1, false, true, true).contains("causal"));
+        assert!(AttentionLowering::why_general(30, 30, 16, 8, 128, 1, false, false, true).starts_with("head dim 128"));
+        assert!(AttentionLowering::why_general(30, 30, 16, 8, 72, 1, false, false, true).ends_with("8 K/V heads for 16"));
+        assert!(AttentionLowering::why_general(30, 30, 16, 16, 72, 1, true, false, false).contains("off"));
     }
 
     #[test]
