@@ -8,7 +8,7 @@
 
 use std::ops::Range;
 
-use super::gemm::{MR, NR, micro_kernel};
+use super::gemm::{MR, NR, micro_kernel, mul_add};
 
 /// (query, head) rows per block: whole micro-kernel tiles, scores `ROWS × keys` stay in L2.
 const ROWS: usize = 4 * MR;
@@ -214,12 +214,6 @@ fn softmax_numerators<const FMA: bool>(row: &mut [f32], scale: f32) -> f32 {
         *s = exp_nonpositive::<FMA>(mul_add::<FMA>(*s, scale, -max));
     }
     sum.iter().chain(tail.iter()).sum()
-}
-
-/// `a·b + c`, fused where the target has the instruction (elsewhere `mul_add` is a libm call).
-#[inline(always)]
-fn mul_add<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-    if FMA { a.mul_add(b, c) } else { a * b + c }
 }
 
 /// `e^x` for `x ≤ 0` (softmax arguments) within 2 ulp, branch-free so that it vectorises along a

@@ -125,11 +125,17 @@ pub fn micro_kernel<const FMA: bool>(a: &[&[f32]; MR], b: &[f32], kc: usize) -> 
         for i in 0..MR {
             let av = a[i][p];
             for j in 0..NR {
-                acc[i][j] = if FMA { av.mul_add(b[j], acc[i][j]) } else { acc[i][j] + av * b[j] };
+                acc[i][j] = mul_add::<FMA>(av, b[j], acc[i][j]);
             }
         }
     }
     acc
+}
+
+/// `a·b + c`, fused where the target has the instruction (elsewhere `mul_add` is a libm call).
+#[inline(always)]
+pub fn mul_add<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA { a.mul_add(b, c) } else { a * b + c }
 }
 
 /// [`micro_kernel`] in twelve AVX registers: two 8-lane halves of `NR` per row.

@@ -602,6 +602,17 @@ pub fn activate(kind: Activation, x: f32) -> f32 {
 mod tests {
     use super::*;
 
+    /// A checkpoint for plans whose weights are all dense: one tensor nothing reads.
+    fn unused_checkpoint() -> (tempfile::TempDir, Checkpoint) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("unused.safetensors");
+        let zero = 0f32.to_le_bytes();
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1], &zero).unwrap();
+        safetensors::serialize_to_file([("unused", view)], None, &path).unwrap();
+        let ckpt = Checkpoint::open(&path).unwrap();
+        (dir, ckpt)
+    }
+
     #[test]
     fn activations_match_their_f64_definitions() {
         let reference = |kind: Activation, x: f64| match kind {
@@ -632,12 +643,8 @@ mod tests {
         let positions = plan.host_buffer("positions", BufType::I32, rows + 1, HostIo::Input);
         let (k_cache, v_cache) = (plan.matrix("k", rows + 1, kv_heads * hd), plan.matrix("v", rows + 1, kv_heads * hd));
         plan.push(Op::RopeQkv { qkv, heads, kv_heads, head_dim: hd, theta, positions, position_offset: 1, k_cache, v_cache, cache_row: 1 });
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("empty.safetensors");
-        let one = 0f32.to_le_bytes();
-        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1], &one).unwrap();
-        safetensors::serialize_to_file([("unused", view)], None, &path).unwrap();
-        let mut cpu = CpuBackend::new(plan, vec![], &Checkpoint::open(&path).unwrap(), 1).unwrap();
+        let (_dir, ckpt) = unused_checkpoint();
+        let mut cpu = CpuBackend::new(plan, vec![], &ckpt, 1).unwrap();
         let values: Vec<f32> = (0..rows * width).map(|i| ((i * 29 % 31) as f32 - 15.0) / 8.0).collect();
         let pos = [0, 2, 3, 1]; // inside the table: positions never exceed the slots
         cpu.input_f32(host).copy_from_slice(&values);
@@ -689,12 +696,7 @@ mod tests {
         // Per head: each half of a row normalised alone, with the first half of the weight.
         let per_head = plan.matrix("head_rms_norm", rows, cols);
         plan.push(Op::HeadRmsNorm { x, out: per_head, heads: 2, weight: w, eps: 1e-6 });
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("empty.safetensors");
-        let one = 0f32.to_le_bytes();
-        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1], &one).unwrap();
-        safetensors::serialize_to_file([("unused", view)], None, &path).unwrap();
-        let ckpt = Checkpoint::open(&path).unwrap();
+        let (_dir, ckpt) = unused_checkpoint();
         let weights = vec![WeightData::Dense(modulation.clone()), WeightData::Dense(weight.clone())];
         let mut cpu = CpuBackend::new(plan, weights, &ckpt, 1).unwrap();
         cpu.input_f32(host).copy_from_slice(&values);
