@@ -43,7 +43,8 @@ fn step_does_not_allocate_after_warm_up() {
 
     // Inputs prepared up front (the test's own buffers must not be counted). The first size is the
     // model's own (no resize), the others are resized with padding.
-    let side = info.config.image_size;
+    let flashrt::models::ModelConfig::Pi05(config) = &info.config;
+    let side = config.image_size;
     let sizes =
         [(side, side, PixelFormat::Rgb8), (640, 480, PixelFormat::Bgr8), (300, 200, PixelFormat::Rgba8), (96, 128, PixelFormat::Rgb8)];
     let frames: Vec<Vec<u8>> =

@@ -198,6 +198,12 @@ impl Checkpoint {
         &self.path
     }
 
+    /// The directory beside the weights (config.json, statistics, tokenizer): the path itself, or
+    /// the parent of a lone `.safetensors` file.
+    pub fn dir(&self) -> &Path {
+        if self.path.is_dir() { &self.path } else { self.path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")) }
+    }
+
     /// Names of all tensors (with any `model.` prefix removed), sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(String::as_str)

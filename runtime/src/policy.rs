@@ -1,10 +1,10 @@
 //! The policy API: open a checkpoint once, set a prompt, call [`Policy::step`] every control tick.
 //!
 //! `step` validates the whole observation before touching any state (a bad observation returns an
-//! error and leaves the policy usable), then stages inputs into the plan's buffers, runs the plan
-//! and copies the action chunk out. After the first call it performs no heap allocation.
+//! error and leaves the policy usable), then stages inputs through the model's io spec, runs the
+//! plan and copies the action chunk out. After the first call it performs no heap allocation.
+//! The policy knows no model by name: [`crate::models`] picks the model and builds its spec.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,78 +14,13 @@ use rand_distr::{Distribution, StandardNormal};
 
 use crate::backend::{Backend, BackendKind, Precision};
 use crate::checkpoint::Checkpoint;
+pub use crate::config::PolicyConfig;
 use crate::cpu::{self, CpuBackend};
 use crate::error::{Error, Result};
 use crate::image::Frame;
-use crate::models::ModelKind;
-use crate::models::pi05::norm::{FeatureStats, Modes, NormStats};
-use crate::models::pi05::prompt::{PromptTokenizer, discretize_state};
-use crate::models::pi05::{self, BuildOptions, Config, LerobotConfig, Model};
-use crate::plan::FRAME_INFO_FIELDS;
+use crate::io::IoSpec;
+use crate::models::{ConfigJson, ModelConfig, ModelInfo, ModelKind, ModelSpec, Processing};
 use crate::stats::LatencyStats;
-
-/// Everything `Policy::open` needs. `PolicyConfig::new(path)` fills sensible defaults.
-#[derive(Clone, Debug)]
-pub struct PolicyConfig {
-    /// A `.safetensors` file or a checkpoint directory (lerobot layout).
-    pub checkpoint: PathBuf,
-    pub backend: BackendKind,
-    pub device: usize,
-    pub precision: Precision,
-    /// Where a GPU backend caches compiled kernels (default `$XDG_CACHE_HOME/flashrt/kernels`).
-    pub kernel_cache_dir: Option<PathBuf>,
-    /// Number of camera slots; default: the cameras named in config.json (else 3).
-    pub cameras: Option<usize>,
-    /// Largest frame accepted by `step` (staging buffers are sized for it).
-    pub max_frame_width: usize,
-    pub max_frame_height: usize,
-    /// Prompt token capacity; default: config.json `tokenizer_max_length` (else 200).
-    pub prompt_len: Option<usize>,
-    /// Compute the prefix only for the prompt slots a step uses, rounded up to a bucket of 32,
-    /// 64, 128 or the capacity, chosen on the device each step (default on; off computes every
-    /// slot every step, the A/B for the saving).
-    pub prompt_buckets: bool,
-    /// Denoise steps; default: config.json `num_inference_steps` (else 10).
-    pub denoise_steps: Option<usize>,
-    /// `tokenizer.json`; default: `tokenizer.json` in the checkpoint directory, if present.
-    pub tokenizer: Option<PathBuf>,
-    /// The robot's state width when neither config.json nor the statistics state it; a value
-    /// other than the checkpoint's is refused.
-    pub state_dim: Option<usize>,
-    /// Seed of the noise generator used when an observation carries no noise.
-    pub seed: u64,
-    /// Steps slower than this count as deadline misses in the statistics.
-    pub deadline: Option<Duration>,
-    /// Show a progress bar while loading.
-    pub progress: bool,
-    /// CPU backend: threads that split each GEMM and attention (this one included, at most 64);
-    /// default: the available parallelism. Spawned at open and parked between steps.
-    pub threads: Option<usize>,
-}
-
-impl PolicyConfig {
-    pub fn new(checkpoint: impl Into<PathBuf>) -> Self {
-        PolicyConfig {
-            checkpoint: checkpoint.into(),
-            backend: BackendKind::Auto,
-            device: 0,
-            precision: Precision::Auto,
-            kernel_cache_dir: None,
-            cameras: None,
-            max_frame_width: 1920,
-            max_frame_height: 1080,
-            prompt_len: None,
-            prompt_buckets: true,
-            denoise_steps: None,
-            tokenizer: None,
-            state_dim: None,
-            seed: 0,
-            deadline: None,
-            progress: false,
-            threads: None,
-        }
-    }
-}
 
 /// One control tick's inputs. `cameras[i]` is the i-th camera in the policy's order
 /// ([`PolicyInfo::cameras`]); `None` marks a missing camera.
@@ -123,117 +58,27 @@ pub struct PolicyInfo {
     pub prompt_capacity: usize,
     pub parameters: usize,
     pub memory_bytes: usize,
-    pub config: Config,
-}
-
-enum Prompt {
-    None,
-    /// Text: the task part is tokenized; state bins are assembled in every step.
-    Text,
-    /// Raw token ids given by the caller, used as they are.
-    Tokens {
-        len: usize,
-    },
+    /// The sizes the model derived from its checkpoint.
+    pub config: ModelConfig,
 }
 
 pub struct Policy {
-    model: ModelKind,
-    model_config: Config,
-    io: pi05::IoBuffers,
-    cameras: usize,
-    out_action_dim: usize,
-    state_dim: usize,
+    model: ModelInfo,
+    io: IoSpec,
+    processing: Box<dyn Processing>,
     max_frame: (usize, usize),
     backend: Box<dyn Backend>,
-    tokenizer: Option<PromptTokenizer>,
-    state_stats: Option<FeatureStats>,
-    prompt: Prompt,
     rng: ChaCha8Rng,
     stats: LatencyStats,
     deadline: Option<Duration>,
-    // Scratch sized at open so `step` never allocates.
-    bins: Vec<i32>,
-    tokens: Vec<i32>,
-    token_mask: Vec<bool>,
 }
 
 impl Policy {
     pub fn open(config: &PolicyConfig) -> Result<Policy> {
         let started = Instant::now();
-        let dir: PathBuf = if config.checkpoint.is_dir() {
-            config.checkpoint.clone()
-        } else {
-            config.checkpoint.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."))
-        };
-        let config_json = dir.join("config.json");
-        // Pi0.5 is the only model yet; GR00T N1.7 joins as a second arm here.
-        let model = ModelKind::detect(&config_json)?;
-        let ModelKind::Pi05 = model;
         let ckpt = Arc::new(Checkpoint::open(&config.checkpoint)?);
-        let json = if config_json.exists() { Some(LerobotConfig::read(&config_json)?) } else { None };
-        let mut model_config = Config::from_checkpoint(&ckpt, json.as_ref())?;
-        if let Some(n) = config.prompt_len {
-            model_config.prompt_len = n;
-        }
-        if let Some(n) = config.denoise_steps {
-            model_config.denoise_steps = n;
-        }
-        if model_config.denoise_steps == 0 || model_config.prompt_len == 0 || model_config.horizon == 0 {
-            return Err(Error::invalid("config", "denoise_steps, prompt length and horizon must be positive"));
-        }
-        let cameras = config.cameras.unwrap_or(model_config.cameras.len());
-        if cameras == 0 {
-            return Err(Error::invalid("config.cameras", "at least one camera is required"));
-        }
-        // Pi0.5's weights do not fix the number of views; slots beyond the checkpoint's named
-        // cameras get distinct names, so explain() and error messages can tell them apart.
-        let named = model_config.cameras.len();
-        model_config.cameras.extend((named..cameras).map(|i| format!("observation.images.extra_{}", i - named)));
-        model_config.cameras.truncate(cameras);
-
-        let norm = NormStats::find(&dir, json.as_ref().map(|j| j.modes()).unwrap_or_default())?;
-        let checkpoint_state_dim = model_config.state_dim.or(norm.state.as_ref().map(FeatureStats::dim));
-        let state_dim = match (checkpoint_state_dim, config.state_dim) {
-            (Some(ours), Some(asked)) if asked != ours => {
-                return Err(Error::invalid(
-                    "config.state_dim",
-                    format!("{asked} differs from the checkpoint's {ours} (config.json / statistics); leave it unset or give {ours}"),
-                ));
-            }
-            (Some(dim), _) | (None, Some(dim)) => dim,
-            (None, None) => {
-                return Err(Error::invalid(
-                    "config.state_dim",
-                    "the checkpoint states no state dimension (config.json / statistics); set it",
-                ));
-            }
-        };
-        let out_action_dim =
-            model_config.robot_action_dim.or(norm.action.as_ref().map(FeatureStats::dim)).unwrap_or(model_config.action_dim);
-        for (what, stats, dim) in [("state", &norm.state, state_dim), ("action", &norm.action, out_action_dim)] {
-            if let Some(s) = stats.as_ref().filter(|s| s.dim() != dim) {
-                return Err(Error::checkpoint(&dir, format!("{what} statistics have {} dims, the policy uses {dim}", s.dim())));
-            }
-        }
-        if out_action_dim > model_config.action_dim {
-            return Err(Error::checkpoint(
-                &dir,
-                format!("action dim {out_action_dim} exceeds the model's action width {}", model_config.action_dim),
-            ));
-        }
-        let (action_scale, action_offset) = match &norm.action {
-            Some(s) => s.unnormalize_affine(),
-            None => (vec![1.0; out_action_dim], vec![0.0; out_action_dim]),
-        };
-
-        let tokenizer_path = config.tokenizer.clone().or_else(|| Some(dir.join("tokenizer.json")).filter(|p| p.exists()));
-        let tokenizer = match tokenizer_path {
-            Some(p) => Some(PromptTokenizer::from_file(&p, model_config.prompt_len, state_dim)?),
-            None => {
-                log::warn!("no tokenizer.json beside the checkpoint: only raw token prompts (set_prompt_tokens) are accepted");
-                None
-            }
-        };
+        let json = ConfigJson::read(&ckpt.dir().join("config.json"))?;
+        let kind = ModelKind::detect(json.as_ref())?;
 
         // Probe before building anything: asking for CUDA where it cannot run fails fast, with why.
         let use_cuda = match config.backend {
@@ -268,23 +113,12 @@ impl Policy {
                 )));
             }
         }
-
-        let opts = BuildOptions {
-            cameras,
-            max_frame_width: config.max_frame_width,
-            max_frame_height: config.max_frame_height,
-            out_action_dim,
-            action_scale,
-            action_offset,
-            prompt_buckets: config.prompt_buckets,
-        };
         let bar = if config.progress { indicatif::ProgressBar::new(ckpt.data_bytes() as u64) } else { indicatif::ProgressBar::hidden() };
         bar.set_style(
             indicatif::ProgressStyle::with_template("loading {bar:40} {bytes}/{total_bytes} ({eta})")
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
-        let Model { config: model_config, plan, weights, io, cameras, out_action_dim } =
-            pi05::build(&ckpt, model_config, &opts, &|n| bar.inc(n as u64))?;
+        let ModelSpec { plan, weights, io, processing, info } = kind.open(&ckpt, json.as_ref(), config, &|n| bar.inc(n as u64))?;
         bar.finish_and_clear();
         let backend: Box<dyn Backend> = if use_cuda {
             crate::cuda::open(plan, weights, ckpt, config.device, config.kernel_cache_dir.clone())?
@@ -299,52 +133,44 @@ impl Policy {
         log::info!("opened {} in {:.2?}", config.checkpoint.display(), started.elapsed());
 
         Ok(Policy {
-            model,
+            model: info,
             io,
-            cameras,
-            out_action_dim,
-            state_dim,
+            processing,
             max_frame: (config.max_frame_width, config.max_frame_height),
             backend,
-            tokenizer,
-            state_stats: norm.state,
-            prompt: Prompt::None,
             rng: ChaCha8Rng::seed_from_u64(config.seed),
             stats: LatencyStats::new(),
             deadline: config.deadline,
-            bins: vec![0; state_dim],
-            tokens: vec![0; model_config.prompt_len],
-            token_mask: vec![false; model_config.prompt_len],
-            model_config,
         })
     }
 
     pub fn info(&self) -> PolicyInfo {
-        let c = &self.model_config;
+        let m = &self.model;
+        let (horizon, action_dim) = self.io.action_shape();
         PolicyInfo {
-            model: self.model.name(),
+            model: m.kind.name(),
             backend: self.backend.name(),
             device: self.backend.device_name(),
-            cameras: c.cameras.clone(),
-            state_dim: self.state_dim,
-            action_dim: self.out_action_dim,
-            horizon: c.horizon,
-            denoise_steps: c.denoise_steps,
-            prompt_capacity: c.prompt_len,
-            parameters: c.parameter_count(),
+            cameras: m.cameras.clone(),
+            state_dim: m.state_dim,
+            action_dim,
+            horizon,
+            denoise_steps: m.denoise_steps,
+            prompt_capacity: m.prompt_capacity,
+            parameters: m.parameters,
             memory_bytes: self.backend.memory_bytes(),
-            config: c.clone(),
+            config: m.config.clone(),
         }
     }
 
     /// Length of the action buffer `step` fills: `horizon × action_dim`.
     pub fn actions_len(&self) -> usize {
-        self.model_config.horizon * self.out_action_dim
+        self.io.actions.len()
     }
 
     /// Length of an observation's optional noise: `horizon × model action width`.
     pub fn noise_len(&self) -> usize {
-        self.model_config.horizon * self.model_config.action_dim
+        self.io.noise.len()
     }
 
     /// The execution plan (ops, buffers, FLOP count).
@@ -356,96 +182,34 @@ impl Policy {
     /// runs it (fusions, fallbacks, switches).
     pub fn explain(&self) -> String {
         format!(
-            "{}{} backend on {}:\n{}",
+            "{}{}{} backend on {}:\n{}",
             self.backend.plan().explain(),
+            self.io.describe(),
             self.backend.name(),
             self.backend.device_name(),
             self.backend.lowering()
         )
     }
 
-    /// Sets the task text. The state is appended in every step (pi05 prompt format). A text that
-    /// is empty or only whitespace is refused; one longer than the prompt capacity is truncated
-    /// with a warning.
+    /// Sets the task text (Pi0.5 appends the state to it in every step). A text that is empty or
+    /// only whitespace is refused; one longer than the prompt capacity is truncated with a warning.
     pub fn set_prompt(&mut self, text: &str) -> Result<()> {
-        let tok = self
-            .tokenizer
-            .as_mut()
-            .ok_or_else(|| Error::Tokenizer("no tokenizer loaded: pass tokenizer.json or use raw prompt tokens".into()))?;
-        if crate::models::pi05::prompt::is_blank_task(text) {
-            return Err(Error::invalid("prompt", "the task text is empty or only whitespace; the previous prompt stays"));
-        }
-        tok.set_task(text)?;
-        self.prompt = Prompt::Text;
-        Ok(())
+        self.processing.set_prompt(text)
     }
 
-    /// Sets the full prompt as token ids (BOS, task, state and all); used as given in every step.
+    /// Sets the full prompt as token ids (Pi0.5: BOS, task, state and all); used as given in
+    /// every step.
     pub fn set_prompt_tokens(&mut self, ids: &[i32]) -> Result<()> {
-        let cap = self.model_config.prompt_len;
-        if ids.is_empty() || ids.len() > cap {
-            return Err(Error::invalid("prompt_tokens", format!("{} tokens given; 1 to {cap} allowed", ids.len())));
-        }
-        if let Some((i, id)) = ids.iter().enumerate().find(|(_, id)| **id < 0 || **id as usize >= self.model_config.vocab) {
-            return Err(Error::invalid(
-                format!("prompt_tokens[{i}]"),
-                format!("id {id} outside the vocabulary 0..{}", self.model_config.vocab),
-            ));
-        }
-        self.tokens.fill(0);
-        self.tokens[..ids.len()].copy_from_slice(ids);
-        self.prompt = Prompt::Tokens { len: ids.len() };
-        Ok(())
+        self.processing.set_prompt_tokens(ids)
     }
 
     /// One control tick: `actions` receives `[horizon × action_dim]` row-major, unnormalized.
     pub fn step(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<StepInfo> {
         let started = Instant::now();
         self.validate(obs, actions)?;
-
-        // Prompt tokens (state bins inside for text prompts).
-        let prompt_tokens = match self.prompt {
-            Prompt::None => return Err(Error::invalid("prompt", "no prompt set: call set_prompt or set_prompt_tokens first")),
-            Prompt::Tokens { len } => {
-                self.token_mask.iter_mut().enumerate().for_each(|(i, m)| *m = i < len);
-                len
-            }
-            Prompt::Text => {
-                for (i, (bin, &x)) in self.bins.iter_mut().zip(obs.state).enumerate() {
-                    let x = self.state_stats.as_ref().map_or(x, |s| s.normalize(i, x));
-                    *bin = discretize_state(x);
-                }
-                let tok = self.tokenizer.as_ref().expect("text prompt implies a tokenizer");
-                tok.assemble(&self.bins, &mut self.tokens, &mut self.token_mask)?
-            }
-        };
-        self.backend.input_i32(self.io.tokens).copy_from_slice(&self.tokens);
-        for (dst, &m) in self.backend.input_i32(self.io.token_mask).iter_mut().zip(&self.token_mask) {
-            *dst = m as i32;
-        }
-
-        // Frames: packed rows into the staging buffer, geometry into frame_info.
-        let stride = self.io.frame_stride;
-        for (cam, frame) in obs.cameras.iter().enumerate() {
-            let info = match frame {
-                Some(f) => {
-                    let row = f.width * f.format.bytes_per_pixel();
-                    let staged = &mut self.backend.input_u8(self.io.frames)[cam * stride..];
-                    if f.stride == row {
-                        staged[..row * f.height].copy_from_slice(&f.data[..row * f.height]);
-                    } else {
-                        for y in 0..f.height {
-                            staged[y * row..][..row].copy_from_slice(&f.data[y * f.stride..][..row]);
-                        }
-                    }
-                    [1, f.width as i32, f.height as i32, f.format as i32]
-                }
-                None => [0; FRAME_INFO_FIELDS],
-            };
-            self.backend.input_i32(self.io.frame_info)[cam * FRAME_INFO_FIELDS..][..FRAME_INFO_FIELDS].copy_from_slice(&info);
-        }
-
-        let noise = self.backend.input_f32(self.io.noise);
+        let prompt_tokens = self.processing.stage(obs.state, self.backend.as_mut())?;
+        self.io.stage_frames(obs.cameras, self.backend.as_mut());
+        let noise = self.backend.input_f32(self.io.noise.buf);
         match obs.noise {
             Some(n) => noise.copy_from_slice(n),
             None => noise.iter_mut().for_each(|v| *v = StandardNormal.sample(&mut self.rng)),
@@ -454,7 +218,7 @@ impl Policy {
         let run_started = Instant::now();
         self.backend.run()?;
         let backend_time = run_started.elapsed();
-        actions.copy_from_slice(self.backend.output_f32(self.io.actions));
+        actions.copy_from_slice(self.backend.output_f32(self.io.actions.buf));
 
         let latency = started.elapsed();
         let deadline_missed = self.deadline.is_some_and(|d| latency > d);
@@ -463,10 +227,11 @@ impl Policy {
     }
 
     fn validate(&self, obs: &Observation, actions: &[f32]) -> Result<()> {
-        if obs.cameras.len() != self.cameras {
+        let cameras = self.io.cameras();
+        if obs.cameras.len() != cameras {
             return Err(Error::invalid(
                 "observation.cameras",
-                format!("{} given, the policy has {} camera slots (use None for a missing camera)", obs.cameras.len(), self.cameras),
+                format!("{} given, the policy has {cameras} camera slots (use None for a missing camera)", obs.cameras.len()),
             ));
         }
         if obs.cameras.iter().all(Option::is_none) {
@@ -477,10 +242,10 @@ impl Policy {
                 f.validate(camera_field(i), self.max_frame.0, self.max_frame.1)?;
             }
         }
-        if obs.state.len() != self.state_dim {
+        if obs.state.len() != self.model.state_dim {
             return Err(Error::invalid(
                 "observation.state",
-                format!("{} values given, the policy expects {}", obs.state.len(), self.state_dim),
+                format!("{} values given, the policy expects {}", obs.state.len(), self.model.state_dim),
             ));
         }
         if let Some(i) = obs.state.iter().position(|v| !v.is_finite()) {
@@ -495,13 +260,12 @@ impl Policy {
             }
         }
         if actions.len() != self.actions_len() {
+            let (horizon, action_dim) = self.io.action_shape();
             return Err(Error::invalid(
                 "actions",
                 format!(
-                    "buffer holds {} values, expected horizon {} x action dim {} = {}",
+                    "buffer holds {} values, expected horizon {horizon} x action dim {action_dim} = {}",
                     actions.len(),
-                    self.model_config.horizon,
-                    self.out_action_dim,
                     self.actions_len()
                 ),
             ));
@@ -534,18 +298,4 @@ fn camera_field(i: usize) -> &'static str {
 
 fn state_field(i: usize) -> String {
     format!("observation.state[{i}]")
-}
-
-impl LerobotConfig {
-    /// Normalization modes from `normalization_mapping` (pi05 default: quantiles for both).
-    pub fn modes(&self) -> Modes {
-        use crate::models::pi05::norm::Mode;
-        let mode = |key: &str, default: Mode| match self.normalization_mapping.get(key).and_then(|v| v.as_str()) {
-            Some("MEAN_STD") => Mode::MeanStd,
-            Some("QUANTILES") => Mode::Quantile,
-            _ => default,
-        };
-        let d = Modes::default();
-        Modes { state: mode("STATE", d.state), action: mode("ACTION", d.action) }
-    }
 }

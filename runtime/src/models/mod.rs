@@ -1,13 +1,86 @@
-//! Model definitions: one folder per model. Each derives its configuration from the checkpoint and
-//! describes its forward pass once, as a [`crate::plan::Plan`]; [`ModelKind::detect`] picks the
-//! model a checkpoint holds.
+//! Model definitions: one folder per model. A model turns a checkpoint and the caller's choices
+//! into a [`ModelSpec`] — the plan (its forward pass, described once), the weights, the io spec
+//! the policy stages observations through, the model's own pre-processing and what it tells the
+//! caller — so the policy and the backends run any model without naming it. [`ModelKind::detect`]
+//! picks the model a checkpoint holds.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use crate::backend::Backend;
+use crate::checkpoint::Checkpoint;
+use crate::config::PolicyConfig;
 use crate::error::{Error, Result};
+use crate::io::IoSpec;
+use crate::plan::Plan;
+use crate::weights::WeightData;
 
 pub mod blocks;
 pub mod pi05;
+
+/// What a model module returns: everything a backend and the policy need to run it.
+pub struct ModelSpec {
+    pub plan: Plan,
+    pub weights: Vec<WeightData>,
+    pub io: IoSpec,
+    pub processing: Box<dyn Processing>,
+    pub info: ModelInfo,
+}
+
+/// What a model tells the caller about itself (the action chunk's shape is in the io spec).
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    pub kind: ModelKind,
+    /// Camera names in the order the model sees them, one per slot.
+    pub cameras: Vec<String>,
+    /// Raw state values an observation carries.
+    pub state_dim: usize,
+    pub denoise_steps: usize,
+    pub prompt_capacity: usize,
+    /// Parameters the runtime reads.
+    pub parameters: usize,
+    pub config: ModelConfig,
+}
+
+/// The sizes a model derived from its checkpoint, per model.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ModelConfig {
+    Pi05(pi05::Config),
+}
+
+/// A model's own work around the plan: the prompt it keeps, and the inputs it writes each step
+/// from the prompt and the raw state. The policy has validated the observation before `stage`.
+pub trait Processing: Send {
+    /// Sets the task text; an empty or blank text is refused and the previous prompt stays.
+    fn set_prompt(&mut self, text: &str) -> Result<()>;
+    /// Sets the whole prompt as token ids, used as given in every step.
+    fn set_prompt_tokens(&mut self, ids: &[i32]) -> Result<()>;
+    /// Writes this step's model inputs (see [`IoSpec::model_inputs`]) and returns the number of
+    /// valid prompt tokens. Fails before writing anything when no prompt is set. Must not allocate.
+    fn stage(&mut self, state: &[f32], backend: &mut dyn Backend) -> Result<usize>;
+}
+
+/// A checkpoint's `config.json`, read once and parsed by whoever needs it.
+pub struct ConfigJson {
+    pub path: PathBuf,
+    pub value: serde_json::Value,
+}
+
+impl ConfigJson {
+    /// `None` when there is no such file (a lone `.safetensors` file).
+    pub fn read(path: &Path) -> Result<Option<ConfigJson>> {
+        if !path.exists() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.into(), source })?;
+        let value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(path, format!("bad config.json: {e}")))?;
+        Ok(Some(ConfigJson { path: path.into(), value }))
+    }
+
+    /// The fields a model reads, as its own struct.
+    pub fn parse<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
+        T::deserialize(&self.value).map_err(|e| Error::checkpoint(&self.path, format!("bad config.json: {e}")))
+    }
+}
 
 /// The models FlashRT runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,26 +98,29 @@ impl ModelKind {
         }
     }
 
-    /// The model of the checkpoint whose `config.json` is `config_json`: its `type` (lerobot) or
-    /// `model_type` (Hugging Face). Without a config.json (a lone `.safetensors` file) or a
-    /// model field it is Pi0.5, whose loader then checks every tensor name.
-    pub fn detect(config_json: &Path) -> Result<ModelKind> {
-        if !config_json.exists() {
-            return Ok(ModelKind::Pi05);
-        }
-        let text = std::fs::read_to_string(config_json).map_err(|source| Error::Io { path: config_json.into(), source })?;
-        let json: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| Error::checkpoint(config_json, format!("bad config.json: {e}")))?;
-        let named = ["type", "model_type"].iter().find_map(|field| json.get(field).map(|v| (field, v)));
+    /// The model of a checkpoint with this `config.json`: its `type` (lerobot) or `model_type`
+    /// (Hugging Face). Without a config.json (a lone `.safetensors` file) or a model field it is
+    /// Pi0.5, whose loader then checks every tensor name.
+    pub fn detect(json: Option<&ConfigJson>) -> Result<ModelKind> {
+        let Some(json) = json else { return Ok(ModelKind::Pi05) };
+        let named = ["type", "model_type"].iter().find_map(|field| json.value.get(field).map(|v| (field, v)));
         let Some((field, value)) = named else { return Ok(ModelKind::Pi05) };
         let name = value.as_str().unwrap_or_default();
         Self::ALL.into_iter().find(|kind| kind.name() == name).ok_or_else(|| {
             let supported: Vec<&str> = Self::ALL.iter().map(|kind| kind.name()).collect();
             Error::checkpoint(
-                config_json,
+                &json.path,
                 format!("config.json `{field}` is {value}, a model FlashRT does not run; supported: {}", supported.join(", ")),
             )
         })
+    }
+
+    /// Checks the checkpoint against this model, loads its weights and builds its spec.
+    /// `progress` receives the bytes read as loading goes.
+    pub fn open(self, ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig, progress: &dyn Fn(usize)) -> Result<ModelSpec> {
+        match self {
+            ModelKind::Pi05 => pi05::spec::open(ckpt, json, config, progress),
+        }
     }
 }
 
@@ -56,19 +132,22 @@ mod tests {
     fn the_model_comes_from_config_json_and_an_unknown_one_is_named() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.json");
-        assert_eq!(ModelKind::detect(&path).unwrap(), ModelKind::Pi05, "no config.json");
-        for json in [r#"{"type": "pi05"}"#, r#"{"chunk_size": 50}"#] {
+        assert!(ConfigJson::read(&path).unwrap().is_none());
+        assert_eq!(ModelKind::detect(None).unwrap(), ModelKind::Pi05, "no config.json");
+        let detect = |json: &str| {
             std::fs::write(&path, json).unwrap();
-            assert_eq!(ModelKind::detect(&path).unwrap(), ModelKind::Pi05, "{json}");
+            ModelKind::detect(ConfigJson::read(&path).unwrap().as_ref())
+        };
+        for json in [r#"{"type": "pi05"}"#, r#"{"chunk_size": 50}"#] {
+            assert_eq!(detect(json).unwrap(), ModelKind::Pi05, "{json}");
         }
         for (json, named) in
             [(r#"{"type": "groot"}"#, r#"`type` is "groot""#), (r#"{"model_type": "Gr00tN1d7"}"#, r#"`model_type` is "Gr00tN1d7""#)]
         {
-            std::fs::write(&path, json).unwrap();
-            let e = ModelKind::detect(&path).unwrap_err().to_string();
+            let e = detect(json).unwrap_err().to_string();
             assert!(e.contains(named) && e.contains("supported: pi05") && e.contains("config.json"), "{e}");
         }
         std::fs::write(&path, "{not json").unwrap();
-        assert!(ModelKind::detect(&path).unwrap_err().to_string().contains("bad config.json"));
+        assert!(ConfigJson::read(&path).err().unwrap().to_string().contains("bad config.json"));
     }
 }

@@ -16,15 +16,16 @@
 
 pub mod norm;
 pub mod prompt;
+pub mod spec;
 pub mod synth;
-
-use std::path::Path;
 
 use crate::checkpoint::{Checkpoint, Expected};
 use crate::error::{Error, Result};
-use crate::plan::{BufId, BufType, FRAME_INFO_FIELDS, HostIo, Op, Plan, View, WeightId, WeightRole};
+use crate::io::{IoSpec, Port};
+use crate::plan::{BufId, BufType, HostIo, Op, Plan, View, WeightId, WeightRole};
 use crate::weights::WeightData;
 
+use self::norm::{Mode, Modes};
 use super::blocks::{gemma, siglip};
 
 const P: &str = "paligemma_with_expert.paligemma.model.";
@@ -290,9 +291,15 @@ pub struct LerobotConfig {
 }
 
 impl LerobotConfig {
-    pub fn read(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.into(), source })?;
-        serde_json::from_str(&text).map_err(|e| Error::checkpoint(path, format!("bad config.json: {e}")))
+    /// Normalization modes from `normalization_mapping` (pi05 default: quantiles for both).
+    pub fn modes(&self) -> Modes {
+        let mode = |key: &str, default: Mode| match self.normalization_mapping.get(key).and_then(|v| v.as_str()) {
+            Some("MEAN_STD") => Mode::MeanStd,
+            Some("QUANTILES") => Mode::Quantile,
+            _ => default,
+        };
+        let d = Modes::default();
+        Modes { state: mode("STATE", d.state), action: mode("ACTION", d.action) }
     }
 
     /// Camera feature names (type VISUAL) in the order config.json lists them.
@@ -314,27 +321,19 @@ impl LerobotConfig {
     }
 }
 
-/// The host-side input/output buffers of the plan that `step` reads and writes.
+/// The plan's prompt inputs, which [`spec::Pi05Processing`] writes each step.
 #[derive(Clone, Copy, Debug)]
-pub struct IoBuffers {
-    pub frames: BufId,
-    pub frame_info: BufId,
-    pub frame_stride: usize,
+pub struct PromptInputs {
     pub tokens: BufId,
     pub token_mask: BufId,
-    pub noise: BufId,
-    pub actions: BufId,
 }
 
-/// A Pi0.5 policy ready for a backend: plan, weights, and the I/O buffers.
-pub struct Model {
-    pub config: Config,
+/// A Pi0.5 plan ready for a backend: the plan, its weights and its host inputs and outputs.
+pub struct Built {
     pub plan: Plan,
     pub weights: Vec<WeightData>,
-    pub io: IoBuffers,
-    pub cameras: usize,
-    /// Robot action columns written to the output (≤ `config.action_dim`).
-    pub out_action_dim: usize,
+    pub io: IoSpec,
+    pub prompt: PromptInputs,
 }
 
 /// Open-time choices that shape the plan.
@@ -410,10 +409,9 @@ fn time_condition(t: f32, width: usize, w_in: (&[f32], &[f32]), w_out: (&[f32], 
 }
 
 /// Checks the checkpoint, loads and folds the weights, and builds the plan.
-pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &dyn Fn(usize)) -> Result<Model> {
-    config.expected().check(ckpt)?;
+pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn Fn(usize)) -> Result<Built> {
+    c.expected().check(ckpt)?;
     let ld = Loader { ckpt, progress };
-    let c = &config;
     let (cams, tpi) = (opts.cameras, c.tokens_per_image());
     let (vw, lw, ew, hd, nh) = (c.vision_width, c.lm_width, c.expert_width, c.head_dim, c.heads);
     let (horizon, ad) = (c.horizon, c.action_dim);
@@ -430,18 +428,20 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
     };
     let matrix = |n: usize, k: usize| WeightRole::Matrix { n, k };
 
-    // Host-written inputs.
-    let frame_stride = opts.max_frame_width * opts.max_frame_height * 4;
-    let io = IoBuffers {
-        frames: plan.host_buffer("frames", BufType::U8, cams * frame_stride, HostIo::Input),
-        frame_info: plan.host_buffer("frame_info", BufType::I32, cams * FRAME_INFO_FIELDS, HostIo::Input),
-        frame_stride,
-        tokens: plan.host_buffer("tokens", BufType::I32, c.prompt_len, HostIo::Input),
-        token_mask: plan.host_buffer("token_mask", BufType::I32, c.prompt_len, HostIo::Input),
-        noise: plan.host_buffer("noise", BufType::F32, horizon * ad, HostIo::Input),
-        actions: plan.host_buffer("actions", BufType::F32, horizon * opts.out_action_dim, HostIo::Output),
+    // Host inputs and outputs, declared in the order the backends lay them out.
+    let (frames, frame_info) = IoSpec::frame_ports(&mut plan, cams, opts.max_frame_width, opts.max_frame_height);
+    let frame_stride = frames.len() / cams;
+    let tokens = Port::declare(&mut plan, "tokens", BufType::I32, &[c.prompt_len], HostIo::Input);
+    let token_mask = Port::declare(&mut plan, "token_mask", BufType::I32, &[c.prompt_len], HostIo::Input);
+    let prompt = PromptInputs { tokens: tokens.buf, token_mask: token_mask.buf };
+    let io = IoSpec {
+        noise: Port::declare(&mut plan, "noise", BufType::F32, &[horizon, ad], HostIo::Input),
+        actions: Port::declare(&mut plan, "actions", BufType::F32, &[horizon, opts.out_action_dim], HostIo::Output),
+        frames,
+        frame_info,
+        model_inputs: vec![tokens, token_mask],
     };
-    let noise = View { buf: io.noise, offset: 0, rows: horizon, cols: ad, stride: ad };
+    let noise = View { buf: io.noise.buf, offset: 0, rows: horizon, cols: ad, stride: ad };
     let valid = plan.buffer("valid", BufType::F32, kv_rows);
     let positions = plan.buffer("positions", BufType::I32, kv_rows);
     let xt = plan.matrix("x_t", horizon, ad);
@@ -459,17 +459,17 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
     plan.phase("inputs");
     plan.push(Op::Copy { src: noise, dst: xt });
     plan.push(Op::Positions {
-        frame_info: io.frame_info,
+        frame_info: io.frame_info.buf,
         cameras: cams,
         tokens_per_image: tpi,
-        token_mask: io.token_mask,
+        token_mask: prompt.token_mask,
         prompt_len: c.prompt_len,
         suffix: horizon,
         valid,
         positions,
     });
     if !plan.prompt_buckets.is_empty() {
-        plan.push(Op::PromptBucket { token_mask: io.token_mask });
+        plan.push(Op::PromptBucket { token_mask: prompt.token_mask });
     }
 
     // ---- Vision tower, all cameras batched: [cams · 256, width].
@@ -489,9 +489,9 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
     for cam in 0..cams {
         plan.push(Op::ImagePatches {
             camera: cam,
-            frames: io.frames,
+            frames: io.frames.buf,
             frame_stride,
-            frame_info: io.frame_info,
+            frame_info: io.frame_info.buf,
             size: c.image_size,
             patch: c.patch,
             out: patches.rows(cam * tpi, tpi).cols(0, patch_dim),
@@ -601,7 +601,7 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
         let rows = vrows + slots;
         let (x, h, att, gate_up, mlp) = (x.rows(0, rows), h.rows(0, rows), att.rows(0, rows), gate_up.rows(0, rows), mlp.rows(0, rows));
         plan.push(Op::Gemm { a: vout, w: proj_w, bias: Some(proj_b), out: embed.rows(0, vrows), accumulate: false });
-        plan.push(Op::Embed { tokens: io.tokens, table: emb, scale: (lw as f32).sqrt(), out: embed.rows(vrows, slots) });
+        plan.push(Op::Embed { tokens: prompt.tokens, table: emb, scale: (lw as f32).sqrt(), out: embed.rows(vrows, slots) });
         plan.push(Op::Copy { src: embed.rows(0, rows), dst: x });
         let acts = gemma::Activations { x, h, qkv: qkv.rows(0, rows), attn: att, gate_up, mlp };
         for (layer, &(k, v)) in lm_w.iter().zip(&caches) {
@@ -734,8 +734,8 @@ pub fn build(ckpt: &Checkpoint, config: Config, opts: &BuildOptions, progress: &
     plan.phase("outputs");
     let scale = add(&mut plan, "action_unnorm.scale".into(), WeightRole::Vector, WeightData::Dense(opts.action_scale.clone()));
     let offset = add(&mut plan, "action_unnorm.offset".into(), WeightRole::Vector, WeightData::Dense(opts.action_offset.clone()));
-    let out = View { buf: io.actions, offset: 0, rows: horizon, cols: opts.out_action_dim, stride: opts.out_action_dim };
+    let out = View { buf: io.actions.buf, offset: 0, rows: horizon, cols: opts.out_action_dim, stride: opts.out_action_dim };
     plan.push(Op::Affine { x: xt.cols(0, opts.out_action_dim), scale, offset, out });
 
-    Ok(Model { config, plan, weights, io, cameras: cams, out_action_dim: opts.out_action_dim })
+    Ok(Built { plan, weights, io, prompt })
 }

@@ -54,12 +54,12 @@ pub fn discretize_state(x: f32) -> i32 {
 
 /// Writes caller-supplied token ids as the prompt, for callers that tokenize themselves: `tokens`
 /// and `mask` (same length, the prompt capacity) get the ids, then padding. Returns the number of
-/// valid tokens. Every id must index the embedding (`0..vocab_size`). Does not allocate unless it
-/// fails.
+/// valid tokens; at least one is required. Every id must index the embedding (`0..vocab_size`).
+/// Nothing is written unless every id is valid. Does not allocate unless it fails.
 pub fn raw_tokens(ids: &[i32], vocab_size: usize, tokens: &mut [i32], mask: &mut [bool]) -> Result<usize> {
     check_buffers(tokens.len(), tokens, mask)?;
-    if ids.len() > tokens.len() {
-        return Err(Error::invalid("prompt_tokens", format!("{} tokens exceed the prompt capacity {}", ids.len(), tokens.len())));
+    if ids.is_empty() || ids.len() > tokens.len() {
+        return Err(Error::invalid("prompt_tokens", format!("{} tokens given; 1 to {} allowed", ids.len(), tokens.len())));
     }
     if let Some(i) = ids.iter().position(|&id| !usize::try_from(id).is_ok_and(|id| id < vocab_size)) {
         return Err(Error::invalid(

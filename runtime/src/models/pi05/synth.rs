@@ -249,8 +249,8 @@ mod tests {
 
     fn derived_config(dir: &Path) -> Config {
         let ckpt = Checkpoint::open(dir).unwrap();
-        let json = crate::models::pi05::LerobotConfig::read(&dir.join("config.json")).unwrap();
-        let derived = Config::from_checkpoint(&ckpt, Some(&json)).unwrap();
+        let json = crate::models::ConfigJson::read(&dir.join("config.json")).unwrap().expect("synth writes config.json");
+        let derived = Config::from_checkpoint(&ckpt, Some(&json.parse().unwrap())).unwrap();
         derived.expected().check(&ckpt).unwrap();
         derived
     }

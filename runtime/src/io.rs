@@ -1,0 +1,111 @@
+//! The io spec: which host buffers of a model's plan hold what, with their shapes and element
+//! types. [`crate::Policy`] stages every observation through it — frames and their geometry,
+//! noise, the action chunk out — and leaves the model's own inputs (a prompt, a normalized state)
+//! to the model's [`crate::models::Processing`], so the policy needs no model by name.
+
+use std::fmt::Write as _;
+
+use crate::backend::Backend;
+use crate::image::Frame;
+use crate::plan::{BufId, BufType, FRAME_INFO_FIELDS, HostIo, Plan};
+
+/// One named host buffer of the plan, seen as a row-major tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Port {
+    pub buf: BufId,
+    pub name: String,
+    pub ty: BufType,
+    pub shape: Vec<usize>,
+}
+
+impl Port {
+    /// Declares the plan buffer behind a port: `shape`'s product elements of `ty`.
+    pub fn declare(plan: &mut Plan, name: &str, ty: BufType, shape: &[usize], host: HostIo) -> Port {
+        let buf = plan.host_buffer(name, ty, shape.iter().product(), host);
+        Port { buf, name: name.to_string(), ty, shape: shape.to_vec() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The host inputs and outputs every policy has, and those its model's processing writes.
+#[derive(Clone, Debug)]
+pub struct IoSpec {
+    /// `u8 [cameras, max height, max width, 4]`: each present frame's packed rows from the start
+    /// of its slot (the plan reads them through `frame_info`'s geometry).
+    pub frames: Port,
+    /// `i32 [cameras, FRAME_INFO_FIELDS]`: present, width, height, pixel format per slot.
+    pub frame_info: Port,
+    /// `f32 [horizon, model action width]`: the sampler's initial noise.
+    pub noise: Port,
+    /// `f32 [horizon, robot action width]`: the unnormalized action chunk.
+    pub actions: Port,
+    /// Inputs the model's processing writes each step (Pi0.5: prompt tokens and their mask).
+    pub model_inputs: Vec<Port>,
+}
+
+impl IoSpec {
+    /// The frame ports for `cameras` slots of frames up to `max_width × max_height`.
+    pub fn frame_ports(plan: &mut Plan, cameras: usize, max_width: usize, max_height: usize) -> (Port, Port) {
+        (
+            Port::declare(plan, "frames", BufType::U8, &[cameras, max_height, max_width, 4], HostIo::Input),
+            Port::declare(plan, "frame_info", BufType::I32, &[cameras, FRAME_INFO_FIELDS], HostIo::Input),
+        )
+    }
+
+    pub fn cameras(&self) -> usize {
+        self.frames.shape[0]
+    }
+
+    /// `(horizon, robot action width)` of the output chunk.
+    pub fn action_shape(&self) -> (usize, usize) {
+        (self.actions.shape[0], self.actions.shape[1])
+    }
+
+    /// Every port, inputs first.
+    pub fn ports(&self) -> impl Iterator<Item = (&'static str, &Port)> {
+        [("input", &self.frames), ("input", &self.frame_info), ("input", &self.noise)]
+            .into_iter()
+            .chain(self.model_inputs.iter().map(|p| ("input", p)))
+            .chain([("output", &self.actions)])
+    }
+
+    /// The ports as text, one per line, for `explain()`.
+    pub fn describe(&self) -> String {
+        let mut s = String::from("io:\n");
+        for (dir, p) in self.ports() {
+            let _ = writeln!(s, "  {dir:<6} {:<12} {:?} {:?}", p.name, p.ty, p.shape);
+        }
+        s
+    }
+
+    /// Copies validated frames into the staging slots and writes their geometry; a missing camera
+    /// gets an all-zero `frame_info` row. Does not allocate.
+    pub fn stage_frames(&self, cameras: &[Option<Frame>], backend: &mut dyn Backend) {
+        let slot_bytes: usize = self.frames.shape[1..].iter().product();
+        for (cam, frame) in cameras.iter().enumerate() {
+            let info = match frame {
+                Some(f) => {
+                    let row = f.width * f.format.bytes_per_pixel();
+                    let staged = &mut backend.input_u8(self.frames.buf)[cam * slot_bytes..];
+                    if f.stride == row {
+                        staged[..row * f.height].copy_from_slice(&f.data[..row * f.height]);
+                    } else {
+                        for y in 0..f.height {
+                            staged[y * row..][..row].copy_from_slice(&f.data[y * f.stride..][..row]);
+                        }
+                    }
+                    [1, f.width as i32, f.height as i32, f.format as i32]
+                }
+                None => [0; FRAME_INFO_FIELDS],
+            };
+            backend.input_i32(self.frame_info.buf)[cam * FRAME_INFO_FIELDS..][..FRAME_INFO_FIELDS].copy_from_slice(&info);
+        }
+    }
+}
