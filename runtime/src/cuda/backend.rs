@@ -36,7 +36,7 @@ use flashrt_kernels::{DevPtr, Kernels, MAX_PROMPT_BUCKETS};
 
 use super::arena::{DeviceBuf, Elem, Layout, Scratch, ScratchSizes, copied_input, element_types};
 use super::device::{BlasLt, Context, DeviceMemory, Event, Graph, Pinned, Stream, check};
-use super::fusion::{AttentionLowering, attentions_after_their_rope, fused_mlps, mlps_after_their_norm};
+use super::fusion::{AttentionLowering, Fusions};
 use super::gemm::WORKSPACE_BYTES;
 use super::graph::Launcher;
 use super::lowering::{Lowered, Lowering};
@@ -124,66 +124,26 @@ impl CudaBackend {
             .map(|(b, e)| (b.host == HostIo::Internal || copied_input(b)).then(|| layout.take(b.len * e.size())))
             .collect();
         let mut positions_bufs = Vec::new();
-        let fused_attention = kernels.has_fused_attention() && switches.fused_attention;
         let multiprocessors = ctx.multiprocessors()?;
         // Concurrent phases take the second stream (switched off: everything on one stream).
         let op_lanes: Vec<usize> =
             if switches.overlap { plan.concurrent_ops().into_iter().map(usize::from).collect() } else { vec![0; plan.ops.len()] };
-        // The expert's MLPs as one launch each where the device runs it.
-        let mlps = if !switches.fused_mlp {
-            Vec::new()
-        } else {
-            // Not on the second stream: beside the prefix's products its launches would wait for
-            // every SM at once.
-            fused_mlps(&plan, &elems, |first, rows, width, hidden| {
-                op_lanes[first] == 0 && kernels.mlp_stream_splits(rows, width, hidden, multiprocessors).is_some()
-            })
-        };
-        // Each fused MLP right after the norm that writes its A starts under that norm, streaming
-        // its first weights meanwhile.
-        let early_mlps = if switches.early_launch { mlps_after_their_norm(&plan, &mlps, &op_lanes) } else { Vec::new() };
-        // Each of the expert's attentions right after its RoPE kernel starts under it, loading
-        // the keys RoPE does not write meanwhile.
-        let early_attentions = if switches.early_launch { attentions_after_their_rope(&plan, &op_lanes) } else { Vec::new() };
+        let fusions =
+            Fusions::run(&plan, &elems, &op_lanes, switches, kernels.has_fused_attention(), multiprocessors, |rows, width, hidden| {
+                kernels.mlp_stream_splits(rows, width, hidden, multiprocessors).is_some()
+            });
         let mut sizes = [ScratchSizes::default(); LANES];
-        // Attention ops per kernel: attention_mq256, attention_mh72, the two products, and why
-        // each on the products took neither fused kernel (for explain).
-        let mut attention_kernels = [0usize; 3];
-        let mut general_reasons: Vec<(String, usize)> = Vec::new();
-        for (op, &lane) in plan.ops.iter().zip(&op_lanes) {
+        for (i, (op, &lane)) in plan.ops.iter().zip(&op_lanes).enumerate() {
             let size = &mut sizes[lane];
             match *op {
-                Op::Attention { q, k, heads, kv_heads, head_dim, groups, key_valid, query_valid, causal, .. } => {
-                    let masked = key_valid.is_some() || query_valid.is_some();
-                    let fused = fused_attention && causal.is_none();
-                    match AttentionLowering::of(q.rows, k.rows, heads, kv_heads, head_dim, groups, masked, fused, multiprocessors) {
-                        AttentionLowering::ActionTokens(split) => {
-                            let (o, ml) = split.partial_lens;
-                            (size.attention_o, size.attention_ml) = (size.attention_o.max(o), size.attention_ml.max(ml));
-                            attention_kernels[0] += 1;
-                        }
-                        AttentionLowering::Vision => attention_kernels[1] += 1,
-                        AttentionLowering::Products => {
-                            size.scores = size.scores.max(heads * (q.rows / groups) * (k.rows / groups));
-                            attention_kernels[2] += 1;
-                            let why = AttentionLowering::why_general(
-                                q.rows,
-                                k.rows,
-                                heads,
-                                kv_heads,
-                                head_dim,
-                                groups,
-                                masked,
-                                causal.is_some(),
-                                fused_attention,
-                            );
-                            match general_reasons.iter_mut().find(|(r, _)| *r == why) {
-                                Some((_, n)) => *n += 1,
-                                None => general_reasons.push((why, 1)),
-                            }
-                        }
+                Op::Attention { q, k, heads, groups, .. } => match fusions.attention(i) {
+                    AttentionLowering::ActionTokens(split) => {
+                        let (o, ml) = split.partial_lens;
+                        (size.attention_o, size.attention_ml) = (size.attention_o.max(o), size.attention_ml.max(ml));
                     }
-                }
+                    AttentionLowering::Vision => {}
+                    AttentionLowering::Products => size.scores = size.scores.max(heads * (q.rows / groups) * (k.rows / groups)),
+                },
                 Op::Gemm { a, .. } if elems[a.buf.0] == Elem::F32 => size.shadow = size.shadow.max(a.rows * a.cols),
                 Op::Positions { positions, .. } => positions_bufs.push(positions),
                 _ => {}
@@ -291,7 +251,7 @@ impl CudaBackend {
         }
 
         let uploaded = upload_weights(&plan, weights, &checkpoint, &elems, stream.0)?;
-        let (tiled_memory, tiled) = retile_mlp_weights(&kernels, &plan, &mlps, &uploaded.ptrs, stream.0)?;
+        let (tiled_memory, tiled) = retile_mlp_weights(&kernels, &plan, &fusions.mlps, &uploaded.ptrs, stream.0)?;
         if let Some(board) = board {
             let used = (uploaded.memory.bytes + tiled_memory.as_ref().map_or(0, |m| m.bytes) + arena.bytes) as u64;
             if let Some(warning) = board.budget_warning(used, ctx.total_memory()? as u64) {
@@ -309,11 +269,8 @@ impl CudaBackend {
             op_lanes: &op_lanes,
             host_inputs,
             lane: 0,
-            fused_attention,
+            fusions: &fusions,
             multiprocessors,
-            mlps: &mlps,
-            early_mlps: &early_mlps,
-            early_attentions: &early_attentions,
             op_index: 0,
             early_after_products: switches.early_launch,
             tiled: &tiled,
@@ -352,18 +309,9 @@ impl CudaBackend {
             ctx: ctx.ctx,
         };
         let lowering = format!(
-            "  switches: {}\n  attention: {} op(s) as attention_mq256 (few queries, one K/V head, head dim 256), {} as attention_mh72 \
-             (SigLIP: head dim 72, unmasked), {} as two cuBLASLt products around a softmax (every other shape){}\n  MLPs as one \
-             streamed launch: {} ({} started under their norm); attentions started under their RoPE: {}; ops on the second \
-             stream: {}\n  launches: {}\n",
+            "  switches: {}\n{}  ops on the second stream: {}\n  launches: {}\n",
             switches.describe(),
-            attention_kernels[0],
-            attention_kernels[1],
-            attention_kernels[2],
-            general_reasons.iter().map(|(why, n)| format!("\n    {n} on the products: {why}")).collect::<String>(),
-            mlps.len(),
-            early_mlps.len(),
-            early_attentions.len(),
+            fusions.describe(),
             op_lanes.iter().filter(|&&l| l != 0).count(),
             launcher.launch_counts()
         );

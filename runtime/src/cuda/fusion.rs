@@ -1,11 +1,139 @@
-//! Which plan ops the lowering fuses or launches early, decided from the plan's shapes and op
-//! order: the attention kernel of each attention op, the MLPs run as one streamed launch, and the
-//! launches that start as programmatic dependents of the one before them.
+//! The fusion passes: which plan ops the lowering fuses or launches early, decided once at open
+//! from the plan's shapes and op order — the attention kernel of each attention op, the MLPs run
+//! as one streamed launch, and the launches that start as programmatic dependents of the one
+//! before them. [`Fusions`] holds every pass's decision and reports them for `explain()`.
+
+use std::fmt::Write as _;
 
 use flashrt_kernels::{AttentionSplit, Kernels};
 
 use super::arena::Elem;
+use super::options::Switches;
 use crate::plan::{Activation, BufId, Op, Plan, Span, View, WeightId, WeightRole};
+
+/// What the fusion passes decided for one plan on one device.
+pub(super) struct Fusions {
+    /// The kernel of each attention op, by op index (`None` for the other ops).
+    attention: Vec<Option<AttentionLowering>>,
+    /// Why attention ops on the general path took neither fused kernel, with how many did.
+    attention_fallbacks: Vec<(String, usize)>,
+    /// The first ops of the MLPs lowered as one streamed launch ([`fused_mlps`]), ascending.
+    pub(super) mlps: Vec<usize>,
+    /// Why MLPs of the streamed kernel's form were left as three launches, with how many.
+    mlp_fallbacks: Vec<(String, usize)>,
+    /// Those of `mlps` launched as programmatic dependents of their norm ([`mlps_after_their_norm`]).
+    pub(super) early_mlps: Vec<usize>,
+    /// The attentions launched under their RoPE, with the keys it does not write
+    /// ([`attentions_after_their_rope`]).
+    pub(super) early_attentions: Vec<(usize, usize)>,
+    switches: Switches,
+}
+
+/// Counts a reason in a `(reason, count)` list.
+fn count(reasons: &mut Vec<(String, usize)>, why: String) {
+    match reasons.iter_mut().find(|(r, _)| *r == why) {
+        Some((_, n)) => *n += 1,
+        None => reasons.push((why, 1)),
+    }
+}
+
+impl Fusions {
+    /// Runs every pass. `fused_kernels`: the device has the fused attention kernels (with enough
+    /// shared memory); `mlp_runs(rows, width, hidden)`: the streamed MLP kernel runs that shape.
+    pub(super) fn run(
+        plan: &Plan,
+        elems: &[Elem],
+        op_lanes: &[usize],
+        switches: Switches,
+        fused_kernels: bool,
+        multiprocessors: usize,
+        mlp_runs: impl Fn(usize, usize, usize) -> bool,
+    ) -> Fusions {
+        let fused_attention = fused_kernels && switches.fused_attention;
+        let mut attention_fallbacks = Vec::new();
+        let attention = plan
+            .ops
+            .iter()
+            .map(|op| {
+                let Op::Attention { q, k, heads, kv_heads, head_dim, groups, key_valid, query_valid, causal, .. } = *op else {
+                    return None;
+                };
+                let masked = key_valid.is_some() || query_valid.is_some();
+                let fused = fused_attention && causal.is_none();
+                let lowering = AttentionLowering::of(q.rows, k.rows, heads, kv_heads, head_dim, groups, masked, fused, multiprocessors);
+                if lowering == AttentionLowering::Products {
+                    let why = AttentionLowering::why_general(
+                        q.rows,
+                        k.rows,
+                        heads,
+                        kv_heads,
+                        head_dim,
+                        groups,
+                        masked,
+                        causal.is_some(),
+                        fused_attention,
+                    );
+                    count(&mut attention_fallbacks, why);
+                }
+                Some(lowering)
+            })
+            .collect();
+        let (mlps, mlp_fallbacks) = if switches.fused_mlp {
+            fused_mlps(plan, elems, |first, rows, width, hidden| {
+                // Not on the second stream: beside the prefix's products its launches would wait
+                // for every SM at once.
+                if op_lanes[first] != 0 {
+                    Some("on the second stream".to_string())
+                } else if !mlp_runs(rows, width, hidden) {
+                    Some(format!("no grid split of {rows} rows x {width} wide x {hidden} hidden on this device"))
+                } else {
+                    None
+                }
+            })
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let (early_mlps, early_attentions) = if switches.early_launch {
+            (mlps_after_their_norm(plan, &mlps, op_lanes), attentions_after_their_rope(plan, op_lanes))
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        Fusions { attention, attention_fallbacks, mlps, mlp_fallbacks, early_mlps, early_attentions, switches }
+    }
+
+    /// The kernel of attention op `op`.
+    pub(super) fn attention(&self, op: usize) -> AttentionLowering {
+        self.attention[op].expect("the attention pass saw every attention op")
+    }
+
+    /// Every pass and what it did, for `explain()`: a line each, fallbacks with their reasons.
+    pub(super) fn describe(&self) -> String {
+        let kernels = |want: fn(&AttentionLowering) -> bool| self.attention.iter().flatten().filter(|l| want(l)).count();
+        let mut s = format!(
+            "  pass attention kernels: {} op(s) as attention_mq256 (few queries, one K/V head, head dim 256), {} as attention_mh72 \
+             (SigLIP: head dim 72, unmasked), {} as two cuBLASLt products around a softmax (every other shape)\n",
+            kernels(|l| matches!(l, AttentionLowering::ActionTokens(_))),
+            kernels(|l| *l == AttentionLowering::Vision),
+            kernels(|l| *l == AttentionLowering::Products),
+        );
+        for (why, n) in &self.attention_fallbacks {
+            let _ = writeln!(s, "    {n} on the products: {why}");
+        }
+        let off = |on: bool| if on { "" } else { " (switched off)" };
+        let _ = writeln!(s, "  pass streamed MLP: {} MLP(s) as one launch{}", self.mlps.len(), off(self.switches.fused_mlp));
+        for (why, n) in &self.mlp_fallbacks {
+            let _ = writeln!(s, "    {n} left as three launches: {why}");
+        }
+        let _ = writeln!(
+            s,
+            "  pass early launch: {} streamed MLP(s) under their norm, {} attention(s) under their RoPE{}",
+            self.early_mlps.len(),
+            self.early_attentions.len(),
+            off(self.switches.early_launch)
+        );
+        s
+    }
+}
 
 /// How an attention op runs on the GPU. Decided once per op by [`AttentionLowering::of`], which
 /// both the arena's scratch sizing and the lowering ask, so the two cannot disagree.
@@ -106,17 +234,24 @@ fn misses_mh72(heads: usize, kv_heads: usize, head_dim: usize, keys_per_group: u
 
 /// The MLPs the lowering runs as one [`Kernels::mlp_stream`] launch: the
 /// index of each first op of a gate/up product (bf16 in, no bias), the GeGLU over its output and
-/// the down product over that (f32 out, overwritten), in one phase, where `runs(first op, rows,
-/// width, hidden)` (the device runs the shape there). The fused kernel never writes the gate/up
-/// output, so an MLP whose gate/up output some later op reads (before anything writes that
-/// buffer again) is not fused.
-pub(super) fn fused_mlps(plan: &Plan, elems: &[Elem], runs: impl Fn(usize, usize, usize, usize) -> bool) -> Vec<usize> {
+/// the down product over that (f32 out, overwritten), in one phase, unless `refuses(first op,
+/// rows, width, hidden)` says why not (the device cannot run the shape there). The fused kernel
+/// never writes the gate/up output, so an MLP whose gate/up output some later op reads (before
+/// anything writes that buffer again) is not fused. Also returns why the others of that form
+/// were not fused, with how many.
+pub(super) fn fused_mlps(
+    plan: &Plan,
+    elems: &[Elem],
+    refuses: impl Fn(usize, usize, usize, usize) -> Option<String>,
+) -> (Vec<usize>, Vec<(String, usize)>) {
     let starts_phase = |i: usize| plan.phase_starting_at(i).is_some();
     let matrix = |w: WeightId| match plan.weights[w.0].role {
         WeightRole::Matrix { n, k } => Some((n, k)),
         _ => None,
     };
-    let fits = |i: usize| -> Option<BufId> {
+    let mut fallbacks = Vec::new();
+    // The MLPs of the kernel's form, each with its gate/up output and what the device says.
+    let of_form = |i: usize| -> Option<(BufId, Option<String>)> {
         let [
             Op::Gemm { a, w: w_gate_up, bias: None, out: gate_up, accumulate: false },
             // The streamed kernel computes the tanh GELU.
@@ -133,9 +268,16 @@ pub(super) fn fused_mlps(plan: &Plan, elems: &[Elem], runs: impl Fn(usize, usize
             && h == hidden
             && (hidden.rows, out.rows, out.cols) == (rows, rows, width);
         let types = [elems[a.buf.0], elems[hidden.buf.0], elems[out.buf.0]] == [Elem::Bf16, Elem::Bf16, Elem::F32];
-        (shapes && types && !starts_phase(i + 1) && !starts_phase(i + 2) && runs(i, rows, width, hid)).then_some(gate_up.buf)
+        (shapes && types && !starts_phase(i + 1) && !starts_phase(i + 2)).then(|| (gate_up.buf, refuses(i, rows, width, hid)))
     };
-    let candidates: Vec<(usize, BufId)> = (0..plan.ops.len()).filter_map(|i| fits(i).map(|g| (i, g))).collect();
+    let mut candidates: Vec<(usize, BufId)> = Vec::new();
+    for i in 0..plan.ops.len() {
+        match of_form(i) {
+            Some((gate_up, None)) => candidates.push((i, gate_up)),
+            Some((_, Some(why))) => count(&mut fallbacks, why),
+            None => {}
+        }
+    }
     let firsts: Vec<usize> = candidates.iter().map(|c| c.0).collect();
     // Walking on from the MLP past other fused ones (which read nothing of it outside their own
     // kernel): the first op to touch the buffer must write it. Unfusing another MLP only turns
@@ -158,7 +300,15 @@ pub(super) fn fused_mlps(plan: &Plan, elems: &[Elem], runs: impl Fn(usize, usize
         }
         true
     };
-    candidates.iter().filter(|c| unread(c)).map(|c| c.0).collect()
+    let mut fused = Vec::new();
+    for c in &candidates {
+        if unread(c) {
+            fused.push(c.0);
+        } else {
+            count(&mut fallbacks, "a later op reads the gate/up output the kernel never writes".into());
+        }
+    }
+    (fused, fallbacks)
 }
 
 /// The fused MLPs (of `mlps`) that directly follow, on the same stream and in the same phase, the
@@ -238,13 +388,14 @@ mod tests {
 
     #[test]
     fn the_expert_mlp_fuses_only_where_nothing_else_needs_its_parts() {
-        let fused = |plan: &Plan, runs: bool| fused_mlps(plan, &element_types(plan), |_, _, _, _| runs);
+        let refuse = |runs: bool| move |_, _, _, _| (!runs).then(|| "cannot".to_string());
+        let fused = |plan: &Plan, runs: bool| fused_mlps(plan, &element_types(plan), refuse(runs)).0;
         let (plan, first) = mlp_plan(|_, _, _| {});
         assert_eq!(fused(&plan, true), vec![first]);
         let (w_gate_up, w_down) = (WeightId(0), WeightId(1));
         assert_eq!(mlp_weight_tiling(&plan, &[first]), vec![(w_gate_up, 128, true), (w_down, 0, true)]);
-        // The kernel cannot run the shape or on that stream.
-        assert_eq!(fused(&plan, false), Vec::<usize>::new());
+        // The kernel cannot run the shape or on that stream: named as the reason.
+        assert_eq!(fused_mlps(&plan, &element_types(&plan), refuse(false)), (vec![], vec![("cannot".to_string(), 1)]));
         // The down weight serves another product too: fused, with a tiled copy of it.
         let (plan, _) = mlp_plan(|plan, w_down, _| {
             let (h, y) = (plan.matrix("h2", 4, 128), plan.matrix("y2", 4, 64));
@@ -254,7 +405,8 @@ mod tests {
         assert_eq!(mlp_weight_tiling(&plan, &[first]), vec![(w_gate_up, 128, true), (w_down, 0, false)]);
         // Another op reads the gate/up output the fused kernel never writes.
         let (plan, _) = mlp_plan(|plan, _, gate_up| plan.push(Op::Activation { x: gate_up, kind: Activation::GeluTanh }));
-        assert!(fused(&plan, true).is_empty());
+        let (none, why) = fused_mlps(&plan, &element_types(&plan), refuse(true));
+        assert!(none.is_empty() && why[0].0.contains("reads the gate/up output"), "{why:?}");
         // An unfused MLP after it (as on the second stream) writes the buffer before its GeGLU reads it.
         let mut second = 0;
         let (plan, first) = mlp_plan(|plan, _, gate_up| {
@@ -266,8 +418,9 @@ mod tests {
             plan.push(Op::GatedActivation { gate_up, out: hidden, kind: Activation::GeluTanh });
             plan.push(Op::Gemm { a: hidden, w: w2, bias: None, out, accumulate: false });
         });
-        assert_eq!(fused_mlps(&plan, &element_types(&plan), |i, _, _, _| i == first), vec![first]);
-        assert_eq!(fused_mlps(&plan, &element_types(&plan), |i, _, _, _| i == second), vec![second]);
+        let only = |op: usize| move |i: usize, _, _, _| (i != op).then(|| "not this one".to_string());
+        assert_eq!(fused_mlps(&plan, &element_types(&plan), only(first)).0, vec![first]);
+        assert_eq!(fused_mlps(&plan, &element_types(&plan), only(second)).0, vec![second]);
         assert_eq!(fused(&plan, true), vec![first, second]);
         // A phase starting inside the sequence.
         let mut plan = Plan::default();
@@ -280,6 +433,28 @@ mod tests {
         plan.phase("next");
         plan.push(Op::Gemm { a: hidden, w: w2, bias: None, out, accumulate: false });
         assert!(fused(&plan, true).is_empty());
+    }
+
+    #[test]
+    fn the_passes_report_what_they_fused_and_why_the_rest_fell_back() {
+        let (plan, first) = mlp_plan(|_, _, _| {});
+        let (elems, lanes) = (element_types(&plan), vec![0; plan.ops.len()]);
+        let run = |switches: Switches, lanes: &[usize], runs: bool| Fusions::run(&plan, &elems, lanes, switches, true, 132, |_, _, _| runs);
+        let all = run(Switches::default(), &lanes, true);
+        assert_eq!((all.mlps.clone(), all.early_mlps.clone()), (vec![first], vec![first]));
+        let text = all.describe();
+        assert!(
+            text.contains("pass streamed MLP: 1 MLP(s) as one launch\n") && text.contains("1 streamed MLP(s) under their norm"),
+            "{text}"
+        );
+        let refused = run(Switches::default(), &lanes, false).describe();
+        assert!(refused.contains("1 left as three launches: no grid split of 4 rows x 64 wide x 128 hidden"), "{refused}");
+        let mut second = lanes.clone();
+        second[first] = 1;
+        assert!(run(Switches::default(), &second, true).describe().contains("1 left as three launches: on the second stream"));
+        let off = run(Switches { fused_mlp: false, early_launch: false, ..Switches::default() }, &lanes, true);
+        assert!(off.mlps.is_empty() && off.early_mlps.is_empty());
+        assert!(off.describe().contains("0 MLP(s) as one launch (switched off)"), "{}", off.describe());
     }
 
     #[test]

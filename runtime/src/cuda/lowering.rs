@@ -8,7 +8,7 @@ use flashrt_kernels::{AttentionArgs, DevPtr, Dtype, Kernels, Mat, ROW_PRODUCT_MA
 
 use super::arena::{DeviceBuf, Elem, Scratch, copied_input};
 use super::device::BlasLt;
-use super::fusion::AttentionLowering;
+use super::fusion::{AttentionLowering, Fusions};
 use super::gemm::{Matmul, MatmulSpec, Operand};
 use super::steps::{RopeRows, Schedule, Step};
 use crate::error::{Error, Result};
@@ -39,17 +39,12 @@ pub(super) struct Lowering<'a> {
     /// The host-input copy table and its pieces (see [`copied_input`]).
     pub(super) host_inputs: (DevPtr, usize),
     pub(super) lane: usize,
-    /// Lower few-query multi-query attention to `Kernels::attention_mq256` (off with
-    /// FRT_NO_FUSED_ATTENTION=1), sized for this many SMs.
-    pub(super) fused_attention: bool,
+    /// What the fusion passes decided: each attention op's kernel, the streamed MLPs, the early
+    /// launches.
+    pub(super) fusions: &'a Fusions,
+    /// The SMs the streamed MLP's grid is sized for.
     pub(super) multiprocessors: usize,
-    /// The first ops of the MLPs lowered as one streamed launch ([`fused_mlps`]), ascending, and
-    /// those of them launched as programmatic dependents of their norm ([`mlps_after_their_norm`]).
-    pub(super) mlps: &'a [usize],
-    pub(super) early_mlps: &'a [usize],
-    /// The attentions launched as programmatic dependents of their RoPE kernel, with the keys it
-    /// does not write ([`attentions_after_their_rope`]), and the plan op being lowered.
-    pub(super) early_attentions: &'a [(usize, usize)],
+    /// The plan op being lowered.
     pub(super) op_index: usize,
     /// RoPE (loading its table rows first) and the gated residual norms right after a cuBLASLt
     /// product launched as its programmatic dependents (measured −0.11 ms on the H200;
@@ -189,7 +184,7 @@ impl Lowering<'_> {
                 }
             }
             // Fusion: the expert's MLP (product, GeGLU, product) as one streamed launch.
-            if self.mlps.binary_search(&i).is_ok() {
+            if self.fusions.mlps.binary_search(&i).is_ok() {
                 let (
                     Op::Gemm { a, w: w_gate_up, .. },
                     Some((_, Op::GatedActivation { out: hidden, .. })),
@@ -206,7 +201,7 @@ impl Lowering<'_> {
                     w_down: self.tiled[&w_down.0],
                     barrier: self.scratch().grid_barrier,
                     multiprocessors: self.multiprocessors,
-                    programmatic: self.early_mlps.binary_search(&i).is_ok(),
+                    programmatic: self.fusions.early_mlps.binary_search(&i).is_ok(),
                 });
                 self.tag_steps(from, i..i + 3);
                 continue;
@@ -472,10 +467,7 @@ impl Lowering<'_> {
         if [qs.dtype, ks.dtype, vs.dtype] != [Dtype::Bf16; 3] {
             return Err(self.error(format!("attention operands must be bf16, got {:?}/{:?}/{:?}", qs.dtype, ks.dtype, vs.dtype)));
         }
-        let masked = key_valid.is_some() || query_valid.is_some();
-        // The fused kernels have no causal mask.
-        let fused = self.fused_attention && causal.is_none();
-        match AttentionLowering::of(q.rows, k.rows, heads, kv_heads, head_dim, groups, masked, fused, self.multiprocessors) {
+        match self.fusions.attention(self.op_index) {
             AttentionLowering::ActionTokens(split) => {
                 self.steps.push(Step::FusedAttention(AttentionArgs {
                     q: qs,
@@ -489,10 +481,11 @@ impl Lowering<'_> {
                     partial_o: self.scratch().attention_o,
                     partial_ml: self.scratch().attention_ml,
                     keys_ready: self
+                        .fusions
                         .early_attentions
                         .binary_search_by_key(&self.op_index, |e| e.0)
                         .ok()
-                        .map(|e| self.early_attentions[e].1),
+                        .map(|e| self.fusions.early_attentions[e].1),
                 }));
                 return Ok(());
             }
