@@ -350,7 +350,7 @@ def model_cases(out: pathlib.Path) -> None:
         tensors[p + "noise"] = noise
         tensors[p + "action_pred"] = actions.contiguous()
         tensors[p + "actions"] = torch.as_tensor(decoded).contiguous()
-        tensors[p + "backbone_features"] = cap[f"llm_layer_{len(lm.layers) - 1}"]
+        tensors[p + "backbone_features"] = cap[f"llm_layer_{len(lm.layers) - 1}"].clone()
         for k, v in cap.items():
             if isinstance(v, list):
                 for s, t in enumerate(v):
@@ -358,7 +358,7 @@ def model_cases(out: pathlib.Path) -> None:
             else:
                 tensors[p + k] = v.contiguous()
         for s, t in enumerate(cap["action_decoder"]):
-            tensors[p + f"velocity.{s}"] = t[:, -HORIZON:].contiguous()
+            tensors[p + f"velocity.{s}"] = t[:, -HORIZON:].clone()
         meta["cases"].append({"prompt": prompt, "language": language, "text": text, "sequence": int(inp["input_ids"].shape[1])})
         print(f"case {c}: {inp['input_ids'].shape[1]} tokens, actions {tuple(actions.shape)} max|a| {actions.abs().max():.3f}")
     meta["keys"] = {k: list(v.shape) for k, v in sorted(tensors.items())}
