@@ -15,6 +15,7 @@ use crate::plan::Plan;
 use crate::weights::WeightData;
 
 pub mod blocks;
+pub mod groot_n17;
 pub mod pi05;
 
 /// What a model module returns: everything a backend and the policy need to run it.

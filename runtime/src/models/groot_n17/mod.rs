@@ -1,0 +1,19 @@
+//! NVIDIA GR00T N1.7: a Qwen3-VL backbone (Cosmos-Reason2-2B: ViT with 2D RoPE and DeepStack
+//! mergers, the first 16 layers of a Qwen3 LLM with interleaved M-RoPE), a VL adapter (LayerNorm
+//! and self-attention) and a flow-matching DiT action head whose encoders and decoder are chosen
+//! per embodiment.
+//!
+//! - Reference code: lerobot 0.6.1 `lerobot/policies/groot/` (`groot_n1_7.py`,
+//!   `processor_groot.py`), the golden reference of our tests; upstream NVIDIA Isaac-GR00T.
+//! - Checkpoint: `nvidia/GR00T-N1.7-3B` and its fine-tunes (raw Hugging Face layout with
+//!   `processor_config.json`, `statistics.json`, `embodiment_id.json`).
+//! - Specification: `shared/specs/groot_n17.md` in the steering repo.
+//!
+//! Its processing lives here, beside the model: the prompt ([`prompt`]), the M-RoPE position ids
+//! ([`positions`]), the sidecar files with state normalization, action decoding and the
+//! embodiment slot ([`sidecar`]), and the image transform with the Qwen patch order ([`image`]).
+
+pub mod image;
+pub mod positions;
+pub mod prompt;
+pub mod sidecar;
