@@ -31,7 +31,7 @@ use flashrt::checkpoint::Checkpoint;
 use flashrt::cpu::CpuBackend;
 use flashrt::cuda::{CudaBackend, CudaOptions};
 use flashrt::image::{Frame, PixelFormat};
-use flashrt::plan::{Activation, BufId, BufType, HostIo, Op, Plan, View, WeightId, WeightRole};
+use flashrt::plan::{Activation, BufId, BufType, HostIo, Op, Plan, RopeAxes, View, WeightId, WeightRole};
 use flashrt::weights::WeightData;
 use flashrt::{BackendKind, Observation, Policy, PolicyConfig};
 use rand::{Rng, SeedableRng};
@@ -467,6 +467,7 @@ fn qkv_rope_case(seed: u64) -> Case {
         kv_heads: 1,
         head_dim,
         theta: 1e4,
+        axes: RopeAxes::Single,
         positions,
         position_offset: 3,
         k_cache,
@@ -541,6 +542,7 @@ fn attention_case(seed: u64) -> Case {
             kv_heads: 1,
             head_dim,
             theta: 1e4,
+            axes: RopeAxes::Single,
             positions,
             position_offset: offset,
             k_cache,
@@ -604,7 +606,19 @@ fn gqa_rope_case(seed: u64) -> Case {
         let qkv = c.input(&format!("{name}_qkv"), rows, (heads + 2 * kv_heads) * head_dim);
         let k_cache = c.plan.matrix(format!("{name}_k_cache"), slots, kv_heads * head_dim);
         let v_cache = c.plan.matrix(format!("{name}_v_cache"), slots, kv_heads * head_dim);
-        c.plan.push(Op::RopeQkv { qkv, heads, kv_heads, head_dim, theta, positions, position_offset: 2, k_cache, v_cache, cache_row: 2 });
+        c.plan.push(Op::RopeQkv {
+            qkv,
+            heads,
+            kv_heads,
+            head_dim,
+            theta,
+            axes: RopeAxes::Single,
+            positions,
+            position_offset: 2,
+            k_cache,
+            v_cache,
+            cache_row: 2,
+        });
         c.check(qkv);
         c.check(k_cache.rows(2, rows));
         c.check(v_cache.rows(2, rows));

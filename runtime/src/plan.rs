@@ -263,13 +263,15 @@ pub enum Op {
     /// Rotary embedding (split-half, as transformers' `rotate_half`) with base `theta` of the q
     /// heads in place and of the k heads, written together with the v heads into rows
     /// `cache_row..` of the layer's K/V cache. `qkv` is `[rows, (heads + 2·kv_heads)·head_dim]`
-    /// (q heads, k heads, v heads); the caches are `[slots, kv_heads·head_dim]`.
+    /// (q heads, k heads, v heads); the caches are `[slots, kv_heads·head_dim]`. `axes` says which
+    /// position of its row each rotation pair turns by.
     RopeQkv {
         qkv: View,
         heads: usize,
         kv_heads: usize,
         head_dim: usize,
         theta: f32,
+        axes: RopeAxes,
         positions: BufId,
         position_offset: usize,
         k_cache: View,
@@ -298,6 +300,9 @@ pub enum Op {
     },
     /// Copies `src` into `dst` (same shape).
     Copy { src: View, dst: View },
+    /// Row `i` of `src` into row `index[i]` of `dst` (i32 indices, one per `src` row), added to
+    /// it when `accumulate`: image embeddings into the prompt's image slots.
+    ScatterRows { src: View, index: BufId, dst: View, accumulate: bool },
     /// `out[r, c] = x[r, c] · scale[c] + offset[c]` for the robot's action columns.
     Affine { x: View, scale: WeightId, offset: WeightId, out: View },
     /// Picks which of the plan's prompt buckets ([`Plan::prompt_buckets`]) the phases that follow
@@ -305,18 +310,58 @@ pub enum Op {
     PromptBucket { token_mask: BufId },
 }
 
+/// Which position each rotation pair of an [`Op::RopeQkv`] head turns by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeAxes {
+    /// Every pair by its row's position, `positions[position_offset + row]`.
+    Single,
+    /// Qwen3-VL's interleaved multimodal RoPE: `positions` holds three rows of `slots` (temporal,
+    /// height, width); pair `j` turns by the height position when `j % 3 == 1` and
+    /// `j < 3·sections[1]`, by the width position when `j % 3 == 2` and `j < 3·sections[2]`,
+    /// else by the temporal one.
+    Interleaved { sections: [usize; 3], slots: usize },
+    /// Qwen3-VL's vision RoPE: `positions` holds two rows of `slots` (patch row, patch column);
+    /// the first half of the pairs turns by the row, the second by the column, each half with
+    /// the frequencies of a head half as wide.
+    Rows2d { slots: usize },
+}
+
+impl RopeAxes {
+    /// The row of `positions` pair `j` of `half` turns by.
+    pub fn axis(&self, j: usize, half: usize) -> usize {
+        match *self {
+            RopeAxes::Single => 0,
+            RopeAxes::Interleaved { sections, .. } if j % 3 == 1 && j < 3 * sections[1] => 1,
+            RopeAxes::Interleaved { sections, .. } if j % 3 == 2 && j < 3 * sections[2] => 2,
+            RopeAxes::Interleaved { .. } => 0,
+            RopeAxes::Rows2d { .. } => (j >= half / 2) as usize,
+        }
+    }
+
+    /// Where row `row`'s position on `axis` is in the positions buffer.
+    pub fn index(&self, axis: usize, position_offset: usize, row: usize) -> usize {
+        match *self {
+            RopeAxes::Single => position_offset + row,
+            RopeAxes::Interleaved { slots, .. } | RopeAxes::Rows2d { slots } => axis * slots + position_offset + row,
+        }
+    }
+}
+
 /// One RoPE table of a plan: the rotary base and head dimension some [`Op::RopeQkv`] ops share,
 /// for positions `0..positions` (the most rows of their caches). Backends build one per spec.
+/// `halves`: the frequencies of [`RopeAxes::Rows2d`] (each half of the pairs those of a head
+/// half as wide).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RopeSpec {
     pub theta: f32,
     pub head_dim: usize,
     pub positions: usize,
+    pub halves: bool,
 }
 
 impl RopeSpec {
-    pub fn serves(&self, theta: f32, head_dim: usize) -> bool {
-        self.theta == theta && self.head_dim == head_dim
+    pub fn serves(&self, theta: f32, head_dim: usize, halves: bool) -> bool {
+        self.theta == theta && self.head_dim == head_dim && self.halves == halves
     }
 
     /// `cos` and `sin` of every angle, `[position][head_dim / 2]`, as transformers computes them
@@ -324,9 +369,11 @@ impl RopeSpec {
     pub fn tables(&self) -> (Vec<f32>, Vec<f32>) {
         let half = self.head_dim / 2;
         let (mut cos, mut sin) = (vec![0.0; self.positions * half], vec![0.0; self.positions * half]);
+        // Vision RoPE: pair j uses frequency j mod half/2 of a head of half/2 pairs.
+        let (pairs, dim) = if self.halves { (half / 2, half) } else { (half, self.head_dim) };
         for pos in 0..self.positions {
             for j in 0..half {
-                let inv_freq = (1.0 / (self.theta as f64).powf(2.0 * j as f64 / self.head_dim as f64)) as f32;
+                let inv_freq = (1.0 / (self.theta as f64).powf(2.0 * (j % pairs) as f64 / dim as f64)) as f32;
                 let angle = (pos as f32 * inv_freq) as f64;
                 cos[pos * half + j] = angle.cos() as f32;
                 sin[pos * half + j] = angle.sin() as f32;
@@ -354,6 +401,7 @@ impl Op {
             Op::RopeQkv { .. } => "rope_qkv",
             Op::Attention { .. } => "attention",
             Op::Copy { .. } => "copy",
+            Op::ScatterRows { .. } => "scatter_rows",
             Op::Affine { .. } => "affine",
             Op::PromptBucket { .. } => "prompt_bucket",
         }
@@ -418,6 +466,13 @@ impl Op {
                 reads.push(src.span());
                 writes.push(dst.span());
             }
+            Op::ScatterRows { src, index, dst, accumulate } => {
+                reads.extend([src.span(), whole(index)]);
+                if accumulate {
+                    reads.push(dst.span());
+                }
+                writes.push(dst.span());
+            }
             Op::PromptBucket { token_mask } => reads.push(whole(token_mask)),
         }
         Accesses { reads, writes }
@@ -472,15 +527,16 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The RoPE tables the plan's [`Op::RopeQkv`] ops read, one per (θ, head dimension), in
-    /// order of first use.
+    /// The RoPE tables the plan's [`Op::RopeQkv`] ops read, one per (θ, head dimension,
+    /// frequency layout), in order of first use.
     pub fn rope_specs(&self) -> Vec<RopeSpec> {
         let mut specs: Vec<RopeSpec> = Vec::new();
         for op in &self.ops {
-            if let Op::RopeQkv { theta, head_dim, k_cache, .. } = *op {
-                match specs.iter_mut().find(|s| s.serves(theta, head_dim)) {
+            if let Op::RopeQkv { theta, head_dim, axes, k_cache, .. } = *op {
+                let halves = matches!(axes, RopeAxes::Rows2d { .. });
+                match specs.iter_mut().find(|s| s.serves(theta, head_dim, halves)) {
                     Some(s) => s.positions = s.positions.max(k_cache.rows),
-                    None => specs.push(RopeSpec { theta, head_dim, positions: k_cache.rows }),
+                    None => specs.push(RopeSpec { theta, head_dim, positions: k_cache.rows, halves }),
                 }
             }
         }
@@ -646,6 +702,15 @@ impl Plan {
             Op::LayerNorm { x, out, .. } | Op::RmsNorm { x, out, .. } => format!("{} {} -> {}", op.name(), v(x), v(out)),
             Op::GatedActivation { gate_up, out, kind } => format!("{} {} -> {}", kind.gated_name(), v(gate_up), v(out)),
             Op::Copy { src, dst } => format!("copy {} -> {}", v(src), v(dst)),
+            Op::ScatterRows { src, index, dst, accumulate } => {
+                format!(
+                    "scatter_rows {} -> {} at rows {}{}",
+                    v(src),
+                    v(dst),
+                    self.buffers[index.0].name,
+                    if *accumulate { " (added)" } else { "" }
+                )
+            }
             Op::RopeQkv { qkv, k_cache, cache_row, .. } => format!("rope_qkv {} -> {} @row {cache_row}", v(qkv), v(k_cache)),
             Op::ImagePatches { camera, out, .. } => format!("image_patches camera {camera} -> {}", v(out)),
             Op::Embed { out, scale, .. } => format!("embed -> {} x {scale}", v(out)),
@@ -677,6 +742,7 @@ mod tests {
             kv_heads: 1,
             head_dim: 8,
             theta: 1e4,
+            axes: RopeAxes::Single,
             positions,
             position_offset: 12,
             k_cache,

@@ -12,7 +12,7 @@ use crate::backend::Backend;
 use crate::checkpoint::{Checkpoint, DType, TensorRef};
 use crate::error::{Error, Result};
 use crate::image::{self, PixelFormat};
-use crate::plan::{Activation, BufId, BufType, FRAME_INFO_FIELDS, Op, Plan, RopeSpec, Section, View, WeightId, WeightRole};
+use crate::plan::{Activation, BufId, BufType, FRAME_INFO_FIELDS, Op, Plan, RopeAxes, RopeSpec, Section, View, WeightId, WeightRole};
 use crate::weights::WeightData;
 use attention::{KeysValues, Packed, Queries};
 use gemm::{MR, PackedMatrix, Strided};
@@ -353,17 +353,30 @@ impl CpuBackend {
                     self.i32_mut(positions)[slot] = count - 1;
                 }
             }
-            Op::RopeQkv { qkv, heads, kv_heads, head_dim, theta, positions, position_offset, k_cache, v_cache, cache_row } => {
+            Op::RopeQkv { qkv, heads, kv_heads, head_dim, theta, axes, positions, position_offset, k_cache, v_cache, cache_row } => {
                 let half = head_dim / 2;
                 let Buffer::F32(mut kc) = self.take(k_cache.buf) else { unreachable!("k cache is f32") };
                 let Buffer::F32(mut vc) = self.take(v_cache.buf) else { unreachable!("v cache is f32") };
                 let Buffer::F32(mut rows) = self.take(qkv.buf) else { unreachable!("qkv is f32") };
+                let halves = matches!(axes, RopeAxes::Rows2d { .. });
                 let (_, cos_table, sin_table) =
-                    self.rope.iter().find(|(spec, ..)| spec.serves(theta, head_dim)).expect("a table per RoPE spec of the plan");
+                    self.rope.iter().find(|(spec, ..)| spec.serves(theta, head_dim, halves)).expect("a table per RoPE spec of the plan");
                 let kv_width = kv_heads * head_dim;
+                // This row's cos and sin per pair: a table row, or gathered per pair from the row's
+                // position on that pair's axis (into scratch sized for the widest head).
+                let (mut cos_row, mut sin_row) = ([0f32; MAX_ROPE_PAIRS], [0f32; MAX_ROPE_PAIRS]);
                 for r in 0..qkv.rows {
-                    let pos = self.i32(positions)[position_offset + r].max(0) as usize;
-                    let (cos, sin) = (&cos_table[pos * half..][..half], &sin_table[pos * half..][..half]);
+                    let position = |axis: usize| self.i32(positions)[axes.index(axis, position_offset, r)].max(0) as usize;
+                    let (cos, sin) = if axes == RopeAxes::Single {
+                        let pos = position(0);
+                        (&cos_table[pos * half..][..half], &sin_table[pos * half..][..half])
+                    } else {
+                        for j in 0..half {
+                            let at = position(axes.axis(j, half)) * half + j;
+                            (cos_row[j], sin_row[j]) = (cos_table[at], sin_table[at]);
+                        }
+                        (&cos_row[..half], &sin_row[..half])
+                    };
                     let row = &mut rows[qkv.offset + r * qkv.stride..][..heads * head_dim + 2 * kv_width];
                     for h in 0..heads {
                         rotate(&mut row[h * head_dim..][..head_dim], cos, sin);
@@ -391,6 +404,20 @@ impl CpuBackend {
                         row.copy_from_slice(&s[src.offset + r * src.stride..][..src.cols]);
                         r += 1;
                     });
+                });
+            }
+            Op::ScatterRows { src, index, dst, accumulate } => {
+                self.with_out(dst.buf, |this, d| {
+                    let (s, index) = (this.f32(src.buf), this.i32(index));
+                    for (r, &at) in index[..src.rows].iter().enumerate() {
+                        let from = &s[src.offset + r * src.stride..][..src.cols];
+                        let to = &mut d[dst.offset + at as usize * dst.stride..][..dst.cols];
+                        if accumulate {
+                            to.iter_mut().zip(from).for_each(|(t, f)| *t += f);
+                        } else {
+                            to.copy_from_slice(from);
+                        }
+                    }
                 });
             }
             Op::PromptBucket { token_mask } => {
@@ -575,6 +602,9 @@ impl Backend for CpuBackend {
     }
 }
 
+/// The most rotation pairs a head may have (head dimension 512).
+const MAX_ROPE_PAIRS: usize = 256;
+
 fn rotate(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     let half = x.len() / 2;
     let (a, b) = x.split_at_mut(half);
@@ -642,7 +672,19 @@ mod tests {
         let qkv = View { buf: host, offset: 0, rows, cols: width, stride: width };
         let positions = plan.host_buffer("positions", BufType::I32, rows + 1, HostIo::Input);
         let (k_cache, v_cache) = (plan.matrix("k", rows + 1, kv_heads * hd), plan.matrix("v", rows + 1, kv_heads * hd));
-        plan.push(Op::RopeQkv { qkv, heads, kv_heads, head_dim: hd, theta, positions, position_offset: 1, k_cache, v_cache, cache_row: 1 });
+        plan.push(Op::RopeQkv {
+            qkv,
+            heads,
+            kv_heads,
+            head_dim: hd,
+            theta,
+            axes: RopeAxes::Single,
+            positions,
+            position_offset: 1,
+            k_cache,
+            v_cache,
+            cache_row: 1,
+        });
         let (_dir, ckpt) = unused_checkpoint();
         let mut cpu = CpuBackend::new(plan, vec![], &ckpt, 1).unwrap();
         let values: Vec<f32> = (0..rows * width).map(|i| ((i * 29 % 31) as f32 - 15.0) / 8.0).collect();
@@ -675,6 +717,96 @@ mod tests {
                 let v_row = &v_out[(1 + r) * kv_heads * hd + kh * hd..][..hd];
                 assert_eq!(v_row, &row[(heads + kv_heads + kh) * hd..][..hd], "v head copied");
             }
+        }
+    }
+
+    #[test]
+    fn multi_axis_rope_turns_each_pair_by_its_axis() {
+        use crate::plan::HostIo;
+        // Qwen3-VL's text M-RoPE (sections of 6/5/5 pairs of a 32-wide head) and its vision
+        // RoPE (row, column halves), against the definitions in f64.
+        let (rows, heads, kv_heads, hd, theta) = (5, 2, 1, 32, 5e6f32);
+        let width = (heads + 2 * kv_heads) * hd;
+        for axes in [RopeAxes::Interleaved { sections: [6, 5, 5], slots: rows }, RopeAxes::Rows2d { slots: rows }] {
+            let mut plan = Plan::default();
+            let host = plan.host_buffer("qkv.host", BufType::F32, rows * width, HostIo::Input);
+            let qkv = View { buf: host, offset: 0, rows, cols: width, stride: width };
+            let axis_count = if matches!(axes, RopeAxes::Rows2d { .. }) { 2 } else { 3 };
+            let positions = plan.host_buffer("positions", BufType::I32, axis_count * rows, HostIo::Input);
+            let (k_cache, v_cache) = (plan.matrix("k", rows, kv_heads * hd), plan.matrix("v", rows, kv_heads * hd));
+            plan.push(Op::RopeQkv {
+                qkv,
+                heads,
+                kv_heads,
+                head_dim: hd,
+                theta,
+                axes,
+                positions,
+                position_offset: 0,
+                k_cache,
+                v_cache,
+                cache_row: 0,
+            });
+            let (_dir, ckpt) = unused_checkpoint();
+            let mut cpu = CpuBackend::new(plan, vec![], &ckpt, 1).unwrap();
+            let values: Vec<f32> = (0..rows * width).map(|i| ((i * 29 % 31) as f32 - 15.0) / 8.0).collect();
+            let pos: Vec<i32> = (0..axis_count * rows).map(|i| ((i * 7) % rows) as i32).collect();
+            cpu.input_f32(host).copy_from_slice(&values);
+            cpu.input_i32(positions).copy_from_slice(&pos);
+            cpu.run().unwrap();
+            let (q_out, k_out) = (cpu.read_buffer("qkv.host").unwrap(), cpu.read_buffer("k").unwrap());
+            let half = hd / 2;
+            let angle = |r: usize, j: usize| -> f64 {
+                let (axis, inv) = match axes {
+                    RopeAxes::Rows2d { .. } => {
+                        ((j >= half / 2) as usize, (theta as f64).powf(-2.0 * (j % (half / 2)) as f64 / half as f64))
+                    }
+                    _ => {
+                        let axis = if j % 3 == 1 && j < 15 {
+                            1
+                        } else if j % 3 == 2 && j < 15 {
+                            2
+                        } else {
+                            0
+                        };
+                        (axis, (theta as f64).powf(-2.0 * j as f64 / hd as f64))
+                    }
+                };
+                pos[axis * rows + r] as f64 * inv
+            };
+            for r in 0..rows {
+                let row = &values[r * width..][..width];
+                let want = |head: &[f32]| -> Vec<f64> {
+                    let (a, b) = head.split_at(half);
+                    let lo = (0..half).map(|j| a[j] as f64 * angle(r, j).cos() - b[j] as f64 * angle(r, j).sin());
+                    lo.chain((0..half).map(|j| b[j] as f64 * angle(r, j).cos() + a[j] as f64 * angle(r, j).sin())).collect()
+                };
+                let close = |got: &[f32], want: Vec<f64>| got.iter().zip(&want).all(|(g, w)| (*g as f64 - w).abs() < 1e-4);
+                assert!(close(&q_out[r * width..][..hd], want(&row[..hd])), "{axes:?} q row {r}");
+                assert!(close(&k_out[r * hd..][..hd], want(&row[heads * hd..][..hd])), "{axes:?} k row {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn scatter_rows_writes_or_adds_each_row_at_its_index() {
+        use crate::plan::HostIo;
+        for accumulate in [false, true] {
+            let mut plan = Plan::default();
+            let src_buf = plan.host_buffer("src", BufType::F32, 2 * 3, HostIo::Input);
+            let dst_buf = plan.host_buffer("dst", BufType::F32, 4 * 3, HostIo::Input);
+            let index = plan.host_buffer("index", BufType::I32, 2, HostIo::Input);
+            let view = |buf, rows| View { buf, offset: 0, rows, cols: 3, stride: 3 };
+            plan.push(Op::ScatterRows { src: view(src_buf, 2), index, dst: view(dst_buf, 4), accumulate });
+            let (_dir, ckpt) = unused_checkpoint();
+            let mut cpu = CpuBackend::new(plan, vec![], &ckpt, 1).unwrap();
+            cpu.input_f32(src_buf).copy_from_slice(&[1., 2., 3., 4., 5., 6.]);
+            cpu.input_f32(dst_buf).copy_from_slice(&[10.; 12]);
+            cpu.input_i32(index).copy_from_slice(&[3, 1]);
+            cpu.run().unwrap();
+            let base = if accumulate { 10. } else { 0. };
+            let want = [10., 10., 10., base + 4., base + 5., base + 6., 10., 10., 10., base + 1., base + 2., base + 3.];
+            assert_eq!(cpu.read_buffer("dst").unwrap(), want, "accumulate {accumulate}");
         }
     }
 

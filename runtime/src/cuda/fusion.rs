@@ -360,7 +360,7 @@ mod tests {
     use super::*;
     use crate::cuda::arena::element_types;
     use crate::cuda::weights::mlp_weight_tiling;
-    use crate::plan::BufType;
+    use crate::plan::{BufType, RopeAxes};
 
     /// The expert's MLP shape in small: a → gate/up → GeGLU → down, `out` read by a residual
     /// (so f32); `extra` adds what must rule the fusion out.
@@ -494,6 +494,7 @@ mod tests {
             kv_heads: 1,
             head_dim: 8,
             theta: 1e4,
+            axes: RopeAxes::Single,
             positions,
             position_offset: 12,
             k_cache,

@@ -12,7 +12,7 @@ use super::fusion::{AttentionLowering, Fusions};
 use super::gemm::{Matmul, MatmulSpec, Operand};
 use super::steps::{RopeRows, Schedule, Step};
 use crate::error::{Error, Result};
-use crate::plan::{Accesses, Activation, BufId, Op, Plan, RopeSpec, Section, Span, View, WeightId, WeightRole, sections_of};
+use crate::plan::{Accesses, Activation, BufId, Op, Plan, RopeAxes, RopeSpec, Section, Span, View, WeightId, WeightRole, sections_of};
 
 /// The lowered step: launches, their streams and cross-stream waits, where each plan phase
 /// starts among them, and the products.
@@ -351,8 +351,11 @@ impl Lowering<'_> {
                 suffix,
                 rope_rows: self.rope_rows.filter(|r| r.positions == positions),
             },
-            Op::RopeQkv { qkv, heads, kv_heads, head_dim, theta, positions, position_offset, k_cache, v_cache, cache_row } => {
-                let Some(&(_, tables)) = self.rope.iter().find(|(spec, _)| spec.serves(theta, head_dim)) else {
+            Op::RopeQkv { qkv, heads, kv_heads, head_dim, theta, axes, positions, position_offset, k_cache, v_cache, cache_row } => {
+                if axes != RopeAxes::Single {
+                    return Err(self.error(format!("RoPE over {axes:?} has no CUDA kernel yet; open this model on the CPU backend")));
+                }
+                let Some(&(_, tables)) = self.rope.iter().find(|(spec, _)| spec.serves(theta, head_dim, false)) else {
                     unreachable!("a table per RoPE spec of the plan")
                 };
                 // The gathered rows exist only for a plan with one table (this one).
@@ -380,6 +383,9 @@ impl Lowering<'_> {
                 return self.attention(q, k, v, out, [heads, kv_heads, head_dim, groups], key_valid, query_valid, causal);
             }
             Op::Copy { src, dst } => Step::Copy { dst: self.mat(dst)?, src: self.mat(src)? },
+            Op::ScatterRows { .. } => {
+                return Err(self.error("scatter_rows has no CUDA kernel yet; open this model on the CPU backend".into()));
+            }
             Op::Affine { x, scale, offset, out } => Step::Affine {
                 out: self.mat(out)?,
                 x: self.mat(x)?,

@@ -3,7 +3,7 @@
 //! gate/up, GeGLU (tanh), down. The RMSNorm's `(1 + w)` weights are folded into the product after
 //! each norm by the model, so the norms here carry none.
 
-use crate::plan::{Activation, BufId, Op, Plan, View, WeightId};
+use crate::plan::{Activation, BufId, Op, Plan, RopeAxes, View, WeightId};
 
 /// Gemma's rotary base (`rope_theta` of PaliGemma's Gemma 2B and of the 300M action expert).
 const ROPE_THETA: f32 = 10_000.0;
@@ -83,6 +83,7 @@ pub fn decoder_layer(plan: &mut Plan, w: &DecoderLayer, a: &Activations, cache: 
         kv_heads: 1,
         head_dim,
         theta: ROPE_THETA,
+        axes: RopeAxes::Single,
         positions: cache.positions,
         position_offset: cache.first_row,
         k_cache: cache.k,
