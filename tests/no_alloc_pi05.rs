@@ -20,7 +20,8 @@ use flashrt::{Observation, Policy, PolicyConfig};
 
 fn main() {
     step_does_not_allocate_after_warm_up();
-    println!("no_alloc_pi05: 1 passed, 0 failed");
+    groot_step_does_not_allocate_after_warm_up();
+    println!("no_alloc_pi05: 2 passed, 0 failed");
 }
 
 /// Frames cycle through 4 sizes/formats, the missing-camera pattern through 15 steps, noise through
@@ -43,7 +44,7 @@ fn step_does_not_allocate_after_warm_up() {
 
     // Inputs prepared up front (the test's own buffers must not be counted). The first size is the
     // model's own (no resize), the others are resized with padding.
-    let flashrt::models::ModelConfig::Pi05(config) = &info.config;
+    let flashrt::models::ModelConfig::Pi05(config) = &info.config else { panic!("the synthesized checkpoint is a Pi0.5") };
     let side = config.image_size;
     let sizes =
         [(side, side, PixelFormat::Rgb8), (640, 480, PixelFormat::Bgr8), (300, 200, PixelFormat::Rgba8), (96, 128, PixelFormat::Rgb8)];
@@ -95,4 +96,46 @@ fn step_does_not_allocate_after_warm_up() {
     // The counter works: an allocation while armed is seen.
     let (_, n) = count(|| std::hint::black_box(vec![1u8; 64]));
     assert_eq!(n, 1);
+}
+
+/// The same contract for GR00T N1.7 (tiny fixture): frames of changing sizes and formats, a
+/// missing camera, states, noise and prompts of different lengths; its host work (state
+/// normalization, action decoding with the relative end-effector poses) is inside `step`.
+fn groot_step_does_not_allocate_after_warm_up() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/groot_n17_tiny");
+    let mut config = PolicyConfig::new(&dir);
+    (config.max_frame_width, config.max_frame_height) = (320, 240);
+    config.threads = Some(2);
+    config.embodiment = Some("tiny_robot".into());
+    let mut policy = Policy::open(&config).unwrap();
+    let state_dim = policy.info().state_dim;
+    let mut actions = vec![0.0; policy.actions_len()];
+    let sizes = [(320, 240, PixelFormat::Rgb8), (200, 150, PixelFormat::Bgr8), (97, 131, PixelFormat::Rgba8)];
+    let frames: Vec<Vec<u8>> =
+        sizes.iter().enumerate().map(|(i, (w, h, f))| (0..w * h * f.bytes_per_pixel()).map(|p| (p * 29 + i * 5) as u8).collect()).collect();
+    let frame = |i: usize| {
+        let (w, h, f) = sizes[i % sizes.len()];
+        Frame::packed(&frames[i % sizes.len()], w, h, f)
+    };
+    let states: Vec<Vec<f32>> = (0..3).map(|i| (0..state_dim).map(|d| ((i * 7 + d * 3) % 13) as f32 / 3.0 - 2.0).collect()).collect();
+    let noise: Vec<f32> = (0..policy.noise_len()).map(|j| (j % 9) as f32 / 4.0 - 1.0).collect();
+    let tasks = ["pick up the cup", "stack the red block on the blue block, then push the tower left"];
+    policy.set_prompt(tasks[0]).unwrap();
+    let cams = [Some(frame(0)), Some(frame(1))];
+    policy.step(&Observation { cameras: &cams, state: &states[0], noise: None }, &mut actions).unwrap();
+
+    let (mut total, mut prompt_lengths) = (0, std::collections::BTreeSet::new());
+    for i in 1..=6 {
+        if i == 4 {
+            policy.set_prompt(tasks[1]).unwrap(); // not the hot path
+        }
+        let cams = [Some(frame(i)), (i % 3 != 0).then(|| frame(i + 1))];
+        let obs = Observation { cameras: &cams, state: &states[i % states.len()], noise: (i % 2 == 0).then_some(noise.as_slice()) };
+        let (result, n) = count(|| policy.step(&obs, &mut actions));
+        prompt_lengths.insert(result.unwrap().prompt_tokens);
+        total += n;
+        assert!(actions.iter().all(|a| a.is_finite()));
+    }
+    assert_eq!(total, 0, "a GR00T step allocated {total} times");
+    assert_eq!(prompt_lengths.len(), 2, "{prompt_lengths:?}");
 }

@@ -21,8 +21,12 @@ pub struct PolicyConfig {
     /// Largest frame accepted by `step` (staging buffers are sized for it).
     pub max_frame_width: usize,
     pub max_frame_height: usize,
-    /// Prompt token capacity; default: config.json `tokenizer_max_length` (else 200).
+    /// Prompt token capacity; default: config.json `tokenizer_max_length` (else 200) for Pi0.5,
+    /// 64 text tokens for GR00T.
     pub prompt_len: Option<usize>,
+    /// GR00T: the embodiment tag (`embodiment_id.json` / processor_config.json); default: the
+    /// checkpoint's only one. Pi0.5 has none.
+    pub embodiment: Option<String>,
     /// Compute the prefix only for the prompt slots a step uses, rounded up to a bucket of 32,
     /// 64, 128 or the capacity, chosen on the device each step (default on; off computes every
     /// slot every step, the A/B for the saving).
@@ -57,6 +61,7 @@ impl PolicyConfig {
             max_frame_width: 1920,
             max_frame_height: 1080,
             prompt_len: None,
+            embodiment: None,
             prompt_buckets: true,
             denoise_steps: None,
             tokenizer: None,

@@ -44,7 +44,8 @@ pub struct IoSpec {
     pub frame_info: Port,
     /// `f32 [horizon, model action width]`: the sampler's initial noise.
     pub noise: Port,
-    /// `f32 [horizon, robot action width]`: the unnormalized action chunk.
+    /// `f32 [horizon, action width]`: the plan's action chunk, from which the model's processing
+    /// makes the robot's (Pi0.5's plan unnormalizes itself; GR00T's chunk is decoded on the host).
     pub actions: Port,
     /// Inputs the model's processing writes each step (Pi0.5: prompt tokens and their mask).
     pub model_inputs: Vec<Port>,
@@ -61,11 +62,6 @@ impl IoSpec {
 
     pub fn cameras(&self) -> usize {
         self.frames.shape[0]
-    }
-
-    /// `(horizon, robot action width)` of the output chunk.
-    pub fn action_shape(&self) -> (usize, usize) {
-        (self.actions.shape[0], self.actions.shape[1])
     }
 
     /// Every port, inputs first.

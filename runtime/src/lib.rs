@@ -17,6 +17,7 @@ pub mod io;
 pub mod models;
 pub mod plan;
 pub mod policy;
+pub mod qwen_image;
 pub mod realtime;
 pub mod stats;
 pub mod weights;

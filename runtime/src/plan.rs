@@ -5,6 +5,8 @@
 
 use std::fmt::Write as _;
 
+use crate::qwen_image::QwenImage;
+
 /// Index of a buffer in [`Plan::buffers`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BufId(pub usize);
@@ -218,6 +220,20 @@ pub enum Op {
     /// `patch`×`patch` patches: `out` is `[(size/patch)², 3·patch·patch]` in (channel, y, x) order,
     /// the layout of a flattened conv weight. A camera marked absent yields a black (-1) image.
     ImagePatches { camera: usize, frames: BufId, frame_stride: usize, frame_info: BufId, size: usize, patch: usize, out: View },
+    /// GR00T N1.7's image of a staged frame ([`QwenImage`]: square resize, centre crop, resize,
+    /// each bicubic with antialiasing), as the Qwen2-VL processor's pixel values: `out` is
+    /// `[patch rows, 3·2·patch²]` in merge order. Frames up to `max_width × max_height`. A camera
+    /// marked absent yields a black (-1) image.
+    QwenImagePatches {
+        camera: usize,
+        frames: BufId,
+        frame_stride: usize,
+        frame_info: BufId,
+        max_width: usize,
+        max_height: usize,
+        image: QwenImage,
+        out: View,
+    },
     /// `out (+)= a · wᵀ + bias`. With `accumulate`, the product is added to `out` (residuals, Euler step).
     Gemm { a: View, w: WeightId, bias: Option<WeightId>, out: View, accumulate: bool },
     /// `x += table` row by row (`table` is `[x.rows, x.cols]`, repeated every `table_rows` rows).
@@ -387,6 +403,7 @@ impl Op {
     pub fn name(&self) -> &'static str {
         match self {
             Op::ImagePatches { .. } => "image_patches",
+            Op::QwenImagePatches { .. } => "qwen_image_patches",
             Op::Gemm { .. } => "gemm",
             Op::AddTable { .. } => "add_table",
             Op::LayerNorm { .. } => "layer_norm",
@@ -412,7 +429,8 @@ impl Op {
         let whole = |b: BufId| Span::whole(b, buffers);
         let (mut reads, mut writes) = (Vec::new(), Vec::new());
         match *self {
-            Op::ImagePatches { camera, frames, frame_stride, frame_info, out, .. } => {
+            Op::ImagePatches { camera, frames, frame_stride, frame_info, out, .. }
+            | Op::QwenImagePatches { camera, frames, frame_stride, frame_info, out, .. } => {
                 reads.extend([Span { buf: frames, start: camera * frame_stride, end: (camera + 1) * frame_stride }, whole(frame_info)]);
                 writes.push(out.span());
             }
@@ -713,6 +731,15 @@ impl Plan {
             }
             Op::RopeQkv { qkv, k_cache, cache_row, .. } => format!("rope_qkv {} -> {} @row {cache_row}", v(qkv), v(k_cache)),
             Op::ImagePatches { camera, out, .. } => format!("image_patches camera {camera} -> {}", v(out)),
+            Op::QwenImagePatches { camera, image, out, .. } => {
+                format!(
+                    "qwen_image_patches camera {camera} ({}² crop {:.3} -> {}²) -> {}",
+                    image.edge,
+                    image.crop_fraction,
+                    image.target,
+                    v(out)
+                )
+            }
             Op::Embed { out, scale, .. } => format!("embed -> {} x {scale}", v(out)),
             Op::AddTable { x, table, .. } => format!("add_table {} += {}", v(x), w(table)),
             Op::Activation { x, kind } => format!("{} {}", kind.name(), v(x)),

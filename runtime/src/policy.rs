@@ -146,15 +146,14 @@ impl Policy {
 
     pub fn info(&self) -> PolicyInfo {
         let m = &self.model;
-        let (horizon, action_dim) = self.io.action_shape();
         PolicyInfo {
             model: m.kind.name(),
             backend: self.backend.name(),
             device: self.backend.device_name(),
             cameras: m.cameras.clone(),
             state_dim: m.state_dim,
-            action_dim,
-            horizon,
+            action_dim: m.action_dim,
+            horizon: m.horizon,
             denoise_steps: m.denoise_steps,
             prompt_capacity: m.prompt_capacity,
             parameters: m.parameters,
@@ -165,7 +164,7 @@ impl Policy {
 
     /// Length of the action buffer `step` fills: `horizon × action_dim`.
     pub fn actions_len(&self) -> usize {
-        self.io.actions.len()
+        self.model.horizon * self.model.action_dim
     }
 
     /// Length of an observation's optional noise: `horizon × model action width`.
@@ -218,7 +217,7 @@ impl Policy {
         let run_started = Instant::now();
         self.backend.run()?;
         let backend_time = run_started.elapsed();
-        actions.copy_from_slice(self.backend.output_f32(self.io.actions.buf));
+        self.processing.finish(obs.state, self.backend.output_f32(self.io.actions.buf), actions);
 
         let latency = started.elapsed();
         let deadline_missed = self.deadline.is_some_and(|d| latency > d);
@@ -260,7 +259,7 @@ impl Policy {
             }
         }
         if actions.len() != self.actions_len() {
-            let (horizon, action_dim) = self.io.action_shape();
+            let (horizon, action_dim) = (self.model.horizon, self.model.action_dim);
             return Err(Error::invalid(
                 "actions",
                 format!(

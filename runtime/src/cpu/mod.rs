@@ -60,6 +60,8 @@ pub struct CpuBackend {
     /// `Op::PromptBucket`).
     sections: Vec<Section>,
     bucket: Option<usize>,
+    /// Working memory of the image ops that resample frames (`QwenImage::patches`).
+    image_scratch: Vec<u8>,
 }
 
 impl CpuBackend {
@@ -107,6 +109,15 @@ impl CpuBackend {
                 (spec, cos, sin)
             })
             .collect();
+        let image_scratch = plan
+            .ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::QwenImagePatches { max_width, max_height, image, .. } => Some(image.scratch_len(*max_width, *max_height)),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
         let pool = Pool::new(threads).map_err(|e| Error::Backend(format!("cannot start {threads} CPU threads: {e}")))?;
         Ok(CpuBackend {
             buffers,
@@ -120,6 +131,7 @@ impl CpuBackend {
             pool,
             sections: plan.sections(),
             bucket: None,
+            image_scratch: vec![0; image_scratch],
             plan,
         })
     }
@@ -226,6 +238,26 @@ impl CpuBackend {
                     let dst = Parts::new(dst, blocks[..parts].iter().map(|r| rows_span(out, r.start * per_side..r.end * per_side)));
                     this.pool.run(parts, &|i| image::patchify(frame, size, patch, blocks[i].clone(), dst.take(i), out.stride));
                 });
+                self.buffers[frames.0] = Buffer::U8(staged);
+            }
+            Op::QwenImagePatches { camera, frames, frame_stride, frame_info, image, out, .. } => {
+                let info: [i32; FRAME_INFO_FIELDS] =
+                    self.i32(frame_info)[camera * FRAME_INFO_FIELDS..][..FRAME_INFO_FIELDS].try_into().expect("4 fields");
+                let Buffer::U8(staged) = self.take(frames) else { unreachable!("frames are u8") };
+                let mut scratch = std::mem::take(&mut self.image_scratch);
+                self.with_out(out.buf, |_, dst| {
+                    let dst = &mut dst[out.offset..];
+                    if info[0] == 0 {
+                        for_rows(dst, View { offset: 0, ..out }, |row| row.fill(-1.0));
+                        return;
+                    }
+                    let format = PixelFormat::from_code(info[3] as u32).unwrap_or(PixelFormat::Rgb8);
+                    let (width, height) = (info[1] as usize, info[2] as usize);
+                    // Staged frames are packed rows (see `IoSpec::stage_frames`).
+                    let frame = &staged[camera * frame_stride..][..frame_stride];
+                    image.patches(frame, width, height, width * format.bytes_per_pixel(), format, &mut scratch, dst, out.stride);
+                });
+                self.image_scratch = scratch;
                 self.buffers[frames.0] = Buffer::U8(staged);
             }
             Op::Gemm { a, w, bias, out, accumulate } => {
@@ -440,24 +472,24 @@ impl CpuBackend {
         }
     }
 
+    /// `out` may be `x` itself (Qwen3's q/k norms run in place): each row's statistics are taken
+    /// before any of it is written, and each value is read before it is overwritten.
     fn rms_norm(&mut self, x: View, out: View, eps: f32, weight: Option<WeightId>, modulation: Option<WeightId>) {
+        let in_place = x == out;
         self.with_out(out.buf, |this, dst| {
-            let src = this.f32(x.buf);
+            let src = (!in_place).then(|| this.f32(x.buf));
             let (w, m) = (weight.map(|w| this.vector(w)), modulation.map(|m| this.vector(m)));
             for r in 0..x.rows {
-                let xi = &src[x.offset + r * x.stride..][..x.cols];
-                let var = xi.iter().map(|v| v * v).sum::<f32>() / x.cols as f32;
+                let (xo, oo) = (x.offset + r * x.stride, out.offset + r * out.stride);
+                let var = src.unwrap_or(dst)[xo..][..x.cols].iter().map(|v| v * v).sum::<f32>() / x.cols as f32;
                 let inv = 1.0 / (var + eps).sqrt();
-                let o = &mut dst[out.offset + r * out.stride..][..x.cols];
-                match (w, m) {
-                    (None, None) => o.iter_mut().zip(xi).for_each(|(o, v)| *o = v * inv),
-                    (Some(w), _) => o.iter_mut().zip(xi).zip(w).for_each(|((o, v), w)| *o = v * inv * w),
-                    (None, Some(m)) => {
-                        let (scale, shift) = (&m[..x.cols], &m[x.cols..2 * x.cols]);
-                        for c in 0..x.cols {
-                            o[c] = xi[c] * inv * (1.0 + scale[c]) + shift[c];
-                        }
-                    }
+                for c in 0..x.cols {
+                    let v = src.map_or(dst[xo + c], |s| s[xo + c]);
+                    dst[oo + c] = match (w, m) {
+                        (None, None) => v * inv,
+                        (Some(w), _) => v * inv * w[c],
+                        (None, Some(m)) => v * inv * (1.0 + m[c]) + m[x.cols + c],
+                    };
                 }
             }
         });

@@ -383,8 +383,8 @@ impl Lowering<'_> {
                 return self.attention(q, k, v, out, [heads, kv_heads, head_dim, groups], key_valid, query_valid, causal);
             }
             Op::Copy { src, dst } => Step::Copy { dst: self.mat(dst)?, src: self.mat(src)? },
-            Op::ScatterRows { .. } => {
-                return Err(self.error("scatter_rows has no CUDA kernel yet; open this model on the CPU backend".into()));
+            Op::ScatterRows { .. } | Op::QwenImagePatches { .. } => {
+                return Err(self.error(format!("{} has no CUDA kernel yet; open this model on the CPU backend", op.name())));
             }
             Op::Affine { x, scale, offset, out } => Step::Affine {
                 out: self.mat(out)?,

@@ -27,7 +27,7 @@ pub struct ModelSpec {
     pub info: ModelInfo,
 }
 
-/// What a model tells the caller about itself (the action chunk's shape is in the io spec).
+/// What a model tells the caller about itself.
 #[derive(Clone, Debug)]
 pub struct ModelInfo {
     pub kind: ModelKind,
@@ -35,6 +35,9 @@ pub struct ModelInfo {
     pub cameras: Vec<String>,
     /// Raw state values an observation carries.
     pub state_dim: usize,
+    /// The action chunk `step` returns: rows and robot action columns.
+    pub horizon: usize,
+    pub action_dim: usize,
     pub denoise_steps: usize,
     pub prompt_capacity: usize,
     /// Parameters the runtime reads.
@@ -46,6 +49,7 @@ pub struct ModelInfo {
 #[derive(Clone, Debug, PartialEq)]
 pub enum ModelConfig {
     Pi05(pi05::Config),
+    GrootN17(groot_n17::model::Config),
 }
 
 /// A model's own work around the plan: the prompt it keeps, and the inputs it writes each step
@@ -58,6 +62,9 @@ pub trait Processing: Send {
     /// Writes this step's model inputs (see [`IoSpec::model_inputs`]) and returns the number of
     /// valid prompt tokens. Fails before writing anything when no prompt is set. Must not allocate.
     fn stage(&mut self, state: &[f32], backend: &mut dyn Backend) -> Result<usize>;
+    /// The robot's action chunk (`horizon × action_dim`) from the plan's output (`IoSpec::actions`)
+    /// and the step's raw state. Must not allocate.
+    fn finish(&mut self, state: &[f32], output: &[f32], actions: &mut [f32]);
 }
 
 /// A checkpoint's `config.json`, read once and parsed by whoever needs it.
@@ -87,15 +94,25 @@ impl ConfigJson {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ModelKind {
     Pi05,
+    GrootN17,
 }
 
 impl ModelKind {
-    pub const ALL: [ModelKind; 1] = [ModelKind::Pi05];
+    pub const ALL: [ModelKind; 2] = [ModelKind::Pi05, ModelKind::GrootN17];
 
-    /// The name `config.json` gives the model (and `PolicyInfo::model` reports).
+    /// The model's short name (`PolicyInfo::model`, `flashrt synth --model`).
     pub fn name(self) -> &'static str {
         match self {
             ModelKind::Pi05 => "pi05",
+            ModelKind::GrootN17 => "groot-n17",
+        }
+    }
+
+    /// The names `config.json` gives the model: lerobot's `type`, Hugging Face's `model_type`.
+    fn config_names(self) -> &'static [&'static str] {
+        match self {
+            ModelKind::Pi05 => &["pi05"],
+            ModelKind::GrootN17 => &["Gr00tN1d7", "groot"],
         }
     }
 
@@ -107,8 +124,8 @@ impl ModelKind {
         let named = ["type", "model_type"].iter().find_map(|field| json.value.get(field).map(|v| (field, v)));
         let Some((field, value)) = named else { return Ok(ModelKind::Pi05) };
         let name = value.as_str().unwrap_or_default();
-        Self::ALL.into_iter().find(|kind| kind.name() == name).ok_or_else(|| {
-            let supported: Vec<&str> = Self::ALL.iter().map(|kind| kind.name()).collect();
+        Self::ALL.into_iter().find(|kind| kind.config_names().contains(&name)).ok_or_else(|| {
+            let supported: Vec<&str> = Self::ALL.iter().flat_map(|kind| kind.config_names()).copied().collect();
             Error::checkpoint(
                 &json.path,
                 format!("config.json `{field}` is {value}, a model FlashRT does not run; supported: {}", supported.join(", ")),
@@ -121,6 +138,7 @@ impl ModelKind {
     pub fn open(self, ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig, progress: &dyn Fn(usize)) -> Result<ModelSpec> {
         match self {
             ModelKind::Pi05 => pi05::spec::open(ckpt, json, config, progress),
+            ModelKind::GrootN17 => groot_n17::spec::open(ckpt, json, config, progress),
         }
     }
 }
@@ -142,11 +160,14 @@ mod tests {
         for json in [r#"{"type": "pi05"}"#, r#"{"chunk_size": 50}"#] {
             assert_eq!(detect(json).unwrap(), ModelKind::Pi05, "{json}");
         }
+        for json in [r#"{"model_type": "Gr00tN1d7"}"#, r#"{"type": "groot"}"#] {
+            assert_eq!(detect(json).unwrap(), ModelKind::GrootN17, "{json}");
+        }
         for (json, named) in
-            [(r#"{"type": "groot"}"#, r#"`type` is "groot""#), (r#"{"model_type": "Gr00tN1d7"}"#, r#"`model_type` is "Gr00tN1d7""#)]
+            [(r#"{"type": "smolvla"}"#, r#"`type` is "smolvla""#), (r#"{"model_type": "Gr00tN1d5"}"#, r#"`model_type` is "Gr00tN1d5""#)]
         {
             let e = detect(json).unwrap_err().to_string();
-            assert!(e.contains(named) && e.contains("supported: pi05") && e.contains("config.json"), "{e}");
+            assert!(e.contains(named) && e.contains("supported: pi05, Gr00tN1d7, groot") && e.contains("config.json"), "{e}");
         }
         std::fs::write(&path, "{not json").unwrap();
         assert!(ConfigJson::read(&path).err().unwrap().to_string().contains("bad config.json"));

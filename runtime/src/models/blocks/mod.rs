@@ -3,5 +3,7 @@
 //! loads the weights (their names and load-time folding are the checkpoint's) and calls a block
 //! per layer. A new model reuses these, or adds its own block here, instead of writing a layer out.
 
+pub mod dit;
 pub mod gemma;
+pub mod qwen3_vl;
 pub mod siglip;

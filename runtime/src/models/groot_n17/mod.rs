@@ -14,6 +14,8 @@
 //! embodiment slot ([`sidecar`]), and the image transform with the Qwen patch order ([`image`]).
 
 pub mod image;
+pub mod model;
 pub mod positions;
 pub mod prompt;
 pub mod sidecar;
+pub mod spec;

@@ -101,6 +101,8 @@ pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig,
         kind: ModelKind::Pi05,
         cameras: model_config.cameras.clone(),
         state_dim,
+        horizon: model_config.horizon,
+        action_dim: out_action_dim,
         denoise_steps: model_config.denoise_steps,
         prompt_capacity: capacity,
         parameters: model_config.parameter_count(),
@@ -171,5 +173,10 @@ impl Processing for Pi05Processing {
             *dst = m as i32;
         }
         Ok(valid)
+    }
+
+    /// The plan unnormalizes the actions itself (folded into its last op).
+    fn finish(&mut self, _state: &[f32], output: &[f32], actions: &mut [f32]) {
+        actions.copy_from_slice(output);
     }
 }

@@ -1,0 +1,275 @@
+//! GR00T N1.7 as a policy sees it. [`open`] reads the sidecar files for the embodiment, the
+//! tokenizer and the sizes, builds the plan and returns the [`ModelSpec`]; [`GrootProcessing`]
+//! turns a task into the prompt's inputs (token ids, masks, M-RoPE positions, image slots),
+//! normalizes each step's state and decodes the action chunk.
+
+use crate::backend::Backend;
+use crate::checkpoint::Checkpoint;
+use crate::config::PolicyConfig;
+use crate::error::{Error, Result};
+use crate::models::{ConfigJson, ModelConfig, ModelInfo, ModelKind, ModelSpec, Processing};
+use crate::qwen_image::QwenImage;
+
+use super::model::{BuildOptions, Config, GrootJson, ModelInputs, build};
+use super::positions::mrope_positions;
+use super::prompt::{PromptTokenizer, language};
+use super::sidecar::Sidecars;
+
+/// Text tokens a prompt may hold by default (the task after formalizing).
+const DEFAULT_TEXT_CAPACITY: usize = 64;
+/// Tokens around the images and the text: `<|im_start|>user\n` and `<|im_end|>\n`.
+const FIXED_TOKENS: usize = 5;
+
+pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig, progress: &dyn Fn(usize)) -> Result<ModelSpec> {
+    let dir = ckpt.dir();
+    let json = json.ok_or_else(|| Error::checkpoint(dir, "a GR00T N1.7 checkpoint needs its config.json"))?;
+    let groot: GrootJson = json.parse()?;
+    let mut model_config = Config::from_checkpoint(ckpt, &groot)?;
+    if let Some(n) = config.denoise_steps {
+        model_config.denoise_steps = n;
+    }
+    if model_config.denoise_steps == 0 {
+        return Err(Error::invalid("config.denoise_steps", "must be positive"));
+    }
+    let tag = match &config.embodiment {
+        Some(tag) => tag.clone(),
+        None => only_embodiment(dir)?,
+    };
+    let sidecars = Sidecars::read(dir, &tag)?;
+    let cameras: Vec<String> = sidecars.modality.video.modality_keys.clone();
+    if cameras.is_empty() {
+        return Err(Error::checkpoint(dir, format!("processor_config.json names no cameras (video modality_keys) for {tag:?}")));
+    }
+    if let Some(n) = config.cameras.filter(|&n| n != cameras.len()) {
+        return Err(Error::invalid(
+            "config.cameras",
+            format!("{n} given; this GR00T checkpoint takes its {} cameras {cameras:?}", cameras.len()),
+        ));
+    }
+    let state_dim = sidecars.state_dim();
+    if let Some(asked) = config.state_dim.filter(|&d| d != state_dim) {
+        return Err(Error::invalid(
+            "config.state_dim",
+            format!("{asked} differs from the checkpoint's {state_dim} (statistics.json state groups)"),
+        ));
+    }
+    if state_dim > model_config.state_width || sidecars.action_dim() > model_config.action_width {
+        return Err(Error::checkpoint(
+            dir,
+            format!(
+                "state {state_dim} / action {} exceed the model's widths {} / {}",
+                sidecars.action_dim(),
+                model_config.state_width,
+                model_config.action_width
+            ),
+        ));
+    }
+    let kw = &sidecars.kwargs;
+    if kw.use_albumentations {
+        return Err(Error::checkpoint(
+            dir,
+            "processor_config.json asks for the albumentations image path, which FlashRT does not implement yet",
+        ));
+    }
+    let target = kw.image_target_size.unwrap_or([256, 256]);
+    if target[0] != target[1] {
+        return Err(Error::checkpoint(dir, format!("image_target_size {target:?}: only square targets are supported")));
+    }
+    let crop_fraction = kw.crop_fraction.or(kw.image_crop_size.map(|c| c[0] as f64 / target[0] as f64)).unwrap_or(1.0);
+    let image = QwenImage {
+        target: target[0],
+        edge: kw.shortest_image_edge.unwrap_or(target[0]),
+        crop_fraction,
+        letterbox: kw.letter_box_transform,
+        patch: model_config.patch,
+    };
+    let tokens_per_image = model_config.tokens_per_image(image.target);
+    let text_capacity = config.prompt_len.unwrap_or(DEFAULT_TEXT_CAPACITY);
+    let slots = FIXED_TOKENS + cameras.len() * (tokens_per_image + 2) + text_capacity;
+
+    let tokenizer_path = config.tokenizer.clone().unwrap_or_else(|| dir.join("tokenizer.json"));
+    let tokenizer = if tokenizer_path.exists() {
+        Some(PromptTokenizer::from_file(&tokenizer_path)?)
+    } else {
+        log::warn!("no tokenizer.json beside the checkpoint: only raw token prompts (set_prompt_tokens) are accepted");
+        None
+    };
+    let opts = BuildOptions {
+        cameras: cameras.len(),
+        max_frame_width: config.max_frame_width,
+        max_frame_height: config.max_frame_height,
+        slots,
+        image,
+        slot: sidecars.slot,
+    };
+    let built = build(ckpt, &model_config, &opts, progress)?;
+    let grid = image.target / image.patch;
+    let processing = GrootProcessing {
+        image_pad: tokenizer.as_ref().map(|t| t.image_pad),
+        tokenizer,
+        vocab: model_config.vocab,
+        formalize: kw.formalize_language,
+        images: cameras.len(),
+        tokens_per_image,
+        grid: (grid / 2, grid / 2),
+        prompt: None,
+        inputs: built.inputs,
+        vision_positions: vision_positions(cameras.len(), grid),
+        normalized_state: vec![0.0; model_config.state_width],
+        slots,
+        action_width: model_config.action_width,
+        sidecars,
+    };
+    let info = ModelInfo {
+        kind: ModelKind::GrootN17,
+        cameras,
+        state_dim,
+        horizon: processing.sidecars.action_steps.min(model_config.horizon),
+        action_dim: processing.sidecars.action_dim(),
+        denoise_steps: model_config.denoise_steps,
+        prompt_capacity: slots,
+        parameters: model_config.parameter_count(),
+        config: ModelConfig::GrootN17(model_config),
+    };
+    Ok(ModelSpec { plan: built.plan, weights: built.weights, io: built.io, processing: Box::new(processing), info })
+}
+
+/// The embodiment when the caller names none: the checkpoint's only modality config.
+fn only_embodiment(dir: &std::path::Path) -> Result<String> {
+    let path = dir.join("processor_config.json");
+    let text = std::fs::read_to_string(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(&path, format!("bad JSON: {e}")))?;
+    let tags: Vec<String> =
+        json["processor_kwargs"]["modality_configs"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default();
+    match &tags[..] {
+        [only] => Ok(only.clone()),
+        _ => Err(Error::invalid("config.embodiment", format!("this checkpoint has embodiments {tags:?}: name one"))),
+    }
+}
+
+/// Every patch's (row, column) in merge order, per camera: `[2, cameras · grid²]`.
+fn vision_positions(cameras: usize, grid: usize) -> Vec<i32> {
+    let mut rows = Vec::new();
+    let mut cols = Vec::new();
+    for _ in 0..cameras {
+        for br in 0..grid / 2 {
+            for bc in 0..grid / 2 {
+                for (sr, sc) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                    rows.push((2 * br + sr) as i32);
+                    cols.push((2 * bc + sc) as i32);
+                }
+            }
+        }
+    }
+    rows.extend(cols);
+    rows
+}
+
+/// One prompt's inputs, made when it is set (it does not change per step).
+struct PromptInputs {
+    tokens: Vec<i32>,
+    valid: Vec<f32>,
+    text_valid: Vec<f32>,
+    image_valid: Vec<f32>,
+    mrope: Vec<i32>,
+    image_slots: Vec<i32>,
+    len: usize,
+}
+
+pub struct GrootProcessing {
+    tokenizer: Option<PromptTokenizer>,
+    image_pad: Option<i32>,
+    vocab: usize,
+    formalize: bool,
+    images: usize,
+    tokens_per_image: usize,
+    /// The merged grid of one image (rows, cols).
+    grid: (usize, usize),
+    prompt: Option<PromptInputs>,
+    inputs: ModelInputs,
+    vision_positions: Vec<i32>,
+    normalized_state: Vec<f32>,
+    slots: usize,
+    action_width: usize,
+    sidecars: Sidecars,
+}
+
+impl GrootProcessing {
+    /// The prompt inputs of `ids`, whose image-pad runs are the images.
+    fn prompt_inputs(&self, ids: Vec<i32>, image_pad: i32) -> Result<PromptInputs> {
+        if ids.len() > self.slots {
+            return Err(Error::invalid(
+                "prompt",
+                format!("{} tokens exceed the prompt capacity {} (PolicyConfig::prompt_len sets the text part)", ids.len(), self.slots),
+            ));
+        }
+        let grids = vec![self.grid; self.images];
+        let [t, h, w] = mrope_positions(&ids, image_pad, &grids)?;
+        let len = ids.len();
+        let is_image: Vec<bool> = ids.iter().map(|&id| id == image_pad).collect();
+        let pad = |v: Vec<f32>| -> Vec<f32> { v.into_iter().chain(std::iter::repeat(0.0)).take(self.slots).collect() };
+        let mut mrope = vec![0; 3 * self.slots];
+        for (axis, row) in [t, h, w].iter().enumerate() {
+            mrope[axis * self.slots..][..len].copy_from_slice(row);
+        }
+        Ok(PromptInputs {
+            valid: pad(vec![1.0; len]),
+            text_valid: pad(is_image.iter().map(|&i| if i { 0.0 } else { 1.0 }).collect()),
+            image_valid: pad(is_image.iter().map(|&i| if i { 1.0 } else { 0.0 }).collect()),
+            image_slots: is_image.iter().enumerate().filter(|(_, i)| **i).map(|(k, _)| k as i32).collect(),
+            tokens: ids.into_iter().chain(std::iter::repeat(0)).take(self.slots).collect(),
+            mrope,
+            len,
+        })
+    }
+}
+
+impl Processing for GrootProcessing {
+    fn set_prompt(&mut self, text: &str) -> Result<()> {
+        let tok = self
+            .tokenizer
+            .as_ref()
+            .ok_or_else(|| Error::Tokenizer("no tokenizer loaded: pass tokenizer.json or use raw prompt tokens".into()))?;
+        if text.trim().is_empty() {
+            return Err(Error::invalid("prompt", "the task text is empty or only whitespace; the previous prompt stays"));
+        }
+        let ids = tok.encode(&language(text, self.formalize), self.images, self.tokens_per_image)?;
+        self.prompt = Some(self.prompt_inputs(ids, tok.image_pad)?);
+        Ok(())
+    }
+
+    /// The whole chat turn as ids, the image pads included (one run of the image's tokens each).
+    fn set_prompt_tokens(&mut self, ids: &[i32]) -> Result<()> {
+        let image_pad = self
+            .image_pad
+            .ok_or_else(|| Error::Tokenizer("raw GR00T prompts need the tokenizer's <|image_pad|> id: pass tokenizer.json".into()))?;
+        if let Some((i, id)) = ids.iter().enumerate().find(|(_, id)| !usize::try_from(**id).is_ok_and(|id| id < self.vocab)) {
+            return Err(Error::invalid(
+                format!("prompt_tokens[{i}]"),
+                format!("token id {id} is outside the vocabulary 0..{}", self.vocab),
+            ));
+        }
+        self.prompt = Some(self.prompt_inputs(ids.to_vec(), image_pad)?);
+        Ok(())
+    }
+
+    fn stage(&mut self, state: &[f32], backend: &mut dyn Backend) -> Result<usize> {
+        let p =
+            self.prompt.as_ref().ok_or_else(|| Error::invalid("prompt", "no prompt set: call set_prompt or set_prompt_tokens first"))?;
+        let i = &self.inputs;
+        backend.input_i32(i.tokens).copy_from_slice(&p.tokens);
+        backend.input_f32(i.valid).copy_from_slice(&p.valid);
+        backend.input_f32(i.text_valid).copy_from_slice(&p.text_valid);
+        backend.input_f32(i.image_valid).copy_from_slice(&p.image_valid);
+        backend.input_i32(i.mrope).copy_from_slice(&p.mrope);
+        backend.input_i32(i.image_slots).copy_from_slice(&p.image_slots);
+        backend.input_i32(i.vision_positions).copy_from_slice(&self.vision_positions);
+        self.sidecars.normalize_state(state, &mut self.normalized_state);
+        backend.input_f32(i.state).copy_from_slice(&self.normalized_state);
+        Ok(p.len)
+    }
+
+    fn finish(&mut self, state: &[f32], output: &[f32], actions: &mut [f32]) {
+        self.sidecars.decode_actions(output, self.action_width, state, actions);
+    }
+}

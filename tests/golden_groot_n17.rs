@@ -1,0 +1,140 @@
+//! GR00T N1.7 on the CPU backend against lerobot 0.6.1 f32 on the tiny fixture
+//! (tests/data/groot_n17_tiny): two control ticks end to end — raw frames of two sizes, a text
+//! prompt, the raw state and the noise in; the vision tower's tokens, the backbone features, the
+//! VL embeddings, the normalized action chunk and the decoded actions compared; a perturbed weight
+//! must fail the same check.
+
+#[path = "support/tolerance.rs"]
+mod tolerance;
+
+use std::path::{Path, PathBuf};
+
+use flashrt::{BackendKind, Frame, Observation, PixelFormat, Policy, PolicyConfig};
+use safetensors::{Dtype, SafeTensors};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/groot_n17_tiny")
+}
+
+struct Golden(Vec<u8>);
+
+impl Golden {
+    fn get(&self, name: &str) -> (Vec<f32>, Vec<usize>) {
+        let st = SafeTensors::deserialize(&self.0).unwrap();
+        let t = st.tensor(name).unwrap_or_else(|_| panic!("golden lacks {name}"));
+        let values = match t.dtype() {
+            Dtype::F32 => t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
+            Dtype::U8 => t.data().iter().map(|&v| v as f32).collect(),
+            other => panic!("{name}: {other:?}"),
+        };
+        (values, t.shape().to_vec())
+    }
+}
+
+fn config(dir: &Path) -> PolicyConfig {
+    let mut config = PolicyConfig::new(dir);
+    config.backend = BackendKind::Cpu;
+    config.embodiment = Some("tiny_robot".into());
+    (config.max_frame_width, config.max_frame_height) = (320, 300);
+    config
+}
+
+/// The valid rows of a `[rows, width]` buffer.
+fn rows(values: &[f32], width: usize, count: usize) -> &[f32] {
+    &values[..count * width]
+}
+
+/// Runs both cases, returning each check's worst max-abs error.
+fn run(dir: &Path, report: bool) -> Vec<(String, f32)> {
+    let golden = Golden(std::fs::read(fixture().join("golden.safetensors")).unwrap());
+    let meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture().join("golden.json")).unwrap()).unwrap();
+    let mut policy = Policy::open(&config(dir)).unwrap();
+    let info = policy.info();
+    assert_eq!((info.model, info.cameras.len(), info.state_dim, info.horizon, info.action_dim), ("groot-n17", 2, 12, 6, 13));
+    let mut worst: Vec<(String, f32)> = Vec::new();
+    let mut record = |what: &str, got: &[f32], want: &[f32]| {
+        let err = tolerance::max_abs(got, want);
+        if report {
+            eprintln!("{what}: max-abs {err:.3e}");
+        }
+        match worst.iter_mut().find(|(w, _)| w == what) {
+            Some((_, e)) => *e = e.max(err),
+            None => worst.push((what.to_string(), err)),
+        }
+    };
+    for (c, case) in meta["cases"].as_array().unwrap().iter().enumerate() {
+        let p = |k: &str| format!("case{c}.{k}");
+        let frames: Vec<(Vec<u8>, usize, usize)> = (0..2)
+            .map(|i| {
+                let (v, shape) = golden.get(&p(&format!("frame_{i}")));
+                (v.into_iter().map(|x| x as u8).collect(), shape[1], shape[0])
+            })
+            .collect();
+        let cams: Vec<Option<Frame>> = frames.iter().map(|(d, w, h)| Some(Frame::packed(d, *w, *h, PixelFormat::Rgb8))).collect();
+        let state = golden.get(&p("raw_state")).0;
+        let noise = golden.get(&p("noise")).0;
+        policy.set_prompt(case["prompt"].as_str().unwrap()).unwrap();
+        let mut actions = vec![0.0; policy.actions_len()];
+        let step = policy.step(&Observation { cameras: &cams, state: &state, noise: Some(&noise) }, &mut actions).unwrap();
+        let tokens = case["sequence"].as_u64().unwrap() as usize;
+        assert_eq!(step.prompt_tokens, tokens, "case {c}");
+        record("image embeddings", &policy.buffer("image_embeds").unwrap(), &golden.get(&p("image_embeds")).0);
+        for k in 0..3 {
+            record("deepstack features", &policy.buffer(&format!("deepstack_{k}")).unwrap(), &golden.get(&p(&format!("deepstack_{k}"))).0);
+        }
+        record("backbone features", rows(&policy.buffer("lm_x").unwrap(), 64, tokens), &golden.get(&p("backbone_features")).0);
+        record("vl embeddings", rows(&policy.buffer("vl_embeds").unwrap(), 64, tokens), &golden.get(&p("vl_embeds")).0);
+        record("normalized action chunk", &policy.buffer("x_t").unwrap(), &golden.get(&p("action_pred")).0);
+        record("actions", &actions, &golden.get(&p("actions")).0);
+    }
+    worst
+}
+
+#[test]
+fn tiny_groot_matches_lerobot() {
+    for (what, err) in run(&fixture(), true) {
+        assert!(err <= tolerance::CPU_MAX_ABS, "{what}: max-abs {err:e} above {:e}", tolerance::CPU_MAX_ABS);
+    }
+}
+
+/// The check bites: with one vision weight scaled by 1.02 (the image path feeds the actions), the
+/// same comparison fails.
+#[test]
+fn a_perturbed_weight_fails_the_check() {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(fixture()).unwrap() {
+        let entry = entry.unwrap();
+        let to = dir.path().join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir(&to).unwrap();
+            for f in std::fs::read_dir(entry.path()).unwrap() {
+                let f = f.unwrap();
+                std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
+            }
+        } else {
+            std::fs::copy(entry.path(), to).unwrap();
+        }
+    }
+    let bytes = std::fs::read(fixture().join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let target = "backbone.model.model.visual.blocks.0.attn.qkv.weight";
+    let scaled: Vec<u8> = st
+        .tensor(target)
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .flat_map(|c| (f32::from_le_bytes(c.try_into().unwrap()) * 1.02).to_le_bytes())
+        .collect();
+    let tensors: Vec<(String, safetensors::tensor::TensorView)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, t)| {
+            let data: &[u8] = if name == target { &scaled } else { t.data() };
+            (name.clone(), safetensors::tensor::TensorView::new(t.dtype(), t.shape().to_vec(), data).unwrap())
+        })
+        .collect();
+    safetensors::serialize_to_file(tensors, None, &dir.path().join("model.safetensors")).unwrap();
+    let worst = run(dir.path(), false);
+    let actions = worst.iter().find(|(w, _)| w == "actions").unwrap().1;
+    assert!(actions > 100.0 * tolerance::CPU_MAX_ABS, "a changed vision weight moved the actions by only {actions:e}");
+}
