@@ -1,4 +1,4 @@
-//! `flashrt`: run, benchmark, inspect and synthesize Pi0.5 policies.
+//! `flashrt`: run, benchmark, inspect and synthesize Pi0.5 and GR00T N1.7 policies.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use flashrt::bench::{self, SyntheticInputs};
 use flashrt::image::{Frame, PixelFormat};
+use flashrt::models::groot_n17::synth as groot_synth;
 use flashrt::models::pi05::synth::{self, SynthSize};
 use flashrt::realtime::{self, RealtimeConfig};
 use flashrt::{BackendKind, Observation, Policy, PolicyConfig, Result};
@@ -20,10 +21,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Synthesize a tiny Pi0.5 in a temporary directory and run it: the five-second tour.
+    /// Synthesize a tiny policy in a temporary directory and run it: the five-second tour.
     Demo {
         #[arg(long, default_value_t = 100)]
         steps: usize,
+        #[arg(long, value_enum, default_value_t = Model::Pi05)]
+        model: Model,
     },
     /// Open a checkpoint and run control steps at a target rate; print latency statistics.
     Run {
@@ -36,7 +39,7 @@ enum Command {
         /// Control rate in Hz (0: as fast as possible).
         #[arg(long, default_value_t = 0.0)]
         rate: f64,
-        /// Task text (the state is appended each step, pi05 prompt format).
+        /// Task text (Pi0.5 appends the state each step).
         #[arg(long, default_value = "pick up the red block and put it in the bowl")]
         prompt: String,
         /// Observation file (safetensors): `image.<slot>` u8 [H,W,3] RGB per present camera and
@@ -57,9 +60,13 @@ enum Command {
         /// Cameras present per step (the rest are passed as missing).
         #[arg(long, default_value_t = 2)]
         views: usize,
-        /// Valid prompt tokens (random ids; the prompt capacity stays as configured).
+        /// Pi0.5: valid prompt tokens (random ids; the prompt capacity stays as configured).
         #[arg(long, default_value_t = 64)]
         prompt_tokens: usize,
+        /// A task text instead of random ids (GR00T, whose prompt holds the image tokens, always
+        /// takes a text: default a 20-word instruction).
+        #[arg(long)]
+        prompt: Option<String>,
         #[arg(long, default_value = "pi05-2v")]
         workload: String,
         /// Append the result to this JSON file (a list), or create it.
@@ -80,7 +87,8 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
-    /// Write a random Pi0.5 checkpoint in the lerobot layout.
+    /// Write a random checkpoint: Pi0.5 in the lerobot layout, GR00T N1.7 in the Hugging Face
+    /// layout with its sidecar files and a byte-level tokenizer.
     Synth {
         #[arg(long, value_enum, default_value_t = Model::Pi05)]
         model: Model,
@@ -96,6 +104,8 @@ enum Command {
 #[derive(Clone, Copy, ValueEnum)]
 enum Model {
     Pi05,
+    #[value(name = "groot-n17")]
+    GrootN17,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -134,6 +144,9 @@ struct OpenArgs {
     /// CPU backend: threads per step, this one included (default: the available parallelism).
     #[arg(long)]
     threads: Option<usize>,
+    /// GR00T: the embodiment tag (default: the checkpoint's only one).
+    #[arg(long)]
+    embodiment: Option<String>,
 }
 
 /// Real-time setup of the stepping thread, applied after open (see `flashrt::realtime`).
@@ -171,6 +184,7 @@ impl OpenArgs {
         c.denoise_steps = self.denoise_steps;
         c.state_dim = self.state_dim;
         c.threads = self.threads;
+        c.embodiment = self.embodiment.clone();
         c.progress = true;
         c
     }
@@ -181,16 +195,17 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Demo { steps } => demo(steps),
+        Command::Demo { steps, model } => demo(steps, model),
         Command::Run { open, realtime, steps, rate, prompt, observation } => Policy::open(&open.config()).and_then(|mut p| {
             realtime.apply()?;
             run(&mut p, steps, rate, &prompt, observation.as_deref())
         }),
-        Command::Bench { open, realtime, iterations, warmup, views, prompt_tokens, workload, out } => {
-            bench_command(&open, &realtime, started, iterations, warmup, views, prompt_tokens, &workload, out.as_deref())
+        Command::Bench { open, realtime, iterations, warmup, views, prompt_tokens, prompt, workload, out } => {
+            let prompt = BenchPrompt { tokens: prompt_tokens, text: prompt };
+            bench_command(&open, &realtime, started, iterations, warmup, views, &prompt, &workload, out.as_deref())
         }
         Command::Inspect { open } => Policy::open(&open.config()).map(|p| inspect(&p)),
-        Command::Synth { model: Model::Pi05, size, out, seed } => synth_command(&out, size, seed),
+        Command::Synth { model, size, out, seed } => synth_command(model, &out, size, seed),
         Command::Kernels { arch, out } => {
             flashrt::cuda::write_kernels(&arch, &out).map(|paths| paths.iter().for_each(|p| println!("{}", p.display())))
         }
@@ -204,16 +219,37 @@ fn main() -> ExitCode {
     }
 }
 
-fn demo(steps: usize) -> Result<()> {
+fn demo(steps: usize, model: Model) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("flashrt-demo-{}", std::process::id()));
-    println!("synthesizing a tiny Pi0.5 checkpoint in {}", dir.display());
-    synth::synthesize(&dir, SynthSize::Tiny, 0, &|_| {})?;
+    println!("synthesizing a tiny {} checkpoint in {}", model.title(), dir.display());
+    synthesize(model, &dir, SynthSize::Tiny, 0, &|_| {})?;
     let result = Policy::open(&PolicyConfig::new(&dir)).and_then(|mut policy| {
         inspect_summary(&policy);
         run(&mut policy, steps, 50.0, "pick up the red block and put it in the bowl", None)
     });
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+impl Model {
+    fn title(self) -> &'static str {
+        match self {
+            Model::Pi05 => "Pi0.5",
+            Model::GrootN17 => "GR00T N1.7",
+        }
+    }
+}
+
+/// A random checkpoint of `model` at `out`; GR00T has no micro size.
+fn synthesize(model: Model, out: &Path, size: SynthSize, seed: u64, progress: &dyn Fn(u64)) -> Result<()> {
+    match (model, size) {
+        (Model::Pi05, _) => synth::synthesize(out, size, seed, progress),
+        (Model::GrootN17, SynthSize::Micro) => {
+            Err(flashrt::Error::invalid("--size", "micro is a Pi0.5 size; GR00T N1.7 has tiny and full"))
+        }
+        (Model::GrootN17, SynthSize::Tiny) => groot_synth::synthesize(out, groot_synth::Size::Tiny, seed, progress),
+        (Model::GrootN17, SynthSize::Full) => groot_synth::synthesize(out, groot_synth::Size::Full, seed, progress),
+    }
 }
 
 fn inspect_summary(policy: &Policy) {
@@ -310,6 +346,16 @@ fn run(policy: &mut Policy, steps: usize, rate: f64, prompt: &str, observation: 
     Ok(())
 }
 
+/// The benchmark's prompt: random ids of a length, or a text.
+struct BenchPrompt {
+    tokens: usize,
+    text: Option<String>,
+}
+
+/// A 20-word instruction, the `gr00t-2v` workload's.
+const BENCH_INSTRUCTION: &str =
+    "pick up the red cup from the left side of the table and place it carefully inside the blue bowl near the robot";
+
 #[allow(clippy::too_many_arguments)]
 fn bench_command(
     open: &OpenArgs,
@@ -318,16 +364,27 @@ fn bench_command(
     iterations: usize,
     warmup: usize,
     views: usize,
-    prompt_tokens: usize,
+    prompt: &BenchPrompt,
     workload: &str,
     out: Option<&Path>,
 ) -> Result<()> {
     let mut policy = Policy::open(&open.config())?;
     realtime.apply()?;
     let info = policy.info();
-    // Random prompt ids of the requested length, BOS first.
-    let ids: Vec<i32> = std::iter::once(2).chain((1..prompt_tokens).map(|i| 4 + (i as i32 * 7919) % 1000)).collect();
-    policy.set_prompt_tokens(&ids)?;
+    let text = prompt.text.clone().or_else(|| (info.model == "groot-n17").then(|| BENCH_INSTRUCTION.to_string()));
+    let prompt_tokens = match text {
+        Some(text) => {
+            policy.set_prompt(&text)?;
+            let (inputs, mut actions) = (SyntheticInputs::new(&policy, views, 224, 224, 1, 1), vec![0.0; policy.actions_len()]);
+            inputs.step(&mut policy, 0, &mut actions)?.prompt_tokens
+        }
+        None => {
+            // Random prompt ids of the requested length, BOS first.
+            let ids: Vec<i32> = std::iter::once(2).chain((1..prompt.tokens).map(|i| 4 + (i as i32 * 7919) % 1000)).collect();
+            policy.set_prompt_tokens(&ids)?;
+            prompt.tokens
+        }
+    };
     let inputs = SyntheticInputs::new(&policy, views, 224, 224, 8, 1);
     let mut actions = vec![0.0; policy.actions_len()];
     inputs.step(&mut policy, 0, &mut actions)?;
@@ -383,14 +440,19 @@ fn bench_command(
     Ok(())
 }
 
-fn synth_command(out: &Path, size: SynthSize, seed: u64) -> Result<()> {
-    let bar = indicatif::ProgressBar::new(size.data_bytes());
+fn synth_command(model: Model, out: &Path, size: SynthSize, seed: u64) -> Result<()> {
+    let bytes = match (model, size) {
+        (Model::GrootN17, SynthSize::Full) => groot_synth::Size::Full.data_bytes(),
+        (Model::GrootN17, _) => groot_synth::Size::Tiny.data_bytes(),
+        (Model::Pi05, _) => size.data_bytes(),
+    };
+    let bar = indicatif::ProgressBar::new(bytes);
     bar.set_style(
         indicatif::ProgressStyle::with_template("writing {bar:40} {bytes}/{total_bytes} ({eta})")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    synth::synthesize(out, size, seed, &|n| bar.set_position(n))?;
+    synthesize(model, out, size, seed, &|n| bar.set_position(n))?;
     bar.finish_and_clear();
-    println!("wrote a {size:?} Pi0.5 checkpoint to {}", out.display());
+    println!("wrote a {size:?} {} checkpoint to {}", model.title(), out.display());
     Ok(())
 }

@@ -17,6 +17,7 @@ use crate::weights::WeightData;
 pub mod blocks;
 pub mod groot_n17;
 pub mod pi05;
+pub mod synth;
 
 /// What a model module returns: everything a backend and the policy need to run it.
 pub struct ModelSpec {

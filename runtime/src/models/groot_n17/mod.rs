@@ -19,3 +19,4 @@ pub mod positions;
 pub mod prompt;
 pub mod sidecar;
 pub mod spec;
+pub mod synth;
