@@ -97,10 +97,8 @@ fn tiny_groot_matches_lerobot() {
     }
 }
 
-/// The check bites: with one vision weight scaled by 1.02 (the image path feeds the actions), the
-/// same comparison fails.
-#[test]
-fn a_perturbed_weight_fails_the_check() {
+/// A copy of the fixture whose weights `rewrite` changes (name, data) tensor by tensor.
+fn rewritten_fixture(rewrite: impl Fn(&str, &[u8]) -> (String, Option<Vec<u8>>)) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for entry in std::fs::read_dir(fixture()).unwrap() {
         let entry = entry.unwrap();
@@ -117,24 +115,72 @@ fn a_perturbed_weight_fails_the_check() {
     }
     let bytes = std::fs::read(fixture().join("model.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
-    let target = "backbone.model.model.visual.blocks.0.attn.qkv.weight";
-    let scaled: Vec<u8> = st
-        .tensor(target)
-        .unwrap()
-        .data()
-        .chunks_exact(4)
-        .flat_map(|c| (f32::from_le_bytes(c.try_into().unwrap()) * 1.02).to_le_bytes())
-        .collect();
-    let tensors: Vec<(String, safetensors::tensor::TensorView)> = st
+    let rewritten: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
         .tensors()
         .into_iter()
         .map(|(name, t)| {
-            let data: &[u8] = if name == target { &scaled } else { t.data() };
-            (name.clone(), safetensors::tensor::TensorView::new(t.dtype(), t.shape().to_vec(), data).unwrap())
+            let (name, data) = rewrite(&name, t.data());
+            (name, t.dtype(), t.shape().to_vec(), data.unwrap_or_else(|| t.data().to_vec()))
         })
         .collect();
-    safetensors::serialize_to_file(tensors, None, &dir.path().join("model.safetensors")).unwrap();
+    let views = rewritten
+        .iter()
+        .map(|(n, dtype, shape, data)| (n.clone(), safetensors::tensor::TensorView::new(*dtype, shape.clone(), data).unwrap()));
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+    dir
+}
+
+/// The check bites: with one vision weight scaled by 1.02 (the image path feeds the actions), the
+/// same comparison fails.
+#[test]
+fn a_perturbed_weight_fails_the_check() {
+    let target = "backbone.model.model.visual.blocks.0.attn.qkv.weight";
+    let dir = rewritten_fixture(|name, data| {
+        let scaled = (name == target)
+            .then(|| data.chunks_exact(4).flat_map(|c| (f32::from_le_bytes(c.try_into().unwrap()) * 1.02).to_le_bytes()).collect());
+        (name.to_string(), scaled)
+    });
     let worst = run(dir.path(), false);
     let actions = worst.iter().find(|(w, _)| w == "actions").unwrap().1;
     assert!(actions > 100.0 * tolerance::CPU_MAX_ABS, "a changed vision weight moved the actions by only {actions:e}");
+}
+
+/// lerobot's own save layout keeps every key under `_groot_model.`: the same model.
+#[test]
+fn keys_under_lerobots_policy_prefix_load_the_same_model() {
+    let dir = rewritten_fixture(|name, _| (format!("_groot_model.{name}"), None));
+    for (what, err) in run(dir.path(), false) {
+        assert!(err <= tolerance::CPU_MAX_ABS, "{what}: max-abs {err:e}");
+    }
+}
+
+/// Bad input gets an error naming the problem and leaves the policy usable; so does a bad choice
+/// at open.
+#[test]
+fn bad_input_is_named_and_the_policy_stays_usable() {
+    let e = Policy::open(&PolicyConfig { embodiment: Some("franka".into()), ..config(&fixture()) }).err().unwrap().to_string();
+    assert!(e.contains("unknown embodiment tag \"franka\"") && e.contains("tiny_robot"), "{e}");
+    let e = Policy::open(&PolicyConfig { state_dim: Some(7), ..config(&fixture()) }).err().unwrap().to_string();
+    assert!(e.contains("config.state_dim") && e.contains("12"), "{e}");
+    let e = Policy::open(&PolicyConfig { cameras: Some(3), ..config(&fixture()) }).err().unwrap().to_string();
+    assert!(e.contains("config.cameras") && e.contains("front"), "{e}");
+
+    let mut policy = Policy::open(&config(&fixture())).unwrap();
+    let frame = vec![128u8; 64 * 48 * 3];
+    let cams = [Some(Frame::packed(&frame, 64, 48, PixelFormat::Rgb8)), Some(Frame::packed(&frame, 64, 48, PixelFormat::Rgb8))];
+    let mut actions = vec![0.0; policy.actions_len()];
+    let state = vec![0.1; 12];
+    let step = |p: &mut Policy, state: &[f32], actions: &mut [f32]| p.step(&Observation { cameras: &cams, state, noise: None }, actions);
+    let e = step(&mut policy, &state, &mut actions).unwrap_err().to_string();
+    assert!(e.contains("no prompt set"), "{e}");
+    policy.set_prompt("pick up the cup").unwrap();
+    let e = step(&mut policy, &state[..11], &mut actions).unwrap_err().to_string();
+    assert!(e.contains("observation.state") && e.contains("expects 12"), "{e}");
+    let e = policy.set_prompt(&"word ".repeat(200)).unwrap_err().to_string();
+    assert!(e.contains("exceed the prompt capacity"), "{e}");
+    let e = policy.set_prompt_tokens(&[1, 2, 3]).unwrap_err().to_string();
+    assert!(e.contains("more images") || e.contains("fewer images"), "{e}");
+    // Still usable with the last good prompt.
+    step(&mut policy, &state, &mut actions).unwrap();
+    assert!(actions.iter().all(|a| a.is_finite()));
 }

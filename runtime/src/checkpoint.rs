@@ -105,9 +105,10 @@ pub struct Checkpoint {
     tensors: BTreeMap<String, Entry>,
 }
 
-/// lerobot fine-tunes save every key under `model.`; the base checkpoints do not.
+/// lerobot fine-tunes save every key under `model.` (Pi0.5) or `_groot_model.` (GR00T, the
+/// policy's attribute); the base checkpoints do not.
 fn normalize_name(name: &str) -> &str {
-    name.strip_prefix("model.").unwrap_or(name)
+    name.strip_prefix("model.").or_else(|| name.strip_prefix("_groot_model.")).unwrap_or(name)
 }
 
 impl Checkpoint {
