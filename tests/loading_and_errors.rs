@@ -138,12 +138,16 @@ fn missing_path_and_garbage_files_are_refused() {
 fn a_model_flashrt_does_not_run_is_named_with_the_supported_ones() {
     let dir = tiny();
     let path = dir.path().join("config.json");
-    let json = std::fs::read_to_string(&path).unwrap().replacen(r#""type": "pi05""#, r#""type": "groot""#, 1);
-    std::fs::write(&path, json).unwrap();
-    let Err(e) = open(dir.path()) else { panic!("a groot config.json opened as pi05") };
+    let original = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, original.replacen(r#""type": "pi05""#, r#""type": "smolvla""#, 1)).unwrap();
+    let Err(e) = open(dir.path()) else { panic!("a smolvla config.json opened") };
     assert!(matches!(e, Error::Checkpoint { .. }), "{e:?}");
     let e = e.to_string();
-    assert!(e.contains("config.json") && e.contains(r#"`type` is "groot""#) && e.contains("supported: pi05"), "{e}");
+    assert!(e.contains("config.json") && e.contains(r#"`type` is "smolvla""#) && e.contains("supported: pi05, Gr00tN1d7, groot"), "{e}");
+    // A Pi0.5 checkpoint that calls itself GR00T: the GR00T loader names what it misses.
+    std::fs::write(&path, original.replacen(r#""type": "pi05""#, r#""type": "groot""#, 1)).unwrap();
+    let e = open(dir.path()).err().expect("pi05 weights opened as GR00T").to_string();
+    assert!(e.contains("missing tensor backbone.model.model.visual.patch_embed.proj.weight"), "{e}");
 }
 
 #[test]
