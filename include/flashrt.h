@@ -60,7 +60,7 @@
 /**
  * Minor version.
  */
-#define FRT_VERSION_MINOR 2
+#define FRT_VERSION_MINOR 3
 
 /**
  * Patch version.
@@ -344,6 +344,12 @@ typedef struct FrtPolicyConfig {
    * (started at open, parked between steps); 0: the available parallelism. At most 64.
    */
   size_t threads;
+  /**
+   * GR00T: the embodiment tag (a key of the checkpoint's `embodiment_id.json` and
+   * `processor_config.json`), NUL-terminated; NULL: the checkpoint's only one. An unknown tag
+   * is refused, naming the known ones. Must be NULL for Pi0.5, which has none.
+   */
+  const char *embodiment;
 } FrtPolicyConfig;
 
 /**
@@ -525,7 +531,7 @@ extern "C" {
 #endif // __cplusplus
 
 /**
- * The library's version, e.g. "0.2.0": a static NUL-terminated string, never NULL. Compare it with
+ * The library's version, e.g. "0.3.0": a static NUL-terminated string, never NULL. Compare it with
  * the `FRT_VERSION_*` macros to detect a header/library mismatch.
  *
  * Thread safety: safe to call from any thread.

@@ -92,6 +92,10 @@ pub struct FrtPolicyConfig {
     /// CPU backend: threads that split each step's GEMMs and attention, the calling one included
     /// (started at open, parked between steps); 0: the available parallelism. At most 64.
     pub threads: usize,
+    /// GR00T: the embodiment tag (a key of the checkpoint's `embodiment_id.json` and
+    /// `processor_config.json`), NUL-terminated; NULL: the checkpoint's only one. An unknown tag
+    /// is refused, naming the known ones. Must be NULL for Pi0.5, which has none.
+    pub embodiment: *const c_char,
 }
 
 /// Fills `*config` with the defaults; `config->struct_size` must be set first.
@@ -141,6 +145,7 @@ unsafe fn write_defaults(config: *mut FrtPolicyConfig) -> Result<(), Failure> {
         log_callback: None,
         log_user_data: std::ptr::null_mut(),
         threads: 0,
+        embodiment: std::ptr::null(),
     };
     // SAFETY: the caller's struct is at least as large as ours (checked above).
     unsafe { config.write(defaults) };
@@ -236,6 +241,11 @@ pub(crate) unsafe fn read(config: *const FrtPolicyConfig) -> Result<PolicyConfig
     out.state_dim = optional(c.state_dim);
     out.seed = c.seed;
     out.threads = optional(c.threads);
+    if !c.embodiment.is_null() {
+        // SAFETY: a non-NULL string field is NUL-terminated (documented contract).
+        let tag = unsafe { CStr::from_ptr(c.embodiment) }.to_str();
+        out.embodiment = Some(tag.map_err(|_| Failure::invalid("config.embodiment", "not UTF-8"))?.to_string());
+    }
     out.deadline = (c.deadline_us != 0).then(|| Duration::from_micros(c.deadline_us));
     Ok(out)
 }

@@ -46,7 +46,10 @@ fn run_checked(program: &Path, args: &[&Path]) {
                 "--show-leak-kinds=definite,possible",
                 "--errors-for-leak-kinds=definite,possible",
                 "--quiet",
+                // Deep enough that the suppressions' frames (the tokenizer's statics) are seen.
+                "--num-callers=80",
             ]);
+            v.arg(format!("--suppressions={}", common::repo().join("ffi/tests/valgrind.supp").display()));
             v.arg(program);
             v
         }
@@ -117,7 +120,8 @@ fn c_program_covers_every_function_and_error_path() {
     let scratch = tmp.path().join("scratch");
     std::fs::create_dir(&scratch).unwrap();
     let (ckpt, tokenizer) = synthesized(tmp.path());
-    run_checked(&exe, &[&ckpt, &tokenizer, &scratch]);
+    let groot = common::repo().join("tests/data/groot_n17_tiny");
+    run_checked(&exe, &[&ckpt, &tokenizer, &scratch, &groot]);
 }
 
 #[test]

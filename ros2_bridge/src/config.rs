@@ -77,6 +77,8 @@ pub struct PolicySection {
     pub device: usize,
     pub seed: u64,
     pub denoise_steps: Option<usize>,
+    /// GR00T: the embodiment tag; default: the checkpoint's only one.
+    pub embodiment: Option<String>,
     /// Largest accepted frame; the node's frame buffers are sized for it at start.
     pub max_frame_width: u32,
     pub max_frame_height: u32,
@@ -93,6 +95,7 @@ impl Default for PolicySection {
             device: 0,
             seed: 0,
             denoise_steps: None,
+            embodiment: None,
             max_frame_width: 640,
             max_frame_height: 480,
             prompt: None,
@@ -530,6 +533,7 @@ impl Config {
         c.seed = self.policy.seed;
         c.tokenizer = self.policy.tokenizer.clone();
         c.denoise_steps = self.policy.denoise_steps;
+        c.embodiment = self.policy.embodiment.clone();
         c.max_frame_width = self.policy.max_frame_width as usize;
         c.max_frame_height = self.policy.max_frame_height as usize;
         c.deadline = Some(self.replan_period());

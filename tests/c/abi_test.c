@@ -2,10 +2,11 @@
  * Every function of include/flashrt.h and every error path, from C99, written from the header
  * alone. Driven by ffi/tests/c_api.rs (under valgrind when present):
  *
- *   abi_test CHECKPOINT_DIR TOKENIZER_JSON SCRATCH_DIR
+ *   abi_test CHECKPOINT_DIR TOKENIZER_JSON SCRATCH_DIR GROOT_CHECKPOINT_DIR
  *
  * CHECKPOINT_DIR is a tiny Pi0.5 synthesized by flashrt::synth (3 cameras, state 8, action 7);
- * SCRATCH_DIR receives the broken checkpoints. Compiled with -DEXPECTED_MAJOR/MINOR/PATCH and
+ * SCRATCH_DIR receives the broken checkpoints; GROOT_CHECKPOINT_DIR is the tiny GR00T N1.7
+ * fixture (tests/data/groot_n17_tiny). Compiled with -DEXPECTED_MAJOR/MINOR/PATCH and
  * -DEXPECTED_VERSION from Cargo.toml, and -DFRT_PANIC_HOOK when the library is a debug build that
  * exports frt_debug_panic_next_call.
  */
@@ -848,11 +849,64 @@ static void test_panic_boundary(FrtPolicy *p) {
 }
 #endif
 
+/* GR00T N1.7 (the tiny lerobot fixture) through the same calls: the embodiment chosen in the
+   config, a text prompt, two cameras, its state width; an unknown tag and an embodiment for Pi0.5
+   are refused by name. */
+static void test_groot(const char *dir) {
+    FrtPolicyConfig c = base_config();
+    FrtPolicy *p = NULL;
+    FrtPolicyInfo info;
+    FrtFrame cameras[2];
+    FrtObservation obs;
+    static float state[12], actions[6 * 13];
+    size_t i;
+    int finite = 1;
+
+    c.embodiment = "tiny_robot";
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT); /* the Pi0.5 checkpoint */
+    EXPECT_MENTIONS(thread_error(), "Pi0.5 has no embodiments");
+    c.checkpoint = dir;
+    c.tokenizer = NULL; /* the checkpoint's own */
+    c.denoise_steps = 0;
+    c.prompt_capacity = 0;
+    c.embodiment = "franka";
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(thread_error(), "unknown embodiment tag");
+    EXPECT_MENTIONS(thread_error(), "tiny_robot");
+    c.embodiment = "tiny_robot";
+    EXPECT_STATUS(frt_policy_open(&c, &p), FRT_STATUS_OK);
+    if (p == NULL) return;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    EXPECT_STATUS(frt_policy_info(p, &info), FRT_STATUS_OK);
+    CHECK(strcmp(info.model, "groot-n17") == 0);
+    CHECK(info.cameras == 2 && info.state_dim == 12 && info.horizon == 6 && info.action_dim == 13);
+    CHECK(info.actions_len == sizeof actions / sizeof actions[0]);
+    EXPECT_STATUS(frt_policy_set_prompt(p, "Pick up the red block!", 22), FRT_STATUS_OK);
+    cameras[0] = frame(rgb, sizeof rgb, W, H, 0, FRT_PIXEL_FORMAT_RGB8);
+    cameras[1] = frame(bgr, sizeof bgr, W, H, 0, FRT_PIXEL_FORMAT_BGR8);
+    for (i = 0; i < 12; i++) state[i] = 0.05f * (float)i - 0.3f;
+    memset(&obs, 0, sizeof obs);
+    obs.struct_size = sizeof obs;
+    obs.cameras = cameras;
+    obs.cameras_len = 2;
+    obs.state = state;
+    obs.state_len = 11;
+    EXPECT_STATUS(frt_policy_step(p, &obs, actions, info.actions_len, NULL), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(last_error(p), "observation.state");
+    obs.state_len = 12;
+    EXPECT_STATUS(frt_policy_step(p, &obs, actions, info.actions_len, NULL), FRT_STATUS_OK);
+    for (i = 0; i < info.actions_len; i++) finite &= isfinite(actions[i]);
+    CHECK(finite);
+    frt_policy_free(p);
+    printf("groot: opened, stepped, refused what it must\n");
+}
+
 int main(int argc, char **argv) {
     FrtPolicyConfig c;
     FrtPolicy *p = NULL;
-    if (argc != 4) {
-        fprintf(stderr, "usage: %s CHECKPOINT_DIR TOKENIZER_JSON SCRATCH_DIR\n", argv[0]);
+    if (argc != 5) {
+        fprintf(stderr, "usage: %s CHECKPOINT_DIR TOKENIZER_JSON SCRATCH_DIR GROOT_CHECKPOINT_DIR\n", argv[0]);
         return 2;
     }
     checkpoint_dir = argv[1];
@@ -884,6 +938,7 @@ int main(int argc, char **argv) {
     frt_policy_free(p);
     frt_policy_free(NULL);
     test_deadline();
+    test_groot(argv[4]);
     free(long_message);
 
     printf("abi_test: %d checks, %d failed\n", checks, failures);

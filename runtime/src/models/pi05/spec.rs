@@ -15,6 +15,9 @@ use super::{BuildOptions, Config, LerobotConfig, PromptInputs, build};
 
 pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig, progress: &dyn Fn(usize)) -> Result<ModelSpec> {
     let dir = ckpt.dir();
+    if let Some(tag) = &config.embodiment {
+        return Err(Error::invalid("config.embodiment", format!("{tag:?} given, but Pi0.5 has no embodiments (a GR00T setting)")));
+    }
     let lerobot: Option<LerobotConfig> = json.map(ConfigJson::parse).transpose()?;
     let mut model_config = Config::from_checkpoint(ckpt, lerobot.as_ref())?;
     if let Some(n) = config.prompt_len {
