@@ -626,6 +626,56 @@ fn gqa_rope_case(seed: u64) -> Case {
     c
 }
 
+/// Qwen3-VL's multi-axis RoPE: the text M-RoPE (interleaved t/h/w sections, grouped K/V heads,
+/// θ = 5e6) and the vision 2D RoPE (row/column halves), after an in-place per-head q/k RMSNorm as
+/// the Qwen3 decoder runs it; then image rows scattered into sequence slots, written and added.
+fn qwen3_vl_case(seed: u64) -> Case {
+    let mut c = Case::new(String::new(), seed);
+    let (heads, kv_heads, head_dim, sections) =
+        [(16, 8, 128, [24, 20, 20]), (4, 2, 32, [6, 5, 5]), (6, 3, 64, [12, 10, 10])][seed as usize % 3];
+    let rows = c.rng.random_range(2..60);
+    c.name = format!("qwen3-vl rope {heads}/{kv_heads}x{head_dim} m-rope {sections:?} + vision 2d, scatter, {rows} rows");
+    // Positions inside the tables (never past the rows), out of order.
+    let positions = c.host_i32("positions", (0..3 * rows).map(|i| (i * 7 % rows) as i32).collect());
+    for (axes, theta, name) in
+        [(RopeAxes::Interleaved { sections, slots: rows }, 5e6f32, "mrope"), (RopeAxes::Rows2d { slots: rows }, 1e4, "vision")]
+    {
+        let qkv = c.input(&format!("{name}_qkv"), rows, (heads + 2 * kv_heads) * head_dim);
+        if name == "mrope" {
+            let (q, k) = (qkv.cols(0, heads * head_dim), qkv.cols(heads * head_dim, kv_heads * head_dim));
+            let w = c.normal(head_dim, 0.2).iter().map(|v| 1.0 + v).collect();
+            let w = c.vector_weight(w);
+            c.plan.push(Op::HeadRmsNorm { x: q, out: q, heads, weight: w, eps: 1e-6 });
+            c.plan.push(Op::HeadRmsNorm { x: k, out: k, heads: kv_heads, weight: w, eps: 1e-6 });
+        }
+        let k_cache = c.plan.matrix(format!("{name}_k"), rows, kv_heads * head_dim);
+        let v_cache = c.plan.matrix(format!("{name}_v"), rows, kv_heads * head_dim);
+        c.plan.push(Op::RopeQkv {
+            qkv,
+            heads,
+            kv_heads,
+            head_dim,
+            theta,
+            axes,
+            positions,
+            position_offset: 0,
+            k_cache,
+            v_cache,
+            cache_row: 0,
+        });
+        c.check(qkv);
+        c.check(k_cache);
+        c.check(v_cache);
+    }
+    let src = c.input("scatter_src", rows, 48);
+    let dst = c.input("scatter_dst", 2 * rows + 3, 48);
+    let index = c.host_i32("scatter_index", (0..rows).map(|i| (2 * i + 1) as i32).collect());
+    c.plan.push(Op::ScatterRows { src, index, dst, accumulate: false });
+    c.plan.push(Op::ScatterRows { src: src.rows(0, rows / 2), index, dst, accumulate: true });
+    c.check(dst);
+    c
+}
+
 /// The general attention path (the Products lowering, on every architecture): grouped-query heads
 /// (Qwen3's 16 over 8, and 4 over 1), causal self-attention over a masked sequence, and rows
 /// appended after cached keys (causal offset), in groups; head dimensions 64 and 128.
@@ -657,6 +707,52 @@ fn general_attention_case(seed: u64) -> Case {
         causal: Some(offset),
     });
     c.check(out);
+    c
+}
+
+/// GR00T N1.7's image op: frames of several sizes and formats (smaller and larger than the 256²
+/// target), letterboxed or not, one camera absent, against the CPU's (which matches lerobot to
+/// the level).
+fn qwen_image_case(seed: u64) -> Case {
+    let mut c = Case::new(String::new(), seed);
+    let (max_w, max_h) = (400, 300);
+    let cameras = 4;
+    let stride = max_w * max_h * 4;
+    let letterbox = seed % 2 == 1;
+    let mut frames = vec![0u8; cameras * stride];
+    let (mut info, mut desc) = (Vec::new(), Vec::new());
+    for cam in 0..cameras {
+        let format = [PixelFormat::Rgb8, PixelFormat::Bgr8, PixelFormat::Rgba8, PixelFormat::Rgb8][cam];
+        let (w, h) = if cam == 0 { (256, 256) } else { (c.rng.random_range(20..=max_w), c.rng.random_range(20..=max_h)) };
+        let present = cam != 3;
+        for b in &mut frames[cam * stride..][..w * h * format.bytes_per_pixel()] {
+            *b = c.rng.random();
+        }
+        info.extend([present as i32, w as i32, h as i32, format as i32]);
+        desc.push(format!("{w}x{h}{}", if present { "" } else { " absent" }));
+    }
+    c.name = format!("qwen_image_patches{} {}", if letterbox { " letterbox" } else { "" }, desc.join(", "));
+    let frames_id = c.plan.host_buffer("frames", BufType::U8, frames.len(), HostIo::Input);
+    c.inputs.push((frames_id, Input::U8(frames)));
+    let frame_info = c.host_i32("frame_info", info);
+    let image = flashrt::qwen_image::QwenImage { target: 256, edge: 256, crop_fraction: 230.0 / 256.0, letterbox, patch: 16 };
+    let per = image.patch_rows();
+    let out = c.plan.matrix("patches", cameras * per, image.patch_cols());
+    for camera in 0..cameras {
+        let out = out.rows(camera * per, per);
+        c.plan.push(Op::QwenImagePatches {
+            camera,
+            frames: frames_id,
+            frame_stride: stride,
+            frame_info,
+            max_width: max_w,
+            max_height: max_h,
+            image,
+            out,
+        });
+    }
+    c.check(out);
+    c.consume(out);
     c
 }
 
@@ -734,6 +830,8 @@ fn every_op_matches_cpu() {
             (attention_case(seed), dummy.clone()),
             (general_attention_case(seed), dummy.clone()),
             (gqa_rope_case(seed), dummy.clone()),
+            (qwen3_vl_case(seed), dummy.clone()),
+            (qwen_image_case(seed), dummy.clone()),
             (image_case(seed), dummy.clone()),
         ];
         cases.push(embed_case(seed, tmp.path()));
@@ -802,6 +900,70 @@ fn open(dir: &Path, backend: BackendKind) -> Policy {
     let mut config = PolicyConfig::new(dir);
     config.backend = backend;
     Policy::open(&config).unwrap_or_else(|e| panic!("{backend:?}: {e}"))
+}
+
+/// GR00T N1.7 (the tiny lerobot fixture) on the CUDA backend's general paths against the CPU and
+/// lerobot: raw frames of two sizes, each golden case's prompt, state and noise.
+#[test]
+#[ignore = "needs a CUDA GPU: tools/device/checks/cuda_checks.sh tests"]
+fn groot_tiny_matches_cpu() {
+    require_gpu("groot_tiny_matches_cpu");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/groot_n17_tiny");
+    let golden = std::fs::read(dir.join("golden.safetensors")).unwrap();
+    let golden = SafeTensors::deserialize(&golden).unwrap();
+    let meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    let f32s = |name: &str| -> Vec<f32> {
+        golden.tensor(name).unwrap().data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+    };
+    let open = |backend| {
+        let mut config = PolicyConfig::new(&dir);
+        (config.backend, config.embodiment, config.max_frame_width, config.max_frame_height) =
+            (backend, Some("tiny_robot".into()), 320, 300);
+        Policy::open(&config).unwrap_or_else(|e| panic!("{backend:?}: {e}"))
+    };
+    let (mut cpu, mut gpu) = (open(BackendKind::Cpu), open(BackendKind::Cuda));
+    let (mut results, mut pass) = (Vec::new(), true);
+    for (c, case) in meta["cases"].as_array().unwrap().iter().enumerate() {
+        let frames: Vec<(Vec<u8>, usize, usize)> = (0..2)
+            .map(|i| {
+                let t = golden.tensor(&format!("case{c}.frame_{i}")).unwrap();
+                (t.data().to_vec(), t.shape()[1], t.shape()[0])
+            })
+            .collect();
+        let cameras: Vec<Option<Frame>> = frames.iter().map(|(d, w, h)| Some(Frame::packed(d, *w, *h, PixelFormat::Rgb8))).collect();
+        let (state, noise) = (f32s(&format!("case{c}.raw_state")), f32s(&format!("case{c}.noise")));
+        let mut outs = Vec::new();
+        for policy in [&mut cpu, &mut gpu] {
+            policy.set_prompt(case["prompt"].as_str().unwrap()).unwrap();
+            let mut actions = vec![0.0; policy.actions_len()];
+            policy.step(&Observation { cameras: &cameras, state: &state, noise: Some(&noise) }, &mut actions).unwrap();
+            outs.push((actions, policy.buffer("x_t").unwrap()));
+        }
+        let [(cpu_actions, cpu_x), (gpu_actions, gpu_x)] = [outs.remove(0), outs.remove(0)];
+        let want = f32s(&format!("case{c}.action_pred"));
+        let (cos, err) = (cosine(&gpu_actions, &cpu_actions), max_abs(&gpu_actions, &cpu_actions));
+        let (lerobot_cos, lerobot_err) = (cosine(&gpu_x, &want), max_abs(&gpu_x, &want));
+        let ok = cos >= CUDA_TINY_COSINE && lerobot_cos >= CUDA_TINY_COSINE && lerobot_err <= CUDA_TINY_MAX_ABS;
+        pass &= ok;
+        eprintln!(
+            "case {c}: actions cosine {cos:.6} max-abs {err:.3e} vs CPU; normalized chunk cosine {lerobot_cos:.6} max-abs {lerobot_err:.3e} vs lerobot (x0 vs CPU {:.6}) {}",
+            cosine(&gpu_x, &cpu_x),
+            if ok { "ok" } else { "FAIL" }
+        );
+        results.push(json!({"case": c, "actions_cosine": cos, "actions_max_abs": err, "chunk_vs_lerobot": {"cosine": lerobot_cos, "max_abs": lerobot_err}, "pass": ok}));
+    }
+    write_result(
+        "cuda_groot_tiny_parity.json",
+        json!({
+            "check": "GR00T N1.7 tiny fixture, CUDA bf16 general paths vs CPU f32 (decoded actions) and lerobot-0.6.1 f32 (normalized chunk)",
+            "device": gpu.info().device,
+            "bound": format!("cosine >= {CUDA_TINY_COSINE} against both, chunk max_abs <= {CUDA_TINY_MAX_ABS:e} against lerobot"),
+            "explain": gpu.explain().lines().filter(|l| l.trim_start().starts_with("pass") || l.contains("launches")).collect::<Vec<_>>(),
+            "results": results,
+            "commit": commit(),
+        }),
+    );
+    assert!(pass, "GR00T tiny parity failed (see above)");
 }
 
 #[test]

@@ -160,3 +160,21 @@ __device__ void embed(Tout* out, int out_stride, const int* tokens, const bf16* 
         embed<TOUT>(out, out_stride, tokens, table, vocab, scale, rows, cols);                      \
     }
 FOR_TYPE(EMBED, embed_bf16)
+
+// Row i of `src` into row index[i] of `dst`, added to it when `accumulate` (image embeddings into
+// the prompt's image slots, in f32 math). One block per source row.
+template <typename Tin, typename Tout>
+__device__ void scatter_rows(Tout* dst, int dst_stride, const Tin* src, int src_stride, const int* index, int cols,
+                             int accumulate) {
+    const long from = (long)blockIdx.x * src_stride, to = (long)index[blockIdx.x] * dst_stride;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        const float v = to_float(src[from + c]);
+        dst[to + c] = from_float<Tout>(accumulate ? to_float(dst[to + c]) + v : v);
+    }
+}
+#define SCATTER_ROWS(NAME, TIN, TOUT)                                                                  \
+    extern "C" __global__ void NAME(TOUT* dst, int dst_stride, const TIN* src, int src_stride,         \
+                                    const int* index, int cols, int accumulate) {                      \
+        scatter_rows<TIN, TOUT>(dst, dst_stride, src, src_stride, index, cols, accumulate);            \
+    }
+FOR_IN_OUT(SCATTER_ROWS, scatter_rows)

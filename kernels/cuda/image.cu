@@ -58,3 +58,178 @@ __device__ void image_patches(Tout* out, int out_stride, const unsigned char* fr
         image_patches<TOUT>(out, out_stride, frames, frame_stride, frame_info, camera, size, patch);  \
     }
 FOR_TYPE(IMAGE_PATCHES, image_patches_u8)
+
+// ---- GR00T N1.7's image, as the Qwen2-VL processor's pixel values (runtime/src/qwen_image.rs is
+// the CPU form; both equal PyTorch's uint8 kernel to the level): optional letterbox, a square
+// resize to `edge`, a centre crop, a resize to `target`, each bicubic with antialiasing in two
+// separable passes (width, then height) with integer weights — normalized in f64, scaled by
+// 2^precision (the largest precision keeping the pass's largest weight within an i16), summed in
+// i32 with a rounding term, u8 between passes — then (x - 127.5) / 127.5 in merge-ordered
+// patches. Four passes; `qwen_image_weights` makes their tables on the device each step (the
+// frame's size is data), `qwen_image_resample` runs one pass, `qwen_image_patchify` writes rows.
+
+struct QwenGeometry {
+    int present, width, height, bpp, format;
+    int w0, h0, left, top;        // the letterboxed frame and the frame's place in it
+    int crop, crop_origin;        // the centre crop of the edge² image
+};
+
+__device__ QwenGeometry qwen_geometry(const int* info, int edge, double crop_fraction, int letterbox) {
+    QwenGeometry g;
+    g.present = info[0] != 0 && info[1] > 0 && info[2] > 0;
+    g.width = info[1];
+    g.height = info[2];
+    g.format = info[3];
+    g.bpp = g.format == 2 ? 4 : 3;
+    const int side = max(g.width, g.height);
+    g.w0 = letterbox ? side : g.width;
+    g.h0 = letterbox ? side : g.height;
+    g.left = (g.w0 - g.width) / 2;
+    g.top = (g.h0 - g.height) / 2;
+    // Python's round (half to even) of the crop side, a floored offset.
+    g.crop = crop_fraction > 0.0 && crop_fraction < 1.0 ? max(1, (int)rint(edge * crop_fraction)) : edge;
+    g.crop_origin = (edge - g.crop) / 2;
+    return g;
+}
+
+// Input and output lengths of pass p: width then height to `edge`, then the crop's to `target`.
+__device__ void qwen_pass_lengths(const QwenGeometry& g, int p, int edge, int target, int* in, int* out) {
+    *in = p == 0 ? g.w0 : p == 1 ? g.h0 : g.crop;
+    *out = p < 2 ? edge : target;
+}
+
+__device__ double qwen_bicubic(double x) {
+    const double a = -0.5;
+    x = fabs(x);
+    if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+    if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
+    return 0.0;
+}
+
+// Output i's window over `in` inputs (first index, length) and its normalized weight j.
+__device__ void qwen_window(int in, int out, int i, int* start, int* count) {
+    const double scale = (double)in / out, support = scale >= 1.0 ? 2.0 * scale : 2.0;
+    const double center = scale * (i + 0.5);
+    *start = max((int)(center - support + 0.5), 0);
+    *count = min((int)(center + support + 0.5), in) - *start;
+}
+__device__ double qwen_weight(int in, int out, int i, int start, int count, int j) {
+    const double scale = (double)in / out, invscale = scale >= 1.0 ? 1.0 / scale : 1.0;
+    const double center = scale * (i + 0.5);
+    double total = 0.0;
+    for (int k = 0; k < count; ++k) total += qwen_bicubic((start + k - center + 0.5) * invscale);
+    const double w = qwen_bicubic((start + j - center + 0.5) * invscale);
+    return total != 0.0 ? w / total : w;
+}
+
+// Tables: per pass, `table_ints` ints: [precision, then per output: start, count, `taps` weights].
+// One block of 256 threads per pass.
+extern "C" __global__ void qwen_image_weights(int* tables, int table_ints, int taps, const int* frame_info, int camera,
+                                              int edge, int target, double crop_fraction, int letterbox) {
+    __shared__ double largest[256];
+    const QwenGeometry g = qwen_geometry(frame_info + camera * 4, edge, crop_fraction, letterbox);
+    if (!g.present) return;
+    const int p = blockIdx.x;
+    int in, out;
+    qwen_pass_lengths(g, p, edge, target, &in, &out);
+    double mine = -1e300;
+    for (int i = threadIdx.x; i < out; i += blockDim.x) {
+        int start, count;
+        qwen_window(in, out, i, &start, &count);
+        for (int j = 0; j < count; ++j) mine = fmax(mine, qwen_weight(in, out, i, start, count, j));
+    }
+    largest[threadIdx.x] = mine;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s /= 2) {
+        if (threadIdx.x < s) largest[threadIdx.x] = fmax(largest[threadIdx.x], largest[threadIdx.x + s]);
+        __syncthreads();
+    }
+    int precision = 22;
+    for (int q = 0; q < 22; ++q) {
+        if ((long long)(0.5 + largest[0] * (double)(1 << (q + 1))) >= (1 << 15)) {
+            precision = q;
+            break;
+        }
+    }
+    int* t = tables + (long)p * table_ints;
+    if (threadIdx.x == 0) t[0] = precision;
+    for (int i = threadIdx.x; i < out; i += blockDim.x) {
+        int start, count;
+        qwen_window(in, out, i, &start, &count);
+        int* row = t + 1 + (long)i * (2 + taps);
+        row[0] = start;
+        row[1] = min(count, taps);
+        for (int j = 0; j < min(count, taps); ++j) {
+            const double v = qwen_weight(in, out, i, start, count, j) * (double)(1 << precision);
+            row[2 + j] = (int)(v < 0.0 ? -0.5 + v : 0.5 + v);
+        }
+    }
+}
+
+// Pass p: 0 frame -> a [3][h0][edge], 1 a -> b [3][edge][edge], 2 b's crop -> a [3][crop][target],
+// 3 a -> b [3][target][target]. One thread per output value (grid sized for the largest frame).
+extern "C" __global__ void qwen_image_resample(unsigned char* a, unsigned char* b, const unsigned char* frames,
+                                               long frame_stride, const int* tables, int table_ints, int taps,
+                                               const int* frame_info, int camera, int edge, int target,
+                                               double crop_fraction, int letterbox, int p) {
+    const QwenGeometry g = qwen_geometry(frame_info + camera * 4, edge, crop_fraction, letterbox);
+    if (!g.present) return;
+    int in, out;
+    qwen_pass_lengths(g, p, edge, target, &in, &out);
+    // The output plane: rows x cols per channel.
+    const int rows = p == 0 ? g.h0 : p == 1 ? edge : p == 2 ? g.crop : target;
+    const int cols = p == 1 || p == 3 ? (p == 1 ? edge : target) : out;
+    const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= 3L * rows * cols) return;
+    const int c = idx / ((long)rows * cols), y = (idx / cols) % rows, x = idx % cols;
+    const bool horizontal = p == 0 || p == 2;
+    const int i = horizontal ? x : y;
+    const int* t = tables + (long)p * table_ints;
+    const int* row = t + 1 + (long)i * (2 + taps);
+    const int start = row[0], count = row[1], precision = t[0];
+    const unsigned char* data = frames + camera * frame_stride;
+    const int off = g.format == 1 ? 2 - c : c;
+    int sum = 1 << (precision - 1);
+    for (int j = 0; j < count; ++j) {
+        int v;
+        if (p == 0) {
+            // Letterboxed coordinates: outside the frame is the zero padding.
+            const int fx = start + j - g.left, fy = y - g.top;
+            v = fx >= 0 && fx < g.width && fy >= 0 && fy < g.height ? data[((long)fy * g.width + fx) * g.bpp + off] : 0;
+        } else if (p == 1) {
+            v = a[((long)c * g.h0 + start + j) * edge + x];
+        } else if (p == 2) {
+            v = b[((long)c * edge + g.crop_origin + y) * edge + g.crop_origin + start + j];
+        } else {
+            v = a[((long)c * g.crop + start + j) * target + x];
+        }
+        sum += v * row[2 + j];
+    }
+    const unsigned char level = (unsigned char)min(max(sum >> precision, 0), 255);
+    unsigned char* dst = p == 0 || p == 2 ? a : b;
+    // Pass 2 writes `a` while pass 1's output (b) is its input; pass 0's `a` was read by pass 1.
+    dst[((long)c * rows + y) * cols + x] = level;
+}
+
+// The target² image (b) as pixel values: patch rows in (block row, block col, sub row, sub col)
+// order, each [channel][temporal copy][y][x]; a camera marked absent gives -1 everywhere.
+template <typename Tout>
+__device__ void qwen_image_patchify(Tout* out, int out_stride, const unsigned char* b, const int* frame_info, int camera,
+                                    int target, int patch) {
+    const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    const int per = 6 * patch * patch, grid = target / patch;
+    if (idx >= (long)grid * grid * per) return;
+    const int r = idx / per, col = idx % per;
+    const int block = r / 4, sub = r % 4;
+    const int py = (2 * (block / (grid / 2)) + sub / 2) * patch, px = (2 * (block % (grid / 2)) + sub % 2) * patch;
+    const int c = col / (2 * patch * patch), y = (col / patch) % patch, x = col % patch;
+    float v = -1.0f;
+    if (frame_info[camera * 4] != 0) v = ((float)b[((long)c * target + py + y) * target + px + x] - 127.5f) / 127.5f;
+    out[(long)r * out_stride + col] = from_float<Tout>(v);
+}
+#define QWEN_IMAGE_PATCHIFY(NAME, TOUT)                                                                 \
+    extern "C" __global__ void NAME(TOUT* out, int out_stride, const unsigned char* b, const int* frame_info, \
+                                    int camera, int target, int patch) {                                \
+        qwen_image_patchify<TOUT>(out, out_stride, b, frame_info, camera, target, patch);              \
+    }
+FOR_TYPE(QWEN_IMAGE_PATCHIFY, qwen_image_patchify)

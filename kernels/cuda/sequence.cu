@@ -159,6 +159,43 @@ __device__ void rope_qkv(T* qkv, int qkv_stride, int heads, int kv_heads, int he
     }
 FOR_TYPE(ROPE_QKV, rope_qkv)
 
+// RoPE whose rotation pairs turn by different positions of their row (the plan's RopeAxes):
+// `mode` 1, Qwen3-VL's interleaved M-RoPE: pair j by row 1 of `positions` when j % 3 == 1 and
+// j < 3 · s1, by row 2 when j % 3 == 2 and j < 3 · s2, else by row 0; `mode` 2, its vision RoPE:
+// the first half of the pairs by row 0, the rest by row 1. Rows of `positions` are `slots` apart;
+// the tables are the op's spec's. Otherwise as `rope_qkv`'s strided form: one thread per pair.
+template <typename T>
+__device__ void rope_qkv_axes(T* qkv, int qkv_stride, int heads, int kv_heads, int head_dim, const int* positions,
+                              int position_offset, int slots, int mode, int s1, int s2, T* k_cache, int k_stride,
+                              T* v_cache, int v_stride, int cache_row, const float* cos_table, const float* sin_table) {
+    const int r = blockIdx.x, half = head_dim / 2;
+    T* row = qkv + (long)r * qkv_stride;
+    T* k = k_cache + (long)(cache_row + r) * k_stride;
+    T* v = v_cache + (long)(cache_row + r) * v_stride;
+    for (int i = threadIdx.x; i < (heads + kv_heads) * half; i += blockDim.x) {
+        const int h = i / half, j = i % half;
+        const int axis = mode == 1 ? ((j % 3 == 1 && j < 3 * s1) ? 1 : (j % 3 == 2 && j < 3 * s2) ? 2 : 0) : (j >= half / 2);
+        const long at = (long)max(positions[(long)axis * slots + position_offset + r], 0) * half + j;
+        const float c = cos_table[at], s = sin_table[at];
+        const T* src = row + h * head_dim;  // h >= heads: k head h - heads
+        const float a = to_float(src[j]), b = to_float(src[j + half]);
+        T* dst = h < heads ? row + h * head_dim : k + (h - heads) * head_dim;
+        dst[j] = from_float<T>(a * c - b * s);
+        dst[j + half] = from_float<T>(b * c + a * s);
+    }
+    for (int j = threadIdx.x; j < kv_heads * head_dim; j += blockDim.x) v[j] = row[(heads + kv_heads) * head_dim + j];
+}
+#define ROPE_QKV_AXES(NAME, T)                                                                          \
+    extern "C" __global__ void NAME(T* qkv, int qkv_stride, int heads, int kv_heads, int head_dim,         \
+                                    const int* positions, int position_offset, int slots, int mode, int s1, \
+                                    int s2, T* k_cache, int k_stride, T* v_cache, int v_stride,             \
+                                    int cache_row, const float* cos_table, const float* sin_table) {        \
+        rope_qkv_axes<T>(qkv, qkv_stride, heads, kv_heads, head_dim, positions, position_offset, slots,     \
+                         mode, s1, s2, k_cache, k_stride, v_cache, v_stride, cache_row, cos_table,          \
+                         sin_table);                                                                        \
+    }
+FOR_TYPE(ROPE_QKV_AXES, rope_qkv_axes)
+
 // The RoPE table rows of every slot of the sequence, once per step after `positions_scan_1024`:
 // cos_rows[s] = cos_table[positions[s]] (and sin), so that the step's many `rope_qkv` launches
 // read their rows directly instead of waiting for a position first.

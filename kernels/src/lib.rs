@@ -23,7 +23,8 @@ pub use compile::{
     nvrtc_version, supported_archs, write_cubins,
 };
 pub use launch::attention::{AttentionArgs, AttentionSplit};
-pub use launch::sequence::{MAX_PROMPT_BUCKETS, RopeArgs};
+pub use launch::elementwise::{QwenImageArgs, QwenImageSizes};
+pub use launch::sequence::{MAX_PROMPT_BUCKETS, MultiAxis, RopeArgs};
 pub use launch::{DevPtr, Dtype, Kernels, Mat, ROW_PRODUCT_MAX, VISION_MAX_KEYS, has_wgmma, kernel_names};
 
 pub type Result<T, E = KernelError> = std::result::Result<T, E>;

@@ -25,6 +25,30 @@ impl Kernels {
         unsafe { self.launch(&name, grid, 256, stream, args) }
     }
 
+    /// Row `i` of `src` into row `index[i]` of `dst` (`src.rows` i32 indices), added to it when
+    /// `accumulate`.
+    ///
+    /// # Safety
+    /// `dst`, `src` and `index` must be live device memory; every index must be a row of `dst`.
+    pub unsafe fn scatter_rows(&self, dst: Mat, src: Mat, index: DevPtr, accumulate: bool, stream: CUstream) -> Result<()> {
+        let name = format!("scatter_rows_{}_{}", src.dtype.suffix(), dst.dtype.suffix());
+        if src.cols != dst.cols {
+            return Err(shape_error(&name, format!("src {src:?} and dst {dst:?} differ in width")));
+        }
+        let args = [
+            Arg::P(dst.ptr),
+            Arg::I(i32_of(dst.stride, &name)?),
+            Arg::P(src.ptr),
+            Arg::I(i32_of(src.stride, &name)?),
+            Arg::P(index),
+            Arg::I(i32_of(dst.cols, &name)?),
+            Arg::I(accumulate as i32),
+        ];
+        let threads = (dst.cols.div_ceil(32) as u32 * 32).clamp(32, 256);
+        // SAFETY: matches `scatter_rows_*` in elementwise.cu (one block per source row).
+        unsafe { self.launch(&name, (src.rows.max(1) as u32, 1, 1), threads, stream, args) }
+    }
+
     /// Copies `count` pieces, each `(destination, source, bytes)` of the u64 table `pieces` in
     /// device memory (bytes a multiple of 4), in one launch: the host inputs from mapped pinned
     /// memory into device buffers.
@@ -189,5 +213,137 @@ impl Kernels {
         ];
         // SAFETY: matches `image_patches_u8_*` in image.cu (one thread per output pixel).
         unsafe { self.launch(&name, ((size * size).div_ceil(256) as u32, 1, 1), 256, stream, args) }
+    }
+
+    /// GR00T N1.7's image of camera `a.camera` as pixel values into `a.out` (image.cu's
+    /// `qwen_image_*`: the weight tables, four resample passes, the patch rows), in `a.scratch`.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory, `a.scratch` at least
+    /// [`QwenImageSizes::scratch_bytes`]; the staged frame no larger than the maximum.
+    pub unsafe fn qwen_image_patches(&self, a: &QwenImageArgs, stream: CUstream) -> Result<()> {
+        let name = format!("qwen_image_patchify_{}", a.out.dtype.suffix());
+        let (grid, cols) = (a.target / a.patch.max(1), 6 * a.patch * a.patch);
+        if a.patch == 0 || a.target % (2 * a.patch) != 0 || a.out.rows != grid * grid || a.out.cols != cols {
+            return Err(shape_error(&name, format!("{:?} for target {} patch {}", a.out, a.target, a.patch)));
+        }
+        let sizes = a.sizes();
+        let (table_ints, taps) = sizes.tables();
+        let tables = a.scratch;
+        let plane_a = tables + (4 * table_ints * 4) as u64;
+        let plane_b = plane_a + sizes.plane_a_bytes() as u64;
+        let c = |v: usize| i32_of(v, "qwen_image_patches");
+        let common = |p: i32| -> Result<[Arg; 14]> {
+            Ok([
+                Arg::P(plane_a),
+                Arg::P(plane_b),
+                Arg::P(a.frames),
+                Arg::L(a.frame_stride as i64),
+                Arg::P(tables),
+                Arg::I(c(table_ints)?),
+                Arg::I(c(taps)?),
+                Arg::P(a.frame_info),
+                Arg::I(c(a.camera)?),
+                Arg::I(c(a.edge)?),
+                Arg::I(c(a.target)?),
+                Arg::D(a.crop_fraction),
+                Arg::I(a.letterbox as i32),
+                Arg::I(p),
+            ])
+        };
+        let weights = [
+            Arg::P(tables),
+            Arg::I(c(table_ints)?),
+            Arg::I(c(taps)?),
+            Arg::P(a.frame_info),
+            Arg::I(c(a.camera)?),
+            Arg::I(c(a.edge)?),
+            Arg::I(c(a.target)?),
+            Arg::D(a.crop_fraction),
+            Arg::I(a.letterbox as i32),
+        ];
+        // SAFETY: the signatures of image.cu's qwen_image_* kernels; one block per pass for the
+        // tables, one thread per output value of each pass (sized for the largest frame).
+        unsafe {
+            self.launch("qwen_image_weights", (4, 1, 1), 256, stream, weights)?;
+            let (side, e, t) = (sizes.largest_side(), a.edge, a.target);
+            for (p, values) in [(0, 3 * side * e), (1, 3 * e * e), (2, 3 * e * t), (3, 3 * t * t)] {
+                self.launch("qwen_image_resample", (values.div_ceil(256) as u32, 1, 1), 256, stream, common(p)?)?;
+            }
+            let args = [
+                Arg::P(a.out.ptr),
+                Arg::I(c(a.out.stride)?),
+                Arg::P(plane_b),
+                Arg::P(a.frame_info),
+                Arg::I(c(a.camera)?),
+                Arg::I(c(a.target)?),
+                Arg::I(c(a.patch)?),
+            ];
+            self.launch(&name, ((grid * grid * cols).div_ceil(256) as u32, 1, 1), 256, stream, args)
+        }
+    }
+}
+
+/// One camera's GR00T image op (see [`Kernels::qwen_image_patches`]).
+#[derive(Clone, Copy, Debug)]
+pub struct QwenImageArgs {
+    pub out: Mat,
+    pub frames: DevPtr,
+    pub frame_stride: usize,
+    pub frame_info: DevPtr,
+    pub camera: usize,
+    pub max_width: usize,
+    pub max_height: usize,
+    pub edge: usize,
+    pub target: usize,
+    pub crop_fraction: f64,
+    pub letterbox: bool,
+    pub patch: usize,
+    pub scratch: DevPtr,
+}
+
+impl QwenImageArgs {
+    fn sizes(&self) -> QwenImageSizes {
+        QwenImageSizes {
+            max_width: self.max_width,
+            max_height: self.max_height,
+            edge: self.edge,
+            target: self.target,
+            letterbox: self.letterbox,
+        }
+    }
+}
+
+/// The sizes the GR00T image op's scratch follows from.
+#[derive(Clone, Copy, Debug)]
+pub struct QwenImageSizes {
+    pub max_width: usize,
+    pub max_height: usize,
+    pub edge: usize,
+    pub target: usize,
+    pub letterbox: bool,
+}
+
+impl QwenImageSizes {
+    /// The longest side a letterboxed frame can have, the rows of the first pass.
+    fn largest_side(&self) -> usize {
+        if self.letterbox { self.max_width.max(self.max_height) } else { self.max_height }
+    }
+
+    /// Ints per pass table and the taps of its windows: an output's window spans at most
+    /// 4 · scale + 2 inputs when downscaling by `scale`, 5 when upscaling.
+    fn tables(&self) -> (usize, usize) {
+        let side = self.max_width.max(self.max_height).max(self.edge);
+        let taps = (4 * side.div_ceil(self.edge.min(self.target)) + 3).max(5);
+        (1 + self.edge.max(self.target) * (2 + taps), taps)
+    }
+
+    fn plane_a_bytes(&self) -> usize {
+        (3 * (self.largest_side() * self.edge).max(self.edge * self.target)).next_multiple_of(16)
+    }
+
+    /// Device scratch the op needs: the four tables and two planes.
+    pub fn scratch_bytes(&self) -> usize {
+        4 * self.tables().0 * 4 + self.plane_a_bytes() + 3 * self.edge.max(self.target).pow(2)
     }
 }

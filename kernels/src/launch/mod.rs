@@ -10,7 +10,7 @@ use crate::compile::{Cubin, arch_number};
 use crate::{KernelError, Result};
 
 pub mod attention;
-mod elementwise;
+pub mod elementwise;
 mod mlp;
 mod norm;
 pub mod sequence;
@@ -98,6 +98,7 @@ enum Arg {
     I(i32),
     L(i64),
     F(f32),
+    D(f64),
     M(TensorMap),
 }
 
@@ -108,6 +109,7 @@ impl Arg {
             Arg::I(v) => v as *const i32 as *mut c_void,
             Arg::L(v) => v as *const i64 as *mut c_void,
             Arg::F(v) => v as *const f32 as *mut c_void,
+            Arg::D(v) => v as *const f64 as *mut c_void,
             Arg::M(v) => v as *const TensorMap as *mut c_void,
         }
     }
@@ -122,22 +124,32 @@ pub const ROW_PRODUCT_MAX: usize = 32;
 /// Most 64-column chunks of A a block of `mlp_stream_wgmma` holds (MLP_A_CHUNKS).
 const MLP_A_CHUNKS: usize = 16;
 
-const IN_OUT: [&str; 6] =
-    ["layer_norm", "rms_norm", "gated_residual_rms_norm", "gated_residual_rms_norm_product", "copy", "gated_activation"];
-const TYPED: [&str; 10] = [
+const IN_OUT: [&str; 7] =
+    ["layer_norm", "rms_norm", "gated_residual_rms_norm", "gated_residual_rms_norm_product", "copy", "gated_activation", "scatter_rows"];
+const TYPED: [&str; 12] = [
     "product_rms_norm",
     "gated_residual",
     "activation",
     "affine",
     "embed_bf16",
     "rope_qkv",
+    "rope_qkv_axes",
     "image_patches_u8",
+    "qwen_image_patchify",
     "attention_mq256",
     "attention_mq256_combine",
     "attention_mh72",
 ];
-const SINGLE: [&str; 6] =
-    ["add_table_f32", "copy_host_inputs", "positions_scan_1024", "prompt_bucket_256", "rope_rows_gather", "softmax_rows_masked_f32_bf16"];
+const SINGLE: [&str; 8] = [
+    "add_table_f32",
+    "copy_host_inputs",
+    "positions_scan_1024",
+    "prompt_bucket_256",
+    "rope_rows_gather",
+    "softmax_rows_masked_f32_bf16",
+    "qwen_image_weights",
+    "qwen_image_resample",
+];
 
 /// A driver tensor map (`CUtensorMap`, 128 opaque bytes) passed by value: attention_mq256.cu's
 /// `TensorMap`. Aligned as CUDA 13 declares it (12 asks for 64).

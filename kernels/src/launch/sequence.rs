@@ -26,6 +26,19 @@ pub struct RopeArgs {
     /// Launched as the programmatic dependent of the kernel before it on the stream (sm_90 on),
     /// which must not write the tables or positions: it loads them, then waits for that kernel.
     pub early: bool,
+    /// Pairs that turn by different positions of their row ([`MultiAxis`]); `None`: one position
+    /// per row.
+    pub multi_axis: Option<MultiAxis>,
+}
+
+/// Which position of its row each rotation pair turns by (sequence.cu's `rope_qkv_axes`): the
+/// positions hold one row of `slots` per axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MultiAxis {
+    /// Qwen3-VL's interleaved M-RoPE with these height and width sections (t, h, w rows).
+    Interleaved { slots: usize, height: usize, width: usize },
+    /// Qwen3-VL's vision RoPE: the first half of the pairs by row 0, the rest by row 1.
+    Rows2d { slots: usize },
 }
 
 /// Most prompt buckets one `prompt_bucket_256` launch picks among.
@@ -142,7 +155,8 @@ impl Kernels {
     /// All pointers must be live device memory; the caches must have `cache_row + qkv.rows` rows
     /// and the tables a row for every position the buffer holds.
     pub unsafe fn rope_qkv(&self, a: &RopeArgs, stream: CUstream) -> Result<()> {
-        let name = format!("rope_qkv_{}", a.qkv.dtype.suffix());
+        let base = if a.multi_axis.is_some() { "rope_qkv_axes" } else { "rope_qkv" };
+        let name = format!("{base}_{}", a.qkv.dtype.suffix());
         if a.k_cache.dtype != a.qkv.dtype
             || a.v_cache.dtype != a.qkv.dtype
             || a.kv_heads == 0
@@ -158,6 +172,36 @@ impl Kernels {
                     a.qkv, a.k_cache, a.v_cache, a.heads, a.kv_heads, a.head_dim
                 ),
             ));
+        }
+        if let Some(axes) = a.multi_axis {
+            let Some(positions) = a.positions else { return Err(shape_error(&name, "multi-axis RoPE reads its positions".into())) };
+            let (mode, slots, height, width) = match axes {
+                MultiAxis::Interleaved { slots, height, width } => (1, slots, height, width),
+                MultiAxis::Rows2d { slots } => (2, slots, 0, 0),
+            };
+            let args = [
+                Arg::P(a.qkv.ptr),
+                Arg::I(i32_of(a.qkv.stride, &name)?),
+                Arg::I(i32_of(a.heads, &name)?),
+                Arg::I(i32_of(a.kv_heads, &name)?),
+                Arg::I(i32_of(a.head_dim, &name)?),
+                Arg::P(positions),
+                Arg::I(i32_of(a.position_offset, &name)?),
+                Arg::I(i32_of(slots, &name)?),
+                Arg::I(mode),
+                Arg::I(i32_of(height, &name)?),
+                Arg::I(i32_of(width, &name)?),
+                Arg::P(a.k_cache.ptr),
+                Arg::I(i32_of(a.k_cache.stride, &name)?),
+                Arg::P(a.v_cache.ptr),
+                Arg::I(i32_of(a.v_cache.stride, &name)?),
+                Arg::I(i32_of(a.cache_row, &name)?),
+                Arg::P(a.cos),
+                Arg::P(a.sin),
+            ];
+            let threads = ((a.heads + a.kv_heads) * a.head_dim / 2).max(a.kv_heads * a.head_dim).div_ceil(32).clamp(1, 8) as u32 * 32;
+            // SAFETY: matches `rope_qkv_axes_*` in sequence.cu (a plain launch: it waits for nothing).
+            return unsafe { self.launch(&name, (a.qkv.rows as u32, 1, 1), threads, stream, args) };
         }
         // 8 pairs (or 8 values of v) per thread when every piece is 16-byte aligned, the tables'
         // rows included (head_dim / 2 f32 apart).

@@ -71,7 +71,7 @@ pub(super) fn element_types(plan: &Plan) -> Vec<Elem> {
             Op::RopeQkv { qkv, k_cache, v_cache, .. } => [qkv, k_cache, v_cache].iter().for_each(|v| wants_bf16[v.buf.0] = true),
             Op::Activation { x, .. } => wants_bf16[x.buf.0] = true,
             Op::GatedActivation { gate_up, out, .. } => [gate_up, out].iter().for_each(|v| wants_bf16[v.buf.0] = true),
-            Op::ImagePatches { out, .. } => wants_bf16[out.buf.0] = true,
+            Op::ImagePatches { out, .. } | Op::QwenImagePatches { out, .. } => wants_bf16[out.buf.0] = true,
             Op::GatedResidual { x, .. } | Op::AddTable { x, .. } => needs_f32[x.buf.0] = true,
             Op::Positions { valid, .. } => needs_f32[valid.0] = true,
             _ => {}

@@ -32,7 +32,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
-use flashrt_kernels::{DevPtr, Kernels, MAX_PROMPT_BUCKETS};
+use flashrt_kernels::{DevPtr, Kernels, MAX_PROMPT_BUCKETS, QwenImageSizes};
 
 use super::arena::{DeviceBuf, Elem, Layout, Scratch, ScratchSizes, copied_input, element_types};
 use super::device::{BlasLt, Context, DeviceMemory, Event, Graph, Pinned, Stream, check};
@@ -184,6 +184,20 @@ impl CudaBackend {
         };
         let rows_len = gathered.map_or(0, |(_, slots, spec)| slots * spec.head_dim / 2 * 4);
         let rope_rows_at = [layout.take(rows_len), layout.take(rows_len)];
+        // The GR00T image op's tables and planes, shared by its cameras (run one after another).
+        let image_scratch_bytes = plan
+            .ops
+            .iter()
+            .filter_map(|op| match *op {
+                Op::QwenImagePatches { max_width, max_height, image, .. } => Some(
+                    QwenImageSizes { max_width, max_height, edge: image.edge, target: image.target, letterbox: image.letterbox }
+                        .scratch_bytes(),
+                ),
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        let image_scratch_at = layout.take(image_scratch_bytes);
         // (destination, source, bytes) of each copied host input, for `copy_host_inputs`.
         let copied_inputs = plan.buffers.iter().filter(|b| copied_input(b)).count();
         let input_table_at = layout.take(copied_inputs * 3 * 8);
@@ -271,6 +285,7 @@ impl CudaBackend {
             lane: 0,
             fusions: &fusions,
             multiprocessors,
+            image_scratch: at(image_scratch_at),
             op_index: 0,
             early_after_products: switches.early_launch,
             tiled: &tiled,

@@ -144,6 +144,8 @@ impl Launcher {
             match *step {
                 Step::Gemm { matmul, workspace } => return self.matmuls[matmul].launch(self.lt.0, workspace, s).map_err(Error::Backend),
                 Step::Copy { dst, src } => k.copy(dst, src, s),
+                Step::QwenImagePatches(ref args) => k.qwen_image_patches(args, s),
+                Step::ScatterRows { dst, src, index, accumulate } => k.scatter_rows(dst, src, index, accumulate, s),
                 Step::CopyHostInputs { pieces, count } => k.copy_host_inputs(pieces, count, s),
                 Step::ImagePatches { out, frames, frame_stride, frame_info, camera, size, patch } => {
                     k.image_patches(out, frames, frame_stride, frame_info, camera, size, patch, s)

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use flashrt_kernels::{AttentionArgs, DevPtr, Dtype, Kernels, Mat, ROW_PRODUCT_MAX, RopeArgs};
+use flashrt_kernels::{AttentionArgs, DevPtr, Dtype, Kernels, Mat, MultiAxis, QwenImageArgs, ROW_PRODUCT_MAX, RopeArgs};
 
 use super::arena::{DeviceBuf, Elem, Scratch, copied_input};
 use super::device::BlasLt;
@@ -44,6 +44,8 @@ pub(super) struct Lowering<'a> {
     pub(super) fusions: &'a Fusions,
     /// The SMs the streamed MLP's grid is sized for.
     pub(super) multiprocessors: usize,
+    /// Working memory of the image ops that resample frames (`QwenImageSizes::scratch_bytes`).
+    pub(super) image_scratch: DevPtr,
     /// The plan op being lowered.
     pub(super) op_index: usize,
     /// RoPE (loading its table rows first) and the gated residual norms right after a cuBLASLt
@@ -352,14 +354,19 @@ impl Lowering<'_> {
                 rope_rows: self.rope_rows.filter(|r| r.positions == positions),
             },
             Op::RopeQkv { qkv, heads, kv_heads, head_dim, theta, axes, positions, position_offset, k_cache, v_cache, cache_row } => {
-                if axes != RopeAxes::Single {
-                    return Err(self.error(format!("RoPE over {axes:?} has no CUDA kernel yet; open this model on the CPU backend")));
-                }
-                let Some(&(_, tables)) = self.rope.iter().find(|(spec, _)| spec.serves(theta, head_dim, false)) else {
+                let halves = matches!(axes, RopeAxes::Rows2d { .. });
+                let Some(&(_, tables)) = self.rope.iter().find(|(spec, _)| spec.serves(theta, head_dim, halves)) else {
                     unreachable!("a table per RoPE spec of the plan")
                 };
-                // The gathered rows exist only for a plan with one table (this one).
-                let rows = self.rope_rows.filter(|r| r.positions == positions);
+                let multi_axis = match axes {
+                    RopeAxes::Single => None,
+                    RopeAxes::Interleaved { sections, slots } => {
+                        Some(MultiAxis::Interleaved { slots, height: sections[1], width: sections[2] })
+                    }
+                    RopeAxes::Rows2d { slots } => Some(MultiAxis::Rows2d { slots }),
+                };
+                // The gathered rows exist only for a plan with one table (this one), single-axis.
+                let rows = self.rope_rows.filter(|r| r.positions == positions && multi_axis.is_none());
                 let (positions, (cos, sin)) = match rows {
                     Some(r) => (None, r.rows),
                     None => (Some(self.ptr(positions)), tables),
@@ -376,15 +383,36 @@ impl Lowering<'_> {
                     cache_row,
                     cos,
                     sin,
-                    early: self.early_after_product(),
+                    early: multi_axis.is_none() && self.early_after_product(),
+                    multi_axis,
                 })
             }
             Op::Attention { q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid, causal } => {
                 return self.attention(q, k, v, out, [heads, kv_heads, head_dim, groups], key_valid, query_valid, causal);
             }
             Op::Copy { src, dst } => Step::Copy { dst: self.mat(dst)?, src: self.mat(src)? },
-            Op::ScatterRows { .. } | Op::QwenImagePatches { .. } => {
-                return Err(self.error(format!("{} has no CUDA kernel yet; open this model on the CPU backend", op.name())));
+            Op::ScatterRows { src, index, dst, accumulate } => {
+                Step::ScatterRows { dst: self.mat(dst)?, src: self.mat(src)?, index: self.ptr(index), accumulate }
+            }
+            Op::QwenImagePatches { camera, frames, frame_stride, frame_info, max_width, max_height, image, out } => {
+                if self.lane != 0 {
+                    return Err(self.error("qwen_image_patches shares one scratch region: it runs on the main stream only".into()));
+                }
+                Step::QwenImagePatches(QwenImageArgs {
+                    out: self.mat(out)?,
+                    frames: self.ptr(frames),
+                    frame_stride,
+                    frame_info: self.ptr(frame_info),
+                    camera,
+                    max_width,
+                    max_height,
+                    edge: image.edge,
+                    target: image.target,
+                    crop_fraction: image.crop_fraction,
+                    letterbox: image.letterbox,
+                    patch: image.patch,
+                    scratch: self.image_scratch,
+                })
             }
             Op::Affine { x, scale, offset, out } => Step::Affine {
                 out: self.mat(out)?,

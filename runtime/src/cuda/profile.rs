@@ -151,6 +151,8 @@ impl Launcher {
         match step {
             Step::Gemm { matmul, .. } => format!("cublaslt {}", self.matmuls[*matmul].label()),
             Step::Copy { .. } => "copy".into(),
+            Step::ScatterRows { .. } => "scatter_rows".into(),
+            Step::QwenImagePatches(_) => "qwen_image_patches".into(),
             Step::ImagePatches { .. } => "image_patches".into(),
             Step::AddTable { .. } => "add_table".into(),
             Step::LayerNorm { .. } => "layer_norm".into(),
@@ -169,6 +171,7 @@ impl Launcher {
             Step::StreamedMlp { .. } => "mlp_stream".into(),
             Step::Embed { .. } => "embed".into(),
             Step::Positions { .. } => "positions".into(),
+            Step::Rope(a) if a.multi_axis.is_some() => "rope_qkv_axes".into(),
             Step::Rope(_) => "rope_qkv".into(),
             Step::FusedAttention(a) => format!("attention_mq256 {}x{} over {} keys", a.q.rows, a.heads, a.k.rows),
             Step::VisionAttention { q, k, heads, groups, .. } => {

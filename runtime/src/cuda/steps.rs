@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use flashrt_kernels::{AttentionArgs, DevPtr, Mat, RopeArgs};
+use flashrt_kernels::{AttentionArgs, DevPtr, Mat, QwenImageArgs, RopeArgs};
 
 use crate::plan::{Accesses, Activation, BufId, cross_lane_waits};
 
@@ -22,6 +22,13 @@ pub(super) enum Step {
     Copy {
         dst: Mat,
         src: Mat,
+    },
+    QwenImagePatches(QwenImageArgs),
+    ScatterRows {
+        dst: Mat,
+        src: Mat,
+        index: DevPtr,
+        accumulate: bool,
     },
     ImagePatches {
         out: Mat,
