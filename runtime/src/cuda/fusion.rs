@@ -9,7 +9,7 @@ use flashrt_kernels::{AttentionSplit, Kernels};
 
 use super::arena::Elem;
 use super::options::Switches;
-use crate::plan::{Activation, BufId, Op, Plan, Span, View, WeightId, WeightRole};
+use crate::plan::{Activation, BufId, Op, Plan, RopeAxes, Span, View, WeightId, WeightRole};
 
 /// What the fusion passes decided for one plan on one device.
 pub(super) struct Fusions {
@@ -338,7 +338,10 @@ pub(super) fn mlps_after_their_norm(plan: &Plan, mlps: &[usize], op_lanes: &[usi
 pub(super) fn attentions_after_their_rope(plan: &Plan, op_lanes: &[usize]) -> Vec<(usize, usize)> {
     (1..plan.ops.len())
         .filter_map(|i| {
-            let (Op::RopeQkv { qkv, .. }, Op::Attention { q, k, v, key_valid, .. }) = (&plan.ops[i - 1], &plan.ops[i]) else {
+            // A multi-axis RoPE launches plainly (its kernel starts no dependent).
+            let (Op::RopeQkv { qkv, axes: RopeAxes::Single, .. }, Op::Attention { q, k, v, key_valid, .. }) =
+                (&plan.ops[i - 1], &plan.ops[i])
+            else {
                 return None;
             };
             if q.buf != qkv.buf || op_lanes[i - 1] != 0 || op_lanes[i] != 0 || plan.phase_starting_at(i).is_some() {
@@ -360,7 +363,7 @@ mod tests {
     use super::*;
     use crate::cuda::arena::element_types;
     use crate::cuda::weights::mlp_weight_tiling;
-    use crate::plan::{BufType, RopeAxes};
+    use crate::plan::BufType;
 
     /// The expert's MLP shape in small: a → gate/up → GeGLU → down, `out` read by a residual
     /// (so f32); `extra` adds what must rule the fusion out.
