@@ -48,8 +48,8 @@ mod counting_alloc;
 mod tolerance;
 
 use tolerance::{
-    CUDA_BUCKET_MAX_ABS, CUDA_FULL_COSINE, CUDA_FULL_REL_L2, CUDA_GROOT_TINY_COSINE, CUDA_GROOT_TINY_MAX_ABS, CUDA_TINY_COSINE,
-    CUDA_TINY_MAX_ABS, OP_NMSE_BF16, OP_NMSE_F32, cosine, max_abs, nmse, rel_l2,
+    CUDA_BUCKET_MAX_ABS, CUDA_FULL_COSINE, CUDA_FULL_REL_L2, CUDA_GROOT_FULL_COSINE, CUDA_GROOT_FULL_REL_L2, CUDA_GROOT_TINY_COSINE,
+    CUDA_GROOT_TINY_MAX_ABS, CUDA_TINY_COSINE, CUDA_TINY_MAX_ABS, OP_NMSE_BF16, OP_NMSE_F32, cosine, max_abs, nmse, rel_l2,
 };
 
 // ---- helpers ----------------------------------------------------------------------------------
@@ -1160,6 +1160,59 @@ fn step_allocates_nothing_and_device_memory_is_constant() {
 }
 
 // ---- (c) full size vs lerobot f32 ---------------------------------------------------------------
+
+/// GR00T N1.7 at full size (a `flashrt synth` checkpoint): the CUDA step against lerobot's f32
+/// run of the same weights and inputs (tools/device/checks/groot_full_parity.py).
+#[test]
+#[ignore = "needs a CUDA GPU and lerobot's full-size outputs: tools/device/checks/cuda_checks.sh groot-full"]
+fn groot_full_size_matches_lerobot() {
+    let dir = std::env::var_os("FRT_GROOT_FULL_DIR")
+        .map(PathBuf::from)
+        .expect("FRT_GROOT_FULL_DIR: a synthesized full-size GR00T with lerobot's groot_golden.safetensors (cuda_checks.sh groot-full)");
+    require_gpu("groot_full_size_matches_lerobot");
+    let bytes = std::fs::read(dir.join("groot_golden.safetensors")).unwrap();
+    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    let meta = meta.metadata().clone().expect("prompt and embodiment in the metadata");
+    let golden = SafeTensors::deserialize(&bytes).unwrap();
+    let f32s = |name: &str| -> Vec<f32> {
+        golden.tensor(name).unwrap().data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+    };
+    let mut config = PolicyConfig::new(&dir);
+    (config.backend, config.embodiment, config.max_frame_width, config.max_frame_height) =
+        (BackendKind::Cuda, Some(meta["embodiment"].clone()), 320, 240);
+    let mut policy = Policy::open(&config).unwrap();
+    policy.set_prompt(&meta["prompt"]).unwrap();
+    let frames: Vec<(Vec<u8>, usize, usize)> = (0..2)
+        .map(|i| {
+            let t = golden.tensor(&format!("frame_{i}")).unwrap();
+            (t.data().to_vec(), t.shape()[1], t.shape()[0])
+        })
+        .collect();
+    let cameras: Vec<Option<Frame>> = frames.iter().map(|(d, w, h)| Some(Frame::packed(d, *w, *h, PixelFormat::Rgb8))).collect();
+    let (state, noise) = (f32s("state"), f32s("noise"));
+    let mut actions = vec![0.0; policy.actions_len()];
+    let step = policy.step(&Observation { cameras: &cameras, state: &state, noise: Some(&noise) }, &mut actions).unwrap();
+    let (got, want) = (policy.buffer("x_t").unwrap(), f32s("action_pred"));
+    let (cos, rl2, err) = (cosine(&got, &want), rel_l2(&got, &want), max_abs(&got, &want));
+    let pass = cos >= CUDA_GROOT_FULL_COSINE && rl2 <= CUDA_GROOT_FULL_REL_L2;
+    eprintln!(
+        "GR00T full size vs lerobot f32: cosine {cos:.7}, rel-L2 {rl2:.4e}, max-abs {err:.4e} over {} values, {} prompt tokens {}",
+        got.len(),
+        step.prompt_tokens,
+        if pass { "ok" } else { "FAIL" }
+    );
+    write_result(
+        "cuda_groot_full_parity.json",
+        json!({
+            "check": "GR00T N1.7 full size (flashrt synth, random weights), CUDA bf16 vs lerobot-0.6.1 f32 on the GPU, normalized action chunk [40 x 132]",
+            "device": policy.info().device,
+            "bound": format!("cosine >= {CUDA_GROOT_FULL_COSINE}, rel_l2 <= {CUDA_GROOT_FULL_REL_L2}"),
+            "cosine": cos, "rel_l2": rl2, "max_abs": err, "prompt_tokens": step.prompt_tokens, "pass": pass,
+            "commit": commit(),
+        }),
+    );
+    assert!(pass, "GR00T full-size parity failed");
+}
 
 #[test]
 #[ignore = "needs a CUDA GPU and lerobot's full-size outputs: tools/device/checks/cuda_checks.sh full"]

@@ -245,7 +245,7 @@ def build_model(ckpt: pathlib.Path, ids: dict, vocab: int):
     return model
 
 
-def pack_and_decode_steps(ckpt: pathlib.Path):
+def pack_and_decode_steps(ckpt: pathlib.Path, tag: str = TAG, state_dim: int = STATE_DIM, action_dim: int = ACTION_DIM, env_action_dim: int = 0):
     from types import SimpleNamespace
     from lerobot.policies.groot.processor_groot import (
         GrootN17ActionDecodeStep,
@@ -253,18 +253,18 @@ def pack_and_decode_steps(ckpt: pathlib.Path):
         _load_n1_7_checkpoint_processor_assets,
     )
 
-    assets = _load_n1_7_checkpoint_processor_assets(SimpleNamespace(base_model_path=str(ckpt), embodiment_tag=TAG))
+    assets = _load_n1_7_checkpoint_processor_assets(SimpleNamespace(base_model_path=str(ckpt), embodiment_tag=tag))
     assert assets is not None, "the tiny checkpoint is not recognised as a raw N1.7 checkpoint"
     pack = GrootN17PackInputsStep(
         state_horizon=1, action_horizon=assets.max_action_horizon, valid_action_horizon=assets.valid_action_horizon,
-        video_horizon=assets.video_horizon, max_state_dim=STATE_DIM, max_action_dim=ACTION_DIM, language_key="task",
-        formalize_language=assets.formalize_language, embodiment_tag=TAG, embodiment_mapping=assets.embodiment_mapping,
+        video_horizon=assets.video_horizon, max_state_dim=state_dim, max_action_dim=action_dim, language_key="task",
+        formalize_language=assets.formalize_language, embodiment_tag=tag, embodiment_mapping=assets.embodiment_mapping,
         normalize_min_max=True, training=False, state_dropout_prob=assets.state_dropout_prob, stats=assets.stats,
         clip_outliers=assets.clip_outliers, video_modality_keys=assets.video_modality_keys, raw_stats=assets.raw_stats,
         use_percentiles=assets.use_percentiles, modality_config=assets.modality_config,
     )
     decode = GrootN17ActionDecodeStep(
-        env_action_dim=sum(w for _, w, _ in ACTION_GROUPS), raw_stats=assets.raw_stats, modality_config=assets.modality_config,
+        env_action_dim=env_action_dim or sum(w for _, w, _ in ACTION_GROUPS), raw_stats=assets.raw_stats, modality_config=assets.modality_config,
         use_percentiles=assets.use_percentiles, use_relative_action=assets.use_relative_action, pack_step=pack,
     )
     return pack, decode

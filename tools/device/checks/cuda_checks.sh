@@ -7,6 +7,7 @@
 #   bash tools/device/checks/cuda_checks.sh bench        # pi05-2v, cold then warm kernel cache
 #   bash tools/device/checks/cuda_checks.sh views        # 1 and 3 views
 #   bash tools/device/checks/cuda_checks.sh full         # lerobot f32 reference on the same weights, 5c
+#   bash tools/device/checks/cuda_checks.sh groot-full   # GR00T N1.7 full size: lerobot f32 on the same weights vs CUDA
 #   bash tools/device/checks/cuda_checks.sh profile      # per-phase and per-kernel profile, both paths
 #   bash tools/device/checks/cuda_checks.sh ab           # pi05-2v without the fused attention
 #   bash tools/device/checks/cuda_checks.sh overlap      # pi05-2v on one stream (no concurrent phase)
@@ -153,6 +154,14 @@ for phase in "$@"; do
         PYTHONPATH=/tmp/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 \
             run python3 tools/device/checks/full_parity.py --ckpt "$FULL" --timing-json "$OUT/lerobot_eager_bf16.json"
         FRT_FULL_PARITY_DIR="$FULL" gpu_tests full_size_matches_lerobot
+        ;;
+    groot-full)
+        echo "== GR00T N1.7 full size: lerobot f32 on the same weights, then CUDA parity"
+        [ -f /tmp/groot_full/model.safetensors ] || run "$BIN/flashrt" synth --model groot-n17 --size full --out /tmp/groot_full
+        run python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+        PYTHONPATH=/tmp/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 \
+            run python3 tools/device/checks/groot_full_parity.py --ckpt /tmp/groot_full
+        FRT_GROOT_FULL_DIR=/tmp/groot_full gpu_tests groot_full_size_matches_lerobot
         ;;
     *)
         echo "unknown phase $phase (tests | bench | views | full | ab | overlap | slots | buckets | settings | attention | profile | versus)"
