@@ -4,7 +4,7 @@ config as lerobot hard-codes it) with the weights of a `flashrt synth --model gr
 full` checkpoint, run in float32 on the GPU (eager / math attention), on two synthetic frames, a
 20-word instruction, a raw state and fixed noise, all processed by lerobot's own steps (image
 transform, Qwen3-VL processor with the checkpoint's tokenizer, state normalization from the
-sidecar files). Writes <ckpt>/groot_golden.safetensors (the raw inputs and lerobot's normalized
+sidecar files; the backbone config's special-token ids set to the checkpoint tokenizer's). Writes <ckpt>/groot_golden.safetensors (the raw inputs and lerobot's normalized
 action chunk) for tests/cuda_pi05.rs `groot_full_size_matches_lerobot`.
 """
 
@@ -53,8 +53,13 @@ def main() -> int:
     print(f"lerobot GR00TN17 full size ready in {time.time() - started:.1f} s")
 
     state_dim = sum(w for _, w in [("eef_pose", 9), ("joints", 6)])
-    pack, _ = g.pack_and_decode_steps(args.ckpt, tag="robot", state_dim=cfg.max_state_dim, action_dim=cfg.max_action_dim, env_action_dim=16)
+    # The synthesized checkpoint's tokenizer (a tiny byte-level BPE) holds the Qwen-VL special
+    # tokens at its own ids, not Cosmos-Reason2's: the backbone finds image tokens by this config.
     proc = g.processor(args.ckpt)
+    qwen = model.backbone.model.config
+    for field, token in [("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"), ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")]:
+        setattr(qwen, field, proc.tokenizer.convert_tokens_to_ids(token))
+    pack, _ = g.pack_and_decode_steps(args.ckpt, tag="robot", state_dim=cfg.max_state_dim, action_dim=cfg.max_action_dim, env_action_dim=16)
     rng = np.random.default_rng(3)
     state = np.concatenate([rng.uniform(-0.5, 0.5, 3), g.rot6d(3), rng.uniform(-1, 1, state_dim - 9)]).astype(np.float32)
     packed = pack({TransitionKey.OBSERVATION: {"observation.state": torch.from_numpy(state)[None]}, TransitionKey.COMPLEMENTARY_DATA: {"task": PROMPT}})
