@@ -9,7 +9,7 @@
 #      the C ABI and the ROS 2 node, the loading/error tests and the zero-allocation test
 #      (tests/no_alloc_pi05.rs, 30 steps: every combination of its schedule);
 #   3. the C ABI under qemu: its zero-allocation test (ffi/tests/no_alloc.rs, 6 steps through
-#      frt_policy_step), tests/c/abi_test.c against the packed libflashrt.so and
+#      frt_policy_step), tests/c/abi_test.c (Pi0.5 micro and the tiny GR00T fixture) against the packed libflashrt.so and
 #      tests/c/hpp_test.cpp against libflashrt.a, cross-compiled with aarch64-linux-gnu-gcc;
 #   (the zero-allocation, C ABI and ROS 2 tests run the micro synthesized model: a step of the
 #   tiny one costs seconds here);
@@ -173,7 +173,7 @@ if [ -f ffi/Cargo.toml ]; then
     # The smallest synthesized model (as ffi/tests/c_api.rs uses): a tiny-model step costs seconds
     # under qemu, and the programs test the ABI, not the model.
     "${qemu[@]}" "$pkg/bin/flashrt" synth --size micro --seed 7 --out "$tmp/micro" > /dev/null
-    LD_LIBRARY_PATH="$pkg/lib" "${qemu[@]}" "$tmp/abi_test" "$tmp/micro" "$tmp/micro/tokenizer.json" "$tmp/scratch"
+    LD_LIBRARY_PATH="$pkg/lib" "${qemu[@]}" "$tmp/abi_test" "$tmp/micro" "$tmp/micro/tokenizer.json" "$tmp/scratch" "$PWD/tests/data/groot_n17_tiny"
     if [ -f tests/c/hpp_test.cpp ]; then
       # The static library's system dependencies, as the packed CMake/pkg-config files list them.
       local deps
