@@ -121,7 +121,7 @@ fn mrope_positions_match_lerobot() {
 
 #[test]
 fn state_normalization_and_action_decoding_match_lerobot() {
-    let sidecars = Sidecars::read(&data("groot_n17_tiny"), "tiny_robot").unwrap();
+    let sidecars = Sidecars::read(&data("groot_n17_tiny"), Some("tiny_robot")).unwrap();
     assert_eq!((sidecars.slot, sidecars.state_dim(), sidecars.action_dim(), sidecars.action_steps), (2, 12, 13, 6));
     let golden = Tensors::open(&data("groot_n17_tiny/golden.safetensors"));
     for c in 0..2 {
@@ -143,7 +143,7 @@ fn state_normalization_and_action_decoding_match_lerobot() {
 
 #[test]
 fn unknown_embodiments_and_missing_statistics_are_named() {
-    let e = Sidecars::read(&data("groot_n17_tiny"), "other_robot").unwrap_err().to_string();
+    let e = Sidecars::read(&data("groot_n17_tiny"), Some("other_robot")).unwrap_err().to_string();
     assert!(e.contains("unknown embodiment tag \"other_robot\"") && e.contains("tiny_robot") && e.contains("new_embodiment"), "{e}");
     // A tag the slot table knows but the statistics do not.
     let dir = tempfile::tempdir().unwrap();
@@ -151,11 +151,11 @@ fn unknown_embodiments_and_missing_statistics_are_named() {
         std::fs::copy(data("groot_n17_tiny").join(f), dir.path().join(f)).unwrap();
     }
     std::fs::write(dir.path().join("embodiment_id.json"), r#"{"tiny_robot": 2, "new_embodiment": 3}"#).unwrap();
-    let e = Sidecars::read(dir.path(), "new_embodiment").unwrap_err().to_string();
+    let e = Sidecars::read(dir.path(), Some("new_embodiment")).unwrap_err().to_string();
     assert!(e.contains("no modality_configs for embodiment \"new_embodiment\""), "{e}");
     // Without embodiment_id.json the built-in table applies.
     std::fs::remove_file(dir.path().join("embodiment_id.json")).unwrap();
-    let e = Sidecars::read(dir.path(), "tiny_robot").unwrap_err().to_string();
+    let e = Sidecars::read(dir.path(), Some("tiny_robot")).unwrap_err().to_string();
     assert!(e.contains("unknown embodiment tag") && e.contains("libero_sim"), "{e}");
 }
 

@@ -16,6 +16,7 @@ use crate::weights::WeightData;
 
 pub mod blocks;
 pub mod groot_n17;
+mod loader;
 pub mod pi05;
 pub mod synth;
 
@@ -68,20 +69,22 @@ pub trait Processing: Send {
     fn finish(&mut self, state: &[f32], output: &[f32], actions: &mut [f32]);
 }
 
-/// A checkpoint's `config.json`, read once and parsed by whoever needs it.
+/// A JSON file of a checkpoint (`config.json`, a model's sidecar files), read once and parsed by
+/// whoever needs it.
 pub struct ConfigJson {
     pub path: PathBuf,
     pub value: serde_json::Value,
 }
 
 impl ConfigJson {
-    /// `None` when there is no such file (a lone `.safetensors` file).
+    /// `None` when there is no such file (e.g. no config.json beside a lone `.safetensors` file).
     pub fn read(path: &Path) -> Result<Option<ConfigJson>> {
         if !path.exists() {
             return Ok(None);
         }
         let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.into(), source })?;
-        let value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(path, format!("bad config.json: {e}")))?;
+        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(path, format!("bad {name}: {e}")))?;
         Ok(Some(ConfigJson { path: path.into(), value }))
     }
 

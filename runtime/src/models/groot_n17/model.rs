@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::io::{IoSpec, Port};
 use crate::models::ConfigJson;
 use crate::models::blocks::{dit, qwen3_vl};
+use crate::models::loader::Loader;
 use crate::plan::{Activation, BufId, BufType, HostIo, Op, Plan, View, WeightId, WeightRole};
 use crate::qwen_image::QwenImage;
 use crate::weights::WeightData;
@@ -365,36 +366,15 @@ pub struct Built {
     pub inputs: ModelInputs,
 }
 
-/// Reads tensors by name as f32 (after `Config::expected` was checked), with a byte counter.
-struct Loader<'a> {
-    ckpt: &'a Checkpoint,
-    progress: &'a dyn Fn(usize),
-}
-
-impl Loader<'_> {
-    fn get(&self, name: &str) -> Vec<f32> {
-        let t = self.ckpt.get(name).unwrap_or_else(|| unreachable!("{name} checked at open"));
-        (self.progress)(t.bytes.len());
-        t.to_f32()
-    }
-
-    fn rows(&self, names: &[String]) -> WeightData {
-        for name in names {
-            (self.progress)(self.ckpt.get(name).map_or(0, |t| t.bytes.len()));
-        }
-        WeightData::Rows { tensors: names.to_vec(), col_scale: None }
-    }
-
-    /// Slot `slot` of a category-specific weight `[embodiments, in, out]`, transposed to a
-    /// product's `[out, in]`, and its bias.
-    fn category(&self, name: &str, slot: usize) -> (Vec<f32>, Vec<f32>) {
-        let (w, b) = (self.get(&format!("{name}.W")), self.get(&format!("{name}.b")));
-        let shape = self.ckpt.shape(&format!("{name}.W")).expect("checked").to_vec();
-        let (inp, out) = (shape[1], shape[2]);
-        let w = &w[slot * inp * out..][..inp * out];
-        let transposed = (0..out).flat_map(|o| (0..inp).map(move |i| w[i * out + o])).collect();
-        (transposed, b[slot * out..][..out].to_vec())
-    }
+/// Slot `slot` of a category-specific weight `[embodiments, in, out]`, transposed to a product's
+/// `[out, in]`, and its bias.
+fn category(ld: &Loader, name: &str, slot: usize) -> (Vec<f32>, Vec<f32>) {
+    let (w, b) = (ld.get(&format!("{name}.W")), ld.get(&format!("{name}.b")));
+    let shape = ld.ckpt.shape(&format!("{name}.W")).expect("checked").to_vec();
+    let (inp, out) = (shape[1], shape[2]);
+    let w = &w[slot * inp * out..][..inp * out];
+    let transposed = (0..out).flat_map(|o| (0..inp).map(move |i| w[i * out + o])).collect();
+    (transposed, b[slot * out..][..out].to_vec())
 }
 
 fn silu(x: f64) -> f64 {
@@ -492,9 +472,16 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
                         name: &str,
                         out: usize,
                         inp: usize| {
-        let w = add(plan, format!("{name}.weight"), matrix(out, inp), ld.rows(&[format!("{name}.weight")]));
+        let w = add(plan, format!("{name}.weight"), matrix(out, inp), ld.rows(&[format!("{name}.weight")], None));
         let b = add(plan, format!("{name}.bias"), vector, WeightData::Dense(ld.get(&format!("{name}.bias"))));
         (w, b)
+    };
+    // A checkpoint norm's `(weight, bias)` vectors.
+    let affine = |plan: &mut Plan, add: &mut dyn FnMut(&mut Plan, String, WeightRole, WeightData) -> WeightId, name: &str| {
+        (
+            add(plan, format!("{name}.weight"), vector, WeightData::Dense(ld.get(&format!("{name}.weight")))),
+            add(plan, format!("{name}.bias"), vector, WeightData::Dense(ld.get(&format!("{name}.bias")))),
+        )
     };
 
     // Host inputs and outputs.
@@ -546,7 +533,7 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
     }
     let vx = plan.matrix("vision_x", n, vw);
     let patch_w =
-        add(&mut plan, "patch_embed".into(), matrix(vw, opts.image.patch_cols()), ld.rows(&[format!("{VT}patch_embed.proj.weight")]));
+        add(&mut plan, "patch_embed".into(), matrix(vw, opts.image.patch_cols()), ld.rows(&[format!("{VT}patch_embed.proj.weight")], None));
     plan.push(Op::Gemm { a: patches, w: patch_w, bias: None, out: vx, accumulate: false });
     // The conv bias folded into the interpolated position table.
     let bias = ld.get(&format!("{VT}patch_embed.proj.bias"));
@@ -570,29 +557,18 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
     let deepstack: Vec<View> = (0..c.deepstack.len()).map(|i| plan.matrix(format!("deepstack_{i}"), merged, c.merged_width)).collect();
     let merger =
         |plan: &mut Plan, add: &mut dyn FnMut(&mut Plan, String, WeightRole, WeightData) -> WeightId, name: &str, postshuffle: bool| {
-            let norm_width = if postshuffle { 4 * vw } else { vw };
-            let norm = (
-                add(plan, format!("{name}.norm.weight"), vector, WeightData::Dense(ld.get(&format!("{name}.norm.weight")))),
-                add(plan, format!("{name}.norm.bias"), vector, WeightData::Dense(ld.get(&format!("{name}.norm.bias")))),
-            );
-            debug_assert_eq!(ckpt.shape(&format!("{name}.norm.weight")), Some(&[norm_width][..]));
+            let norm = affine(plan, add, &format!("{name}.norm"));
             let fc1 = linear_layer(plan, add, &format!("{name}.linear_fc1"), 4 * vw, 4 * vw);
             let fc2 = linear_layer(plan, add, &format!("{name}.linear_fc2"), c.merged_width, 4 * vw);
             qwen3_vl::Merger { norm, postshuffle, fc1, fc2 }
         };
     for i in 0..c.vision_layers {
         let p = format!("{VT}blocks.{i}.");
-        let norm = |plan: &mut Plan, add: &mut dyn FnMut(&mut Plan, String, WeightRole, WeightData) -> WeightId, n: &str| {
-            (
-                add(plan, format!("{p}{n}.weight"), vector, WeightData::Dense(ld.get(&format!("{p}{n}.weight")))),
-                add(plan, format!("{p}{n}.bias"), vector, WeightData::Dense(ld.get(&format!("{p}{n}.bias")))),
-            )
-        };
         let block = qwen3_vl::VisionBlock {
-            norm1: norm(&mut plan, &mut add, "norm1"),
+            norm1: affine(&mut plan, &mut add, &format!("{p}norm1")),
             qkv: linear_layer(&mut plan, &mut add, &format!("{p}attn.qkv"), 3 * vw, vw),
             proj: linear_layer(&mut plan, &mut add, &format!("{p}attn.proj"), vw, vw),
-            norm2: norm(&mut plan, &mut add, "norm2"),
+            norm2: affine(&mut plan, &mut add, &format!("{p}norm2")),
             fc1: linear_layer(&mut plan, &mut add, &format!("{p}mlp.linear_fc1"), c.vision_mlp, vw),
             fc2: linear_layer(&mut plan, &mut add, &format!("{p}mlp.linear_fc2"), vw, c.vision_mlp),
         };
@@ -649,14 +625,19 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
                 &mut plan,
                 format!("{p}qkv"),
                 matrix(q + 2 * kv, lw),
-                ld.rows(&names(&["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"])),
+                ld.rows(&names(&["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]), None),
             ),
             q_norm: dense(&mut plan, &mut add, "self_attn.q_norm.weight"),
             k_norm: dense(&mut plan, &mut add, "self_attn.k_norm.weight"),
-            o: add(&mut plan, format!("{p}o"), matrix(lw, q), ld.rows(&names(&["self_attn.o_proj"]))),
+            o: add(&mut plan, format!("{p}o"), matrix(lw, q), ld.rows(&names(&["self_attn.o_proj"]), None)),
             post_norm: dense(&mut plan, &mut add, "post_attention_layernorm.weight"),
-            gate_up: add(&mut plan, format!("{p}gate_up"), matrix(2 * c.lm_mlp, lw), ld.rows(&names(&["mlp.gate_proj", "mlp.up_proj"]))),
-            down: add(&mut plan, format!("{p}down"), matrix(lw, c.lm_mlp), ld.rows(&names(&["mlp.down_proj"]))),
+            gate_up: add(
+                &mut plan,
+                format!("{p}gate_up"),
+                matrix(2 * c.lm_mlp, lw),
+                ld.rows(&names(&["mlp.gate_proj", "mlp.up_proj"]), None),
+            ),
+            down: add(&mut plan, format!("{p}down"), matrix(lw, c.lm_mlp), ld.rows(&names(&["mlp.down_proj"]), None)),
         };
         qwen3_vl::decoder_layer(&mut plan, &layer, &lm, &attention, c.rms_eps);
         if let Some(&ds) = deepstack.get(i) {
@@ -666,12 +647,6 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
 
     // ---- VL adapter: LayerNorm, then self-attention over the valid tokens.
     plan.phase("vl adapter");
-    let affine = |plan: &mut Plan, add: &mut dyn FnMut(&mut Plan, String, WeightRole, WeightData) -> WeightId, name: &str| {
-        (
-            add(plan, format!("{name}.weight"), vector, WeightData::Dense(ld.get(&format!("{name}.weight")))),
-            add(plan, format!("{name}.bias"), vector, WeightData::Dense(ld.get(&format!("{name}.bias")))),
-        )
-    };
     let vl = plan.matrix("vl_embeds", s, lw);
     let vlln = affine(&mut plan, &mut add, &format!("{AH}vlln"));
     plan.push(Op::LayerNorm { x: lx, out: vl, affine: Some(vlln), modulation: None, eps: 1e-5 });
@@ -680,10 +655,9 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
     // Merged Q/K/V of a diffusers attention: weights stacked by rows, biases end to end.
     let qkv_of =
         |plan: &mut Plan, add: &mut dyn FnMut(&mut Plan, String, WeightRole, WeightData) -> WeightId, p: &str, width: usize, inp: usize| {
-            let names: Vec<String> = ["to_q", "to_k", "to_v"].iter().map(|n| format!("{p}attn1.{n}.weight")).collect();
-            let w = add(plan, format!("{p}attn1.qkv"), matrix(3 * width, inp), ld.rows(&names));
-            let b: Vec<f32> = ["to_q", "to_k", "to_v"].iter().flat_map(|n| ld.get(&format!("{p}attn1.{n}.bias"))).collect();
-            (w, add(plan, format!("{p}attn1.qkv.bias"), vector, WeightData::Dense(b)))
+            let names = |part: &str| ["to_q", "to_k", "to_v"].map(|n| format!("{p}attn1.{n}.{part}"));
+            let w = add(plan, format!("{p}attn1.qkv"), matrix(3 * width, inp), ld.rows(&names("weight"), None));
+            (w, add(plan, format!("{p}attn1.qkv.bias"), vector, WeightData::Dense(ld.stacked(&names("bias")))))
         };
     for i in 0..c.vl_layers {
         let p = format!("{AH}vl_self_attention.transformer_blocks.{i}.");
@@ -723,7 +697,7 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
     let state_in = View { buf: inputs.state, offset: 0, rows: 1, cols: c.state_width, stride: c.state_width };
     let category_linear =
         |plan: &mut Plan, add: &mut dyn FnMut(&mut Plan, String, WeightRole, WeightData) -> WeightId, name: &str, scale: f32| {
-            let (w, b) = ld.category(&format!("{AH}{name}"), opts.slot);
+            let (w, b) = category(&ld, &format!("{AH}{name}"), opts.slot);
             let (out, inp) = (b.len(), w.len() / b.len());
             let w = add(plan, format!("{name}.slot"), matrix(out, inp), WeightData::Dense(w.iter().map(|v| v * scale).collect()));
             let b = add(plan, format!("{name}.slot.bias"), vector, WeightData::Dense(b.iter().map(|v| v * scale).collect()));
@@ -757,9 +731,9 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
         })
         .collect();
     let (po1w, po1b) = (ld.get(&format!("{m}proj_out_1.weight")), ld.get(&format!("{m}proj_out_1.bias")));
-    let (ae_w2, ae_b2) = ld.category(&format!("{AH}action_encoder.W2"), opts.slot);
+    let (ae_w2, ae_b2) = category(&ld, &format!("{AH}action_encoder.W2"), opts.slot);
     let pos_table = ld.get(&format!("{AH}position_embedding.weight"));
-    let ae_b3 = ld.category(&format!("{AH}action_encoder.W3"), opts.slot).1;
+    let (ae_w3, ae_b3) = category(&ld, &format!("{AH}action_encoder.W3"), opts.slot);
 
     let (ae1, ae2) = (plan.matrix("action_enc_1", h, dw), plan.matrix("action_enc_2", h, dw));
     let (d_h, d_qkv, d_q, d_attn, d_ff) = (
@@ -774,7 +748,7 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
     // W2 over [a | time features]: the product with `a` here, the time part in a per-step bias.
     let ae_w2a: Vec<f32> = (0..dw).flat_map(|o| (0..dw).map(move |i| (o, i))).map(|(o, i)| ae_w2[o * 2 * dw + i]).collect();
     let ae_w2a = add(&mut plan, "action_encoder.W2.slot.actions".into(), matrix(dw, dw), WeightData::Dense(ae_w2a));
-    let (ae_w3, _) = category_linear(&mut plan, &mut add, "action_encoder.W3", 1.0);
+    let ae_w3 = add(&mut plan, "action_encoder.W3.slot".into(), matrix(dw, dw), WeightData::Dense(ae_w3));
     // W3's bias and the action tokens' position rows, added together.
     let positions_b3: Vec<f32> = (0..h).flat_map(|r| (0..dw).map(move |j| (r, j))).map(|(r, j)| pos_table[r * dw + j] + ae_b3[j]).collect();
     let positions_b3 = add(&mut plan, "action_positions".into(), vector, WeightData::Dense(positions_b3));

@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::models::ConfigJson;
 
 /// lerobot's built-in tag → slot table, used when the checkpoint has no `embodiment_id.json`.
 pub const BUILTIN_EMBODIMENTS: [(&str, usize); 13] = [
@@ -128,11 +129,7 @@ pub struct Sidecars {
 }
 
 fn read_json(path: &Path) -> Result<Option<Value>> {
-    if !path.exists() {
-        return Ok(None);
-    }
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.into(), source })?;
-    serde_json::from_str(&text).map(Some).map_err(|e| Error::checkpoint(path, format!("bad JSON: {e}")))
+    Ok(ConfigJson::read(path)?.map(|json| json.value))
 }
 
 /// The numbers of a statistic, flattened row by row, as f32 (what lerobot's tensors hold), and
@@ -155,10 +152,23 @@ fn field(config: &Value, name: &str) -> String {
 }
 
 impl Sidecars {
-    /// Reads the three files in `dir` for embodiment `tag`. An unknown tag is an error that lists
-    /// the known ones (lerobot maps it to slot 0 silently); so are missing statistics (lerobot
-    /// refuses those too, for a raw checkpoint).
-    pub fn read(dir: &Path, tag: &str) -> Result<Sidecars> {
+    /// Reads the three files in `dir` for embodiment `tag` (`None`: the checkpoint's only one).
+    /// An unknown tag is an error that lists the known ones (lerobot maps it to slot 0
+    /// silently); so are missing statistics (lerobot refuses those too, for a raw checkpoint).
+    pub fn read(dir: &Path, tag: Option<&str>) -> Result<Sidecars> {
+        let config_path = dir.join("processor_config.json");
+        let config =
+            read_json(&config_path)?.ok_or_else(|| Error::checkpoint(dir, "missing processor_config.json (GR00T N1.7 sidecar)"))?;
+        let kwargs: ProcessorKwargs = serde_json::from_value(config.get("processor_kwargs").cloned().unwrap_or(Value::Null))
+            .map_err(|e| Error::checkpoint(&config_path, format!("bad processor_kwargs: {e}")))?;
+        let tag = match tag {
+            Some(tag) => tag,
+            None => match kwargs.modality_configs.keys().collect::<Vec<_>>()[..] {
+                [only] => only.as_str(),
+                ref tags => return Err(Error::invalid("config.embodiment", format!("this checkpoint has embodiments {tags:?}: name one"))),
+            },
+        };
+
         let ids_path = dir.join("embodiment_id.json");
         let table: Vec<(String, usize)> = match read_json(&ids_path)? {
             Some(Value::Object(map)) => map.iter().filter_map(|(k, v)| Some((k.clone(), v.as_u64()? as usize))).collect(),
@@ -169,12 +179,6 @@ impl Sidecars {
             let known: Vec<&str> = table.iter().map(|(k, _)| k.as_str()).collect();
             Error::invalid("config.embodiment", format!("unknown embodiment tag {tag:?}; this checkpoint knows {}", known.join(", ")))
         })?;
-
-        let config_path = dir.join("processor_config.json");
-        let config =
-            read_json(&config_path)?.ok_or_else(|| Error::checkpoint(dir, "missing processor_config.json (GR00T N1.7 sidecar)"))?;
-        let kwargs: ProcessorKwargs = serde_json::from_value(config.get("processor_kwargs").cloned().unwrap_or(Value::Null))
-            .map_err(|e| Error::checkpoint(&config_path, format!("bad processor_kwargs: {e}")))?;
         let modality = kwargs.modality_configs.get(tag).cloned().ok_or_else(|| {
             Error::checkpoint(
                 &config_path,

@@ -31,11 +31,8 @@ pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig,
     if model_config.denoise_steps == 0 {
         return Err(Error::invalid("config.denoise_steps", "must be positive"));
     }
-    let tag = match &config.embodiment {
-        Some(tag) => tag.clone(),
-        None => only_embodiment(dir)?,
-    };
-    let sidecars = Sidecars::read(dir, &tag)?;
+    let sidecars = Sidecars::read(dir, config.embodiment.as_deref())?;
+    let tag = &sidecars.tag;
     let cameras: Vec<String> = sidecars.modality.video.modality_keys.clone();
     if cameras.is_empty() {
         return Err(Error::checkpoint(dir, format!("processor_config.json names no cameras (video modality_keys) for {tag:?}")));
@@ -105,7 +102,6 @@ pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig,
     let built = build(ckpt, &model_config, &opts, progress)?;
     let grid = image.target / image.patch;
     let processing = GrootProcessing {
-        image_pad: tokenizer.as_ref().map(|t| t.image_pad),
         tokenizer,
         vocab: model_config.vocab,
         formalize: kw.formalize_language,
@@ -132,19 +128,6 @@ pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig,
         config: ModelConfig::GrootN17(model_config),
     };
     Ok(ModelSpec { plan: built.plan, weights: built.weights, io: built.io, processing: Box::new(processing), info })
-}
-
-/// The embodiment when the caller names none: the checkpoint's only modality config.
-fn only_embodiment(dir: &std::path::Path) -> Result<String> {
-    let path = dir.join("processor_config.json");
-    let text = std::fs::read_to_string(&path).map_err(|source| Error::Io { path: path.clone(), source })?;
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::checkpoint(&path, format!("bad JSON: {e}")))?;
-    let tags: Vec<String> =
-        json["processor_kwargs"]["modality_configs"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default();
-    match &tags[..] {
-        [only] => Ok(only.clone()),
-        _ => Err(Error::invalid("config.embodiment", format!("this checkpoint has embodiments {tags:?}: name one"))),
-    }
 }
 
 /// Every patch's (row, column) in merge order, per camera: `[2, cameras · grid²]`.
@@ -178,7 +161,6 @@ struct PromptInputs {
 
 pub struct GrootProcessing {
     tokenizer: Option<PromptTokenizer>,
-    image_pad: Option<i32>,
     vocab: usize,
     formalize: bool,
     images: usize,
@@ -241,7 +223,9 @@ impl Processing for GrootProcessing {
     /// The whole chat turn as ids, the image pads included (one run of the image's tokens each).
     fn set_prompt_tokens(&mut self, ids: &[i32]) -> Result<()> {
         let image_pad = self
-            .image_pad
+            .tokenizer
+            .as_ref()
+            .map(|t| t.image_pad)
             .ok_or_else(|| Error::Tokenizer("raw GR00T prompts need the tokenizer's <|image_pad|> id: pass tokenizer.json".into()))?;
         if let Some((i, id)) = ids.iter().enumerate().find(|(_, id)| !usize::try_from(**id).is_ok_and(|id| id < self.vocab)) {
             return Err(Error::invalid(

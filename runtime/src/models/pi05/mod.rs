@@ -27,6 +27,7 @@ use crate::weights::WeightData;
 
 use self::norm::{Mode, Modes};
 use super::blocks::{gemma, siglip};
+use super::loader::Loader;
 
 const P: &str = "paligemma_with_expert.paligemma.model.";
 const VT: &str = "paligemma_with_expert.paligemma.model.vision_tower.vision_model.";
@@ -353,35 +354,6 @@ pub struct BuildOptions {
 
 /// The smaller prompt buckets (slot counts) a plan gets when they are below its prompt capacity.
 pub const PROMPT_BUCKETS: [usize; 3] = [32, 64, 128];
-
-/// Reads tensors by name as f32, with a byte counter for progress reporting.
-struct Loader<'a> {
-    ckpt: &'a Checkpoint,
-    progress: &'a dyn Fn(usize),
-}
-
-impl Loader<'_> {
-    fn get(&self, name: &str) -> Vec<f32> {
-        // `Config::expected` was checked before loading, so every name exists with its shape.
-        let t = self.ckpt.get(name).unwrap_or_else(|| unreachable!("{name} checked at open"));
-        (self.progress)(t.bytes.len());
-        t.to_f32()
-    }
-
-    /// Vectors stacked end to end (merged Q/K/V biases).
-    fn stacked(&self, names: &[String]) -> Vec<f32> {
-        names.iter().flat_map(|n| self.get(n)).collect()
-    }
-
-    /// A matrix of checkpoint rows (see [`WeightData::Rows`]), read when a backend converts it.
-    fn rows(&self, names: &[String], col_scale: Option<Vec<f32>>) -> WeightData {
-        for name in names {
-            // Counted now: the bytes are read during the backend's upload right after the plan.
-            (self.progress)(self.ckpt.get(name).map_or(0, |t| t.bytes.len()));
-        }
-        WeightData::Rows { tensors: names.to_vec(), col_scale }
-    }
-}
 
 /// `y = W x + b` for one vector (load-time precomputation only).
 fn linear(w: &[f32], b: &[f32], x: &[f32]) -> Vec<f32> {
