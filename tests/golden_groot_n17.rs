@@ -31,6 +31,40 @@ impl Golden {
     }
 }
 
+fn golden() -> (Golden, serde_json::Value) {
+    let golden = Golden(std::fs::read(fixture().join("golden.safetensors")).unwrap());
+    let meta = serde_json::from_str(&std::fs::read_to_string(fixture().join("golden.json")).unwrap()).unwrap();
+    (golden, meta)
+}
+
+/// One case's raw inputs: two HWC frames, the raw state and the noise.
+struct CaseInputs {
+    frames: Vec<(Vec<u8>, usize, usize)>,
+    state: Vec<f32>,
+    noise: Vec<f32>,
+}
+
+impl CaseInputs {
+    fn read(golden: &Golden, case: usize) -> CaseInputs {
+        let p = |k: &str| format!("case{case}.{k}");
+        let frames = (0..2)
+            .map(|i| {
+                let (v, shape) = golden.get(&p(&format!("frame_{i}")));
+                (v.into_iter().map(|x| x as u8).collect(), shape[1], shape[0])
+            })
+            .collect();
+        CaseInputs { frames, state: golden.get(&p("raw_state")).0, noise: golden.get(&p("noise")).0 }
+    }
+
+    fn cameras(&self) -> Vec<Option<Frame<'_>>> {
+        self.frames.iter().map(|(d, w, h)| Some(Frame::packed(d, *w, *h, PixelFormat::Rgb8))).collect()
+    }
+
+    fn observation<'a>(&'a self, cameras: &'a [Option<Frame<'a>>]) -> Observation<'a> {
+        Observation { cameras, state: &self.state, noise: Some(&self.noise) }
+    }
+}
+
 fn config(dir: &Path) -> PolicyConfig {
     let mut config = PolicyConfig::new(dir);
     config.backend = BackendKind::Cpu;
@@ -46,8 +80,7 @@ fn rows(values: &[f32], width: usize, count: usize) -> &[f32] {
 
 /// Runs both cases, returning each check's worst max-abs error.
 fn run(dir: &Path, report: bool) -> Vec<(String, f32)> {
-    let golden = Golden(std::fs::read(fixture().join("golden.safetensors")).unwrap());
-    let meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture().join("golden.json")).unwrap()).unwrap();
+    let (golden, meta) = golden();
     let mut policy = Policy::open(&config(dir)).unwrap();
     let info = policy.info();
     assert_eq!((info.model, info.cameras.len(), info.state_dim, info.horizon, info.action_dim), ("groot-n17", 2, 12, 6, 13));
@@ -64,18 +97,10 @@ fn run(dir: &Path, report: bool) -> Vec<(String, f32)> {
     };
     for (c, case) in meta["cases"].as_array().unwrap().iter().enumerate() {
         let p = |k: &str| format!("case{c}.{k}");
-        let frames: Vec<(Vec<u8>, usize, usize)> = (0..2)
-            .map(|i| {
-                let (v, shape) = golden.get(&p(&format!("frame_{i}")));
-                (v.into_iter().map(|x| x as u8).collect(), shape[1], shape[0])
-            })
-            .collect();
-        let cams: Vec<Option<Frame>> = frames.iter().map(|(d, w, h)| Some(Frame::packed(d, *w, *h, PixelFormat::Rgb8))).collect();
-        let state = golden.get(&p("raw_state")).0;
-        let noise = golden.get(&p("noise")).0;
+        let inputs = CaseInputs::read(&golden, c);
         policy.set_prompt(case["prompt"].as_str().unwrap()).unwrap();
         let mut actions = vec![0.0; policy.actions_len()];
-        let step = policy.step(&Observation { cameras: &cams, state: &state, noise: Some(&noise) }, &mut actions).unwrap();
+        let step = policy.step(&inputs.observation(&inputs.cameras()), &mut actions).unwrap();
         let tokens = case["sequence"].as_u64().unwrap() as usize;
         assert_eq!(step.prompt_tokens, tokens, "case {c}");
         record("image embeddings", &policy.buffer("image_embeds").unwrap(), &golden.get(&p("image_embeds")).0);
@@ -94,6 +119,45 @@ fn run(dir: &Path, report: bool) -> Vec<(String, f32)> {
 fn tiny_groot_matches_lerobot() {
     for (what, err) in run(&fixture(), true) {
         assert!(err <= tolerance::CPU_MAX_ABS, "{what}: max-abs {err:e} above {:e}", tolerance::CPU_MAX_ABS);
+    }
+}
+
+/// Every denoise step against lerobot's: the DiT's output rows and the velocity, which the plan
+/// folds into its Euler update (x ← x + dt·v, the decoder's last product scaled by dt), so it is
+/// read back as (x after the step − x before) / dt.
+#[test]
+fn every_denoise_step_matches_lerobot() {
+    let (golden, meta) = golden();
+    let mut policy = Policy::open(&config(&fixture())).unwrap();
+    let steps = 4;
+    let dt = 1.0 / steps as f32;
+    for (c, case) in meta["cases"].as_array().unwrap().iter().enumerate() {
+        let inputs = CaseInputs::read(&golden, c);
+        policy.set_prompt(case["prompt"].as_str().unwrap()).unwrap();
+        let mut actions = vec![0.0; policy.actions_len()];
+        let mut x = inputs.noise.clone();
+        let mut checked = 0;
+        policy
+            .step_traced(&inputs.observation(&inputs.cameras()), &mut actions, |phase, read| {
+                let Some(step) = phase.strip_prefix("denoise step ") else { return };
+                let step: usize = step.parse().unwrap();
+                assert_eq!(step, checked, "denoise phases out of order");
+                let dit = read("dit_out").unwrap();
+                let want = golden.get(&format!("case{c}.dit_output.{step}")).0;
+                let err = tolerance::max_abs(&dit[..want.len()], &want);
+                assert!(err <= tolerance::CPU_MAX_ABS, "case {c} step {step}: DiT output max-abs {err:e}");
+                let next = read("x_t").unwrap();
+                let velocity: Vec<f32> = next.iter().zip(&x).map(|(n, p)| (n - p) / dt).collect();
+                let err = tolerance::max_abs(&velocity, &golden.get(&format!("case{c}.velocity.{step}")).0);
+                assert!(err <= tolerance::CPU_MAX_ABS, "case {c} step {step}: velocity max-abs {err:e}");
+                eprintln!("case {c} step {step}: velocity max-abs {err:.3e}");
+                x = next;
+                checked += 1;
+            })
+            .unwrap();
+        assert_eq!(checked, steps, "case {c}: denoise phases seen");
+        let err = tolerance::max_abs(&actions, &golden.get(&format!("case{c}.actions")).0);
+        assert!(err <= tolerance::CPU_MAX_ABS, "case {c}: the traced step's actions, max-abs {err:e}");
     }
 }
 

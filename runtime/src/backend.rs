@@ -47,4 +47,10 @@ pub trait Backend: Send {
     fn lowering(&self) -> String;
     /// A copy of any f32 buffer by name, for tests and debugging (allocates; may synchronize).
     fn read_buffer(&self, name: &str) -> Option<Vec<f32>>;
+    /// Runs the plan as [`Backend::run`] does, stopping after each phase to call `after_phase`
+    /// with the phase's name and this backend, whose [`Backend::read_buffer`] then shows what
+    /// later phases overwrite (each denoise step's chunk, say). For parity checks and debugging;
+    /// may allocate. A backend that runs the plan as one captured graph cannot stop inside it and
+    /// returns an error.
+    fn run_traced(&mut self, after_phase: &mut dyn FnMut(&str, &dyn Backend)) -> Result<()>;
 }

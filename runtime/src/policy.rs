@@ -204,6 +204,25 @@ impl Policy {
 
     /// One control tick: `actions` receives `[horizon × action_dim]` row-major, unnormalized.
     pub fn step(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<StepInfo> {
+        self.step_with(obs, actions, |backend| backend.run())
+    }
+
+    /// [`Policy::step`], stopping after each phase of the plan to call `after_phase` with its
+    /// name and a reader of the plan's f32 buffers by name: what later phases overwrite — each
+    /// denoise step's action chunk, say — can be compared against a reference. CPU backend only;
+    /// allocates (for parity checks and debugging, not the control loop).
+    pub fn step_traced(
+        &mut self,
+        obs: &Observation,
+        actions: &mut [f32],
+        mut after_phase: impl FnMut(&str, &dyn Fn(&str) -> Option<Vec<f32>>),
+    ) -> Result<StepInfo> {
+        self.step_with(obs, actions, |backend| {
+            backend.run_traced(&mut |phase, backend| after_phase(phase, &|name| backend.read_buffer(name)))
+        })
+    }
+
+    fn step_with(&mut self, obs: &Observation, actions: &mut [f32], run: impl FnOnce(&mut dyn Backend) -> Result<()>) -> Result<StepInfo> {
         let started = Instant::now();
         self.validate(obs, actions)?;
         let prompt_tokens = self.processing.stage(obs.state, self.backend.as_mut())?;
@@ -215,7 +234,7 @@ impl Policy {
         }
 
         let run_started = Instant::now();
-        self.backend.run()?;
+        run(self.backend.as_mut())?;
         let backend_time = run_started.elapsed();
         self.processing.finish(obs.state, self.backend.output_f32(self.io.actions.buf), actions);
 

@@ -632,6 +632,23 @@ impl Backend for CpuBackend {
         let id = self.plan.find_buffer(name)?;
         matches!(self.buffers[id.0], Buffer::F32(_)).then(|| self.f32(id).to_vec())
     }
+
+    fn run_traced(&mut self, after_phase: &mut dyn FnMut(&str, &dyn Backend)) -> Result<()> {
+        let first = self.plan.phases.first().map_or(self.plan.ops.len(), |p| p.first_op);
+        self.run_ops(0..first);
+        // The bucket is picked by an op of an earlier phase, so it is read phase by phase.
+        for i in 0..self.plan.phases.len() {
+            let phase = &self.plan.phases[i];
+            let end = self.plan.phases.get(i + 1).map_or(self.plan.ops.len(), |n| n.first_op);
+            if phase.prompt_bucket.is_some() && phase.prompt_bucket != self.bucket {
+                continue;
+            }
+            let (start, name) = (phase.first_op, phase.name.clone());
+            self.run_ops(start..end);
+            after_phase(&name, self);
+        }
+        Ok(())
+    }
 }
 
 /// The most rotation pairs a head may have (head dimension 512).

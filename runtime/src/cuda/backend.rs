@@ -434,6 +434,12 @@ impl Backend for CudaBackend {
         self.host_buffer(id).as_slice()
     }
 
+    fn run_traced(&mut self, _after_phase: &mut dyn FnMut(&str, &dyn Backend)) -> Result<()> {
+        Err(Error::Backend(
+            "a traced step stops between phases, which the CUDA backend's captured graph cannot; trace on the CPU backend".into(),
+        ))
+    }
+
     fn read_buffer(&self, name: &str) -> Option<Vec<f32>> {
         let id = self.plan.find_buffer(name)?;
         let b = self.bufs[id.0];
