@@ -1,7 +1,10 @@
-//! Interop with an independent DDS implementation: the node (CPU backend, a synthesized tiny
-//! checkpoint) against a peer written with the PyPI `cyclonedds` binding (tests/peer/peer.py),
-//! which publishes frames, joint states and a prompt as ROS 2 nodes do, sends one malformed
-//! message and other bad input, and checks the trajectories it gets back.
+//! Interop with an independent DDS implementation: the node (CPU backend) against a peer written
+//! with the PyPI `cyclonedds` binding (tests/peer/peer.py), which publishes frames, joint states
+//! and a prompt as ROS 2 nodes do, sends one malformed message and other bad input, and checks the
+//! trajectories it gets back. Once with a synthesized Pi0.5 (three cameras, one of them under an
+//! absolute name), once with the tiny GR00T N1.7 fixture (two cameras, a 12-value float state,
+//! 13 action columns, the embodiment chosen by `policy.embodiment`). Each test has its own DDS
+//! domain, so the two never see each other when they share a namespace (as under qemu).
 //!
 //! Network traffic stays inside a network namespace that has only loopback: when this process is
 //! not already in one, the test re-runs itself under `unshare -n`. It never touches a real
@@ -17,19 +20,16 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const TEST_NAME: &str = "node_talks_to_a_cyclonedds_peer";
 const CHILD_ENV: &str = "FRT_INTEROP_IN_NETNS";
-const DOMAIN: u16 = 37;
-const JOINTS: [&str; 7] = ["shoulder_pan", "shoulder_lift", "elbow", "wrist_1", "wrist_2", "wrist_3", "gripper"];
 
 /// Skips (with a visible message) or, under FRT_REQUIRE_ALL=1, fails.
-fn missing(what: &str) {
+fn missing(test: &str, what: &str) {
     if std::env::var("FRT_REQUIRE_ALL").is_ok_and(|v| v == "1") {
         panic!("interop test cannot run: {what} (FRT_REQUIRE_ALL=1)");
     }
     // Straight to the stderr handle: the harness captures `eprintln!` of passing tests, and a
     // skip must be seen.
-    let _ = writeln!(std::io::stderr(), "SKIPPED {TEST_NAME}: {what}");
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {what}");
 }
 
 /// Interfaces of this process's network namespace (/proc/self/net/dev is per namespace; /sys is
@@ -47,33 +47,107 @@ fn python() -> String {
     std::env::var("FRT_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
+/// What one interop test runs: the node's policy and the topics and sizes the peer checks.
+struct Case {
+    domain: u16,
+    /// The `[policy]` section's lines.
+    policy: String,
+    /// Camera topics as the node's config names them, and as ROS 2 resolves them (namespace
+    /// `/robot`).
+    cameras: Vec<(&'static str, &'static str)>,
+    state_dim: usize,
+    /// `JointTrajectory.joint_names`, one per action column.
+    joints: Vec<String>,
+    horizon: usize,
+}
+
+fn names(prefix: &str, count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// Pi0.5, synthesized into `dir`: the smallest size, since jetson/ci.sh runs this test under
+/// qemu, where a step of the tiny one costs seconds.
+fn pi05(dir: &Path) -> Case {
+    let checkpoint = dir.join("pi05_micro");
+    flashrt::models::pi05::synth::synthesize(&checkpoint, flashrt::models::pi05::synth::SynthSize::Micro, 7, &|_| {}).unwrap();
+    Case {
+        domain: 37,
+        policy: format!("checkpoint = \"{}\"", checkpoint.display()),
+        // Relative names under a namespace, absolute ones, and a private one: the peer uses the
+        // names as ROS 2 resolves them.
+        cameras: vec![
+            ("camera/base/image_raw", "/robot/camera/base/image_raw"),
+            ("camera/left_wrist/image_raw", "/robot/camera/left_wrist/image_raw"),
+            ("/right_wrist/image_raw", "/right_wrist/image_raw"),
+        ],
+        state_dim: 8,
+        joints: ["shoulder_pan", "shoulder_lift", "elbow", "wrist_1", "wrist_2", "wrist_3", "gripper"].map(String::from).to_vec(),
+        horizon: 50,
+    }
+}
+
+/// The committed tiny GR00T N1.7 (tests/data/groot_n17_tiny): cameras `front` and `wrist`,
+/// state `eef_pose` (9) + `joints` (3), actions `eef_pose` (9) + `joints` (3) + `gripper`.
+fn groot_n17(_: &Path) -> Case {
+    let checkpoint = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/groot_n17_tiny");
+    Case {
+        domain: 38,
+        policy: format!("checkpoint = \"{}\"\nembodiment = \"tiny_robot\"", checkpoint.display()),
+        cameras: vec![
+            ("camera/front/image_raw", "/robot/camera/front/image_raw"),
+            ("camera/wrist/image_raw", "/robot/camera/wrist/image_raw"),
+        ],
+        state_dim: 12,
+        joints: ["eef_x", "eef_y", "eef_z"]
+            .into_iter()
+            .map(String::from)
+            .chain(names("eef_rot6d_", 6))
+            .chain(names("joint_", 3))
+            .chain(["gripper".to_string()])
+            .collect(),
+        horizon: 6,
+    }
+}
+
 #[test]
 fn node_talks_to_a_cyclonedds_peer() {
+    interop("node_talks_to_a_cyclonedds_peer", pi05);
+}
+
+#[test]
+fn groot_node_talks_to_a_cyclonedds_peer() {
+    interop("groot_node_talks_to_a_cyclonedds_peer", groot_n17);
+}
+
+/// Runs `case` against the peer, inside a namespace with only loopback: this process's when it
+/// has only that, else a new one in which this test binary re-runs just `test`.
+fn interop(test: &str, case: fn(&Path) -> Case) {
     if !runs(&python(), &["-c", "import cyclonedds"]) {
-        return missing("python3 with the cyclonedds package (pip install cyclonedds==11.0.1)");
+        return missing(test, "python3 with the cyclonedds package (pip install cyclonedds==11.0.1)");
     }
     if !runs("ip", &["-V"]) {
-        return missing("the ip command (iproute2)");
+        return missing(test, "the ip command (iproute2)");
     }
     if interfaces() != ["lo"] {
         if std::env::var_os(CHILD_ENV).is_some() {
             panic!("inside `unshare -n` but the namespace has interfaces {:?}: refusing to use the network", interfaces());
         }
         if !runs("unshare", &["-n", "true"]) {
-            return missing("cannot create a network namespace (`unshare -n`: util-linux missing, or no permission)");
+            return missing(test, "cannot create a network namespace (`unshare -n`: util-linux missing, or no permission)");
         }
         let exe = std::env::current_exe().unwrap();
         let status = Command::new("unshare")
             .arg("-n")
             .arg(exe)
-            .args(["--exact", TEST_NAME, "--nocapture", "--test-threads=1"])
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, "1")
             .status()
             .unwrap();
         assert!(status.success(), "the interop test failed inside its network namespace ({status})");
         return;
     }
-    run_isolated();
+    let dir = tempfile::tempdir().unwrap();
+    run_isolated(&case(dir.path()), dir.path());
 }
 
 /// Loopback up, multicast on it (DDS discovery), and the multicast route through it.
@@ -114,36 +188,24 @@ fn wait(child: &mut Child, deadline: Instant, what: &str) -> std::process::ExitS
     }
 }
 
-fn run_isolated() {
+fn run_isolated(case: &Case, dir: &Path) {
     loopback_with_multicast();
-    let dir = tempfile::tempdir().unwrap();
-    // The smallest synthesized model: jetson/ci.sh runs this test under qemu, where a step of
-    // the tiny one costs seconds.
-    let checkpoint = dir.path().join("pi05_micro");
-    flashrt::models::pi05::synth::synthesize(&checkpoint, flashrt::models::pi05::synth::SynthSize::Micro, 7, &|_| {}).unwrap();
-
-    // Relative names under a namespace, absolute ones, and a private one: the peer uses the
-    // names as ROS 2 resolves them.
+    let cameras: String = case.cameras.iter().map(|(topic, _)| format!("[[cameras]]\ntopic = \"{topic}\"\n")).collect();
     let config = format!(
         r#"
 [node]
 name = "flashrt"
 namespace = "/robot"
-domain_id = {DOMAIN}
+domain_id = {domain}
 [policy]
-checkpoint = "{checkpoint}"
+{policy}
 backend = "cpu"
 max_frame_width = 128
 max_frame_height = 128
-[[cameras]]
-topic = "camera/base/image_raw"
-[[cameras]]
-topic = "camera/left_wrist/image_raw"
-[[cameras]]
-topic = "/right_wrist/image_raw"
+{cameras}
 [joint_states]
 topic = "joint_states"
-names = ["j0", "j1", "j2", "j3", "j4", "j5", "j6", "j7"]
+names = {state_names:?}
 [output]
 joint_names = {joints:?}
 [timing]
@@ -154,12 +216,14 @@ max_frame_age_s = 1.0
 max_state_age_s = 1.0
 warn_interval_s = 1.0
 "#,
-        checkpoint = checkpoint.display(),
-        joints = JOINTS,
+        domain = case.domain,
+        policy = case.policy,
+        state_names = names("j", case.state_dim),
+        joints = case.joints,
     );
-    let config_path = dir.path().join("node.toml");
+    let config_path = dir.join("node.toml");
     std::fs::write(&config_path, config).unwrap();
-    let node_log = dir.path().join("node.log");
+    let node_log = dir.join("node.log");
 
     // FRT_NODE_RUNNER (e.g. "qemu-aarch64 -L /") runs the node through that command: jetson/ci.sh
     // runs this test cross-built for aarch64 under qemu, where the node cannot be exec'd directly.
@@ -188,13 +252,14 @@ warn_interval_s = 1.0
     let mut peer = Reaped(
         Command::new(python())
             .arg(peer_script)
-            .args(["--domain", &DOMAIN.to_string()])
-            .args(["--cameras", "/robot/camera/base/image_raw", "/robot/camera/left_wrist/image_raw", "/right_wrist/image_raw"])
+            .args(["--domain", &case.domain.to_string(), "--cameras"])
+            .args(case.cameras.iter().map(|(_, resolved)| resolved))
             .args(["--joint-states", "/robot/joint_states", "--prompt", "/robot/prompt"])
             .args(["--trajectory", "/robot/joint_trajectory", "--chunk", "/robot/action_chunk", "--health", "/robot/flashrt/health"])
             .arg("--joint-names")
-            .args(JOINTS)
-            .args(["--state-dim", "8", "--action-dim", "7", "--horizon", "50", "--control-rate", "50"])
+            .args(&case.joints)
+            .args(["--state-dim", &case.state_dim.to_string(), "--action-dim", &case.joints.len().to_string()])
+            .args(["--horizon", &case.horizon.to_string(), "--control-rate", "50"])
             .args(["--min-trajectories", "5", "--timeout", &timeout_s.to_string()])
             .stdout(Stdio::piped())
             .spawn()
