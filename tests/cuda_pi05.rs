@@ -735,7 +735,14 @@ fn qwen_image_case(seed: u64) -> Case {
     let frames_id = c.plan.host_buffer("frames", BufType::U8, frames.len(), HostIo::Input);
     c.inputs.push((frames_id, Input::U8(frames)));
     let frame_info = c.host_i32("frame_info", info);
-    let image = flashrt::qwen_image::QwenImage { target: 256, edge: 256, crop_fraction: 230.0 / 256.0, letterbox, patch: 16 };
+    let image = flashrt::qwen_image::QwenImage {
+        target: 256,
+        edge: 256,
+        crop_fraction: 230.0 / 256.0,
+        letterbox,
+        patch: 16,
+        filter: flashrt::qwen_image::Filter::TorchBicubic,
+    };
     let per = image.patch_rows();
     let out = c.plan.matrix("patches", cameras * per, image.patch_cols());
     for camera in 0..cameras {

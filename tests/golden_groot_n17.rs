@@ -248,3 +248,39 @@ fn bad_input_is_named_and_the_policy_stays_usable() {
     step(&mut policy, &state, &mut actions).unwrap();
     assert!(actions.iter().all(|a| a.is_finite()));
 }
+
+/// A checkpoint whose processor_config.json asks for the albumentations path: square frames go
+/// through OpenCV's INTER_AREA resizes (the vision tower's input equals lerobot's transform of
+/// the same frame), a frame that is not square is refused by name, and the policy stays usable.
+#[test]
+fn albumentations_checkpoints_take_square_frames() {
+    let dir = rewritten_fixture(|name, _| (name.to_string(), None));
+    let config_path = dir.path().join("processor_config.json");
+    let text = std::fs::read_to_string(&config_path).unwrap();
+    let edited = text.replace("\"use_albumentations\": false", "\"use_albumentations\": true");
+    assert_ne!(text, edited, "processor_config.json sets use_albumentations");
+    std::fs::write(&config_path, edited).unwrap();
+    let mut policy = Policy::open(&config(dir.path())).unwrap();
+    policy.set_prompt("pick up the cup").unwrap();
+
+    // lerobot's albumentations transform of this 256² frame (tests/data/groot_n17_processing).
+    let processing = Golden(std::fs::read(fixture().join("../groot_n17_processing/processing.safetensors")).unwrap());
+    let square: Vec<u8> = processing.get("frame_2").0.into_iter().map(|v| v as u8).collect();
+    let want: Vec<u8> = processing.get("albumentations_2").0.into_iter().map(|v| v as u8).collect();
+    let want = flashrt::models::groot_n17::image::qwen_patches(&flashrt::models::groot_n17::image::Chw::from_hwc(&want, 256, 256), 16);
+    let wide = vec![90u8; 320 * 240 * 3];
+    fn frame(data: &[u8], w: usize, h: usize) -> Option<Frame<'_>> {
+        Some(Frame::packed(data, w, h, PixelFormat::Rgb8))
+    }
+    let state = vec![0.1; 12];
+    let mut actions = vec![0.0; policy.actions_len()];
+
+    let cams = [frame(&square, 256, 256), frame(&wide, 320, 240)];
+    let e = policy.step(&Observation { cameras: &cams, state: &state, noise: None }, &mut actions).unwrap_err().to_string();
+    assert!(e.contains("observation.cameras[1]") && e.contains("320x240") && e.contains("square"), "{e}");
+    let cams = [frame(&square, 256, 256), frame(&square, 256, 256)];
+    policy.step(&Observation { cameras: &cams, state: &state, noise: None }, &mut actions).unwrap();
+    let patches = policy.buffer("patches").unwrap();
+    assert_eq!(&patches[..want.len()], &want[..], "camera 0's pixel values differ from lerobot's albumentations transform");
+    assert!(actions.iter().all(|a| a.is_finite()));
+}

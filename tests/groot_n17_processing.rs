@@ -9,10 +9,12 @@ mod tolerance;
 
 use std::path::{Path, PathBuf};
 
+use flashrt::PixelFormat;
 use flashrt::models::groot_n17::image::{Chw, Transform, qwen_patches};
 use flashrt::models::groot_n17::positions::mrope_positions;
 use flashrt::models::groot_n17::prompt::{PromptTokenizer, language};
 use flashrt::models::groot_n17::sidecar::Sidecars;
+use flashrt::qwen_image::{Filter, QwenImage};
 use safetensors::{Dtype, SafeTensors};
 
 fn data(dir: &str) -> PathBuf {
@@ -176,4 +178,78 @@ fn the_image_transform_and_patch_order_match_lerobot() {
     let image = Chw { width: 256, height: 256, data: fixture.u8("torch_0") };
     assert_eq!(qwen_patches(&image, 16), fixture.f32("pixel_values_0"));
     assert_eq!(fixture.i32("image_grid_thw_0"), [1, 16, 16]);
+}
+
+/// The albumentations path (OpenCV `INTER_AREA`), as the plan's image op computes it, against
+/// lerobot's `_transform_n1_7_image_for_vlm_albumentations` (cv2) on every frame it makes square:
+/// all five letterboxed (320×240 and 160×120 shrink; 200×300, 97×131 and the 256² grow after the
+/// crop) and the 256² frame without letterbox. The same levels, not within one.
+#[test]
+fn the_albumentations_image_path_matches_lerobot() {
+    let fixture = Tensors::open(&data("groot_n17_processing/processing.safetensors"));
+    let mut checked = 0;
+    for i in 0..5 {
+        let (raw, shape) = fixture.get(&format!("frame_{i}"));
+        let raw: Vec<u8> = raw.into_iter().map(|v| v as u8).collect();
+        let (width, height) = (shape[1], shape[0]);
+        for (letterbox, key) in [(false, "albumentations"), (true, "albumentations_letterbox")] {
+            let (want, want_shape) = fixture.get(&format!("{key}_{i}"));
+            if want_shape[..2] != [256, 256] {
+                continue;
+            }
+            let want: Vec<u8> = want.into_iter().map(|v| v as u8).collect();
+            let q = QwenImage { target: 256, edge: 256, crop_fraction: 230.0 / 256.0, letterbox, patch: 16, filter: Filter::Cv2Area };
+            let mut scratch = vec![0u8; q.scratch_len(width, height)];
+            let mut got = vec![0f32; q.patch_rows() * q.patch_cols()];
+            q.patches(&raw, width, height, width * 3, PixelFormat::Rgb8, &mut scratch, &mut got, q.patch_cols());
+            let want = qwen_patches(&Chw::from_hwc(&want, 256, 256), 16);
+            let differ = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+            assert_eq!(differ, 0, "{key}_{i} ({width}x{height}): {differ} of {} values differ from lerobot's", want.len());
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 6, "square albumentations cases in the fixture");
+}
+
+/// The albumentations path on the shapes the lerobot fixture lacks (tools/golden/gen_albumentations.py:
+/// lerobot's function with cv2 4.13): OpenCV's integer-factor kernels (2 and 3), a fractional
+/// shrink, a grow, letterboxed frames, the crop fraction 0.95; each frame also sent as BGR and as
+/// RGBA with padded rows.
+#[test]
+fn the_albumentations_path_matches_opencv_on_more_shapes() {
+    let path = data("groot_n17_processing/albumentations.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
+    let cases: serde_json::Value = serde_json::from_str(&header.metadata().as_ref().unwrap()["cases"]).unwrap();
+    let fixture = Tensors(bytes);
+    for (k, case) in cases.as_array().unwrap().iter().enumerate() {
+        let n = |f: &str| case[f].as_u64().unwrap() as usize;
+        let (width, height, target) = (n("width"), n("height"), n("target"));
+        let q = QwenImage {
+            target,
+            edge: target,
+            crop_fraction: case["crop_fraction"].as_f64().unwrap(),
+            letterbox: case["letterbox"].as_bool().unwrap(),
+            patch: 16,
+            filter: Filter::Cv2Area,
+        };
+        let want = qwen_patches(&Chw::from_hwc(&fixture.u8(&format!("out_{k}")), target, target), 16);
+        // The generator's frame: value i of the HWC bytes is ((i · 2654435761) mod 2³²) >> 24.
+        let rgb: Vec<u8> = (0..width * height * 3).map(|i| (((i as u64 * 2654435761) % (1 << 32)) >> 24) as u8).collect();
+        for (format, pad) in [(PixelFormat::Rgb8, 0), (PixelFormat::Bgr8, 3), (PixelFormat::Rgba8, 7)] {
+            let bpp = format.bytes_per_pixel();
+            let stride = width * bpp + pad;
+            let mut frame = vec![0xA5u8; stride * height];
+            for (p, px) in rgb.chunks_exact(3).enumerate() {
+                let at = (p / width) * stride + (p % width) * bpp;
+                let order = if format == PixelFormat::Bgr8 { [2, 1, 0] } else { [0, 1, 2] };
+                (0..3).for_each(|c| frame[at + order[c]] = px[c]);
+            }
+            let mut scratch = vec![0u8; q.scratch_len(width, height)];
+            let mut got = vec![0f32; q.patch_rows() * q.patch_cols()];
+            q.patches(&frame, width, height, stride, format, &mut scratch, &mut got, q.patch_cols());
+            let differ = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+            assert_eq!(differ, 0, "case {k} ({width}x{height} -> {target}, {format:?}): {differ} of {} values differ", want.len());
+        }
+    }
 }

@@ -20,8 +20,9 @@ use flashrt::{Observation, Policy, PolicyConfig};
 
 fn main() {
     step_does_not_allocate_after_warm_up();
-    groot_step_does_not_allocate_after_warm_up();
-    println!("no_alloc_pi05: 2 passed, 0 failed");
+    groot_step_does_not_allocate_after_warm_up(false);
+    groot_step_does_not_allocate_after_warm_up(true);
+    println!("no_alloc_pi05: 3 passed, 0 failed");
 }
 
 /// Frames cycle through 4 sizes/formats, the missing-camera pattern through 15 steps, noise through
@@ -100,9 +101,34 @@ fn step_does_not_allocate_after_warm_up() {
 
 /// The same contract for GR00T N1.7 (tiny fixture): frames of changing sizes and formats, a
 /// missing camera, states, noise and prompts of different lengths; its host work (state
-/// normalization, action decoding with the relative end-effector poses) is inside `step`.
-fn groot_step_does_not_allocate_after_warm_up() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/groot_n17_tiny");
+/// normalization, action decoding with the relative end-effector poses) is inside `step`. With
+/// `albumentations`, the checkpoint's processor_config.json asks for that image path (OpenCV's
+/// INTER_AREA resizes) with its letterbox.
+fn groot_step_does_not_allocate_after_warm_up(albumentations: bool) {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/groot_n17_tiny");
+    let copy = tempfile::tempdir().unwrap();
+    let dir = if albumentations {
+        for entry in std::fs::read_dir(&fixture).unwrap() {
+            let entry = entry.unwrap();
+            let to = copy.path().join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                std::fs::create_dir(&to).unwrap();
+                std::fs::copy(entry.path().join("config.json"), to.join("config.json")).unwrap();
+            } else {
+                std::fs::copy(entry.path(), to).unwrap();
+            }
+        }
+        let path = copy.path().join("processor_config.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let edited = text
+            .replace("\"use_albumentations\": false", "\"use_albumentations\": true")
+            .replace("\"letter_box_transform\": false", "\"letter_box_transform\": true");
+        assert_eq!(edited.matches(": true").count(), text.matches(": true").count() + 2, "processor_config.json: both switches");
+        std::fs::write(&path, edited).unwrap();
+        copy.path().to_path_buf()
+    } else {
+        fixture
+    };
     let mut config = PolicyConfig::new(&dir);
     (config.max_frame_width, config.max_frame_height) = (320, 240);
     config.threads = Some(2);
@@ -136,6 +162,6 @@ fn groot_step_does_not_allocate_after_warm_up() {
         total += n;
         assert!(actions.iter().all(|a| a.is_finite()));
     }
-    assert_eq!(total, 0, "a GR00T step allocated {total} times");
+    assert_eq!(total, 0, "a GR00T step (albumentations: {albumentations}) allocated {total} times");
     assert_eq!(prompt_lengths.len(), 2, "{prompt_lengths:?}");
 }

@@ -49,6 +49,9 @@ pub struct IoSpec {
     pub actions: Port,
     /// Inputs the model's processing writes each step (Pi0.5: prompt tokens and their mask).
     pub model_inputs: Vec<Port>,
+    /// Frames must be square: the image transform keeps their aspect ratio, and the token grid
+    /// is sized for a square image (GR00T's albumentations path without its letterbox).
+    pub square_frames: bool,
 }
 
 impl IoSpec {

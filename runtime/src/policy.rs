@@ -258,6 +258,17 @@ impl Policy {
         for (i, frame) in obs.cameras.iter().enumerate() {
             if let Some(f) = frame {
                 f.validate(camera_field(i), self.max_frame.0, self.max_frame.1)?;
+                if self.io.square_frames && f.width != f.height {
+                    return Err(Error::invalid(
+                        camera_field(i),
+                        format!(
+                            "a {}x{} frame: this checkpoint's image transform (albumentations, without letterbox) keeps the \
+                             aspect ratio, and only a square frame gives the square image its token grid is sized for; \
+                             crop or pad the frame to a square",
+                            f.width, f.height
+                        ),
+                    ));
+                }
             }
         }
         if obs.state.len() != self.model.state_dim {

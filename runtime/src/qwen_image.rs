@@ -1,7 +1,9 @@
-//! GR00T N1.7's image preprocessing for a CPU backend op on the hot path: the transform of the
-//! host reference (`models::groot_n17::image`: optional letterbox, PyTorch's uint8 antialiased
-//! bicubic resize to `edge²`, centre crop, resize to `target²`, the Qwen2-VL patch order and
-//! normalization), bit for bit, computed in a caller-owned scratch buffer.
+//! GR00T N1.7's image preprocessing for a CPU backend op on the hot path, bit for bit, computed
+//! in a caller-owned scratch buffer: either lerobot's default transform (the host reference
+//! `models::groot_n17::image`: optional letterbox, PyTorch's uint8 antialiased bicubic resize to
+//! `edge²`, centre crop, resize to `target²`) or its albumentations path (OpenCV's `INTER_AREA`
+//! shortest-edge resizes around a floored centre crop), then the Qwen2-VL patch order and
+//! normalization.
 //!
 //! Allocation-free by construction: nothing here calls an allocating API (no Vec, Box, String or
 //! format! outside panic messages); the weight tables and the intermediate planes are carved out
@@ -25,6 +27,20 @@ pub struct QwenImage {
     pub letterbox: bool,
     /// Qwen patch side (16).
     pub patch: usize,
+    pub filter: Filter,
+}
+
+/// How frames are resampled: the two image paths of lerobot's N1.7 processor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Filter {
+    /// `_transform_n1_7_image_for_vlm_torch`: PyTorch's uint8 antialiased bicubic, square
+    /// resizes, the crop side rounded.
+    TorchBicubic,
+    /// `_transform_n1_7_image_for_vlm_albumentations` (`use_albumentations`): OpenCV's
+    /// `INTER_AREA`, the crop side floored. It resizes the shortest edge and keeps the aspect
+    /// ratio, so only a square (or letterboxed) frame becomes the `target²` image the token grid
+    /// is sized for, and `edge` must be the target.
+    Cv2Area,
 }
 
 impl QwenImage {
@@ -75,12 +91,23 @@ impl QwenImage {
         let (left, top) = ((w0 - width) / 2, (h0 - height) / 2);
         let offsets = if format == PixelFormat::Bgr8 { [2, 1, 0] } else { [0, 1, 2] };
         let src = Layout { offsets, px: bpp, row: stride, width: w0, height: h0, xs: left..left + width, ys: top..top + height };
-        // The reference skips a pass whose side does not change; here every pass runs, since a
-        // pass to the same length is the identity (weights 0, 1, 0 at precision 14, exactly).
-        let img = resample(frame, src, edge, false, table, a);
-        let img = resample(a, img, edge, true, table, b).centre_crop(self.crop_side());
-        let img = resample(b, img, target, false, table, a);
-        let img = resample(a, img, target, true, table, b);
+        let img = match self.filter {
+            Filter::TorchBicubic => {
+                // The reference skips a pass whose side does not change; here every pass runs,
+                // since a pass to the same length is the identity (weights 0, 1, 0 at precision
+                // 14, exactly).
+                let img = resample(frame, src, edge, false, table, a);
+                let img = resample(a, img, edge, true, table, b).centre_crop(self.crop_side());
+                let img = resample(b, img, target, false, table, a);
+                resample(a, img, target, true, table, b)
+            }
+            Filter::Cv2Area => {
+                assert!(w0 == h0 && edge == target, "QwenImage: the area path makes a {w0}x{h0} frame no {target}² image");
+                // As above, a resize to the same side runs too: it copies exactly.
+                let img = cv2_area(frame, &src, edge, a).centre_crop(self.crop_side());
+                cv2_area(a, &img, target, b)
+            }
+        };
         write_patches(b, &img, patch, out, out_stride);
     }
 
@@ -89,16 +116,24 @@ impl QwenImage {
         if self.letterbox { (width.max(height), width.max(height)) } else { (width, height) }
     }
 
-    /// Side of the centre crop of the `edge²` image: Python's round (half to even).
+    /// Side of the centre crop of the `edge²` image: Python's round (half to even) on the torch
+    /// path, `int()` on the albumentations path.
     fn crop_side(&self) -> usize {
-        let f = self.crop_fraction;
-        if 0.0 < f && f < 1.0 { ((self.edge as f64 * f).round_ties_even() as usize).max(1) } else { self.edge }
+        let (f, side) = (self.crop_fraction, self.edge as f64 * self.crop_fraction);
+        let side = match self.filter {
+            Filter::TorchBicubic => side.round_ties_even(),
+            Filter::Cv2Area => side.trunc(),
+        };
+        if 0.0 < f && f < 1.0 { (side as usize).max(1) } else { self.edge }
     }
 
     /// Scratch bytes of the weight table (one pass at a time), of the width passes' output planes
     /// and of the height passes' output planes, for a `width × height` frame. Each grows with the
     /// frame, so the largest frame's sizes bound all others.
     fn regions(&self, width: usize, height: usize) -> [usize; 3] {
+        if self.filter == Filter::Cv2Area {
+            return [0, 3 * self.edge * self.edge, 3 * self.target * self.target];
+        }
         let (w0, h0) = self.letterboxed(width, height);
         let crop = self.crop_side();
         let passes = [(w0, self.edge), (h0, self.edge), (crop, self.target)];
@@ -186,6 +221,114 @@ fn resample(data: &[u8], img: Layout, len: usize, along_y: bool, table: &mut [u8
         (0..lines).for_each(|y| (0..len).for_each(|i| put(i, y)));
         Layout::planar(len, lines)
     }
+}
+
+impl Layout {
+    /// Sample (c, x, y); zero in the letterbox.
+    fn at(&self, data: &[u8], c: usize, x: usize, y: usize) -> u8 {
+        if self.xs.contains(&x) && self.ys.contains(&y) {
+            data[self.offsets[c] + (x - self.xs.start) * self.px + (y - self.ys.start) * self.row]
+        } else {
+            0
+        }
+    }
+}
+
+/// OpenCV's `cv2.resize(img, (side, side), interpolation=INTER_AREA)` of a u8 image, as its
+/// x86-64 build computes it (resize.cpp), written as channel-major planes into `dst`:
+/// - shrinking by an integer factor: the block mean, `(sum + 2) >> 2` for 2 (its SIMD kernel),
+///   else `sum · (1/area)` in f32, rounded half to even;
+/// - shrinking otherwise: each output the f32 sum over the rows it covers of the row's weight
+///   times the f32 sum over the columns of the column's weight times the sample, accumulated in
+///   OpenCV's order (the row's sum first), rounded half to even;
+/// - growing: OpenCV's "area" variant of bilinear, with 11-bit fixed-point weights; the vertical
+///   blend as its SIMD kernel rounds it, for rows that are a multiple of 16 bytes long, which a
+///   square of a side that holds 2 × 16-pixel patches always is.
+fn cv2_area(data: &[u8], img: &Layout, side: usize, dst: &mut [u8]) -> Layout {
+    let (sw, sh) = (img.width, img.height);
+    let (inv_x, inv_y) = (side as f64 / sw as f64, side as f64 / sh as f64);
+    let (scale_x, scale_y) = (1.0 / inv_x, 1.0 / inv_y);
+    let plane = side * side;
+    let out = |dst: &mut [u8], c: usize, x: usize, y: usize, v: u8| dst[c * plane + y * side + x] = v;
+    if scale_x >= 1.0 && scale_y >= 1.0 {
+        let (ix, iy) = (scale_x.round() as usize, scale_y.round() as usize);
+        let integer = (scale_x - ix as f64).abs() < f64::EPSILON && (scale_y - iy as f64).abs() < f64::EPSILON;
+        let inv_area = 1.0f32 / (ix * iy) as f32;
+        for c in 0..3 {
+            for y in 0..side {
+                for x in 0..side {
+                    let v = if integer {
+                        let block = (0..iy).flat_map(|j| (0..ix).map(move |i| (x * ix + i, y * iy + j)));
+                        let sum: u32 = block.map(|(sx, sy)| img.at(data, c, sx, sy) as u32).sum();
+                        if ix == 2 && iy == 2 { ((sum + 2) >> 2) as u8 } else { round_u8(sum as f32 * inv_area) }
+                    } else {
+                        let mut sum = 0f32;
+                        for (sy, beta) in area_weights(sh, scale_y, y) {
+                            let mut row = 0f32;
+                            for (sx, alpha) in area_weights(sw, scale_x, x) {
+                                row += img.at(data, c, sx, sy) as f32 * alpha;
+                            }
+                            sum += beta * row;
+                        }
+                        round_u8(sum)
+                    };
+                    out(dst, c, x, y, v);
+                }
+            }
+        }
+    } else {
+        for c in 0..3 {
+            for y in 0..side {
+                let (sy, [b0, b1]) = linear_area_weights(inv_y, y);
+                let rows = [sy.min(sh - 1), (sy + 1).min(sh - 1)];
+                for x in 0..side {
+                    let (sx, [a0, a1]) = linear_area_weights(inv_x, x);
+                    // The horizontal blend of one row (the last column alone at full weight).
+                    let across = |sy: usize| -> i32 {
+                        if sx >= sw - 1 {
+                            img.at(data, c, sw - 1, sy) as i32 * 2048
+                        } else {
+                            img.at(data, c, sx, sy) as i32 * a0 + img.at(data, c, sx + 1, sy) as i32 * a1
+                        }
+                    };
+                    let hi = |v: i32, b: i32| ((v >> 4) * b) >> 16;
+                    let v = (hi(across(rows[0]), b0) + hi(across(rows[1]), b1) + 2) >> 2;
+                    out(dst, c, x, y, v.clamp(0, 255) as u8);
+                }
+            }
+        }
+    }
+    Layout::planar(side, side)
+}
+
+/// `saturate_cast<uchar>(float)`: round half to even, clamp.
+fn round_u8(v: f32) -> u8 {
+    v.round_ties_even().clamp(0.0, 255.0) as u8
+}
+
+/// OpenCV's `computeResizeAreaTab` for output `d`: the input indices it covers and their f32
+/// weights (a partial cell at either end).
+fn area_weights(input: usize, scale: f64, d: usize) -> impl Iterator<Item = (usize, f32)> {
+    let fsx1 = d as f64 * scale;
+    let fsx2 = fsx1 + scale;
+    let cell = scale.min(input as f64 - fsx1);
+    let sx2 = (fsx2.floor() as usize).min(input - 1);
+    let sx1 = (fsx1.ceil() as usize).min(sx2);
+    let head = (sx1 as f64 - fsx1 > 1e-3).then(|| (sx1 - 1, ((sx1 as f64 - fsx1) / cell) as f32));
+    let whole = (sx1..sx2).map(move |sx| (sx, (1.0 / cell) as f32));
+    let tail = (fsx2 - sx2 as f64 > 1e-3).then(|| (sx2, ((fsx2 - sx2 as f64).min(1.0).min(cell) / cell) as f32));
+    head.into_iter().chain(whole).chain(tail)
+}
+
+/// OpenCV's growing `INTER_AREA` for output `d`: the first input index and the 11-bit weights
+/// of it and the next (`inv`: output over input size). Past the last input the caller clamps:
+/// a column to the last one alone, a row to a repeat of the last row (weights kept, as OpenCV).
+fn linear_area_weights(inv: f64, d: usize) -> (usize, [i32; 2]) {
+    let s = (d as f64 * (1.0 / inv)).floor() as usize;
+    let f = ((d + 1) as f64 - (s + 1) as f64 * inv) as f32;
+    let f = if f <= 0.0 { 0.0 } else { f - f.floor() };
+    let fixed = |w: f32| (w * 2048.0).round_ties_even() as i32;
+    (s, [fixed(1.0 - f), fixed(f)])
 }
 
 /// The Qwen2-VL image processor's rows, in (block row, block col, sub row, sub col) order, each
@@ -283,7 +426,8 @@ mod tests {
     use super::*;
     use crate::models::groot_n17::image::{Chw, Transform, qwen_patches};
 
-    const N17: QwenImage = QwenImage { target: 256, edge: 256, crop_fraction: 230.0 / 256.0, letterbox: true, patch: 16 };
+    const N17: QwenImage =
+        QwenImage { target: 256, edge: 256, crop_fraction: 230.0 / 256.0, letterbox: true, patch: 16, filter: Filter::TorchBicubic };
 
     /// A random frame with `pad` random bytes after each row, and its packed RGB.
     fn frame(rng: &mut ChaCha8Rng, width: usize, height: usize, format: PixelFormat, pad: usize) -> (Vec<u8>, usize, Vec<u8>) {
@@ -337,8 +481,8 @@ mod tests {
             QwenImage { crop_fraction: 0.5, letterbox: false, ..N17 },
             QwenImage { crop_fraction: 0.999, ..N17 },
             QwenImage { crop_fraction: 0.001, ..N17 },
-            QwenImage { target: 224, edge: 300, crop_fraction: 0.875, letterbox: true, patch: 14 },
-            QwenImage { target: 32, edge: 40, crop_fraction: 0.9, letterbox: false, patch: 16 },
+            QwenImage { target: 224, edge: 300, crop_fraction: 0.875, letterbox: true, patch: 14, ..N17 },
+            QwenImage { target: 32, edge: 40, crop_fraction: 0.9, letterbox: false, ..N17 },
         ];
         let fixed = [
             (1, 1),

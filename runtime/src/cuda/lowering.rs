@@ -13,6 +13,7 @@ use super::gemm::{Matmul, MatmulSpec, Operand};
 use super::steps::{RopeRows, Schedule, Step};
 use crate::error::{Error, Result};
 use crate::plan::{Accesses, Activation, BufId, Op, Plan, RopeAxes, RopeSpec, Section, Span, View, WeightId, WeightRole, sections_of};
+use crate::qwen_image::Filter;
 
 /// The lowered step: launches, their streams and cross-stream waits, where each plan phase
 /// starts among them, and the products.
@@ -397,6 +398,13 @@ impl Lowering<'_> {
             Op::QwenImagePatches { camera, frames, frame_stride, frame_info, max_width, max_height, image, out } => {
                 if self.lane != 0 {
                     return Err(self.error("qwen_image_patches shares one scratch region: it runs on the main stream only".into()));
+                }
+                if image.filter != Filter::TorchBicubic {
+                    return Err(self.error(
+                        "the albumentations image path (processor_config.json `use_albumentations`: OpenCV INTER_AREA resizes) has \
+                         no CUDA kernel yet; run this checkpoint with the CPU backend"
+                            .into(),
+                    ));
                 }
                 Step::QwenImagePatches(QwenImageArgs {
                     out: self.mat(out)?,

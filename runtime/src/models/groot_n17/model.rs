@@ -19,7 +19,7 @@ use crate::models::ConfigJson;
 use crate::models::blocks::{dit, qwen3_vl};
 use crate::models::loader::Loader;
 use crate::plan::{Activation, BufId, BufType, HostIo, Op, Plan, View, WeightId, WeightRole};
-use crate::qwen_image::QwenImage;
+use crate::qwen_image::{Filter, QwenImage};
 use crate::weights::WeightData;
 
 const VT: &str = "backbone.model.model.visual.";
@@ -514,6 +514,7 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
         frames,
         frame_info,
         model_inputs,
+        square_frames: opts.image.filter == Filter::Cv2Area && !opts.image.letterbox,
     };
 
     // ---- Vision: every camera's patches, one tower over all of them (attention per image).

@@ -8,7 +8,7 @@ use crate::checkpoint::Checkpoint;
 use crate::config::PolicyConfig;
 use crate::error::{Error, Result};
 use crate::models::{ConfigJson, ModelConfig, ModelInfo, ModelKind, ModelSpec, Processing};
-use crate::qwen_image::QwenImage;
+use crate::qwen_image::{Filter, QwenImage};
 
 use super::model::{BuildOptions, Config, GrootJson, ModelInputs, build};
 use super::positions::mrope_positions;
@@ -62,24 +62,21 @@ pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig,
         ));
     }
     let kw = &sidecars.kwargs;
-    if kw.use_albumentations {
-        return Err(Error::checkpoint(
-            dir,
-            "processor_config.json asks for the albumentations image path, which FlashRT does not implement yet",
-        ));
-    }
     let target = kw.image_target_size.unwrap_or([256, 256]);
     if target[0] != target[1] {
         return Err(Error::checkpoint(dir, format!("image_target_size {target:?}: only square targets are supported")));
     }
+    let edge = kw.shortest_image_edge.unwrap_or(target[0]);
+    let filter = if kw.use_albumentations { Filter::Cv2Area } else { Filter::TorchBicubic };
+    if filter == Filter::Cv2Area && edge != target[0] {
+        // That path's last resize is to the shortest edge, not the target.
+        return Err(Error::checkpoint(
+            dir,
+            format!("use_albumentations with shortest_image_edge {edge} makes {edge}² images, not the {}² target", target[0]),
+        ));
+    }
     let crop_fraction = kw.crop_fraction.or(kw.image_crop_size.map(|c| c[0] as f64 / target[0] as f64)).unwrap_or(1.0);
-    let image = QwenImage {
-        target: target[0],
-        edge: kw.shortest_image_edge.unwrap_or(target[0]),
-        crop_fraction,
-        letterbox: kw.letter_box_transform,
-        patch: model_config.patch,
-    };
+    let image = QwenImage { target: target[0], edge, crop_fraction, letterbox: kw.letter_box_transform, patch: model_config.patch, filter };
     let tokens_per_image = model_config.tokens_per_image(image.target);
     let text_capacity = config.prompt_len.unwrap_or(DEFAULT_TEXT_CAPACITY);
     let slots = FIXED_TOKENS + cameras.len() * (tokens_per_image + 2) + text_capacity;

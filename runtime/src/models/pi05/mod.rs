@@ -412,6 +412,7 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
         frames,
         frame_info,
         model_inputs: vec![tokens, token_mask],
+        square_frames: false,
     };
     let noise = View { buf: io.noise.buf, offset: 0, rows: horizon, cols: ad, stride: ad };
     let valid = plan.buffer("valid", BufType::F32, kv_rows);
