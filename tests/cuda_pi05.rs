@@ -718,12 +718,22 @@ fn qwen_image_case(seed: u64) -> Case {
     let (max_w, max_h) = (400, 300);
     let cameras = 4;
     let stride = max_w * max_h * 4;
-    let letterbox = seed % 2 == 1;
+    // Seeds 0, 1: the bicubic path without and with letterbox; 2, 3: the albumentations path
+    // with letterbox, and without it on square frames (the only ones it takes then).
+    let area = seed >= 2;
+    let letterbox = seed % 2 == 1 || seed == 2;
     let mut frames = vec![0u8; cameras * stride];
     let (mut info, mut desc) = (Vec::new(), Vec::new());
     for cam in 0..cameras {
         let format = [PixelFormat::Rgb8, PixelFormat::Bgr8, PixelFormat::Rgba8, PixelFormat::Rgb8][cam];
-        let (w, h) = if cam == 0 { (256, 256) } else { (c.rng.random_range(20..=max_w), c.rng.random_range(20..=max_h)) };
+        let (w, h) = match cam {
+            0 => (256, 256),
+            _ if area && !letterbox => {
+                let side = c.rng.random_range(20..=max_h);
+                (side, side)
+            }
+            _ => (c.rng.random_range(20..=max_w), c.rng.random_range(20..=max_h)),
+        };
         let present = cam != 3;
         for b in &mut frames[cam * stride..][..w * h * format.bytes_per_pixel()] {
             *b = c.rng.random();
@@ -731,17 +741,18 @@ fn qwen_image_case(seed: u64) -> Case {
         info.extend([present as i32, w as i32, h as i32, format as i32]);
         desc.push(format!("{w}x{h}{}", if present { "" } else { " absent" }));
     }
-    c.name = format!("qwen_image_patches{} {}", if letterbox { " letterbox" } else { "" }, desc.join(", "));
+    let path = if area { " albumentations" } else { "" };
+    c.name = format!("qwen_image_patches{path}{} {}", if letterbox { " letterbox" } else { "" }, desc.join(", "));
     let frames_id = c.plan.host_buffer("frames", BufType::U8, frames.len(), HostIo::Input);
     c.inputs.push((frames_id, Input::U8(frames)));
     let frame_info = c.host_i32("frame_info", info);
     let image = flashrt::qwen_image::QwenImage {
         target: 256,
         edge: 256,
-        crop_fraction: 230.0 / 256.0,
+        crop_fraction: if area { 0.95 } else { 230.0 / 256.0 },
         letterbox,
         patch: 16,
-        filter: flashrt::qwen_image::Filter::TorchBicubic,
+        filter: if area { flashrt::qwen_image::Filter::Cv2Area } else { flashrt::qwen_image::Filter::TorchBicubic },
     };
     let per = image.patch_rows();
     let out = c.plan.matrix("patches", cameras * per, image.patch_cols());
@@ -845,6 +856,7 @@ fn every_op_matches_cpu() {
         if seed == 2 {
             // Head dimension 256 again, with 6 heads (see `attention_case`).
             cases.push((attention_case(5), dummy.clone()));
+            cases.push((qwen_image_case(3), dummy.clone()));
         }
         for (case, ckpt) in &cases {
             for (buffer, err, bound) in case.run(ckpt) {

@@ -211,6 +211,123 @@ extern "C" __global__ void qwen_image_resample(unsigned char* a, unsigned char* 
     dst[((long)c * rows + y) * cols + x] = level;
 }
 
+// ---- The albumentations path (`use_albumentations`; runtime/src/qwen_image.rs `cv2_area` is the
+// CPU form, and both equal OpenCV's x86-64 INTER_AREA to the level): a square (letterboxed) frame
+// resized to `edge`, its floored centre crop resized back to `edge`, the patch rows as above.
+// Pass 0: frame -> a [3][edge][edge]; pass 1: a's crop -> b [3][edge][edge]; one thread per
+// output value. OpenCV's order and precision of every operation, through the _rn intrinsics so
+// that no multiply-add is contracted into an FMA.
+
+__device__ int cv_crop_side(int edge, double crop_fraction) {
+    return crop_fraction > 0.0 && crop_fraction < 1.0 ? max(1, (int)__dmul_rn((double)edge, crop_fraction)) : edge;
+}
+
+// computeResizeAreaTab for output d: a partial cell at either end, whole cells between.
+struct CvCells {
+    double fsx1, fsx2, cell;
+    int sx1, sx2;
+};
+__device__ CvCells cv_cells(int input, double scale, int d) {
+    CvCells k;
+    k.fsx1 = __dmul_rn((double)d, scale);
+    k.fsx2 = __dadd_rn(k.fsx1, scale);
+    k.cell = fmin(scale, __dsub_rn((double)input, k.fsx1));
+    k.sx2 = min((int)floor(k.fsx2), input - 1);
+    k.sx1 = min((int)ceil(k.fsx1), k.sx2);
+    return k;
+}
+// Its j-th (index, weight), j < cv_cell_count.
+__device__ int cv_cell_count(const CvCells& k) {
+    return (k.sx1 - k.fsx1 > 1e-3) + (k.sx2 - k.sx1) + (k.fsx2 - k.sx2 > 1e-3);
+}
+__device__ void cv_cell(const CvCells& k, int j, int* index, float* weight) {
+    const bool head = k.sx1 - k.fsx1 > 1e-3;
+    if (head && j == 0) {
+        *index = k.sx1 - 1;
+        *weight = (float)((k.sx1 - k.fsx1) / k.cell);
+        return;
+    }
+    const int w = j - head;
+    if (w < k.sx2 - k.sx1) {
+        *index = k.sx1 + w;
+        *weight = (float)(1.0 / k.cell);
+        return;
+    }
+    *index = k.sx2;
+    *weight = (float)(fmin(fmin(k.fsx2 - k.sx2, 1.0), k.cell) / k.cell);
+}
+
+// Growing: the first input index and the 11-bit weights of it and the next.
+__device__ int cv_linear(double inv, int d, int* w0, int* w1) {
+    const int s = (int)floor(__dmul_rn((double)d, 1.0 / inv));
+    float f = (float)__dsub_rn((double)(d + 1), __dmul_rn((double)(s + 1), inv));
+    f = f <= 0.0f ? 0.0f : f - floorf(f);
+    *w0 = (int)rintf(__fmul_rn(1.0f - f, 2048.0f));
+    *w1 = (int)rintf(__fmul_rn(f, 2048.0f));
+    return s;
+}
+
+extern "C" __global__ void qwen_image_area(unsigned char* a, unsigned char* b, const unsigned char* frames, long frame_stride,
+                                           const int* frame_info, int camera, int edge, double crop_fraction, int letterbox,
+                                           int p) {
+    const QwenGeometry g = qwen_geometry(frame_info + camera * 4, edge, crop_fraction, letterbox);
+    if (!g.present) return;
+    const long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= 3L * edge * edge) return;
+    const int c = idx / ((long)edge * edge), y = (idx / edge) % edge, x = idx % edge;
+    const int crop = cv_crop_side(edge, crop_fraction), origin = (edge - crop) / 2;
+    const int sw = p == 0 ? g.w0 : crop, sh = p == 0 ? g.h0 : crop;
+    const unsigned char* frame = frames + camera * frame_stride;
+    const int off = g.format == 1 ? 2 - c : c;
+    auto at = [&](int sx, int sy) -> int {
+        if (p == 1) return a[((long)c * edge + origin + sy) * edge + origin + sx];
+        const int fx = sx - g.left, fy = sy - g.top;
+        return fx >= 0 && fx < g.width && fy >= 0 && fy < g.height ? frame[((long)fy * g.width + fx) * g.bpp + off] : 0;
+    };
+    const double inv_x = (double)edge / sw, inv_y = (double)edge / sh;
+    const double scale_x = 1.0 / inv_x, scale_y = 1.0 / inv_y;
+    int level;
+    if (scale_x >= 1.0 && scale_y >= 1.0) {
+        const int ix = (int)round(scale_x), iy = (int)round(scale_y);
+        if (fabs(scale_x - ix) < 2.220446049250313e-16 && fabs(scale_y - iy) < 2.220446049250313e-16) {
+            int sum = 0;
+            for (int j = 0; j < iy; ++j)
+                for (int i = 0; i < ix; ++i) sum += at(x * ix + i, y * iy + j);
+            level = ix == 2 && iy == 2 ? (sum + 2) >> 2 : (int)rintf(__fmul_rn((float)sum, 1.0f / (float)(ix * iy)));
+        } else {
+            const CvCells kx = cv_cells(sw, scale_x, x), ky = cv_cells(sh, scale_y, y);
+            const int nx = cv_cell_count(kx), ny = cv_cell_count(ky);
+            float sum = 0.0f;
+            for (int j = 0; j < ny; ++j) {
+                int sy;
+                float beta;
+                cv_cell(ky, j, &sy, &beta);
+                float row = 0.0f;
+                for (int i = 0; i < nx; ++i) {
+                    int sx;
+                    float alpha;
+                    cv_cell(kx, i, &sx, &alpha);
+                    row = __fadd_rn(row, __fmul_rn((float)at(sx, sy), alpha));
+                }
+                sum = __fadd_rn(sum, __fmul_rn(beta, row));
+            }
+            level = (int)rintf(sum);
+        }
+    } else {
+        int a0, a1, b0, b1;
+        const int sx = cv_linear(inv_x, x, &a0, &a1), sy = cv_linear(inv_y, y, &b0, &b1);
+        // The horizontal blend of a row (the last column alone at full weight), then OpenCV's SIMD
+        // vertical blend.
+        auto across = [&](int row) -> int {
+            return sx >= sw - 1 ? at(sw - 1, row) * 2048 : at(sx, row) * a0 + at(sx + 1, row) * a1;
+        };
+        const int r0 = min(sy, sh - 1), r1 = min(sy + 1, sh - 1);
+        level = ((((across(r0) >> 4) * b0) >> 16) + (((across(r1) >> 4) * b1) >> 16) + 2) >> 2;
+    }
+    unsigned char* dst = p == 0 ? a : b;
+    dst[((long)c * edge + y) * edge + x] = (unsigned char)min(max(level, 0), 255);
+}
+
 // The target² image (b) as pixel values: patch rows in (block row, block col, sub row, sub col)
 // order, each [channel][temporal copy][y][x]; a camera marked absent gives -1 everywhere.
 template <typename Tout>

@@ -228,6 +228,33 @@ impl Kernels {
             return Err(shape_error(&name, format!("{:?} for target {} patch {}", a.out, a.target, a.patch)));
         }
         let sizes = a.sizes();
+        if a.area {
+            let (plane_a, plane_b) = (a.scratch, a.scratch + (4 * sizes.tables().0 * 4 + sizes.plane_a_bytes()) as u64);
+            let c = |v: usize| i32_of(v, "qwen_image_patches");
+            if a.edge != a.target {
+                return Err(shape_error(&name, format!("the area path resizes to edge {} = target {}", a.edge, a.target)));
+            }
+            // SAFETY: the signatures of image.cu's qwen_image_area and qwen_image_patchify_*; one
+            // thread per output value; both planes hold 3 · edge² bytes (edge = target).
+            unsafe {
+                for p in 0..2 {
+                    let args = [
+                        Arg::P(plane_a),
+                        Arg::P(plane_b),
+                        Arg::P(a.frames),
+                        Arg::L(a.frame_stride as i64),
+                        Arg::P(a.frame_info),
+                        Arg::I(c(a.camera)?),
+                        Arg::I(c(a.edge)?),
+                        Arg::D(a.crop_fraction),
+                        Arg::I(a.letterbox as i32),
+                        Arg::I(p),
+                    ];
+                    self.launch("qwen_image_area", ((3 * a.edge * a.edge).div_ceil(256) as u32, 1, 1), 256, stream, args)?;
+                }
+                return self.qwen_image_patchify(&name, a, plane_b, grid, cols, stream);
+            }
+        }
         let (table_ints, taps) = sizes.tables();
         let tables = a.scratch;
         let plane_a = tables + (4 * table_ints * 4) as u64;
@@ -270,17 +297,35 @@ impl Kernels {
             for (p, values) in [(0, 3 * side * e), (1, 3 * e * e), (2, 3 * e * t), (3, 3 * t * t)] {
                 self.launch("qwen_image_resample", (values.div_ceil(256) as u32, 1, 1), 256, stream, common(p)?)?;
             }
-            let args = [
-                Arg::P(a.out.ptr),
-                Arg::I(c(a.out.stride)?),
-                Arg::P(plane_b),
-                Arg::P(a.frame_info),
-                Arg::I(c(a.camera)?),
-                Arg::I(c(a.target)?),
-                Arg::I(c(a.patch)?),
-            ];
-            self.launch(&name, ((grid * grid * cols).div_ceil(256) as u32, 1, 1), 256, stream, args)
+            self.qwen_image_patchify(&name, a, plane_b, grid, cols, stream)
         }
+    }
+
+    /// The `target²` image in `plane` as `a.out`'s patch rows.
+    ///
+    /// # Safety
+    /// As [`Kernels::qwen_image_patches`]; `plane` holds `3 · target²` bytes.
+    unsafe fn qwen_image_patchify(
+        &self,
+        name: &str,
+        a: &QwenImageArgs,
+        plane: DevPtr,
+        grid: usize,
+        cols: usize,
+        stream: CUstream,
+    ) -> Result<()> {
+        let c = |v: usize| i32_of(v, "qwen_image_patches");
+        let args = [
+            Arg::P(a.out.ptr),
+            Arg::I(c(a.out.stride)?),
+            Arg::P(plane),
+            Arg::P(a.frame_info),
+            Arg::I(c(a.camera)?),
+            Arg::I(c(a.target)?),
+            Arg::I(c(a.patch)?),
+        ];
+        // SAFETY: the signature of image.cu's qwen_image_patchify_*; one thread per value.
+        unsafe { self.launch(name, ((grid * grid * cols).div_ceil(256) as u32, 1, 1), 256, stream, args) }
     }
 }
 
@@ -299,6 +344,8 @@ pub struct QwenImageArgs {
     pub crop_fraction: f64,
     pub letterbox: bool,
     pub patch: usize,
+    /// The albumentations path (OpenCV INTER_AREA) instead of the bicubic one.
+    pub area: bool,
     pub scratch: DevPtr,
 }
 

@@ -140,7 +140,7 @@ const TYPED: [&str; 12] = [
     "attention_mq256_combine",
     "attention_mh72",
 ];
-const SINGLE: [&str; 8] = [
+const SINGLE: [&str; 9] = [
     "add_table_f32",
     "copy_host_inputs",
     "positions_scan_1024",
@@ -149,6 +149,7 @@ const SINGLE: [&str; 8] = [
     "softmax_rows_masked_f32_bf16",
     "qwen_image_weights",
     "qwen_image_resample",
+    "qwen_image_area",
 ];
 
 /// A driver tensor map (`CUtensorMap`, 128 opaque bytes) passed by value: attention_mq256.cu's

@@ -399,13 +399,6 @@ impl Lowering<'_> {
                 if self.lane != 0 {
                     return Err(self.error("qwen_image_patches shares one scratch region: it runs on the main stream only".into()));
                 }
-                if image.filter != Filter::TorchBicubic {
-                    return Err(self.error(
-                        "the albumentations image path (processor_config.json `use_albumentations`: OpenCV INTER_AREA resizes) has \
-                         no CUDA kernel yet; run this checkpoint with the CPU backend"
-                            .into(),
-                    ));
-                }
                 Step::QwenImagePatches(QwenImageArgs {
                     out: self.mat(out)?,
                     frames: self.ptr(frames),
@@ -419,6 +412,7 @@ impl Lowering<'_> {
                     crop_fraction: image.crop_fraction,
                     letterbox: image.letterbox,
                     patch: image.patch,
+                    area: image.filter == Filter::Cv2Area,
                     scratch: self.image_scratch,
                 })
             }
