@@ -19,6 +19,7 @@ pub mod plan;
 pub mod policy;
 pub mod qwen_image;
 pub mod realtime;
+pub mod rtc;
 pub mod stats;
 pub mod weights;
 
@@ -26,4 +27,5 @@ pub use backend::{BackendKind, Precision};
 pub use error::{Error, Result};
 pub use image::{Frame, PixelFormat};
 pub use policy::{Observation, Policy, PolicyConfig, PolicyInfo, StepInfo};
+pub use rtc::{Continuation, RtcConfig, RtcSchedule};
 pub use stats::{LatencyStats, Summary};
