@@ -237,6 +237,44 @@ typedef uint32_t FrtPixelFormat;
 #endif // __cplusplus
 
 /**
+ * Real-time chunking's prefix-weight schedule (`FrtPolicyConfig.rtc_schedule`; see
+ * `frt_policy_step_continuing`).
+ */
+enum FrtRtcSchedule
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * No real-time chunking (the default).
+   */
+  FRT_RTC_SCHEDULE_OFF = 0,
+  /**
+   * Weight 1 for the rows executed during inference, 0 after.
+   */
+  FRT_RTC_SCHEDULE_ZEROS = 1,
+  /**
+   * Weight 1 up to the execution horizon.
+   */
+  FRT_RTC_SCHEDULE_ONES = 2,
+  /**
+   * 1 for the rows executed during inference, falling linearly to 0 at the execution horizon.
+   */
+  FRT_RTC_SCHEDULE_LINEAR = 3,
+  /**
+   * As linear, each weight w shaped to w (e^w - 1) / (e - 1).
+   */
+  FRT_RTC_SCHEDULE_EXP = 4,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum FrtRtcSchedule FrtRtcSchedule;
+#else
+typedef uint32_t FrtRtcSchedule;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * An open policy: weights, plan, buffers, prompt, statistics and the last error. Opaque.
  */
 typedef struct FrtPolicy FrtPolicy;
@@ -350,6 +388,20 @@ typedef struct FrtPolicyConfig {
    * is refused, naming the known ones. Must be NULL for Pi0.5, which has none.
    */
   const char *embodiment;
+  /**
+   * Real-time chunking (Pi0.5): an `FrtRtcSchedule` value; `FRT_RTC_SCHEDULE_OFF` (default)
+   * opens the policy without it. With it, `frt_policy_step_continuing` samples each chunk as a
+   * continuation of the previous one (lerobot 0.6.1's RTC).
+   */
+  uint32_t rtc_schedule;
+  /**
+   * Real-time chunking: rows of a new chunk that are guided at all. Default 10.
+   */
+  size_t rtc_execution_horizon;
+  /**
+   * Real-time chunking: upper bound of the guidance weight (positive). Default 10.
+   */
+  float rtc_max_guidance_weight;
 } FrtPolicyConfig;
 
 /**
@@ -708,6 +760,30 @@ FrtStatus frt_policy_step(struct FrtPolicy *policy,
                           float *actions,
                           size_t actions_len,
                           struct FrtStepInfo *step_info);
+
+/**
+ * `frt_policy_step` for a policy opened with real-time chunking (`FrtPolicyConfig.rtc_schedule`):
+ * the new chunk continues the one this policy's previous step returned. `executed` is how many
+ * actions of that chunk the robot had executed when this observation was taken (what is left
+ * starts there; at or past the horizon nothing is, and the chunk is sampled afresh);
+ * `inference_delay` is how many more of them it executes while this step runs (the new chunk's
+ * first rows are pinned to those). The first step after open has nothing to continue.
+ *
+ * Returns as `frt_policy_step`, and `FRT_STATUS_INVALID_ARGUMENT` ("continuation") when the
+ * policy was opened without real-time chunking. No heap allocation after the first step.
+ *
+ * Thread safety: not concurrently with any other call on `policy`.
+ *
+ * # Safety
+ * As `frt_policy_step`.
+ */
+FrtStatus frt_policy_step_continuing(struct FrtPolicy *policy,
+                                     const struct FrtObservation *observation,
+                                     size_t executed,
+                                     size_t inference_delay,
+                                     float *actions,
+                                     size_t actions_len,
+                                     struct FrtStepInfo *step_info);
 
 /**
  * Copies the latency statistics of the steps so far into `*stats`.

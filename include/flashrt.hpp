@@ -185,6 +185,14 @@ public:
     FrtStatus try_step(const Observation &obs, float *actions, size_t actions_len, FrtStepInfo *info = nullptr) noexcept {
         return frt_policy_step(p_, &obs.raw(), actions, actions_len, info);
     }
+    /// A tick whose chunk continues the previous one (real-time chunking; the policy was opened
+    /// with Config::rtc_schedule): `executed` actions of that chunk were done when `obs` was
+    /// taken, `inference_delay` more run while this step does.
+    FrtStepInfo step_continuing(const Observation &obs, size_t executed, size_t inference_delay, float *actions, size_t actions_len) {
+        FrtStepInfo info = sized<FrtStepInfo>();
+        check(frt_policy_step_continuing(p_, &obs.raw(), executed, inference_delay, actions, actions_len, &info));
+        return info;
+    }
 
     FrtLatencyStats stats() const {
         FrtLatencyStats s = sized<FrtLatencyStats>();

@@ -5,7 +5,7 @@ use std::ffi::{CStr, c_char, c_void};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use flashrt::{BackendKind, PolicyConfig, Precision};
+use flashrt::{BackendKind, PolicyConfig, Precision, RtcConfig, RtcSchedule};
 
 use crate::boundary::guard;
 use crate::logging::{FrtLogCallback, FrtLogLevel, Sink};
@@ -36,6 +36,23 @@ pub enum FrtPrecision {
     F32 = 1,
     Bf16 = 2,
     Fp8 = 3,
+}
+
+/// Real-time chunking's prefix-weight schedule (`FrtPolicyConfig.rtc_schedule`; see
+/// `frt_policy_step_continuing`).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrtRtcSchedule {
+    /// No real-time chunking (the default).
+    Off = 0,
+    /// Weight 1 for the rows executed during inference, 0 after.
+    Zeros = 1,
+    /// Weight 1 up to the execution horizon.
+    Ones = 2,
+    /// 1 for the rows executed during inference, falling linearly to 0 at the execution horizon.
+    Linear = 3,
+    /// As linear, each weight w shaped to w (e^w - 1) / (e - 1).
+    Exp = 4,
 }
 
 /// Everything `frt_policy_open` needs. Fill it with `frt_policy_config_default` (after setting
@@ -96,6 +113,14 @@ pub struct FrtPolicyConfig {
     /// `processor_config.json`), NUL-terminated; NULL: the checkpoint's only one. An unknown tag
     /// is refused, naming the known ones. Must be NULL for Pi0.5, which has none.
     pub embodiment: *const c_char,
+    /// Real-time chunking (Pi0.5): an `FrtRtcSchedule` value; `FRT_RTC_SCHEDULE_OFF` (default)
+    /// opens the policy without it. With it, `frt_policy_step_continuing` samples each chunk as a
+    /// continuation of the previous one (lerobot 0.6.1's RTC).
+    pub rtc_schedule: u32,
+    /// Real-time chunking: rows of a new chunk that are guided at all. Default 10.
+    pub rtc_execution_horizon: usize,
+    /// Real-time chunking: upper bound of the guidance weight (positive). Default 10.
+    pub rtc_max_guidance_weight: f32,
 }
 
 /// Fills `*config` with the defaults; `config->struct_size` must be set first.
@@ -146,6 +171,9 @@ unsafe fn write_defaults(config: *mut FrtPolicyConfig) -> Result<(), Failure> {
         log_user_data: std::ptr::null_mut(),
         threads: 0,
         embodiment: std::ptr::null(),
+        rtc_schedule: FrtRtcSchedule::Off as u32,
+        rtc_execution_horizon: RtcConfig::default().execution_horizon,
+        rtc_max_guidance_weight: RtcConfig::default().max_guidance_weight,
     };
     // SAFETY: the caller's struct is at least as large as ours (checked above).
     unsafe { config.write(defaults) };
@@ -247,5 +275,19 @@ pub(crate) unsafe fn read(config: *const FrtPolicyConfig) -> Result<PolicyConfig
         out.embodiment = Some(tag.map_err(|_| Failure::invalid("config.embodiment", "not UTF-8"))?.to_string());
     }
     out.deadline = (c.deadline_us != 0).then(|| Duration::from_micros(c.deadline_us));
+    let schedule = match c.rtc_schedule {
+        0 => None,
+        1 => Some(RtcSchedule::Zeros),
+        2 => Some(RtcSchedule::Ones),
+        3 => Some(RtcSchedule::Linear),
+        4 => Some(RtcSchedule::Exp),
+        n => return Err(Failure::invalid("config.rtc_schedule", format!("{n} is not an FrtRtcSchedule value"))),
+    };
+    if let Some(schedule) = schedule {
+        if !(c.rtc_max_guidance_weight > 0.0 && c.rtc_max_guidance_weight.is_finite()) {
+            return Err(Failure::invalid("config.rtc_max_guidance_weight", format!("{} must be positive", c.rtc_max_guidance_weight)));
+        }
+        out.rtc = Some(RtcConfig { schedule, max_guidance_weight: c.rtc_max_guidance_weight, execution_horizon: c.rtc_execution_horizon });
+    }
     Ok(out)
 }

@@ -3,7 +3,7 @@
 use std::ffi::{CString, c_char};
 use std::fmt::{self, Write as _};
 
-use flashrt::{Frame, Observation, PixelFormat, Policy};
+use flashrt::{Continuation, Frame, Observation, PixelFormat, Policy};
 
 use crate::boundary::guard;
 use crate::config::{self, FRT_MAX_CAMERAS, FrtBackend, FrtPolicyConfig};
@@ -376,7 +376,36 @@ pub unsafe extern "C" fn frt_policy_step(
     step_info: *mut FrtStepInfo,
 ) -> FrtStatus {
     // SAFETY: forwarded caller's promises.
-    with_policy(policy, |p| unsafe { p.step(observation, actions, actions_len, step_info) })
+    with_policy(policy, |p| unsafe { p.step(observation, None, actions, actions_len, step_info) })
+}
+
+/// `frt_policy_step` for a policy opened with real-time chunking (`FrtPolicyConfig.rtc_schedule`):
+/// the new chunk continues the one this policy's previous step returned. `executed` is how many
+/// actions of that chunk the robot had executed when this observation was taken (what is left
+/// starts there; at or past the horizon nothing is, and the chunk is sampled afresh);
+/// `inference_delay` is how many more of them it executes while this step runs (the new chunk's
+/// first rows are pinned to those). The first step after open has nothing to continue.
+///
+/// Returns as `frt_policy_step`, and `FRT_STATUS_INVALID_ARGUMENT` ("continuation") when the
+/// policy was opened without real-time chunking. No heap allocation after the first step.
+///
+/// Thread safety: not concurrently with any other call on `policy`.
+///
+/// # Safety
+/// As `frt_policy_step`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn frt_policy_step_continuing(
+    policy: *mut FrtPolicy,
+    observation: *const FrtObservation,
+    executed: usize,
+    inference_delay: usize,
+    actions: *mut f32,
+    actions_len: usize,
+    step_info: *mut FrtStepInfo,
+) -> FrtStatus {
+    let continuation = Continuation { executed, inference_delay };
+    // SAFETY: forwarded caller's promises.
+    with_policy(policy, |p| unsafe { p.step(observation, Some(continuation), actions, actions_len, step_info) })
 }
 
 /// Copies the latency statistics of the steps so far into `*stats`.
@@ -515,6 +544,7 @@ impl FrtPolicy {
     unsafe fn step(
         &mut self,
         observation: *const FrtObservation,
+        continuation: Option<Continuation>,
         actions: *mut f32,
         actions_len: usize,
         step_info: *mut FrtStepInfo,
@@ -597,7 +627,7 @@ impl FrtPolicy {
         // SAFETY: actions_len writable floats (caller's promise).
         let actions = unsafe { std::slice::from_raw_parts_mut(actions, actions_len) };
         let obs = Observation { cameras: &frames[..o.cameras_len], state, noise };
-        match self.policy.step(&obs, actions) {
+        match self.policy.step_continuing(&obs, continuation, actions) {
             Ok(s) => {
                 if !step_info.is_null() {
                     // SAFETY: writable, at least our size (checked above).

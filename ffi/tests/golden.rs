@@ -82,11 +82,50 @@ fn step_returns_lerobots_postprocessed_actions() {
         let mut step: FrtStepInfo = std::mem::zeroed();
         step.struct_size = size_of::<FrtStepInfo>();
         assert_eq!(frt_policy_step(policy, &obs, actions.as_mut_ptr(), actions.len(), &mut step), FrtStatus::Ok);
+        // Opened without real-time chunking: a continuation is refused and changes nothing.
+        let mut untouched = vec![f32::NAN; info.actions_len];
+        let status = frt_policy_step_continuing(policy, &obs, 5, 2, untouched.as_mut_ptr(), untouched.len(), std::ptr::null_mut());
+        assert_eq!(status, FrtStatus::InvalidArgument);
+        assert!(untouched.iter().all(|v| v.is_nan()));
         frt_policy_free(policy);
 
         assert_eq!(actions.len(), want.len(), "horizon x robot action columns");
         let err = max_abs(&actions, &want);
         eprintln!("frt_policy_step vs lerobot's post-processed actions: max abs error {err:e}");
         assert!(err <= CPU_MAX_ABS, "max abs error {err:e} > {CPU_MAX_ABS:e}");
+
+        // Real-time chunking through the C ABI: a continuing step returns exactly what the Rust
+        // API's does (tests/golden_pi05.rs holds that one to lerobot's RTCProcessor).
+        config.rtc_schedule = FrtRtcSchedule::Exp as u32;
+        config.rtc_execution_horizon = 30;
+        config.rtc_max_guidance_weight = 5.0;
+        assert_eq!(frt_policy_open(&config, &mut policy), FrtStatus::Ok);
+        assert_eq!(frt_policy_set_prompt_tokens(policy, tokens.as_ptr(), tokens.len()), FrtStatus::Ok);
+        let mut c_actions = vec![f32::NAN; info.actions_len];
+        for _ in 0..2 {
+            let status = frt_policy_step_continuing(policy, &obs, 12, 4, c_actions.as_mut_ptr(), c_actions.len(), std::ptr::null_mut());
+            assert_eq!(status, FrtStatus::Ok);
+        }
+        frt_policy_free(policy);
+        let mut rust = flashrt::PolicyConfig::new(&data);
+        rust.backend = flashrt::BackendKind::Cpu;
+        (rust.max_frame_width, rust.max_frame_height) = (320, 240);
+        rust.rtc = Some(flashrt::RtcConfig { schedule: flashrt::RtcSchedule::Exp, max_guidance_weight: 5.0, execution_horizon: 30 });
+        let mut policy = flashrt::Policy::open(&rust).unwrap();
+        policy.set_prompt_tokens(&tokens).unwrap();
+        let shape = |t: &safetensors::tensor::TensorView| (t.shape()[1], t.shape()[0]);
+        let frames = [
+            Some(flashrt::Frame::packed(base.data(), shape(&base).0, shape(&base).1, flashrt::PixelFormat::Rgb8)),
+            Some(flashrt::Frame::packed(wrist.data(), shape(&wrist).0, shape(&wrist).1, flashrt::PixelFormat::Rgb8)),
+            None,
+        ];
+        let rust_obs = flashrt::Observation { cameras: &frames, state: &state, noise: Some(&noise) };
+        let continuation = flashrt::Continuation { executed: 12, inference_delay: 4 };
+        let mut first = vec![0.0; info.actions_len];
+        policy.step_continuing(&rust_obs, Some(continuation), &mut first).unwrap();
+        let mut rust_actions = vec![0.0; info.actions_len];
+        policy.step_continuing(&rust_obs, Some(continuation), &mut rust_actions).unwrap();
+        assert_ne!(first, rust_actions, "the second chunk continues the first: guidance changes it");
+        assert_eq!(c_actions, rust_actions, "frt_policy_step_continuing and Policy::step_continuing differ");
     }
 }

@@ -104,6 +104,13 @@ int main(int argc, char **argv) {
     FrtStepInfo again = frt::sized<FrtStepInfo>();
     CHECK(policy.try_step(obs, actions.data(), actions.size(), &again) == FRT_STATUS_OK && again.latency_ms > 0.0);
     CHECK(policy.last_error().empty());
+    // Opened without real-time chunking: a continuing step throws, naming why.
+    try {
+        policy.step_continuing(obs, 10, 2, actions.data(), actions.size());
+        CHECK(false);
+    } catch (const frt::Error &e) {
+        CHECK(e.status() == FRT_STATUS_INVALID_ARGUMENT && mentions(e.what(), "real-time chunking"));
+    }
 
     try {
         policy.set_prompt_tokens({});
@@ -124,6 +131,19 @@ int main(int argc, char **argv) {
     CHECK(stats.count == 2 && stats.p50_ms > 0.0);
     policy.reset_stats();
     CHECK(policy.stats().count == 0);
+
+    // Real-time chunking: the second chunk continues the first, so it differs from a fresh one.
+    config.options.rtc_schedule = FRT_RTC_SCHEDULE_LINEAR;
+    config.options.rtc_execution_horizon = 20;
+    frt::Policy rtc = frt::Policy::open(config);
+    rtc.set_prompt("open the drawer");
+    std::vector<float> first(info.actions_len, NAN), fresh(info.actions_len, NAN), continued(info.actions_len, NAN);
+    std::vector<float> noise(rtc.info().noise_len, 0.5f);
+    obs.set_noise(noise.data(), noise.size());
+    rtc.step(obs, first.data(), first.size());
+    rtc.step(obs, fresh.data(), fresh.size());
+    rtc.step_continuing(obs, 5, 2, continued.data(), continued.size());
+    CHECK(fresh == first && continued != fresh);
 
     std::printf("hpp_test: %d checks, %d failed\n", checks, failures);
     return failures == 0 ? 0 : 1;
