@@ -284,3 +284,154 @@ fn albumentations_checkpoints_take_square_frames() {
     assert_eq!(&patches[..want.len()], &want[..], "camera 0's pixel values differ from lerobot's albumentations transform");
     assert!(actions.iter().all(|a| a.is_finite()));
 }
+
+// ---- lerobot's own fine-tune directories (tests/data/groot_n17_lerobot*, written by lerobot's
+// save_pretrained over this base by tools/golden/gen_groot_lerobot_dir.py).
+
+fn lerobot_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data").join(name)
+}
+
+/// A copy of a fine-tune directory (the weights from `weights`, which the new-embodiment
+/// fixture shares) with `base_model_path` made absolute and `edit` applied to its files.
+fn fine_tune_copy(name: &str, edit: impl FnOnce(&Path)) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(lerobot_fixture(name)).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, tmp.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let weights = tmp.path().join("model.safetensors");
+    if !weights.exists() {
+        std::fs::copy(lerobot_fixture("groot_n17_lerobot").join("model.safetensors"), &weights).unwrap();
+    }
+    let config = tmp.path().join("config.json");
+    let base = fixture().canonicalize().unwrap();
+    let text = std::fs::read_to_string(&config).unwrap().replace("\"../groot_n17_tiny\"", &format!("{:?}", base.display().to_string()));
+    std::fs::write(&config, text).unwrap();
+    edit(tmp.path());
+    tmp
+}
+
+/// Runs lerobot's two cases through `Policy::step` on a fine-tune directory; per case the
+/// worst errors of the normalized chunk and of the returned actions against lerobot's pipeline.
+fn run_fine_tune(dir: &Path, golden_dir: &str) -> Vec<(f32, f32)> {
+    let (base, meta) = golden();
+    let want = Golden(std::fs::read(lerobot_fixture(golden_dir).join("golden_lerobot.safetensors")).unwrap());
+    let mut config = PolicyConfig::new(dir);
+    config.backend = BackendKind::Cpu;
+    (config.max_frame_width, config.max_frame_height) = (200, 240);
+    let mut policy = Policy::open(&config).unwrap();
+    let info = policy.info();
+    assert_eq!((info.model, info.state_dim, info.horizon, info.action_dim), ("groot-n17", 12, 6, 13));
+    let mut errors = Vec::new();
+    for (c, case) in meta["cases"].as_array().unwrap().iter().enumerate() {
+        let inputs = CaseInputs::read(&base, c);
+        // lerobot stacks the cameras, so the generator cut both frames to their top-left 200x240.
+        let crops: Vec<Vec<u8>> =
+            inputs.frames.iter().map(|(d, w, _)| (0..240).flat_map(|y| d[y * w * 3..][..200 * 3].to_vec()).collect()).collect();
+        // The camera order the fine-tune gives (`front`, `wrist` by name in both fixtures).
+        let by_name = |name: &str| if name == "front" { &crops[0] } else { &crops[1] };
+        let cameras: Vec<Option<Frame>> =
+            info.cameras.iter().map(|n| Some(Frame::packed(by_name(n), 200, 240, PixelFormat::Rgb8))).collect();
+        policy.set_prompt(case["prompt"].as_str().unwrap()).unwrap();
+        let mut actions = vec![f32::NAN; policy.actions_len()];
+        policy.step(&inputs.observation(&cameras), &mut actions).unwrap();
+        let chunk: Vec<f32> = policy.buffer("x_t").unwrap().chunks(16).flat_map(|r| r[..13].to_vec()).collect();
+        let p = |k: &str| format!("case{c}.{k}");
+        errors.push((tolerance::max_abs(&chunk, &want.get(&p("action_pred")).0), tolerance::max_abs(&actions, &want.get(&p("actions")).0)));
+    }
+    errors
+}
+
+#[test]
+fn lerobot_fine_tune_directories_match_lerobots_pipeline() {
+    // As written (base_model_path relative: ../groot_n17_tiny), and the dataset-statistics
+    // fine-tune with its base named by an absolute path.
+    let new_embodiment = fine_tune_copy("groot_n17_lerobot_new_embodiment", |_| {});
+    for (dir, golden_dir) in
+        [(lerobot_fixture("groot_n17_lerobot"), "groot_n17_lerobot"), (new_embodiment.path().into(), "groot_n17_lerobot_new_embodiment")]
+    {
+        for (c, (chunk, actions)) in run_fine_tune(&dir, golden_dir).into_iter().enumerate() {
+            eprintln!("{golden_dir} case {c}: normalized chunk max-abs {chunk:.3e}, actions {actions:.3e}");
+            assert!(chunk <= 1e-4 && actions <= 1e-4, "{golden_dir} case {c}: {chunk:e} / {actions:e}");
+        }
+    }
+}
+
+/// Rewrites one tensor of a safetensors file.
+fn edit_tensor(path: &Path, name: &str, f: impl Fn(&mut [f32])) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> =
+        st.tensors().into_iter().map(|(n, t)| (n, t.dtype(), t.shape().to_vec(), t.data().to_vec())).collect();
+    let t = tensors.iter_mut().find(|t| t.0 == name).unwrap_or_else(|| panic!("{name} not in {}", path.display()));
+    let mut values: Vec<f32> = t.3.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    f(&mut values);
+    t.3 = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> =
+        tensors.iter().map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+#[test]
+fn a_changed_fine_tune_statistic_fails_the_check() {
+    let state_file = "policy_preprocessor_step_2_groot_n1_7_pack_inputs_v1.safetensors";
+    let dir = fine_tune_copy("groot_n17_lerobot", |d| edit_tensor(&d.join(state_file), "observation.state.min", |v| v[10] -= 0.5));
+    let worst = run_fine_tune(dir.path(), "groot_n17_lerobot").into_iter().map(|(_, a)| a).fold(0.0, f32::max);
+    assert!(worst > 1e-3, "a state statistic changed by 0.5 moved the actions by only {worst:e}");
+}
+
+fn open_fine_tune_err(dir: &Path) -> String {
+    let mut config = PolicyConfig::new(dir);
+    config.backend = BackendKind::Cpu;
+    Policy::open(&config).err().expect("the broken fine-tune opened").to_string()
+}
+
+#[test]
+fn broken_fine_tunes_are_refused_naming_the_file_and_field() {
+    let edit_json = |file: &'static str, from: &'static str, to: &'static str| {
+        fine_tune_copy("groot_n17_lerobot", move |d| {
+            let text = std::fs::read_to_string(d.join(file)).unwrap();
+            assert!(text.contains(from), "{file} lacks {from}");
+            std::fs::write(d.join(file), text.replacen(from, to, 1)).unwrap();
+        })
+    };
+    let cases: Vec<(tempfile::TempDir, Vec<&str>)> = vec![
+        (
+            fine_tune_copy("groot_n17_lerobot", |d| {
+                let path = d.join("config.json");
+                let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+                v["base_model_path"] = "acme/missing-base".into();
+                std::fs::write(&path, v.to_string()).unwrap();
+            }),
+            vec!["acme/missing-base", "Hugging Face cache", "huggingface-cli download"],
+        ),
+        (
+            fine_tune_copy("groot_n17_lerobot", |d| std::fs::remove_file(d.join("policy_postprocessor.json")).unwrap()),
+            vec!["missing policy_postprocessor.json"],
+        ),
+        (
+            edit_json("policy_postprocessor.json", "\"groot_n1_7_action_decode_v1\"", "\"groot_n1_7_action_decode_v9\""),
+            vec!["policy_postprocessor.json", "step 0", "\"groot_n1_7_action_decode_v9\""],
+        ),
+        (
+            edit_json("policy_preprocessor.json", "\"clip_outliers\"", "\"clip_outliers_v2\""),
+            vec!["policy_preprocessor.json", "groot_n1_7_pack_inputs_v1", "unknown field `clip_outliers_v2`"],
+        ),
+        (edit_json("config.json", "\"resume\"", "\"resume_from\""), vec!["config.json", "unknown field `resume_from`"]),
+        (
+            edit_json("config.json", "\"action_decode_transform\": null", "\"action_decode_transform\": \"libero\""),
+            vec!["config.json", "action_decode_transform \"libero\""],
+        ),
+        (
+            fine_tune_copy("groot_n17_lerobot", |d| {
+                std::fs::remove_file(d.join("policy_preprocessor_step_2_groot_n1_7_pack_inputs_v1.safetensors")).unwrap()
+            }),
+            vec!["policy_preprocessor_step_2_groot_n1_7_pack_inputs_v1.safetensors"],
+        ),
+    ];
+    for (i, (dir, named)) in cases.into_iter().enumerate() {
+        let e = open_fine_tune_err(dir.path());
+        assert!(named.iter().all(|n| e.contains(n)), "case {i}: {named:?} not all in: {e}");
+    }
+}

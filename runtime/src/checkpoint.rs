@@ -1,6 +1,7 @@
 //! Memory-mapped safetensors checkpoints: one file, or shards listed by
 //! `model.safetensors.index.json`. Tensors are looked up by their checkpoint names with an optional
-//! leading `model.` stripped, and converted to f32 on request (f32, bf16 and f16 are accepted).
+//! leading `model.` stripped, and converted to f32 on request (f32, bf16 and f16 are accepted, and
+//! f64, which lerobot's processor state files hold when dataset statistics were float64).
 //!
 //! Nothing here panics on a bad file: every failure names the file and the tensor.
 
@@ -18,6 +19,7 @@ use crate::error::{Error, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DType {
     F32,
+    F64,
     BF16,
     F16,
 }
@@ -26,6 +28,7 @@ impl DType {
     pub fn size(self) -> usize {
         match self {
             DType::F32 => 4,
+            DType::F64 => 8,
             DType::BF16 | DType::F16 => 2,
         }
     }
@@ -53,6 +56,11 @@ impl TensorRef<'_> {
             DType::F32 => {
                 for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
                     *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            DType::F64 => {
+                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(8)) {
+                    *o = f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32;
                 }
             }
             DType::BF16 => {
@@ -161,10 +169,11 @@ impl Checkpoint {
         for (name, info) in metadata.tensors() {
             let dtype = match info.dtype {
                 Dtype::F32 => DType::F32,
+                Dtype::F64 => DType::F64,
                 Dtype::BF16 => DType::BF16,
                 Dtype::F16 => DType::F16,
                 other => {
-                    problems.push(format!("{name}: unsupported dtype {other:?} (expected F32, BF16 or F16)"));
+                    problems.push(format!("{name}: unsupported dtype {other:?} (expected F32, F64, BF16 or F16)"));
                     continue;
                 }
             };

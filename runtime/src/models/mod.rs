@@ -16,6 +16,7 @@ use crate::weights::WeightData;
 
 pub mod blocks;
 pub mod groot_n17;
+pub mod hf_cache;
 mod loader;
 pub mod pi05;
 pub mod synth;

@@ -6,7 +6,8 @@
 //! - Reference code: lerobot 0.6.1 `lerobot/policies/groot/` (`groot_n1_7.py`,
 //!   `processor_groot.py`), the golden reference of our tests; upstream NVIDIA Isaac-GR00T.
 //! - Checkpoint: `nvidia/GR00T-N1.7-3B` and its fine-tunes (raw Hugging Face layout with
-//!   `processor_config.json`, `statistics.json`, `embodiment_id.json`).
+//!   `processor_config.json`, `statistics.json`, `embodiment_id.json`), and lerobot's own
+//!   fine-tune directories ([`lerobot`]).
 //! - Specification: `shared/specs/groot_n17.md` in the steering repo.
 //!
 //! Its processing lives here, beside the model: the prompt ([`prompt`]), the M-RoPE position ids
@@ -14,6 +15,7 @@
 //! embodiment slot ([`sidecar`]), and the image transform with the Qwen patch order ([`image`]).
 
 pub mod image;
+pub mod lerobot;
 pub mod model;
 pub mod positions;
 pub mod prompt;

@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::io::{IoSpec, Port};
 use crate::models::ConfigJson;
 use crate::models::blocks::{dit, qwen3_vl};
+use crate::models::hf_cache;
 use crate::models::loader::Loader;
 use crate::plan::{Activation, BufId, BufType, HostIo, Op, Plan, View, WeightId, WeightRole};
 use crate::qwen_image::{Filter, QwenImage};
@@ -25,6 +26,9 @@ use crate::weights::WeightData;
 const VT: &str = "backbone.model.model.visual.";
 const LM: &str = "backbone.model.model.language_model.";
 const AH: &str = "action_head.";
+/// The LM head: unused, tied to the embedding — and the only copy of it lerobot's
+/// `save_pretrained` keeps (safetensors stores one name of a shared tensor).
+const LM_HEAD: &str = "backbone.model.lm_head.weight";
 /// The backbone the published checkpoints name; lerobot hard-codes its config.
 pub const COSMOS_REASON2: &str = "nvidia/Cosmos-Reason2-2B";
 
@@ -86,6 +90,8 @@ pub struct Config {
     pub denoise_steps: usize,
     pub timestep_buckets: usize,
     pub text_every: usize,
+    /// The token embedding is stored only as the tied LM head (a lerobot fine-tune).
+    pub embedding_in_lm_head: bool,
 }
 
 /// The backbone config fields that tensor shapes do not show.
@@ -98,10 +104,13 @@ struct Backbone {
 }
 
 impl Backbone {
-    /// From `<checkpoint>/<model_name>/config.json` (a local backbone, as tiny test checkpoints
-    /// have), or Cosmos-Reason2-2B's values when the checkpoint names it.
+    /// From `<dir>/<model_name>/config.json` (a local backbone, as tiny test checkpoints have),
+    /// Cosmos-Reason2-2B's values when the checkpoint names it, else the named model's config in
+    /// the Hugging Face cache.
     fn read(dir: &Path, model_name: &str, vision_width: usize) -> Result<Backbone> {
-        let path = dir.join(model_name).join("config.json");
+        let local = dir.join(model_name).join("config.json");
+        let cached = || hf_cache::snapshot(model_name).map(|s| s.join("config.json")).filter(|p| p.exists());
+        let path = if local.exists() || model_name == COSMOS_REASON2 { local } else { cached().unwrap_or(local) };
         if model_name == COSMOS_REASON2 && !path.exists() {
             return Ok(Backbone {
                 vision_heads: vision_width / 64,
@@ -112,7 +121,14 @@ impl Backbone {
             });
         }
         let json = ConfigJson::read(&path)?.ok_or_else(|| {
-            Error::checkpoint(dir, format!("config.json names backbone {model_name:?}: expected its Qwen3-VL config at {}", path.display()))
+            Error::checkpoint(
+                dir,
+                format!(
+                    "config.json names backbone {model_name:?}: expected its Qwen3-VL config at {} or in the Hugging Face cache ({})",
+                    path.display(),
+                    hf_cache::describe_roots()
+                ),
+            )
         })?;
         let v = &json.value;
         let bad = |what: &str| Error::checkpoint(&path, format!("missing or bad {what}"));
@@ -142,8 +158,10 @@ impl Backbone {
 }
 
 impl Config {
-    /// Every size from the checkpoint's tensors, its config.json and the backbone's config.
-    pub fn from_checkpoint(ckpt: &Checkpoint, json: &GrootJson) -> Result<Config> {
+    /// Every size from the checkpoint's tensors, its config.json and the backbone's config, whose
+    /// `model_name` is resolved against `base` (the checkpoint's directory, or a lerobot
+    /// fine-tune's base model).
+    pub fn from_checkpoint(ckpt: &Checkpoint, json: &GrootJson, base: &Path) -> Result<Config> {
         let dim = |name: &str, axis: usize| -> Result<usize> {
             let shape = ckpt
                 .shape(name)
@@ -159,7 +177,9 @@ impl Config {
         if position_side * position_side != positions {
             return Err(Error::checkpoint(ckpt.path(), format!("pos_embed has {positions} rows, not a square grid")));
         }
-        let backbone = Backbone::read(ckpt.dir(), &json.model_name, vision_width)?;
+        let backbone = Backbone::read(base, &json.model_name, vision_width)?;
+        let embedding_in_lm_head = ckpt.shape(&format!("{LM}embed_tokens.weight")).is_none() && ckpt.shape(LM_HEAD).is_some();
+        let embedding = if embedding_in_lm_head { LM_HEAD.to_string() } else { format!("{LM}embed_tokens.weight") };
         let head_dim = dim(&format!("{LM}layers.0.self_attn.q_norm.weight"), 0)?;
         let cfg = |v: &Value, key: &str, default: usize| v.get(key).and_then(Value::as_u64).map_or(default, |x| x as usize);
         let dit_heads = cfg(&json.diffusion_model_cfg, "num_attention_heads", 32);
@@ -172,13 +192,13 @@ impl Config {
             position_side,
             deepstack: backbone.deepstack,
             merged_width: dim(&format!("{VT}merger.linear_fc2.weight"), 0)?,
-            lm_width: dim(&format!("{LM}embed_tokens.weight"), 1)?,
+            lm_width: dim(&embedding, 1)?,
             lm_layers: count(&format!("{LM}layers."), "input_layernorm.weight"),
             heads: dim(&format!("{LM}layers.0.self_attn.q_proj.weight"), 0)? / head_dim.max(1),
             kv_heads: dim(&format!("{LM}layers.0.self_attn.k_proj.weight"), 0)? / head_dim.max(1),
             head_dim,
             lm_mlp: dim(&format!("{LM}layers.0.mlp.gate_proj.weight"), 0)?,
-            vocab: dim(&format!("{LM}embed_tokens.weight"), 0)?,
+            vocab: dim(&embedding, 0)?,
             rope_theta: backbone.theta,
             mrope_sections: backbone.sections,
             rms_eps: backbone.eps,
@@ -196,6 +216,7 @@ impl Config {
             denoise_steps: json.num_inference_timesteps.unwrap_or(4),
             timestep_buckets: json.num_timestep_buckets.unwrap_or(1000),
             text_every: json.attend_text_every_n_blocks.unwrap_or(2),
+            embedding_in_lm_head,
         };
         let problem = if json.use_alternate_vl_dit == Some(false) {
             Some("use_alternate_vl_dit is false: only the N1.7 AlternateVLDiT is supported".to_string())
@@ -260,7 +281,7 @@ impl Config {
             linear(&mut e, format!("{name}.linear_fc1"), 4 * v, 4 * v);
             linear(&mut e, format!("{name}.linear_fc2"), mw, 4 * v);
         }
-        e.tensor(format!("{LM}embed_tokens.weight"), &[self.vocab, l]);
+        e.tensor(self.embedding(), &[self.vocab, l]);
         let (q, kv) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
         for i in 0..self.lm_layers {
             let p = format!("{LM}layers.{i}.");
@@ -283,7 +304,7 @@ impl Config {
         }
         // Unused at inference: the LM head (tied to the embedding) and the final norm (GR00T
         // reads the last layer's output before it).
-        e.ignore("backbone.model.lm_head.weight");
+        e.ignore(LM_HEAD);
         e.ignore(format!("{LM}norm.weight"));
         norm(&mut e, format!("{AH}vlln"), l);
         for i in 0..self.vl_layers {
@@ -325,6 +346,11 @@ impl Config {
         category(&mut e, format!("{AH}action_decoder.layer2"), self.dit_out, self.action_width);
         e.tensor(format!("{AH}position_embedding.weight"), &[self.action_positions, d]);
         e
+    }
+
+    /// The checkpoint name of the token embedding.
+    fn embedding(&self) -> String {
+        if self.embedding_in_lm_head { LM_HEAD.to_string() } else { format!("{LM}embed_tokens.weight") }
     }
 
     /// Parameters the runtime reads.
@@ -587,12 +613,8 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
     // ---- Language model over the prompt, the image embeddings in its image slots.
     plan.phase("language");
     let lx = plan.matrix("lm_x", s, lw);
-    let emb = add(
-        &mut plan,
-        "embed_tokens".into(),
-        WeightRole::Embedding { vocab: c.vocab, width: lw },
-        WeightData::Checkpoint(format!("{LM}embed_tokens.weight")),
-    );
+    let emb =
+        add(&mut plan, "embed_tokens".into(), WeightRole::Embedding { vocab: c.vocab, width: lw }, WeightData::Checkpoint(c.embedding()));
     plan.push(Op::Embed { tokens: inputs.tokens, table: emb, scale: 1.0, out: lx });
     plan.push(Op::ScatterRows { src: image_embeds, index: inputs.image_slots, dst: lx, accumulate: false });
     let (q, kv) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);

@@ -86,6 +86,9 @@ pub struct Modality {
     pub action_configs: Vec<Value>,
 }
 
+/// A statistic's (min, max) per column.
+pub type Bounds = (Vec<f32>, Vec<f32>);
+
 /// How one action group is decoded.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Decode {
@@ -189,13 +192,28 @@ impl Sidecars {
         let stats_path = dir.join("statistics.json");
         let all = read_json(&stats_path)?.ok_or_else(|| Error::checkpoint(dir, "missing statistics.json (GR00T N1.7 sidecar)"))?;
         let stats = all.get(tag).ok_or_else(|| Error::checkpoint(&stats_path, format!("no statistics for embodiment {tag:?}")))?;
+        Sidecars::from_stats(tag, slot, kwargs.clone(), modality, stats, &stats_path, &config_path)
+    }
+
+    /// The groups of one embodiment from its statistics (`statistics.json[tag]`, or a lerobot
+    /// pack step's `raw_stats`) and its modality config; `stats_path` and `config_path` name
+    /// where they came from in errors.
+    pub fn from_stats(
+        tag: &str,
+        slot: usize,
+        kwargs: ProcessorKwargs,
+        modality: ModalityConfig,
+        stats: &Value,
+        stats_path: &Path,
+        config_path: &Path,
+    ) -> Result<Sidecars> {
         let stat = |modality: &str, key: &str, name: &str| -> Result<(Vec<f32>, usize)> {
             stats
                 .get(modality)
                 .and_then(|m| m.get(key))
                 .and_then(|k| k.get(name))
                 .and_then(numbers)
-                .ok_or_else(|| Error::checkpoint(&stats_path, format!("{tag}.{modality}.{key}.{name}: missing or not numbers")))
+                .ok_or_else(|| Error::checkpoint(stats_path, format!("{tag}.{modality}.{key}.{name}: missing or not numbers")))
         };
         let (lo, hi) = if kwargs.use_percentiles { ("q01", "q99") } else { ("min", "max") };
 
@@ -205,10 +223,7 @@ impl Sidecars {
             let (min, _) = stat("state", key, lo)?;
             let (max, _) = stat("state", key, hi)?;
             if min.len() != max.len() {
-                return Err(Error::checkpoint(
-                    &stats_path,
-                    format!("{tag}.state.{key}: {lo} has {} values, {hi} {}", min.len(), max.len()),
-                ));
+                return Err(Error::checkpoint(stats_path, format!("{tag}.state.{key}: {lo} has {} values, {hi} {}", min.len(), max.len())));
             }
             state_groups.push((key.clone(), min.len()));
             state_min.extend(min);
@@ -235,7 +250,7 @@ impl Sidecars {
                 let state_key = config.get("state_key").and_then(Value::as_str).unwrap_or(key);
                 let at = state_at(state_key).ok_or_else(|| {
                     Error::checkpoint(
-                        &config_path,
+                        config_path,
                         format!("relative action group {key:?} refers to state group {state_key:?}, which the state lacks"),
                     )
                 })?;
@@ -244,19 +259,56 @@ impl Sidecars {
                     ("eef", "xyz+rot6d") if dim == 9 => Decode::RelativeEef { state_at: at },
                     (ty, format) => {
                         return Err(Error::checkpoint(
-                            &config_path,
+                            config_path,
                             format!("relative action group {key:?}: type {ty:?} format {format:?} ({dim} wide) is not supported"),
                         ));
                     }
                 }
             };
             if max.len() != min.len() {
-                return Err(Error::checkpoint(&stats_path, format!("{tag}: action group {key:?} has min and max of different sizes")));
+                return Err(Error::checkpoint(stats_path, format!("{tag}: action group {key:?} has min and max of different sizes")));
             }
             action_groups.push(ActionGroup { key: key.clone(), dim, decode, steps, min, max });
         }
         let action_steps = modality.action.delta_indices.len().max(1);
         Ok(Sidecars { tag: tag.to_string(), slot, kwargs, modality, state_groups, state_min, state_max, action_groups, action_steps })
+    }
+
+    /// One state group and one absolute action group, each with its own bounds: what a lerobot
+    /// fine-tune normalizes and decodes with when the base checkpoint has no statistics for its
+    /// embodiment (dataset statistics, `groot_action_unpack_unnormalize_v2`).
+    pub fn flat(
+        tag: &str,
+        slot: usize,
+        kwargs: ProcessorKwargs,
+        cameras: Vec<String>,
+        state: Bounds,
+        action: Bounds,
+        steps: usize,
+    ) -> Sidecars {
+        let modality = ModalityConfig { video: Modality { modality_keys: cameras, ..Modality::default() }, ..ModalityConfig::default() };
+        let (dim, (min, max)) = (action.0.len(), action);
+        Sidecars {
+            tag: tag.to_string(),
+            slot,
+            kwargs,
+            modality,
+            state_groups: vec![("observation.state".into(), state.0.len())],
+            state_min: state.0,
+            state_max: state.1,
+            action_groups: vec![ActionGroup { key: "action".into(), dim, decode: Decode::Absolute, steps: 1, min, max }],
+            action_steps: steps,
+        }
+    }
+
+    /// Replaces the state's normalization bounds (a lerobot pack step normalizes with the
+    /// flattened statistics of its state file, not the grouped ones).
+    pub fn set_state_bounds(&mut self, (min, max): Bounds) -> std::result::Result<(), String> {
+        if min.len() != self.state_min.len() || max.len() != self.state_min.len() {
+            return Err(format!("{} min / {} max values for a {}-wide state", min.len(), max.len(), self.state_min.len()));
+        }
+        (self.state_min, self.state_max) = (min, max);
+        Ok(())
     }
 
     /// The raw state's width (the sum of the state groups).

@@ -3,6 +3,8 @@
 //! turns a task into the prompt's inputs (token ids, masks, M-RoPE positions, image slots),
 //! normalizes each step's state and decodes the action chunk.
 
+use std::path::{Path, PathBuf};
+
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::config::PolicyConfig;
@@ -10,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::models::{ConfigJson, ModelConfig, ModelInfo, ModelKind, ModelSpec, Processing};
 use crate::qwen_image::{Filter, QwenImage};
 
+use super::lerobot;
 use super::model::{BuildOptions, Config, GrootJson, ModelInputs, build};
 use super::positions::mrope_positions;
 use super::prompt::{PromptTokenizer, language};
@@ -20,6 +23,36 @@ const DEFAULT_TEXT_CAPACITY: usize = 64;
 /// Tokens around the images and the text: `<|im_start|>user\n` and `<|im_end|>\n`.
 const FIXED_TOKENS: usize = 5;
 
+/// Where a checkpoint's model config, backbone, processing and tokenizer come from: a raw
+/// (Hugging Face layout) checkpoint's own files, or a lerobot fine-tune's pipelines and base model.
+pub struct Source {
+    pub groot: GrootJson,
+    /// The directory the backbone's `model_name` is resolved against.
+    pub backbone_dir: PathBuf,
+    pub sidecars: Sidecars,
+    /// The checkpoint's own denoise step count, over its model config's.
+    pub denoise_steps: Option<usize>,
+    /// The state and action widths the processing pads to, checked against the model's.
+    pub widths: Option<(usize, usize)>,
+    /// Where a tokenizer.json is looked for, in order, and how to supply one.
+    pub tokenizers: Vec<PathBuf>,
+    pub tokenizer_hint: String,
+}
+
+impl Source {
+    fn raw(dir: &Path, json: &ConfigJson, embodiment: Option<&str>) -> Result<Source> {
+        Ok(Source {
+            groot: json.parse()?,
+            backbone_dir: dir.to_path_buf(),
+            sidecars: Sidecars::read(dir, embodiment)?,
+            denoise_steps: None,
+            widths: None,
+            tokenizers: vec![dir.join("tokenizer.json")],
+            tokenizer_hint: "put tokenizer.json beside the checkpoint or set PolicyConfig::tokenizer".into(),
+        })
+    }
+}
+
 pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig, progress: &dyn Fn(usize)) -> Result<ModelSpec> {
     let dir = ckpt.dir();
     let json = json.ok_or_else(|| Error::checkpoint(dir, "a GR00T N1.7 checkpoint needs its config.json"))?;
@@ -27,15 +60,25 @@ pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig,
         // lerobot's GR00T RTC is another scheme (a frozen prefix with a velocity ramp).
         return Err(Error::invalid("config.rtc", "real-time chunking is implemented for Pi0.5 only; open GR00T N1.7 without it"));
     }
-    let groot: GrootJson = json.parse()?;
-    let mut model_config = Config::from_checkpoint(ckpt, &groot)?;
-    if let Some(n) = config.denoise_steps {
+    let embodiment = config.embodiment.as_deref();
+    let source = if lerobot::is_fine_tune(json) { lerobot::read(dir, json, embodiment)? } else { Source::raw(dir, json, embodiment)? };
+    let mut model_config = Config::from_checkpoint(ckpt, &source.groot, &source.backbone_dir)?;
+    if let Some(n) = config.denoise_steps.or(source.denoise_steps) {
         model_config.denoise_steps = n;
     }
     if model_config.denoise_steps == 0 {
         return Err(Error::invalid("config.denoise_steps", "must be positive"));
     }
-    let sidecars = Sidecars::read(dir, config.embodiment.as_deref())?;
+    if let Some((state, action)) = source.widths.filter(|&w| w != (model_config.state_width, model_config.action_width)) {
+        return Err(Error::checkpoint(
+            dir,
+            format!(
+                "the processing pads state / action to {state} / {action}, the model takes {} / {}",
+                model_config.state_width, model_config.action_width
+            ),
+        ));
+    }
+    let sidecars = source.sidecars;
     let tag = &sidecars.tag;
     let cameras: Vec<String> = sidecars.modality.video.modality_keys.clone();
     if cameras.is_empty() {
@@ -85,12 +128,21 @@ pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig,
     let text_capacity = config.prompt_len.unwrap_or(DEFAULT_TEXT_CAPACITY);
     let slots = FIXED_TOKENS + cameras.len() * (tokens_per_image + 2) + text_capacity;
 
-    let tokenizer_path = config.tokenizer.clone().unwrap_or_else(|| dir.join("tokenizer.json"));
-    let tokenizer = if tokenizer_path.exists() {
-        Some(PromptTokenizer::from_file(&tokenizer_path)?)
-    } else {
-        log::warn!("no tokenizer.json beside the checkpoint: only raw token prompts (set_prompt_tokens) are accepted");
-        None
+    let tokenizer_path = match &config.tokenizer {
+        Some(path) => Some(path.clone()),
+        None => source.tokenizers.iter().find(|p| p.exists()).cloned(),
+    };
+    let missing_tokenizer = format!(
+        "no tokenizer.json (looked at {}); {}",
+        source.tokenizers.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
+        source.tokenizer_hint
+    );
+    let tokenizer = match tokenizer_path {
+        Some(path) => Some(PromptTokenizer::from_file(&path)?),
+        None => {
+            log::warn!("{missing_tokenizer}: only raw token prompts (set_prompt_tokens) are accepted");
+            None
+        }
     };
     let opts = BuildOptions {
         cameras: cameras.len(),
@@ -104,6 +156,7 @@ pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig,
     let grid = image.target / image.patch;
     let processing = GrootProcessing {
         tokenizer,
+        missing_tokenizer,
         vocab: model_config.vocab,
         formalize: kw.formalize_language,
         images: cameras.len(),
@@ -162,6 +215,8 @@ struct PromptInputs {
 
 pub struct GrootProcessing {
     tokenizer: Option<PromptTokenizer>,
+    /// Where the tokenizer was looked for and how to supply one, for the error without it.
+    missing_tokenizer: String,
     vocab: usize,
     formalize: bool,
     images: usize,
@@ -209,10 +264,8 @@ impl GrootProcessing {
 
 impl Processing for GrootProcessing {
     fn set_prompt(&mut self, text: &str) -> Result<()> {
-        let tok = self
-            .tokenizer
-            .as_ref()
-            .ok_or_else(|| Error::Tokenizer("no tokenizer loaded: pass tokenizer.json or use raw prompt tokens".into()))?;
+        let tok =
+            self.tokenizer.as_ref().ok_or_else(|| Error::Tokenizer(format!("{}; or use raw prompt tokens", self.missing_tokenizer)))?;
         if text.trim().is_empty() {
             return Err(Error::invalid("prompt", "the task text is empty or only whitespace; the previous prompt stays"));
         }
@@ -223,11 +276,9 @@ impl Processing for GrootProcessing {
 
     /// The whole chat turn as ids, the image pads included (one run of the image's tokens each).
     fn set_prompt_tokens(&mut self, ids: &[i32]) -> Result<()> {
-        let image_pad = self
-            .tokenizer
-            .as_ref()
-            .map(|t| t.image_pad)
-            .ok_or_else(|| Error::Tokenizer("raw GR00T prompts need the tokenizer's <|image_pad|> id: pass tokenizer.json".into()))?;
+        let image_pad = self.tokenizer.as_ref().map(|t| t.image_pad).ok_or_else(|| {
+            Error::Tokenizer(format!("raw GR00T prompts need the tokenizer's <|image_pad|> id: {}", self.missing_tokenizer))
+        })?;
         if let Some((i, id)) = ids.iter().enumerate().find(|(_, id)| !usize::try_from(**id).is_ok_and(|id| id < self.vocab)) {
             return Err(Error::invalid(
                 format!("prompt_tokens[{i}]"),

@@ -71,6 +71,7 @@ impl Size {
             denoise_steps: 4,
             timestep_buckets: 1000,
             text_every: 2,
+            embedding_in_lm_head: false,
         };
         match self {
             Size::Tiny => tiny,
@@ -221,7 +222,7 @@ mod tests {
         synthesize(dir.path(), Size::Tiny, 3, &|_| {}).unwrap();
         let ckpt = Checkpoint::open(dir.path()).unwrap();
         let json = ConfigJson::read(&dir.path().join("config.json")).unwrap().unwrap();
-        let derived = Config::from_checkpoint(&ckpt, &json.parse().unwrap()).unwrap();
+        let derived = Config::from_checkpoint(&ckpt, &json.parse().unwrap(), dir.path()).unwrap();
         assert_eq!(derived, Size::Tiny.config());
         derived.expected().check(&ckpt).unwrap();
         // The published model's parameters without the unused LM head (spec section 3: 3,144 M).
