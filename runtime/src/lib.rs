@@ -20,6 +20,7 @@ pub mod policy;
 pub mod qwen_image;
 pub mod realtime;
 pub mod stats;
+pub mod stream;
 pub mod weights;
 
 pub use backend::{BackendKind, Precision};
@@ -27,3 +28,4 @@ pub use error::{Error, Result};
 pub use image::{Frame, PixelFormat};
 pub use policy::{Observation, Policy, PolicyConfig, PolicyInfo, StepInfo};
 pub use stats::{LatencyStats, Summary};
+pub use stream::{ActionStatus, ActionStream, ActionTick, Fallback, StreamConfig, StreamStats};

@@ -172,6 +172,11 @@ impl Policy {
         self.io.noise.len()
     }
 
+    /// Largest frame `step` accepts (`PolicyConfig::max_frame_width` × `max_frame_height`).
+    pub fn max_frame(&self) -> (usize, usize) {
+        self.max_frame
+    }
+
     /// The execution plan (ops, buffers, FLOP count).
     pub fn plan(&self) -> &crate::plan::Plan {
         self.backend.plan()
