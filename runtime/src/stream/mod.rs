@@ -40,7 +40,7 @@ use crossbeam_utils::sync::{Parker, Unparker};
 
 use crate::error::{Error, Result};
 use crate::image::{Frame, PixelFormat};
-use crate::policy::{Observation, Policy, PolicyInfo, StepInfo};
+use crate::policy::{Observation, Policy, StepInfo};
 use crate::realtime::{self, RealtimeConfig};
 use triple::{Reader, Writer, triple};
 
@@ -104,12 +104,21 @@ impl Default for StreamConfig {
     }
 }
 
+/// The sizes a stream is built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamDims {
+    pub horizon: usize,
+    pub action_dim: usize,
+    pub state_dim: usize,
+    pub cameras: usize,
+    /// Largest frame accepted (the stream's staging buffers are sized for it).
+    pub max_frame: (usize, usize),
+}
+
 /// What the stream's inference thread needs from a policy. [`Policy`] implements it; tests wrap
 /// one to slow it down or make it fail.
 pub trait StreamPolicy: Send + 'static {
-    fn info(&self) -> PolicyInfo;
-    /// Largest frame the policy accepts (the stream's staging buffers are sized for it).
-    fn max_frame(&self) -> (usize, usize);
+    fn dims(&self) -> StreamDims;
     /// One chunk: `actions` gets `horizon × action_dim` values. `continuation` is `None` for the
     /// first chunk and when the previous one had run out.
     fn step_chunk(&mut self, obs: &Observation, continuation: Option<Continuation>, actions: &mut [f32]) -> Result<StepInfo>;
@@ -117,11 +126,15 @@ pub trait StreamPolicy: Send + 'static {
 }
 
 impl StreamPolicy for Policy {
-    fn info(&self) -> PolicyInfo {
-        Policy::info(self)
-    }
-    fn max_frame(&self) -> (usize, usize) {
-        Policy::max_frame(self)
+    fn dims(&self) -> StreamDims {
+        let info = self.info();
+        StreamDims {
+            horizon: info.horizon,
+            action_dim: info.action_dim,
+            state_dim: info.state_dim,
+            cameras: info.cameras.len(),
+            max_frame: self.max_frame(),
+        }
     }
     // RTC HOOK: the one place the stream calls the policy. Until `Policy::step_continuing`
     // (real-time chunking, issue 31 item 1) is on this branch, the continuation is not used.
@@ -299,13 +312,10 @@ impl<P: StreamPolicy> ActionStream<P> {
     /// Starts the inference thread over `policy` (which the stream owns until [`Self::stop`]).
     /// The first chunk is requested at the first `next_action` after an observation.
     pub fn start(policy: P, config: &StreamConfig) -> Result<Self> {
-        let info = policy.info();
+        let info = policy.dims();
         let (horizon, action_dim) = (info.horizon, info.action_dim);
-        if info.cameras.len() > MAX_CAMERAS {
-            return Err(Error::invalid(
-                "policy.cameras",
-                format!("{} cameras, the stream stages at most {MAX_CAMERAS}", info.cameras.len()),
-            ));
+        if info.cameras > MAX_CAMERAS {
+            return Err(Error::invalid("policy.cameras", format!("{} cameras, the stream stages at most {MAX_CAMERAS}", info.cameras)));
         }
         if config.control_period.is_zero() {
             return Err(Error::invalid("stream.control_period", "must be positive"));
@@ -314,10 +324,10 @@ impl<P: StreamPolicy> ActionStream<P> {
         if refill_at >= horizon {
             return Err(Error::invalid("stream.refill_at", format!("{refill_at} must be below the horizon {horizon}")));
         }
-        let max_frame = policy.max_frame();
+        let max_frame = info.max_frame;
         let bytes = max_frame.0.saturating_mul(max_frame.1).saturating_mul(4);
         let (obs_writer, obs_reader) = triple(|| ObsSlot {
-            frames: (0..info.cameras.len())
+            frames: (0..info.cameras)
                 .map(|_| FrameBuf { data: Vec::with_capacity(bytes), width: 0, height: 0, format: PixelFormat::Rgb8, present: false })
                 .collect(),
             state: vec![0.0; info.state_dim],
@@ -361,7 +371,7 @@ impl<P: StreamPolicy> ActionStream<P> {
             horizon,
             action_dim,
             state_dim: info.state_dim,
-            cameras: info.cameras.len(),
+            cameras: info.cameras,
             max_frame,
             refill_at,
             fallback: config.fallback,
