@@ -33,7 +33,7 @@ use flashrt::cuda::{CudaBackend, CudaOptions};
 use flashrt::image::{Frame, PixelFormat};
 use flashrt::plan::{Activation, BufId, BufType, HostIo, Op, Plan, RopeAxes, View, WeightId, WeightRole};
 use flashrt::weights::WeightData;
-use flashrt::{BackendKind, Observation, Policy, PolicyConfig};
+use flashrt::{BackendKind, Continuation, Observation, Policy, PolicyConfig, RtcConfig, RtcSchedule};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
@@ -397,6 +397,37 @@ fn elementwise_case(seed: u64) -> Case {
     let actions = c.plan.host_buffer("actions", BufType::F32, rows * cols, HostIo::Output);
     c.plan.push(Op::Affine { x: r.cols(0, cols), scale, offset, out: View { buf: actions, offset: 0, rows, cols, stride: cols } });
     c.compare.push("actions".into());
+    c
+}
+
+/// Real-time chunking's guided Euler step: x, dt·v and the previous chunk in f32, row weights and
+/// a shift as host inputs (rows past the previous chunk's end and columns past the prefix read 0).
+fn rtc_case(seed: u64) -> Case {
+    let mut c = Case::new(String::new(), seed);
+    let (rows, cols) = (c.rng.random_range(2..80), c.rng.random_range(1..40));
+    let prefix = c.rng.random_range(1..=cols);
+    let shift = c.rng.random_range(0..rows) as i32;
+    c.name = format!("rtc_guide {rows}x{cols}, prefix {prefix} columns, shift {shift}");
+    let x = c.input("x", rows, cols);
+    let step = c.input("step", rows, cols);
+    let prev = c.input("prev", rows, cols);
+    let weights = c.plan.host_buffer("weights", BufType::F32, rows, HostIo::Input);
+    let w: Vec<f32> = (0..rows).map(|r| if r % 3 == 2 { 0.0 } else { c.rng.random_range(0.0..1.0) }).collect();
+    c.inputs.push((weights, Input::F32(w)));
+    let shift = c.host_i32("shift", vec![shift]);
+    let t = c.rng.random_range(0.1..1.0);
+    c.plan.push(Op::RtcGuide {
+        x,
+        step,
+        prev,
+        weights,
+        shift,
+        cols: prefix,
+        t,
+        dt: -0.1,
+        guidance: flashrt::rtc::guidance_weight(t, 10.0),
+    });
+    c.check(x);
     c
 }
 
@@ -843,6 +874,7 @@ fn every_op_matches_cpu() {
             (residual_case(seed), dummy.clone()),
             (step_boundary_case(seed), dummy.clone()),
             (elementwise_case(seed), dummy.clone()),
+            (rtc_case(seed), dummy.clone()),
             (mlp_case(seed), dummy.clone()),
             (qkv_rope_case(seed), dummy.clone()),
             (attention_case(seed), dummy.clone()),
@@ -1045,6 +1077,72 @@ fn tiny_fixture_matches_cpu() {
         }),
     );
     assert!(pass, "tiny fixture parity failed (see above)");
+}
+
+/// Real-time chunking inside the graph: for each case of golden_rtc.safetensors (lerobot's
+/// `RTCProcessor`, tools/golden/gen_rtc.py), chunk A then chunk B continuing it, on the device
+/// against lerobot's f32 chunk, with the same graph replayed for every continuation (weights and
+/// shift are device-side inputs) and no allocation in those steps.
+#[test]
+#[ignore = "needs a CUDA GPU: tools/device/checks/cuda_checks.sh tests"]
+fn real_time_chunking_matches_lerobot() {
+    require_gpu("real_time_chunking_matches_lerobot");
+    let dir = fixture_dir();
+    let golden = Golden::load(&dir);
+    let rtc = Golden(std::fs::read(dir.join("golden_rtc.safetensors")).expect("golden_rtc.safetensors"));
+    let (_, meta) = SafeTensors::read_metadata(&rtc.0).unwrap();
+    let cases: serde_json::Value = serde_json::from_str(&meta.metadata().as_ref().unwrap()["cases"]).unwrap();
+    let (base_shape, base) = golden.raw("input.image.base_0_rgb");
+    let (wrist_shape, wrist) = golden.raw("input.image.left_wrist_0_rgb");
+    let cameras = [
+        Some(Frame::packed(&base, base_shape[1], base_shape[0], PixelFormat::Rgb8)),
+        Some(Frame::packed(&wrist, wrist_shape[1], wrist_shape[0], PixelFormat::Rgb8)),
+        None,
+    ];
+    let (noise_a, noise_b) = (golden.f32("input.noise"), rtc.f32("input.rtc.noise"));
+    let (mut results, mut pass, mut allocations) = (Vec::new(), true, 0);
+    for (i, case) in cases.as_array().unwrap().iter().enumerate() {
+        let field = |k: &str| case[k].as_u64().unwrap() as usize;
+        let mut config = PolicyConfig::new(&dir);
+        config.backend = BackendKind::Cuda;
+        config.rtc = Some(RtcConfig {
+            schedule: RtcSchedule::parse(case["schedule"].as_str().unwrap()).unwrap(),
+            max_guidance_weight: case["max_guidance_weight"].as_f64().unwrap() as f32,
+            execution_horizon: field("execution_horizon"),
+        });
+        let mut policy = Policy::open(&config).unwrap();
+        let state = vec![0.5; policy.info().state_dim];
+        let mut actions = vec![0.0; policy.actions_len()];
+        policy.set_prompt_tokens(&golden.tokens("a")).unwrap();
+        policy.step(&Observation { cameras: &cameras, state: &state, noise: Some(&noise_a) }, &mut actions).unwrap();
+        policy.set_prompt_tokens(&golden.tokens("b")).unwrap();
+        let continuation = Continuation { executed: field("executed"), inference_delay: field("inference_delay") };
+        let obs = Observation { cameras: &cameras, state: &state, noise: Some(&noise_b) };
+        let (r, n) = counting_alloc::count(|| policy.step_continuing(&obs, Some(continuation), &mut actions));
+        r.unwrap();
+        allocations += n;
+        let (got, want) = (policy.buffer("x_t").unwrap(), rtc.f32(&format!("output.rtc.{i}")));
+        let (cos, err) = (cosine(&got, &want), max_abs(&got, &want));
+        let ok = cos >= CUDA_TINY_COSINE && err <= CUDA_TINY_MAX_ABS;
+        pass &= ok;
+        eprintln!("case {i} {case}: guided chunk vs lerobot f32 cosine {cos:.6} max-abs {err:.3e} {}", if ok { "ok" } else { "FAIL" });
+        results.push(json!({"case": case, "cosine": cos, "max_abs": err, "pass": ok}));
+    }
+    write_result(
+        "cuda_rtc_parity.json",
+        json!({
+            "check": "real-time chunking, CUDA bf16 vs lerobot-0.6.1 RTCProcessor f32 (guided x0 of the second chunk)",
+            "model": "pi05 tiny (tests/data/pi05_tiny)",
+            "backend": "cuda",
+            "precision": "bf16",
+            "bound": format!("cosine >= {CUDA_TINY_COSINE}, max_abs <= {CUDA_TINY_MAX_ABS:e}"),
+            "allocations_in_continuing_steps": allocations,
+            "results": results,
+            "commit": commit(),
+        }),
+    );
+    assert!(pass, "RTC parity on CUDA failed (see above)");
+    assert_eq!(allocations, 0, "continuing steps allocated {allocations} times");
 }
 
 /// The prompt buckets on the device: for prompts ending in each bucket (and on both sides of

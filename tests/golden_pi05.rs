@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use flashrt::image::{Frame, PixelFormat};
-use flashrt::{BackendKind, Observation, Policy, PolicyConfig};
+use flashrt::{BackendKind, Continuation, Observation, Policy, PolicyConfig, RtcConfig, RtcSchedule};
 use safetensors::SafeTensors;
 
 #[path = "support/tolerance.rs"]
@@ -79,6 +79,11 @@ fn run(policy: &mut Policy, golden: &Golden, p: &str) -> Vec<f32> {
 /// Runs prompt `p` through the policy with the golden inputs; returns what `step` returns: the
 /// un-normalized actions of the robot's columns [50×7].
 fn step(policy: &mut Policy, golden: &Golden, p: &str) -> Vec<f32> {
+    step_continuing(policy, golden, p, &golden.f32("input.noise"), None)
+}
+
+/// [`step`] with the given noise, continuing the previous chunk when asked.
+fn step_continuing(policy: &mut Policy, golden: &Golden, p: &str, noise: &[f32], continuation: Option<Continuation>) -> Vec<f32> {
     let (base_shape, base) = golden.u8("input.image.base_0_rgb");
     let (wrist_shape, wrist) = golden.u8("input.image.left_wrist_0_rgb");
     let cameras = [
@@ -86,11 +91,11 @@ fn step(policy: &mut Policy, golden: &Golden, p: &str) -> Vec<f32> {
         Some(Frame::packed(&wrist, wrist_shape[1], wrist_shape[0], PixelFormat::Rgb8)),
         None,
     ];
-    let noise = golden.f32("input.noise");
     policy.set_prompt_tokens(&golden.tokens(p)).unwrap();
     let state = vec![0.5; policy.info().state_dim];
     let mut actions = vec![0.0; policy.actions_len()];
-    policy.step(&Observation { cameras: &cameras, state: &state, noise: Some(&noise) }, &mut actions).unwrap();
+    let obs = Observation { cameras: &cameras, state: &state, noise: Some(noise) };
+    policy.step_continuing(&obs, continuation, &mut actions).unwrap();
     actions
 }
 
@@ -202,6 +207,51 @@ fn returned_actions_match_lerobots_postprocessor() {
             assert_close(&format!("{mode}, prompt {p}: returned actions"), &step(&mut policy, &golden, p), &want, CPU_MAX_ABS);
         }
     }
+}
+
+/// Real-time chunking against lerobot's `RTCProcessor` (golden_rtc.safetensors, made by
+/// tools/golden/gen_rtc.py): chunk A (prompt a), then chunk B (prompt b, other noise) continuing
+/// A for each schedule, inference delay, executed count, execution horizon and guidance bound of
+/// the file's cases; and without a continuation the guided plan samples lerobot's plain chunk.
+#[test]
+fn real_time_chunking_matches_lerobot() {
+    let golden = Golden::load();
+    let rtc = Golden { bytes: std::fs::read(fixture_dir().join("golden_rtc.safetensors")).expect("golden_rtc.safetensors") };
+    let (_, meta) = SafeTensors::read_metadata(&rtc.bytes).unwrap();
+    let cases: serde_json::Value = serde_json::from_str(&meta.metadata().as_ref().unwrap()["cases"]).unwrap();
+    let noise_b = rtc.f32("input.rtc.noise");
+    let plain = rtc.f32("output.rtc.plain");
+    for (i, case) in cases.as_array().unwrap().iter().enumerate() {
+        let field = |k: &str| case[k].as_u64().unwrap() as usize;
+        let config = RtcConfig {
+            schedule: RtcSchedule::parse(case["schedule"].as_str().unwrap()).unwrap(),
+            max_guidance_weight: case["max_guidance_weight"].as_f64().unwrap() as f32,
+            execution_horizon: field("execution_horizon"),
+        };
+        let mut c = PolicyConfig::new(fixture_dir());
+        c.backend = BackendKind::Cpu;
+        c.rtc = Some(config);
+        let mut policy = Policy::open(&c).unwrap();
+        let continuation = Continuation { executed: field("executed"), inference_delay: field("inference_delay") };
+        // Before any chunk there is nothing to continue: the guided plan samples the plain chunk.
+        step_continuing(&mut policy, &golden, "b", &noise_b, Some(continuation));
+        assert_close(&format!("case {i}: first chunk, nothing to continue"), &policy.buffer("x_t").unwrap(), &plain, CPU_MAX_ABS);
+        let chunk_a = run(&mut policy, &golden, "a");
+        assert_close(&format!("case {i}: chunk A"), &chunk_a, &golden.f32("output.a.actions"), CPU_MAX_ABS);
+        step_continuing(&mut policy, &golden, "b", &noise_b, Some(continuation));
+        let want = rtc.f32(&format!("output.rtc.{i}"));
+        // The guidance must matter for the comparison to prove anything.
+        assert!(max_abs(&want, &plain) > 0.1, "case {i}: lerobot's guided chunk is close to the plain one");
+        assert_close(&format!("case {i} {case}: guided chunk B"), &policy.buffer("x_t").unwrap(), &want, CPU_MAX_ABS);
+    }
+    // A policy opened without RTC refuses a continuation and stays usable.
+    let mut policy = open(&fixture_dir(), None);
+    run(&mut policy, &golden, "a");
+    let cameras = [None, None, None];
+    let obs = Observation { cameras: &cameras, state: &[0.0; 8], noise: None };
+    let err = policy.step_continuing(&obs, Some(Continuation { executed: 1, inference_delay: 1 }), &mut [0.0; 350]).unwrap_err();
+    assert!(err.to_string().contains("real-time chunking"), "{err}");
+    assert_close("after a refused continuation", &run(&mut policy, &golden, "a"), &golden.f32("output.a.actions"), CPU_MAX_ABS);
 }
 
 #[test]

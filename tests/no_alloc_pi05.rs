@@ -16,13 +16,14 @@ mod counting_alloc;
 use counting_alloc::count;
 use flashrt::image::{Frame, PixelFormat};
 use flashrt::models::pi05::synth::{SynthSize, synthesize};
-use flashrt::{Observation, Policy, PolicyConfig};
+use flashrt::{Continuation, Observation, Policy, PolicyConfig, RtcConfig, RtcSchedule};
 
 fn main() {
     step_does_not_allocate_after_warm_up();
+    continuing_step_does_not_allocate();
     groot_step_does_not_allocate_after_warm_up(false);
     groot_step_does_not_allocate_after_warm_up(true);
-    println!("no_alloc_pi05: 3 passed, 0 failed");
+    println!("no_alloc_pi05: 4 passed, 0 failed");
 }
 
 /// Frames cycle through 4 sizes/formats, the missing-camera pattern through 15 steps, noise through
@@ -97,6 +98,41 @@ fn step_does_not_allocate_after_warm_up() {
     // The counter works: an allocation while armed is seen.
     let (_, n) = count(|| std::hint::black_box(vec![1u8; 64]));
     assert_eq!(n, 1);
+}
+
+/// Real-time chunking's steps (`Policy::step_continuing`): the row weights and the shift are
+/// written in place, whatever the schedule and the continuation (none, inside the previous
+/// chunk, past its end). The frames and prompt paths are those above.
+fn continuing_step_does_not_allocate() {
+    let dir = tempfile::tempdir().unwrap();
+    synthesize(dir.path(), SynthSize::Micro, 12, &|_| {}).unwrap();
+    let continuations = [
+        None,
+        Some(Continuation { executed: 3, inference_delay: 2 }),
+        Some(Continuation { executed: 40, inference_delay: 9 }),
+        Some(Continuation { executed: 80, inference_delay: 1 }),
+    ];
+    for schedule in [RtcSchedule::Linear, RtcSchedule::Exp] {
+        let mut config = PolicyConfig::new(dir.path());
+        (config.max_frame_width, config.max_frame_height, config.threads) = (64, 64, Some(2));
+        config.rtc = Some(RtcConfig { schedule, max_guidance_weight: 5.0, execution_horizon: 20 });
+        let mut policy = Policy::open(&config).unwrap();
+        let mut actions = vec![0.0; policy.actions_len()];
+        let pixels = vec![7u8; 64 * 64 * 3];
+        let cams = [Some(Frame::packed(&pixels, 64, 64, PixelFormat::Rgb8)), None, None];
+        let state = vec![0.25; policy.info().state_dim];
+        policy.set_prompt("wipe the table").unwrap();
+        let obs = Observation { cameras: &cams, state: &state, noise: None };
+        policy.step(&obs, &mut actions).unwrap();
+        let mut total = 0;
+        for continuation in continuations {
+            let (result, n) = count(|| policy.step_continuing(&obs, continuation, &mut actions));
+            result.unwrap();
+            total += n;
+            assert!(actions.iter().all(|a| a.is_finite()));
+        }
+        assert_eq!(total, 0, "{schedule:?}: continuing steps allocated {total} times");
+    }
 }
 
 /// The same contract for GR00T N1.7 (tiny fixture): frames of changing sizes and formats, a

@@ -146,6 +146,22 @@ __device__ void affine(float* out, int out_stride, const Tin* x, int x_stride, c
     }
 FOR_TYPE(AFFINE, affine)
 
+// One Euler step under real-time chunking guidance (runtime/src/rtc.rs), f32 throughout: with
+// v = step / dt, x += dt * (v - guidance * weights[r] * (p - (x - t * v))), p the previous
+// chunk's row r + shift[0] (0 past its rows or from column prefix_cols on).
+extern "C" __global__ void rtc_guide_f32(float* x, int x_stride, const float* step, int step_stride,
+                                         const float* prev, int prev_stride, int prev_rows,
+                                         const float* weights, const int* shift, int prefix_cols,
+                                         float t, float dt, float guidance, int rows, int cols) {
+    ELEMENT_INDEX
+    const float v = step[(long)r * step_stride + c] / dt;
+    const int pr = r + shift[0];
+    const float target = (pr < prev_rows && c < prefix_cols) ? prev[(long)pr * prev_stride + c] : 0.f;
+    float* xp = x + (long)r * x_stride + c;
+    const float correction = (target - (*xp - t * v)) * weights[r];
+    *xp += dt * (v - guidance * correction);
+}
+
 // out[r] = table[clamp(tokens[r], 0, vocab - 1)] * scale, table bf16 [vocab, cols].
 template <typename Tout>
 __device__ void embed(Tout* out, int out_stride, const int* tokens, const bf16* table, int vocab, float scale,

@@ -10,6 +10,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::error::Result;
 use crate::image::{Frame, PixelFormat};
 use crate::policy::{Observation, Policy};
+use crate::rtc::Continuation;
 use crate::stats::{Summary, summarize};
 
 /// Synthetic observations: random frames and states that change every step (so no cache can
@@ -20,6 +21,8 @@ pub struct SyntheticInputs {
     width: usize,
     height: usize,
     present: Vec<bool>,
+    /// Under real-time chunking: what each step continues.
+    continuation: Option<Continuation>,
 }
 
 impl SyntheticInputs {
@@ -30,7 +33,7 @@ impl SyntheticInputs {
         let cameras = info.cameras.len();
         let frames = (0..variants * cameras).map(|_| (0..width * height * 3).map(|_| rng.random()).collect()).collect();
         let states = (0..variants).map(|_| (0..info.state_dim).map(|_| rng.random_range(-1.0..1.0)).collect()).collect();
-        SyntheticInputs { frames, states, width, height, present: (0..cameras).map(|c| c < views.max(1)).collect() }
+        SyntheticInputs { frames, states, width, height, present: (0..cameras).map(|c| c < views.max(1)).collect(), continuation: None }
     }
 
     /// Runs step `i` (cycling through the variants) into `actions`.
@@ -41,7 +44,12 @@ impl SyntheticInputs {
             |c: usize| self.present[c].then(|| Frame::packed(&self.frames[v * cams + c], self.width, self.height, PixelFormat::Rgb8));
         // At most 8 camera slots on the stack: no allocation in the timed loop.
         let slots: [Option<Frame>; 8] = std::array::from_fn(|c| if c < cams { frame(c) } else { None });
-        policy.step(&Observation { cameras: &slots[..cams], state: &self.states[v], noise: None }, actions)
+        policy.step_continuing(&Observation { cameras: &slots[..cams], state: &self.states[v], noise: None }, self.continuation, actions)
+    }
+
+    /// Each step continues the previous chunk at `continuation` (a policy opened with RTC).
+    pub fn continuing(self, continuation: Option<Continuation>) -> Self {
+        SyntheticInputs { continuation, ..self }
     }
 }
 

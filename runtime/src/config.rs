@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::backend::{BackendKind, Precision};
+use crate::rtc::RtcConfig;
 
 /// Everything `Policy::open` needs. `PolicyConfig::new(path)` fills sensible defaults.
 #[derive(Clone, Debug)]
@@ -47,6 +48,10 @@ pub struct PolicyConfig {
     /// CPU backend: threads that split each GEMM and attention (this one included, at most 64);
     /// default: the available parallelism. Spawned at open and parked between steps.
     pub threads: Option<usize>,
+    /// Real-time chunking ([`crate::rtc`]): the plan guides its sampler towards the rest of the
+    /// previous chunk when a step says where the robot is in it ([`crate::Policy::step_continuing`]).
+    /// Pi0.5 only for now.
+    pub rtc: Option<RtcConfig>,
 }
 
 impl PolicyConfig {
@@ -70,6 +75,7 @@ impl PolicyConfig {
             deadline: None,
             progress: false,
             threads: None,
+            rtc: None,
         }
     }
 }

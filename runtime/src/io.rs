@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 use crate::backend::Backend;
 use crate::image::Frame;
 use crate::plan::{BufId, BufType, FRAME_INFO_FIELDS, HostIo, Plan};
+use crate::rtc::RtcConfig;
 
 /// One named host buffer of the plan, seen as a row-major tensor.
 #[derive(Clone, Debug, PartialEq)]
@@ -52,6 +53,28 @@ pub struct IoSpec {
     /// Frames must be square: the image transform keeps their aspect ratio, and the token grid
     /// is sized for a square image (GR00T's albumentations path without its letterbox).
     pub square_frames: bool,
+    /// Present when the plan guides its sampler by real-time chunking ([`crate::rtc`]).
+    pub rtc: Option<RtcPorts>,
+}
+
+/// The host inputs of real-time chunking, written by [`crate::Policy`] every step.
+#[derive(Clone, Debug)]
+pub struct RtcPorts {
+    pub config: RtcConfig,
+    /// `f32 [horizon]`: each row's prefix weight (all 0: no guidance).
+    pub weights: Port,
+    /// `i32 [1]`: the row of the previous chunk that row 0 of this one continues.
+    pub shift: Port,
+}
+
+impl RtcPorts {
+    pub fn declare(plan: &mut Plan, config: RtcConfig, horizon: usize) -> RtcPorts {
+        RtcPorts {
+            config,
+            weights: Port::declare(plan, "rtc_weights", BufType::F32, &[horizon], HostIo::Input),
+            shift: Port::declare(plan, "rtc_shift", BufType::I32, &[1], HostIo::Input),
+        }
+    }
 }
 
 impl IoSpec {
@@ -72,6 +95,7 @@ impl IoSpec {
         [("input", &self.frames), ("input", &self.frame_info), ("input", &self.noise)]
             .into_iter()
             .chain(self.model_inputs.iter().map(|p| ("input", p)))
+            .chain(self.rtc.iter().flat_map(|r| [("input", &r.weights), ("input", &r.shift)]))
             .chain([("output", &self.actions)])
     }
 

@@ -10,7 +10,7 @@ use flashrt::image::{Frame, PixelFormat};
 use flashrt::models::groot_n17::synth as groot_synth;
 use flashrt::models::pi05::synth::{self, SynthSize};
 use flashrt::realtime::{self, RealtimeConfig};
-use flashrt::{BackendKind, Observation, Policy, PolicyConfig, Result};
+use flashrt::{BackendKind, Continuation, Observation, Policy, PolicyConfig, Result, RtcConfig, RtcSchedule};
 
 #[derive(Parser)]
 #[command(name = "flashrt", version, about = "Real-time inference runtime for vision-language-action robot policies")]
@@ -147,6 +147,26 @@ struct OpenArgs {
     /// GR00T: the embodiment tag (default: the checkpoint's only one).
     #[arg(long)]
     embodiment: Option<String>,
+    /// Real-time chunking (Pi0.5): guide each chunk towards the rest of the previous one, with
+    /// this prefix-weight schedule (zeros, ones, linear, exp).
+    #[arg(long, value_parser = parse_schedule)]
+    rtc: Option<RtcSchedule>,
+    /// Real-time chunking: rows of a new chunk that are guided at all.
+    #[arg(long, default_value_t = RtcConfig::default().execution_horizon)]
+    rtc_horizon: usize,
+    /// Real-time chunking: upper bound of the guidance weight.
+    #[arg(long, default_value_t = RtcConfig::default().max_guidance_weight)]
+    rtc_max_guidance: f32,
+    /// Real-time chunking in `run` and `bench`: actions of the previous chunk executed when each
+    /// observation is taken, and actions executed while the step runs.
+    #[arg(long, default_value_t = 5)]
+    rtc_executed: usize,
+    #[arg(long, default_value_t = 2)]
+    rtc_delay: usize,
+}
+
+fn parse_schedule(s: &str) -> std::result::Result<RtcSchedule, String> {
+    RtcSchedule::parse(s).ok_or_else(|| format!("{s:?}: expected zeros, ones, linear or exp"))
 }
 
 /// Real-time setup of the stepping thread, applied after open (see `flashrt::realtime`).
@@ -185,8 +205,18 @@ impl OpenArgs {
         c.state_dim = self.state_dim;
         c.threads = self.threads;
         c.embodiment = self.embodiment.clone();
+        c.rtc = self.rtc.map(|schedule| RtcConfig {
+            schedule,
+            max_guidance_weight: self.rtc_max_guidance,
+            execution_horizon: self.rtc_horizon,
+        });
         c.progress = true;
         c
+    }
+
+    /// What each step of `run` and `bench` continues, under real-time chunking.
+    fn continuation(&self) -> Option<Continuation> {
+        self.rtc.map(|_| Continuation { executed: self.rtc_executed, inference_delay: self.rtc_delay })
     }
 }
 
@@ -198,7 +228,7 @@ fn main() -> ExitCode {
         Command::Demo { steps, model } => demo(steps, model),
         Command::Run { open, realtime, steps, rate, prompt, observation } => Policy::open(&open.config()).and_then(|mut p| {
             realtime.apply()?;
-            run(&mut p, steps, rate, &prompt, observation.as_deref())
+            run(&mut p, steps, rate, &prompt, observation.as_deref(), open.continuation())
         }),
         Command::Bench { open, realtime, iterations, warmup, views, prompt_tokens, prompt, workload, out } => {
             let prompt = BenchPrompt { tokens: prompt_tokens, text: prompt };
@@ -225,7 +255,7 @@ fn demo(steps: usize, model: Model) -> Result<()> {
     synthesize(model, &dir, SynthSize::Tiny, 0, &|_| {})?;
     let result = Policy::open(&PolicyConfig::new(&dir)).and_then(|mut policy| {
         inspect_summary(&policy);
-        run(&mut policy, steps, 50.0, "pick up the red block and put it in the bowl", None)
+        run(&mut policy, steps, 50.0, "pick up the red block and put it in the bowl", None, None)
     });
     let _ = std::fs::remove_dir_all(&dir);
     result
@@ -303,12 +333,19 @@ fn read_observation(path: &Path, cameras: usize) -> Result<FileObservation> {
     Ok(FileObservation { frames, state })
 }
 
-fn run(policy: &mut Policy, steps: usize, rate: f64, prompt: &str, observation: Option<&Path>) -> Result<()> {
+fn run(
+    policy: &mut Policy,
+    steps: usize,
+    rate: f64,
+    prompt: &str,
+    observation: Option<&Path>,
+    continuation: Option<Continuation>,
+) -> Result<()> {
     policy.set_prompt(prompt)?;
     let period = (rate > 0.0).then(|| Duration::from_secs_f64(1.0 / rate));
     let cameras = policy.info().cameras.len();
     let file = observation.map(|p| read_observation(p, cameras)).transpose()?;
-    let synthetic = SyntheticInputs::new(policy, cameras, 224, 224, 4, 1);
+    let synthetic = SyntheticInputs::new(policy, cameras, 224, 224, 4, 1).continuing(continuation);
     let mut actions = vec![0.0; policy.actions_len()];
     let mut next = Instant::now();
     for i in 0..steps {
@@ -316,7 +353,7 @@ fn run(policy: &mut Policy, steps: usize, rate: f64, prompt: &str, observation: 
             Some(obs) => {
                 let frames: Vec<Option<Frame>> =
                     obs.frames.iter().map(|f| f.as_ref().map(|(d, w, h)| Frame::packed(d, *w, *h, PixelFormat::Rgb8))).collect();
-                policy.step(&Observation { cameras: &frames, state: &obs.state, noise: None }, &mut actions)?;
+                policy.step_continuing(&Observation { cameras: &frames, state: &obs.state, noise: None }, continuation, &mut actions)?;
             }
             None => {
                 synthetic.step(policy, i, &mut actions)?;
@@ -375,7 +412,8 @@ fn bench_command(
     let prompt_tokens = match text {
         Some(text) => {
             policy.set_prompt(&text)?;
-            let (inputs, mut actions) = (SyntheticInputs::new(&policy, views, 224, 224, 1, 1), vec![0.0; policy.actions_len()]);
+            let (inputs, mut actions) =
+                (SyntheticInputs::new(&policy, views, 224, 224, 1, 1).continuing(open.continuation()), vec![0.0; policy.actions_len()]);
             inputs.step(&mut policy, 0, &mut actions)?.prompt_tokens
         }
         None => {
@@ -385,7 +423,7 @@ fn bench_command(
             prompt.tokens
         }
     };
-    let inputs = SyntheticInputs::new(&policy, views, 224, 224, 8, 1);
+    let inputs = SyntheticInputs::new(&policy, views, 224, 224, 8, 1).continuing(open.continuation());
     let mut actions = vec![0.0; policy.actions_len()];
     inputs.step(&mut policy, 0, &mut actions)?;
     let cold_start = started.elapsed();

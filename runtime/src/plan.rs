@@ -321,6 +321,12 @@ pub enum Op {
     ScatterRows { src: View, index: BufId, dst: View, accumulate: bool },
     /// `out[r, c] = x[r, c] · scale[c] + offset[c]` for the robot's action columns.
     Affine { x: View, scale: WeightId, offset: WeightId, out: View },
+    /// One Euler step of the sampler under real-time chunking guidance ([`crate::rtc`]): with
+    /// `v = step / dt` (`step` holds `dt · v`, the output projection with `dt` folded in),
+    /// `x ← x + dt · (v − guidance · weights[r] · (p − (x − t · v)))` where
+    /// `p = prev[r + shift[0], c]`, or 0 for rows past `prev`'s end and columns from `cols` on.
+    /// `weights` (f32, one per row) and `shift` (i32) are host inputs written every step.
+    RtcGuide { x: View, step: View, prev: View, weights: BufId, shift: BufId, cols: usize, t: f32, dt: f32, guidance: f32 },
     /// Picks which of the plan's prompt buckets ([`Plan::prompt_buckets`]) the phases that follow
     /// run: the smallest that holds the last valid slot of `token_mask` ([`Plan::bucket_for`]).
     PromptBucket { token_mask: BufId },
@@ -420,6 +426,7 @@ impl Op {
             Op::Copy { .. } => "copy",
             Op::ScatterRows { .. } => "scatter_rows",
             Op::Affine { .. } => "affine",
+            Op::RtcGuide { .. } => "rtc_guide",
             Op::PromptBucket { .. } => "prompt_bucket",
         }
     }
@@ -490,6 +497,10 @@ impl Op {
                     reads.push(dst.span());
                 }
                 writes.push(dst.span());
+            }
+            Op::RtcGuide { x, step, prev, weights, shift, .. } => {
+                reads.extend([x.span(), step.span(), prev.span(), whole(weights), whole(shift)]);
+                writes.push(x.span());
             }
             Op::PromptBucket { token_mask } => reads.push(whole(token_mask)),
         }
@@ -745,6 +756,9 @@ impl Plan {
             Op::Activation { x, kind } => format!("{} {}", kind.name(), v(x)),
             Op::Positions { .. } => "positions (validity mask, RoPE positions)".to_string(),
             Op::Affine { x, out, .. } => format!("affine {} -> {}", v(x), v(out)),
+            Op::RtcGuide { x, step, prev, cols, t, guidance, .. } => {
+                format!("rtc_guide {} += {} guided to {} (first {cols} columns) t={t} g={guidance}", v(x), v(step), v(prev))
+            }
             Op::PromptBucket { token_mask } => {
                 format!("prompt_bucket of {}: one of {:?} slots", self.buffers[token_mask.0].name, self.prompt_buckets)
             }

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::image::Frame;
 use crate::io::IoSpec;
 use crate::models::{ConfigJson, ModelConfig, ModelInfo, ModelKind, ModelSpec, Processing};
+use crate::rtc::{Continuation, prefix_weights};
 use crate::stats::LatencyStats;
 
 /// One control tick's inputs. `cameras[i]` is the i-th camera in the policy's order
@@ -71,6 +72,8 @@ pub struct Policy {
     rng: ChaCha8Rng,
     stats: LatencyStats,
     deadline: Option<Duration>,
+    /// A step has produced a chunk (that a continuation can continue).
+    has_chunk: bool,
 }
 
 impl Policy {
@@ -141,6 +144,7 @@ impl Policy {
             rng: ChaCha8Rng::seed_from_u64(config.seed),
             stats: LatencyStats::new(),
             deadline: config.deadline,
+            has_chunk: false,
         })
     }
 
@@ -208,8 +212,44 @@ impl Policy {
     }
 
     /// One control tick: `actions` receives `[horizon × action_dim]` row-major, unnormalized.
+    /// Under real-time chunking (`PolicyConfig::rtc`) the chunk starts afresh, unguided.
     pub fn step(&mut self, obs: &Observation, actions: &mut [f32]) -> Result<StepInfo> {
+        self.step_continuing(obs, None, actions)
+    }
+
+    /// [`Policy::step`] that continues the chunk this policy's previous step returned, by
+    /// real-time chunking ([`crate::rtc`]): `continuation` says where the robot is in that chunk.
+    /// Needs a policy opened with `PolicyConfig::rtc`; `None` (or a previous chunk that is used
+    /// up) samples an unguided chunk.
+    pub fn step_continuing(&mut self, obs: &Observation, continuation: Option<Continuation>, actions: &mut [f32]) -> Result<StepInfo> {
+        self.stage_continuation(continuation)?;
         self.step_with(obs, actions, |backend| backend.run())
+    }
+
+    /// Validates a continuation and writes the RTC inputs (before the observation is staged:
+    /// a refused continuation changes nothing). Does not allocate.
+    fn stage_continuation(&mut self, continuation: Option<Continuation>) -> Result<()> {
+        let Some(ports) = &self.io.rtc else {
+            return match continuation {
+                Some(_) => Err(Error::invalid("continuation", "the policy was opened without real-time chunking (PolicyConfig::rtc)")),
+                None => Ok(()),
+            };
+        };
+        let horizon = ports.weights.len();
+        let weights = self.backend.input_f32(ports.weights.buf);
+        let shift = match continuation {
+            // Before any chunk there is nothing to continue.
+            Some(c) if self.has_chunk => {
+                prefix_weights(&ports.config, horizon, c, weights);
+                c.executed.min(horizon)
+            }
+            _ => {
+                weights.fill(0.0);
+                0
+            }
+        };
+        self.backend.input_i32(ports.shift.buf)[0] = shift as i32;
+        Ok(())
     }
 
     /// [`Policy::step`], stopping after each phase of the plan to call `after_phase` with its
@@ -240,6 +280,7 @@ impl Policy {
 
         let run_started = Instant::now();
         run(self.backend.as_mut())?;
+        self.has_chunk = true;
         let backend_time = run_started.elapsed();
         self.processing.finish(obs.state, self.backend.output_f32(self.io.actions.buf), actions);
 

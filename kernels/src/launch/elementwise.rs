@@ -133,6 +133,58 @@ impl Kernels {
         unsafe { self.launch(&name, grid, 256, stream, args) }
     }
 
+    /// One Euler step of `x` under real-time chunking guidance (`rtc_guide_f32` in
+    /// elementwise.cu): `step` holds `dt · v`; `prev` is the previous chunk, read from row
+    /// `*shift` on (an i32 on the device) in its first `prefix_cols` columns; `weights` holds
+    /// `x.rows` f32 row weights. Every matrix is f32.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn rtc_guide(
+        &self,
+        x: Mat,
+        step: Mat,
+        prev: Mat,
+        weights: DevPtr,
+        shift: DevPtr,
+        prefix_cols: usize,
+        (t, dt, guidance): (f32, f32, f32),
+        stream: CUstream,
+    ) -> Result<()> {
+        Self::same_shape("rtc_guide", &x, &step)?;
+        if prev.cols != x.cols || prefix_cols > x.cols {
+            return Err(shape_error(
+                "rtc_guide",
+                format!("previous chunk {}x{}, {prefix_cols} prefix columns for x {}x{}", prev.rows, prev.cols, x.rows, x.cols),
+            ));
+        }
+        if [x.dtype, step.dtype, prev.dtype].iter().any(|&d| d != Dtype::F32) {
+            return Err(shape_error("rtc_guide", "x, step and the previous chunk must be f32".into()));
+        }
+        let name = "rtc_guide_f32";
+        let grid = Self::elementwise_grid(x.rows, x.cols, name)?;
+        let args = [
+            Arg::P(x.ptr),
+            Arg::I(i32_of(x.stride, name)?),
+            Arg::P(step.ptr),
+            Arg::I(i32_of(step.stride, name)?),
+            Arg::P(prev.ptr),
+            Arg::I(i32_of(prev.stride, name)?),
+            Arg::I(i32_of(prev.rows, name)?),
+            Arg::P(weights),
+            Arg::P(shift),
+            Arg::I(i32_of(prefix_cols, name)?),
+            Arg::F(t),
+            Arg::F(dt),
+            Arg::F(guidance),
+            Arg::I(i32_of(x.rows, name)?),
+            Arg::I(i32_of(x.cols, name)?),
+        ];
+        // SAFETY: matches `rtc_guide_f32` in elementwise.cu.
+        unsafe { self.launch(name, grid, 256, stream, args) }
+    }
+
     /// `out = x ⊙ scale + offset` per column (f32 vectors of `out.cols`); `out` is f32.
     ///
     /// # Safety

@@ -456,6 +456,23 @@ impl CpuBackend {
                 let last_valid = self.i32(token_mask).iter().rposition(|&m| m != 0);
                 self.bucket = self.plan.bucket_for(last_valid);
             }
+            Op::RtcGuide { x, step, prev, weights, shift, cols, t, dt, guidance } => {
+                self.with_out(x.buf, |this, d| {
+                    let (u, p, w) = (this.f32(step.buf), this.f32(prev.buf), this.f32(weights));
+                    let shift = this.i32(shift)[0].max(0) as usize;
+                    for r in 0..x.rows {
+                        let xr = &mut d[x.offset + r * x.stride..][..x.cols];
+                        let ur = &u[step.offset + r * step.stride..][..x.cols];
+                        let pr = (r + shift < prev.rows).then(|| &p[prev.offset + (r + shift) * prev.stride..][..cols]);
+                        for c in 0..x.cols {
+                            let v = ur[c] / dt;
+                            let target = pr.map_or(0.0, |pr| if c < cols { pr[c] } else { 0.0 });
+                            let correction = (target - (xr[c] - t * v)) * w[r];
+                            xr[c] += dt * (v - guidance * correction);
+                        }
+                    }
+                });
+            }
             Op::Affine { x, scale, offset, out } => {
                 self.with_out(out.buf, |this, d| {
                     let (s, o, src) = (this.vector(scale), this.vector(offset), this.f32(x.buf));

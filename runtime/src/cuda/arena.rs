@@ -74,6 +74,8 @@ pub(super) fn element_types(plan: &Plan) -> Vec<Elem> {
             Op::ImagePatches { out, .. } | Op::QwenImagePatches { out, .. } => wants_bf16[out.buf.0] = true,
             Op::GatedResidual { x, .. } | Op::AddTable { x, .. } => needs_f32[x.buf.0] = true,
             Op::Positions { valid, .. } => needs_f32[valid.0] = true,
+            // The guided Euler step keeps x, dt·v and the previous chunk in f32 (rtc_guide_f32).
+            Op::RtcGuide { x, step, prev, .. } => [x, step, prev].iter().for_each(|v| needs_f32[v.buf.0] = true),
             _ => {}
         }
     }

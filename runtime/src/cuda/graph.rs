@@ -180,6 +180,9 @@ impl Launcher {
                     k.softmax_rows(p, scores, (rows, queries, keys), key_valid, query_valid, causal, s)
                 }
                 Step::Affine { out, x, scale, offset } => k.affine(out, x, scale, offset, s),
+                Step::RtcGuide { x, step, prev, weights, shift, prefix_cols, scalars } => {
+                    k.rtc_guide(x, step, prev, weights, shift, prefix_cols, scalars, s)
+                }
                 Step::PromptBucket { token_mask, prompt_len } => {
                     let buckets = &self.prompt_buckets;
                     let handles = self.bucket_handles.get();

@@ -422,6 +422,15 @@ impl Lowering<'_> {
                 scale: self.weight(scale, Elem::F32),
                 offset: self.weight(offset, Elem::F32),
             },
+            Op::RtcGuide { x, step, prev, weights, shift, cols, t, dt, guidance } => Step::RtcGuide {
+                x: self.mat(x)?,
+                step: self.mat(step)?,
+                prev: self.mat(prev)?,
+                weights: self.ptr(weights),
+                shift: self.ptr(shift),
+                prefix_cols: cols,
+                scalars: (t, dt, guidance),
+            },
             Op::PromptBucket { token_mask } => {
                 Step::PromptBucket { token_mask: self.ptr(token_mask), prompt_len: self.buf(token_mask).len }
             }

@@ -179,6 +179,7 @@ impl Launcher {
             }
             Step::Softmax { rows, keys, .. } => format!("softmax {rows}x{keys}"),
             Step::Affine { .. } => "affine".into(),
+            Step::RtcGuide { .. } => "rtc_guide".into(),
             Step::PromptBucket { .. } => "prompt_bucket".into(),
             Step::CopyHostInputs { .. } => "copy_host_inputs".into(),
         }

@@ -169,6 +169,16 @@ pub(super) enum Step {
         scale: DevPtr,
         offset: DevPtr,
     },
+    RtcGuide {
+        x: Mat,
+        step: Mat,
+        prev: Mat,
+        weights: DevPtr,
+        shift: DevPtr,
+        prefix_cols: usize,
+        /// Flow time, Euler step and guidance weight of this denoise step.
+        scalars: (f32, f32, f32),
+    },
     /// Sets the conditional handles of the prompt buckets' IF nodes (only inside the step's graph).
     PromptBucket {
         token_mask: DevPtr,

@@ -515,6 +515,7 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
         frame_info,
         model_inputs,
         square_frames: opts.image.filter == Filter::Cv2Area && !opts.image.letterbox,
+        rtc: None,
     };
 
     // ---- Vision: every camera's patches, one tower over all of them (attention per image).

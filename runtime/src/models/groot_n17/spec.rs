@@ -23,6 +23,10 @@ const FIXED_TOKENS: usize = 5;
 pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig, progress: &dyn Fn(usize)) -> Result<ModelSpec> {
     let dir = ckpt.dir();
     let json = json.ok_or_else(|| Error::checkpoint(dir, "a GR00T N1.7 checkpoint needs its config.json"))?;
+    if config.rtc.is_some() {
+        // lerobot's GR00T RTC is another scheme (a frozen prefix with a velocity ramp).
+        return Err(Error::invalid("config.rtc", "real-time chunking is implemented for Pi0.5 only; open GR00T N1.7 without it"));
+    }
     let groot: GrootJson = json.parse()?;
     let mut model_config = Config::from_checkpoint(ckpt, &groot)?;
     if let Some(n) = config.denoise_steps {

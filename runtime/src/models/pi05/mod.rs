@@ -21,8 +21,9 @@ pub mod synth;
 
 use crate::checkpoint::{Checkpoint, Expected};
 use crate::error::{Error, Result};
-use crate::io::{IoSpec, Port};
+use crate::io::{IoSpec, Port, RtcPorts};
 use crate::plan::{BufId, BufType, HostIo, Op, Plan, View, WeightId, WeightRole};
+use crate::rtc::{RtcConfig, guidance_weight};
 use crate::weights::WeightData;
 
 use self::norm::{Mode, Modes};
@@ -350,6 +351,13 @@ pub struct BuildOptions {
     /// Build the prefix once per prompt bucket ([`PROMPT_BUCKETS`] below the prompt capacity, and
     /// the capacity), so a step costs what its prompt needs (see `Plan::prompt_buckets`).
     pub prompt_buckets: bool,
+    /// Guide the sampler by real-time chunking ([`crate::rtc`]).
+    pub rtc: Option<RtcConfig>,
+}
+
+/// The flow time of denoise step `s` of `steps`; lerobot: `1 + step·dt` in f64, cast to f32.
+fn flow_time(s: usize, steps: usize) -> f32 {
+    (1.0 + s as f64 * (-1.0 / steps as f64)) as f32
 }
 
 /// The smaller prompt buckets (slot counts) a plan gets when they are below its prompt capacity.
@@ -413,6 +421,7 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
         frame_info,
         model_inputs: vec![tokens, token_mask],
         square_frames: false,
+        rtc: opts.rtc.map(|config| RtcPorts::declare(&mut plan, config, horizon)),
     };
     let noise = View { buf: io.noise.buf, offset: 0, rows: horizon, cols: ad, stride: ad };
     let valid = plan.buffer("valid", BufType::F32, kv_rows);
@@ -631,8 +640,7 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
     // Per step: each layer's (attention, MLP) adaRMS modulation and the final norm's.
     let mut step_mods = Vec::with_capacity(steps);
     for s in 0..steps {
-        // lerobot: time = 1 + step·dt in f64, then cast to f32.
-        let t = (1.0 + s as f64 * (-1.0 / steps as f64)) as f32;
+        let t = flow_time(s, steps);
         let cond = time_condition(t, ew, (&time_in.0, &time_in.1), (&time_out.0, &time_out.1));
         let layers: Vec<[WeightId; 2]> = (0..c.expert_layers)
             .map(|i| {
@@ -661,6 +669,20 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
         steps * (2 * c.expert_layers + 1)
     ));
     plan.notes.push("last prefix layer computes only K/V (its queries, attention and MLP would be unused)".into());
+    // Real-time chunking: the Euler step's product goes to its own buffer, the guided update
+    // follows; the chunk of each step is kept for the next one to continue.
+    let guide = io.rtc.clone().map(|ports| {
+        let step = plan.matrix("rtc_step", horizon, ad);
+        let prev = plan.matrix("rtc_previous_chunk", horizon, ad);
+        plan.notes.push(format!(
+            "real-time chunking ({} schedule, guidance <= {}, execution horizon {}): each Euler step guided towards \
+             the previous chunk (rtc_guide), which the plan keeps",
+            ports.config.schedule.name(),
+            ports.config.max_guidance_weight,
+            ports.config.execution_horizon
+        ));
+        (ports, step, prev)
+    });
     let emit_step = |plan: &mut Plan, s: usize| {
         let (layer_mods, final_mod) = &step_mods[s];
         plan.push(Op::Gemm { a: xt, w: in_w, bias: Some(in_b), out: eh, accumulate: false });
@@ -681,7 +703,24 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
             gemma::decoder_layer(plan, layer, &acts, &cache, conditioning, EPS);
         }
         plan.push(Op::AdaRmsNorm { x: eh, out: en, modulation: *final_mod, eps: EPS });
-        plan.push(Op::Gemm { a: en, w: out_w, bias: Some(out_b), out: xt, accumulate: true });
+        match &guide {
+            None => plan.push(Op::Gemm { a: en, w: out_w, bias: Some(out_b), out: xt, accumulate: true }),
+            Some((ports, step, prev)) => {
+                plan.push(Op::Gemm { a: en, w: out_w, bias: Some(out_b), out: *step, accumulate: false });
+                let t = flow_time(s, steps);
+                plan.push(Op::RtcGuide {
+                    x: xt,
+                    step: *step,
+                    prev: *prev,
+                    weights: ports.weights.buf,
+                    shift: ports.shift.buf,
+                    cols: opts.out_action_dim,
+                    t,
+                    dt,
+                    guidance: guidance_weight(t, ports.config.max_guidance_weight),
+                });
+            }
+        }
     };
 
     // The prefix, and the first denoise step, once per prompt bucket (once when the plan has
@@ -702,6 +741,9 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
     for s in 1..steps {
         plan.phase(format!("denoise step {s}"));
         emit_step(&mut plan, s);
+    }
+    if let Some((_, _, prev)) = guide {
+        plan.push(Op::Copy { src: xt, dst: prev });
     }
 
     plan.phase("outputs");

@@ -87,6 +87,7 @@ pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig,
         action_scale,
         action_offset,
         prompt_buckets: config.prompt_buckets,
+        rtc: config.rtc,
     };
     let built = build(ckpt, &model_config, &opts, progress)?;
     let capacity = model_config.prompt_len;
