@@ -327,11 +327,20 @@ impl StreamPolicy for Slow {
 /// stream shuts down cleanly, handing the policy back usable.
 #[test]
 fn micro_pi05_at_50_hz_with_a_slow_step() {
+    let plain = micro_pi05_run(None);
+    let rtc = micro_pi05_run(Some(flashrt::RtcConfig::default()));
+    println!("mean jump at chunk switches: {plain:.4} without RTC, {rtc:.4} with RTC");
+    assert!(rtc < plain, "RTC should join chunks more smoothly: {rtc} vs {plain}");
+}
+
+/// One 150-tick run; returns the mean jump at chunk switches.
+fn micro_pi05_run(rtc: Option<flashrt::RtcConfig>) -> f32 {
     let dir = tempfile::tempdir().unwrap();
     synthesize(dir.path(), SynthSize::Micro, 5, &|_| {}).unwrap();
     let mut config = PolicyConfig::new(dir.path());
     (config.max_frame_width, config.max_frame_height, config.threads) = (64, 64, Some(1));
     config.backend = flashrt::BackendKind::Cpu;
+    config.rtc = rtc;
     let mut policy = Policy::open(&config).unwrap();
     policy.set_prompt("pick up the cube").unwrap();
     let (horizon, action_dim, state_dim) = (policy.info().horizon, policy.info().action_dim, policy.info().state_dim);
@@ -385,7 +394,8 @@ fn micro_pi05_at_50_hz_with_a_slow_step() {
     let s = stream.stats();
     let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len().max(1) as f32;
     println!(
-        "micro pi05 stream: {s:?}; jump at chunk boundaries mean {:.4} max {:.4} ({} switches), inside chunks mean {:.4}",
+        "micro pi05 stream (rtc {}): {s:?}; jump at chunk boundaries mean {:.4} max {:.4} ({} switches), inside chunks mean {:.4}",
+        rtc.is_some(),
         mean(&boundary),
         boundary.iter().copied().fold(0.0, f32::max),
         boundary.len(),
@@ -407,4 +417,5 @@ fn micro_pi05_at_50_hz_with_a_slow_step() {
     let mut chunk = vec![0.0; horizon * action_dim];
     let cams = [Some(Frame::packed(&pixels, 56, 56, PixelFormat::Rgb8)), None, None];
     policy.step(&Observation { cameras: &cams, state: &state, noise: None }, &mut chunk).unwrap();
+    mean(&boundary)
 }

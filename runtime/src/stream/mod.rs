@@ -47,15 +47,7 @@ use triple::{Reader, Writer, triple};
 /// Most camera slots a stream stages (the inference thread builds its camera array on the stack).
 pub const MAX_CAMERAS: usize = 16;
 
-/// How the previous chunk continues into the next one, for real-time chunking: `executed` actions
-/// of the previous chunk had been executed (the index of the first unexecuted one) when the new
-/// observation was taken, and `inference_delay` more will be executed before the new chunk takes
-/// over.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Continuation {
-    pub executed: usize,
-    pub inference_delay: usize,
-}
+pub use crate::rtc::Continuation;
 
 /// What the stream does on a tick when the current chunk is used up and the next has not arrived.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -136,10 +128,11 @@ impl StreamPolicy for Policy {
             max_frame: self.max_frame(),
         }
     }
-    // RTC HOOK: the one place the stream calls the policy. Until `Policy::step_continuing`
-    // (real-time chunking, issue 31 item 1) is on this branch, the continuation is not used.
-    fn step_chunk(&mut self, obs: &Observation, _continuation: Option<Continuation>, actions: &mut [f32]) -> Result<StepInfo> {
-        self.step(obs, actions)
+    // Guidance only when the policy was opened with `PolicyConfig::rtc`; without it a
+    // continuation is refused, so the stream samples plain chunks.
+    fn step_chunk(&mut self, obs: &Observation, continuation: Option<Continuation>, actions: &mut [f32]) -> Result<StepInfo> {
+        let continuation = continuation.filter(|_| self.rtc_enabled());
+        self.step_continuing(obs, continuation, actions)
     }
     fn set_prompt(&mut self, text: &str) -> Result<()> {
         Policy::set_prompt(self, text)
