@@ -193,6 +193,39 @@ typedef uint32_t FrtBackend;
 #endif // __cplusplus
 
 /**
+ * How a tick's action was made (`FrtActionTick.status`).
+ */
+enum FrtActionStatus
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * No chunk yet and no earlier action: the action buffer was not written.
+   */
+  FRT_ACTION_STATUS_WAITING = 0,
+  /**
+   * A row of the current chunk.
+   */
+  FRT_ACTION_STATUS_FRESH = 1,
+  /**
+   * The chunk ran out: the last action repeated.
+   */
+  FRT_ACTION_STATUS_HELD = 2,
+  /**
+   * The chunk ran out: the last action moved on by its decaying velocity.
+   */
+  FRT_ACTION_STATUS_DECELERATING = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum FrtActionStatus FrtActionStatus;
+#else
+typedef uint32_t FrtActionStatus;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * Numeric precision of weights and activations (`FrtPolicyConfig.precision`).
  */
 enum FrtPrecision
@@ -275,9 +308,40 @@ typedef uint32_t FrtRtcSchedule;
 #endif // __cplusplus
 
 /**
+ * What the stream does when a chunk is late (`FrtStreamConfig.fallback`).
+ */
+enum FrtFallback
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Repeat the last action.
+   */
+  FRT_FALLBACK_HOLD = 0,
+  /**
+   * Continue the last action's change per tick, scaled down linearly to zero over
+   * `FrtStreamConfig.decelerate_ticks` ticks, then hold.
+   */
+  FRT_FALLBACK_DECELERATE = 1,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum FrtFallback FrtFallback;
+#else
+typedef uint32_t FrtFallback;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * An open policy: weights, plan, buffers, prompt, statistics and the last error. Opaque.
  */
 typedef struct FrtPolicy FrtPolicy;
+
+/**
+ * A running action stream over a policy. Opaque.
+ */
+typedef struct FrtStream FrtStream;
 
 /**
  * Receives one log message: `message` is NUL-terminated, `message_len` bytes long (without the
@@ -578,6 +642,148 @@ typedef struct FrtLatencyStats {
   uint64_t deadline_misses;
 } FrtLatencyStats;
 
+/**
+ * How a stream runs. Fill it with `frt_stream_config_default` (after setting `struct_size`).
+ */
+typedef struct FrtStreamConfig {
+  /**
+   * `sizeof(FrtStreamConfig)`, set by the caller.
+   */
+  size_t struct_size;
+  /**
+   * The caller's control period in microseconds (one `frt_stream_next_action` per period).
+   * Default 20000 (50 Hz).
+   */
+  uint64_t control_period_us;
+  /**
+   * Request the next chunk when this many actions or fewer are left; 0: half the horizon.
+   * Must be below the horizon.
+   */
+  size_t refill_at;
+  /**
+   * An `FrtFallback` value. Default `FRT_FALLBACK_HOLD`.
+   */
+  uint32_t fallback;
+  /**
+   * Ticks over which `FRT_FALLBACK_DECELERATE` brings the velocity to zero. Default 10.
+   */
+  size_t decelerate_ticks;
+  /**
+   * CPUs the inference thread is pinned to (read during `frt_stream_create` only); NULL with
+   * `cpus_len` 0: not pinned.
+   */
+  const size_t *cpus;
+  size_t cpus_len;
+  /**
+   * SCHED_FIFO priority of the inference thread (1-99); 0: the default policy. A setting the
+   * system refuses (no CAP_SYS_NICE / RLIMIT_RTPRIO, CPUs outside the cpuset) is logged and
+   * skipped; `FrtStreamStats.realtime` says whether all took.
+   */
+  int32_t fifo_priority;
+  /**
+   * Stop the inference thread after this many failed steps in a row; 0: never. Default 10.
+   */
+  uint32_t max_consecutive_errors;
+} FrtStreamConfig;
+
+/**
+ * One tick's report (`frt_stream_next_action`).
+ */
+typedef struct FrtActionTick {
+  /**
+   * `sizeof(FrtActionTick)`, set by the caller.
+   */
+  size_t struct_size;
+  FrtActionStatus status;
+  /**
+   * This tick's number (0 for the first call).
+   */
+  uint64_t tick;
+  /**
+   * Sequence number of the chunk in use (1 for the first), 0 before the first.
+   */
+  uint64_t chunk;
+  /**
+   * Ticks since the chunk in use was observed (the row taken when fresh).
+   */
+  size_t chunk_age;
+  /**
+   * Actions left in the chunk after this one.
+   */
+  size_t remaining;
+  /**
+   * This tick switched to a new chunk.
+   */
+  bool new_chunk;
+  /**
+   * Rows of the new chunk skipped because their ticks passed during inference.
+   */
+  size_t skipped;
+} FrtActionTick;
+
+/**
+ * The stream's counters (`frt_stream_stats`); see `flashrt::StreamStats`.
+ */
+typedef struct FrtStreamStats {
+  /**
+   * `sizeof(FrtStreamStats)`, set by the caller.
+   */
+  size_t struct_size;
+  /**
+   * `frt_stream_next_action` calls.
+   */
+  uint64_t ticks;
+  /**
+   * Chunks produced by the inference thread.
+   */
+  uint64_t chunks;
+  /**
+   * Ticks answered by the fallback because a chunk was late.
+   */
+  uint64_t late_ticks;
+  /**
+   * Of `late_ticks`, the decelerating ones.
+   */
+  uint64_t decelerating_ticks;
+  /**
+   * Ticks before the first chunk.
+   */
+  uint64_t waiting_ticks;
+  /**
+   * Chunk rows skipped because their ticks passed during inference.
+   */
+  uint64_t skipped_actions;
+  /**
+   * Chunks that arrived entirely in the past and were dropped.
+   */
+  uint64_t stale_chunks;
+  /**
+   * Delay of the last chunk taken, in ticks (observation to first use).
+   */
+  uint64_t delay_ticks;
+  /**
+   * The delay passed to the policy with the next request, in ticks.
+   */
+  uint64_t delay_estimate;
+  /**
+   * Inference latency over the last 32 chunks, microseconds.
+   */
+  uint64_t latency_p50_us;
+  uint64_t latency_max_us;
+  /**
+   * Failed policy steps on the inference thread (`frt_stream_inference_error` has the last).
+   */
+  uint64_t errors;
+  /**
+   * The inference thread runs (false after too many errors in a row or a panic).
+   */
+  bool running;
+  /**
+   * Every real-time setting asked for was applied.
+   */
+  bool realtime;
+} FrtStreamStats;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -847,6 +1053,155 @@ FrtStatus frt_policy_last_error(const struct FrtPolicy *policy,
                                 char *buf,
                                 size_t len,
                                 size_t *written);
+
+/**
+ * Fills `*config` with the defaults; `config->struct_size` must be set first.
+ *
+ * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` when
+ * `struct_size` is below `sizeof(FrtStreamConfig)` (message in `frt_last_error`).
+ *
+ * Thread safety: safe to call from any thread.
+ *
+ * # Safety
+ * `config` writable or NULL.
+ */
+FrtStatus frt_stream_config_default(struct FrtStreamConfig *config);
+
+/**
+ * Starts a stream over an open policy: a library thread (pinned and SCHED_FIFO as configured)
+ * runs the policy's steps; the caller then pushes observations and takes one action per tick.
+ * The policy needs its prompt set (or set one with `frt_stream_set_prompt`).
+ *
+ * The stream borrows `policy` until `frt_stream_free`: meanwhile the policy must not be freed and
+ * no call taking it may be made except `frt_policy_info` and `frt_policy_explain` (they read
+ * data made at open). After `frt_stream_free` the policy is usable again — unless
+ * `frt_stream_inference_error` reports a panic, after which it must be freed.
+ *
+ * On success `*out` receives the stream. Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`
+ * (`policy`, `config`, `out`, or `cpus` with `cpus_len > 0`); `FRT_STATUS_INVALID_ARGUMENT`
+ * (`struct_size`, `control_period_us` 0, `refill_at` not below the horizon, an unknown
+ * `fallback`, `fifo_priority` outside 0-99); `FRT_STATUS_BACKEND` (the thread cannot start);
+ * `FRT_STATUS_PANIC`. Failures leave their message in `frt_last_error`.
+ *
+ * Thread safety: not concurrently with any call on `policy`.
+ *
+ * # Safety
+ * `policy` from `frt_policy_open` (not freed) or NULL; `config` readable with `cpus` valid for
+ * `cpus_len` values, or NULL; `out` writable or NULL.
+ */
+FrtStatus frt_stream_create(struct FrtPolicy *policy,
+                            const struct FrtStreamConfig *config,
+                            struct FrtStream **out);
+
+/**
+ * Stops the stream: the inference thread finishes its step in progress and is joined. The
+ * policy is the caller's again. NULL is accepted and ignored.
+ *
+ * Thread safety: no other call may use `stream` during or after this call.
+ *
+ * # Safety
+ * `stream` from `frt_stream_create`, not freed, or NULL.
+ */
+void frt_stream_free(struct FrtStream *stream);
+
+/**
+ * Hands in the latest observation (frames and state are copied; `noise` must be NULL). Call it
+ * each tick before `frt_stream_next_action`, or whenever new sensor data is there. No heap
+ * allocation, lock or wait when it succeeds.
+ *
+ * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` (as for
+ * `frt_policy_step`'s observation, and a non-NULL `noise`). On failure the previous observation
+ * stays in force and `frt_stream_last_error` names the field.
+ *
+ * Thread safety: the stream's control thread: not concurrently with other non-const calls on it.
+ *
+ * # Safety
+ * `stream` from `frt_stream_create` or NULL; `observation` as for `frt_policy_step`.
+ */
+FrtStatus frt_stream_push_observation(struct FrtStream *stream,
+                                      const struct FrtObservation *observation);
+
+/**
+ * The action for this tick: `action_dim` floats into `action` unless `tick->status` is
+ * `FRT_ACTION_STATUS_WAITING` (no chunk yet), and the tick's report into `*tick`. Call exactly
+ * once per control tick. No heap allocation, lock or wait.
+ *
+ * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT` (`stream`, `action`, `tick`);
+ * `FRT_STATUS_INVALID_ARGUMENT` (`action_len` is not the policy's `action_dim`, or
+ * `tick->struct_size` too small); nothing is written then.
+ *
+ * Thread safety: the stream's control thread.
+ *
+ * # Safety
+ * `stream` from `frt_stream_create` or NULL; `action` writable for `action_len` floats; `tick`
+ * writable; or NULL.
+ */
+FrtStatus frt_stream_next_action(struct FrtStream *stream,
+                                 float *action,
+                                 size_t action_len,
+                                 struct FrtActionTick *tick);
+
+/**
+ * Copies the stream's counters (atomic loads: cheap, fine every tick).
+ *
+ * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` when
+ * `stats->struct_size` is too small (message in `frt_last_error`).
+ *
+ * Thread safety: `const`: from any thread, concurrently with every other stream call.
+ *
+ * # Safety
+ * `stream` from `frt_stream_create` or NULL; `stats` writable or NULL.
+ */
+FrtStatus frt_stream_stats(const struct FrtStream *stream, struct FrtStreamStats *stats);
+
+/**
+ * Sets the task text; the inference thread tokenizes it before its next step (a refusal there
+ * counts as an inference error). Allocates: not for the control loop.
+ *
+ * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` (not UTF-8).
+ *
+ * Thread safety: not concurrently with other non-const calls on `stream`.
+ *
+ * # Safety
+ * `stream` from `frt_stream_create` or NULL; `text` readable for `len` bytes or NULL.
+ */
+FrtStatus frt_stream_set_prompt(struct FrtStream *stream, const char *text, size_t len);
+
+/**
+ * Copies the message of the last failed call on `stream` (`frt_stream_push_observation`,
+ * `frt_stream_next_action`, `frt_stream_set_prompt`); empty after one succeeded. Text rule as in
+ * `frt_status_message`.
+ *
+ * Returns `FRT_STATUS_OK`, `FRT_STATUS_NULL_ARGUMENT`, `FRT_STATUS_BUFFER_TOO_SMALL`.
+ *
+ * Thread safety: `const`; not concurrently with a non-const call on `stream`.
+ *
+ * # Safety
+ * `stream` from `frt_stream_create` or NULL; `buf` writable for `len` bytes and `written` for
+ * one `size_t`, or NULL.
+ */
+FrtStatus frt_stream_last_error(const struct FrtStream *stream,
+                                char *buf,
+                                size_t len,
+                                size_t *written);
+
+/**
+ * Copies the message of the last failure on the inference thread (a failed step, a refused
+ * prompt, a caught panic), empty if none; `FrtStreamStats.errors` counts them. Takes a lock the
+ * inference thread holds briefly after a failure: not for the control loop. Text rule as in
+ * `frt_status_message`.
+ *
+ * Returns `FRT_STATUS_OK`, `FRT_STATUS_NULL_ARGUMENT`, `FRT_STATUS_BUFFER_TOO_SMALL`.
+ *
+ * Thread safety: `const`: from any thread.
+ *
+ * # Safety
+ * As `frt_stream_last_error`.
+ */
+FrtStatus frt_stream_inference_error(const struct FrtStream *stream,
+                                     char *buf,
+                                     size_t len,
+                                     size_t *written);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -5,7 +5,8 @@
 // is noexcept and reports failure by status, so a bad tick costs no exception.
 //
 // Thread safety is that of flashrt.h: a Policy is used by one thread at a time; its const member
-// functions may run concurrently with each other.
+// functions may run concurrently with each other. frt::Stream runs a policy on a library thread
+// and hands the control thread one action per tick (try_push / try_next_action).
 #ifndef FLASHRT_HPP
 #define FLASHRT_HPP
 
@@ -220,6 +221,74 @@ private:
     }
 
     FrtPolicy *p_;
+};
+
+/// FrtStreamConfig with its defaults. Set plain fields directly; `cpus` is read at create only.
+struct StreamConfig {
+    StreamConfig() : options(sized<FrtStreamConfig>()) { detail::check_on_thread(frt_stream_config_default(&options)); }
+    std::vector<size_t> cpus;  // the inference thread's CPUs; empty: not pinned
+    FrtStreamConfig options;   // options.cpus / cpus_len are ignored; `cpus` above is used
+};
+
+/// An action stream: the policy's steps on a library thread, one action per control tick on the
+/// caller's. Borrows the Policy until destroyed (make no call on the Policy meanwhile, except
+/// info() and explain()). Move-only; the destructor stops and joins the inference thread.
+class Stream {
+public:
+    /// Starts the stream (throws Error with frt_last_error's message).
+    static Stream create(Policy &policy, const StreamConfig &config) {
+        FrtStreamConfig c = config.options;
+        c.cpus = config.cpus.empty() ? nullptr : config.cpus.data();
+        c.cpus_len = config.cpus.size();
+        FrtStream *s = nullptr;
+        detail::check_on_thread(frt_stream_create(policy.get(), &c, &s));
+        return Stream(s);
+    }
+
+    Stream(Stream &&other) noexcept : s_(std::exchange(other.s_, nullptr)) {}
+    Stream &operator=(Stream &&other) noexcept {
+        if (this != &other) {
+            frt_stream_free(s_);
+            s_ = std::exchange(other.s_, nullptr);
+        }
+        return *this;
+    }
+    Stream(const Stream &) = delete;
+    Stream &operator=(const Stream &) = delete;
+    ~Stream() { frt_stream_free(s_); }
+
+    /// Hands in the latest observation (copied; no allocation). Noexcept for the control loop;
+    /// last_error() explains a failure.
+    FrtStatus try_push(const Observation &obs) noexcept { return frt_stream_push_observation(s_, &obs.raw()); }
+    /// This tick's action (`action_len` = the policy's action_dim) and its report; not written
+    /// when tick->status is FRT_ACTION_STATUS_WAITING. Noexcept, no allocation.
+    FrtStatus try_next_action(float *action, size_t action_len, FrtActionTick *tick) noexcept {
+        return frt_stream_next_action(s_, action, action_len, tick);
+    }
+    /// The counters (cheap; any thread).
+    FrtStreamStats stats() const {
+        FrtStreamStats st = sized<FrtStreamStats>();
+        detail::check_on_thread(frt_stream_stats(s_, &st));
+        return st;
+    }
+    /// Sets the task text; applied by the inference thread before its next step.
+    void set_prompt(std::string_view text) {
+        FrtStatus st = frt_stream_set_prompt(s_, text.empty() ? "" : text.data(), text.size());
+        if (st != FRT_STATUS_OK) throw Error(st, last_error());
+    }
+    /// The message of the last failed call on this stream ("" after a success).
+    std::string last_error() const {
+        return detail::read_text([this](char *buf, size_t len, size_t *written) { return frt_stream_last_error(s_, buf, len, written); });
+    }
+    /// The last failure on the inference thread ("" if none); not for the control loop.
+    std::string inference_error() const {
+        return detail::read_text([this](char *buf, size_t len, size_t *written) { return frt_stream_inference_error(s_, buf, len, written); });
+    }
+    FrtStream *get() const noexcept { return s_; }
+
+private:
+    explicit Stream(FrtStream *s) noexcept : s_(s) {}
+    FrtStream *s_;
 };
 
 }  // namespace frt

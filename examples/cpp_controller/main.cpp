@@ -4,7 +4,12 @@
 // cameras show a moving pattern); replace those two functions with your drivers.
 //
 //   cpp_controller --checkpoint DIR [--tokenizer FILE] [--prompt TEXT] [--hz 50] [--replan 10]
-//                  [--ticks N] [--backend auto|cpu|cuda] [--threads N]
+//                  [--ticks N] [--backend auto|cpu|cuda] [--threads N] [--stream]
+//
+// --stream runs the policy on the library's inference thread (frt::Stream): each tick pushes the
+// latest frames and joints and takes one action; the next chunk is requested when --replan actions
+// are left, the actions executed during inference are skipped, and a late chunk holds the last
+// action. Without it, the loop itself steps the policy every --replan ticks (and waits for it).
 //
 // --threads sets the CPU backend's threads (default 0: every core the process may use).
 // --ticks 0 runs until Ctrl-C. At the end it prints the policy's step latency statistics and the
@@ -34,12 +39,13 @@ struct Options {
     double hz = 50.0;
     long replan = 10, ticks = 0, threads = 0;
     FrtBackend backend = FRT_BACKEND_AUTO;
+    bool stream = false;
 };
 
 [[noreturn]] void usage(const char *why) {
     std::fprintf(stderr,
                  "%s\nusage: cpp_controller --checkpoint DIR [--tokenizer FILE] [--prompt TEXT] [--hz 50] "
-                 "[--replan K] [--ticks N] [--backend auto|cpu|cuda] [--threads N]\n",
+                 "[--replan K] [--ticks N] [--backend auto|cpu|cuda] [--threads N] [--stream]\n",
                  why);
     std::exit(2);
 }
@@ -48,6 +54,10 @@ Options parse(int argc, char **argv) {
     Options o;
     for (int i = 1; i < argc; i++) {
         std::string flag = argv[i];
+        if (flag == "--stream") {
+            o.stream = true;
+            continue;
+        }
         if (i + 1 >= argc) usage(("missing value for " + flag).c_str());
         const char *value = argv[++i];
         if (flag == "--checkpoint") o.checkpoint = value;
@@ -81,6 +91,52 @@ void actuate(std::vector<float> &joints, const float *action, size_t action_dim)
     for (size_t i = 0; i < joints.size() && i < action_dim; i++) joints[i] += 0.05f * (action[i] - joints[i]);
 }
 
+// Stream mode: the library's thread computes chunks; this loop pushes an observation and takes
+// one action every tick, never waiting for inference.
+int run_stream(const Options &opt, frt::Policy &policy, const frt::Info &info, Clock::duration period) {
+    frt::StreamConfig sc;
+    sc.options.control_period_us = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(period).count());
+    sc.options.refill_at = static_cast<size_t>(std::min<long>(opt.replan, static_cast<long>(info.horizon) - 1));
+    sc.options.fallback = FRT_FALLBACK_HOLD;
+    frt::Stream stream = frt::Stream::create(policy, sc);
+
+    std::vector<std::vector<uint8_t>> images(info.camera_names.size(), std::vector<uint8_t>(kWidth * kHeight * 3));
+    std::vector<float> joints(info.state_dim, 0.0f), action(info.action_dim, 0.0f);
+    frt::Observation obs(info.camera_names.size());
+    obs.set_state(joints.data(), joints.size());
+    FrtActionTick tick = frt::sized<FrtActionTick>();
+    long ticks = 0, overruns = 0, failed = 0;
+    auto deadline = Clock::now() + period;
+    while (!stop_requested && (opt.ticks == 0 || ticks < opt.ticks)) {
+        for (size_t cam = 0; cam < images.size(); cam++) {
+            capture(images[cam], ticks, cam);
+            obs.set_frame(cam, images[cam].data(), images[cam].size(), kWidth, kHeight, FRT_PIXEL_FORMAT_RGB8);
+        }
+        if (stream.try_push(obs) != FRT_STATUS_OK || stream.try_next_action(action.data(), action.size(), &tick) != FRT_STATUS_OK) {
+            failed++;
+            std::fprintf(stderr, "tick %ld: %s\n", ticks, stream.last_error().c_str());
+        } else if (tick.status != FRT_ACTION_STATUS_WAITING) {
+            actuate(joints, action.data(), info.action_dim);
+        }
+        ticks++;
+        if (Clock::now() > deadline) {
+            overruns++;
+            deadline = Clock::now();
+        }
+        std::this_thread::sleep_until(deadline);
+        deadline += period;
+    }
+    const FrtStreamStats s = stream.stats();
+    std::printf("stream: ticks %ld at %.0f Hz, request at %zu left: %llu chunks, delay %llu ticks, %llu actions skipped, %llu late "
+                "ticks held, %llu waiting, inference p50 %.1f ms max %.1f ms, %llu errors, %ld ticks overran\n",
+                ticks, opt.hz, sc.options.refill_at, static_cast<unsigned long long>(s.chunks), static_cast<unsigned long long>(s.delay_ticks),
+                static_cast<unsigned long long>(s.skipped_actions), static_cast<unsigned long long>(s.late_ticks),
+                static_cast<unsigned long long>(s.waiting_ticks), s.latency_p50_us / 1e3, s.latency_max_us / 1e3,
+                static_cast<unsigned long long>(s.errors), overruns);
+    if (s.errors > 0) std::fprintf(stderr, "last inference error: %s\n", stream.inference_error().c_str());
+    return failed == 0 && s.errors == 0 && s.chunks > 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -105,6 +161,8 @@ int main(int argc, char **argv) {
                     info.horizon, info.action_dim);
         const long replan = std::min<long>(opt.replan, static_cast<long>(info.horizon));
         policy.set_prompt(opt.prompt);
+
+        if (opt.stream) return run_stream(opt, policy, info, period);
 
         // Everything the loop touches is allocated here, before it starts.
         std::vector<std::vector<uint8_t>> images(info.camera_names.size(), std::vector<uint8_t>(kWidth * kHeight * 3));

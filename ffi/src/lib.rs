@@ -21,6 +21,7 @@ mod status;
 mod config;
 mod logging;
 mod policy;
+mod stream;
 // Internals.
 mod boundary;
 
@@ -28,3 +29,4 @@ pub use config::*;
 pub use logging::{FrtLogCallback, FrtLogLevel};
 pub use policy::*;
 pub use status::*;
+pub use stream::*;

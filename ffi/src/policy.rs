@@ -13,7 +13,7 @@ use crate::status::{Failure, FrtStatus, finish_on_thread, struct_size};
 
 /// An open policy: weights, plan, buffers, prompt, statistics and the last error. Opaque.
 pub struct FrtPolicy {
-    policy: Policy,
+    pub(crate) policy: Policy,
     sink: Sink,
     /// Message of the last failing call; cleared (never shrunk) by each call that succeeds.
     last_error: String,
@@ -562,71 +562,15 @@ impl FrtPolicy {
                 format_args!("invalid step_info.struct_size: below sizeof(FrtStepInfo) = {}", size_of::<FrtStepInfo>()),
             );
         }
-        // SAFETY: non-NULL and readable (caller's promise); struct_size is the first field.
-        if unsafe { (*observation).struct_size } < size_of::<FrtObservation>() {
-            return self.record(
-                FrtStatus::InvalidArgument,
-                format_args!("invalid observation.struct_size: below sizeof(FrtObservation) = {}", size_of::<FrtObservation>()),
-            );
-        }
-        // SAFETY: at least our version of the struct is readable (checked above).
-        let o = unsafe { &*observation };
-        if o.cameras.is_null() {
-            return self.record(FrtStatus::NullArgument, format_args!("observation.cameras is NULL"));
-        }
-        if o.state.is_null() {
-            return self.record(FrtStatus::NullArgument, format_args!("observation.state is NULL"));
-        }
-        if o.cameras_len != self.info.camera_ptrs.len() {
-            return self.record(
-                FrtStatus::InvalidArgument,
-                format_args!(
-                    "invalid observation.cameras_len: {} given, the policy has {} camera slots (mark missing cameras not present)",
-                    o.cameras_len,
-                    self.info.camera_ptrs.len()
-                ),
-            );
-        }
-        if o.noise.is_null() && o.noise_len != 0 {
-            return self
-                .record(FrtStatus::InvalidArgument, format_args!("invalid observation.noise_len: {} while noise is NULL", o.noise_len));
-        }
-        // SAFETY: the caller's arrays, valid for the lengths stated.
-        let (raw, state) =
-            unsafe { (std::slice::from_raw_parts(o.cameras, o.cameras_len), std::slice::from_raw_parts(o.state, o.state_len)) };
-        // SAFETY: as above.
-        let noise = (!o.noise.is_null()).then(|| unsafe { std::slice::from_raw_parts(o.noise, o.noise_len) });
-        // On the stack, so the step does not allocate; cameras_len <= FRT_MAX_CAMERAS (open checks).
         let mut frames: [Option<Frame>; FRT_MAX_CAMERAS] = [None; FRT_MAX_CAMERAS];
-        for (i, (slot, f)) in frames.iter_mut().zip(raw).enumerate() {
-            if !f.present {
-                continue;
-            }
-            if f.data.is_null() {
-                return self.record(FrtStatus::NullArgument, format_args!("observation.cameras[{i}].data is NULL"));
-            }
-            let Some(format) = PixelFormat::from_code(f.format) else {
-                return self.record(
-                    FrtStatus::InvalidArgument,
-                    format_args!("invalid observation.cameras[{i}].format: {} is not an FrtPixelFormat value", f.format),
-                );
-            };
-            let stride = if f.stride == 0 { f.width.saturating_mul(format.bytes_per_pixel()) } else { f.stride };
-            // The runtime computes (height - 1) * stride: keep that from overflowing.
-            if f.height.saturating_sub(1).checked_mul(stride).is_none() {
-                return self.record(
-                    FrtStatus::InvalidArgument,
-                    format_args!("invalid observation.cameras[{i}].stride: {stride} x height {} overflows", f.height),
-                );
-            }
-            // SAFETY: data_len readable bytes (caller's promise); the runtime checks the geometry
-            // against them before reading.
-            let data = unsafe { std::slice::from_raw_parts(f.data, f.data_len) };
-            *slot = Some(Frame { data, width: f.width, height: f.height, stride, format });
-        }
+        // SAFETY: the caller's promise on observation.
+        let (state, noise) = match unsafe { read_observation(observation, self.info.camera_ptrs.len(), &mut frames) } {
+            Ok(v) => v,
+            Err(e) => return self.record(e.status(), format_args!("{e}")),
+        };
         // SAFETY: actions_len writable floats (caller's promise).
         let actions = unsafe { std::slice::from_raw_parts_mut(actions, actions_len) };
-        let obs = Observation { cameras: &frames[..o.cameras_len], state, noise };
+        let obs = Observation { cameras: &frames[..self.info.camera_ptrs.len()], state, noise };
         match self.policy.step_continuing(&obs, continuation, actions) {
             Ok(s) => {
                 if !step_info.is_null() {
@@ -645,6 +589,108 @@ impl FrtPolicy {
             Err(e) => self.done::<()>(Err(e)),
         }
     }
+}
+
+/// Why an `FrtObservation` cannot be read; its text is the last error. Formatted only on failure,
+/// so reading a good observation does not allocate.
+pub(crate) enum ObservationError {
+    StructSize,
+    Null(&'static str),
+    CamerasLen { given: usize, slots: usize },
+    NoiseLen(usize),
+    FrameData(usize),
+    Format(usize, u32),
+    Stride(usize, usize, usize),
+}
+
+impl ObservationError {
+    pub(crate) fn status(&self) -> FrtStatus {
+        match self {
+            ObservationError::Null(_) | ObservationError::FrameData(_) => FrtStatus::NullArgument,
+            _ => FrtStatus::InvalidArgument,
+        }
+    }
+}
+
+impl fmt::Display for ObservationError {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match *self {
+            ObservationError::StructSize => {
+                write!(f, "invalid observation.struct_size: below sizeof(FrtObservation) = {}", size_of::<FrtObservation>())
+            }
+            ObservationError::Null(what) => write!(f, "{what} is NULL"),
+            ObservationError::CamerasLen { given, slots } => write!(
+                f,
+                "invalid observation.cameras_len: {given} given, the policy has {slots} camera slots (mark missing cameras not present)"
+            ),
+            ObservationError::NoiseLen(n) => write!(f, "invalid observation.noise_len: {n} while noise is NULL"),
+            ObservationError::FrameData(i) => write!(f, "observation.cameras[{i}].data is NULL"),
+            ObservationError::Format(i, n) => write!(f, "invalid observation.cameras[{i}].format: {n} is not an FrtPixelFormat value"),
+            ObservationError::Stride(i, stride, height) => {
+                write!(f, "invalid observation.cameras[{i}].stride: {stride} x height {height} overflows")
+            }
+        }
+    }
+}
+
+/// Reads a caller's observation into `frames` (the first `cameras` slots) and returns its state
+/// and noise. The runtime checks the rest (frame geometry against the data, values).
+///
+/// # Safety
+/// `observation` is NULL or readable with its arrays valid for the lengths it states.
+pub(crate) unsafe fn read_observation<'a>(
+    observation: *const FrtObservation,
+    cameras: usize,
+    frames: &mut [Option<Frame<'a>>; FRT_MAX_CAMERAS],
+) -> Result<(&'a [f32], Option<&'a [f32]>), ObservationError> {
+    if observation.is_null() {
+        return Err(ObservationError::Null("observation"));
+    }
+    // SAFETY: non-NULL and readable (caller's promise); struct_size is the first field.
+    if unsafe { (*observation).struct_size } < size_of::<FrtObservation>() {
+        return Err(ObservationError::StructSize);
+    }
+    // SAFETY: at least our version of the struct is readable (checked above).
+    let o = unsafe { &*observation };
+    if o.cameras.is_null() {
+        return Err(ObservationError::Null("observation.cameras"));
+    }
+    if o.state.is_null() {
+        return Err(ObservationError::Null("observation.state"));
+    }
+    if o.cameras_len != cameras {
+        return Err(ObservationError::CamerasLen { given: o.cameras_len, slots: cameras });
+    }
+    if o.noise.is_null() && o.noise_len != 0 {
+        return Err(ObservationError::NoiseLen(o.noise_len));
+    }
+    // SAFETY: the caller's arrays, valid for the lengths stated.
+    let (raw, state) = unsafe { (std::slice::from_raw_parts(o.cameras, o.cameras_len), std::slice::from_raw_parts(o.state, o.state_len)) };
+    // SAFETY: as above.
+    let noise = (!o.noise.is_null()).then(|| unsafe { std::slice::from_raw_parts(o.noise, o.noise_len) });
+    // cameras_len <= FRT_MAX_CAMERAS (open checks the policy's count).
+    for (i, (slot, f)) in frames.iter_mut().zip(raw).enumerate() {
+        *slot = None;
+        if !f.present {
+            continue;
+        }
+        if f.data.is_null() {
+            return Err(ObservationError::FrameData(i));
+        }
+        let Some(format) = PixelFormat::from_code(f.format) else {
+            return Err(ObservationError::Format(i, f.format));
+        };
+        let stride = if f.stride == 0 { f.width.saturating_mul(format.bytes_per_pixel()) } else { f.stride };
+        // The runtime computes (height - 1) * stride: keep that from overflowing.
+        if f.height.saturating_sub(1).checked_mul(stride).is_none() {
+            return Err(ObservationError::Stride(i, stride, f.height));
+        }
+        // SAFETY: data_len readable bytes (caller's promise); the runtime checks the geometry
+        // against them before reading.
+        let data = unsafe { std::slice::from_raw_parts(f.data, f.data_len) };
+        *slot = Some(Frame { data, width: f.width, height: f.height, stride, format });
+    }
+    Ok((state, noise))
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The C ABI from C and C++: `tests/c/abi_test.c` (every function and error path, against
 //! libflashrt.so) and `tests/c/hpp_test.cpp` (the RAII wrapper, against libflashrt.a), both under
-//! valgrind memcheck when it is installed; and the export list and soname of libflashrt.so.
+//! valgrind memcheck when it is installed; `tests/c/stream_test.c` (the action stream: a simulated
+//! control loop, its errors and panic boundary); and the export list and soname of libflashrt.so.
 
 mod common;
 
@@ -133,6 +134,22 @@ fn cpp_wrapper_works_with_the_static_library() {
     gxx.args(["-std=c++17", "-g"]).args(common::STRICT).arg("-I").arg(common::include_dir());
     gxx.arg(common::repo().join("tests/c/hpp_test.cpp")).arg("-o").arg(&exe).arg(lib.join("libflashrt.a")).args(STATIC_DEPS);
     common::run(&mut gxx);
+    let (ckpt, tokenizer) = synthesized(tmp.path());
+    run_checked(&exe, &[&ckpt, &tokenizer]);
+}
+
+#[test]
+fn c_stream_program_runs_a_control_loop() {
+    let Some(mut gcc) = common::tool("gcc") else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let lib = stage(tmp.path());
+    let exe = tmp.path().join("stream_test");
+    gcc.args(["-std=c99", "-g"]).args(common::STRICT);
+    if dynamic_symbols(&lib.join("libflashrt.so")).is_some_and(|s| s.iter().any(|s| s == "frt_debug_panic_next_call")) {
+        gcc.arg("-DFRT_PANIC_HOOK");
+    }
+    gcc.arg("-I").arg(common::include_dir()).arg(common::repo().join("tests/c/stream_test.c")).arg("-o").arg(&exe);
+    common::run(gcc.arg("-L").arg(&lib).arg("-lflashrt").arg("-lm").arg(format!("-Wl,-rpath,{}", lib.display())));
     let (ckpt, tokenizer) = synthesized(tmp.path());
     run_checked(&exe, &[&ckpt, &tokenizer]);
 }

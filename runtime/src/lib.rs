@@ -21,6 +21,7 @@ pub mod qwen_image;
 pub mod realtime;
 pub mod rtc;
 pub mod stats;
+pub mod stream;
 pub mod weights;
 
 pub use backend::{BackendKind, Precision};
@@ -29,3 +30,4 @@ pub use image::{Frame, PixelFormat};
 pub use policy::{Observation, Policy, PolicyConfig, PolicyInfo, StepInfo};
 pub use rtc::{Continuation, RtcConfig, RtcSchedule};
 pub use stats::{LatencyStats, Summary};
+pub use stream::{ActionStatus, ActionStream, ActionTick, Fallback, StreamConfig, StreamStats};

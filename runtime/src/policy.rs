@@ -176,6 +176,17 @@ impl Policy {
         self.io.noise.len()
     }
 
+    /// Whether the policy was opened with real-time chunking (`PolicyConfig::rtc`), i.e. whether
+    /// `step_continuing` accepts a continuation.
+    pub fn rtc_enabled(&self) -> bool {
+        self.io.rtc.is_some()
+    }
+
+    /// Largest frame `step` accepts (`PolicyConfig::max_frame_width` × `max_frame_height`).
+    pub fn max_frame(&self) -> (usize, usize) {
+        self.max_frame
+    }
+
     /// The execution plan (ops, buffers, FLOP count).
     pub fn plan(&self) -> &crate::plan::Plan {
         self.backend.plan()

@@ -4,9 +4,11 @@
 //   hpp_test CHECKPOINT_DIR TOKENIZER_JSON
 #include <flashrt.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 static int failures = 0;
@@ -127,8 +129,39 @@ int main(int argc, char **argv) {
         CHECK(e.status() == FRT_STATUS_INVALID_ARGUMENT && mentions(e.what(), "empty"));
     }
 
+    // The action stream over the same policy: one chunk arrives, a fresh action comes out; the
+    // destructor joins the inference thread and the policy steps again afterwards.
+    {
+        frt::StreamConfig sc;
+        sc.options.control_period_us = 100000;
+        sc.options.refill_at = 40;
+        frt::Stream made = frt::Stream::create(policy, sc);
+        frt::Stream stream = std::move(made);
+        CHECK(made.get() == nullptr && stream.get() != nullptr);
+        std::vector<float> action(info.action_dim, NAN);
+        FrtActionTick tick = frt::sized<FrtActionTick>();
+        CHECK(stream.try_push(obs) == FRT_STATUS_OK);
+        bool got = false;
+        for (int i = 0; i < 600 && !got; i++) {
+            CHECK(stream.try_next_action(action.data(), action.size(), &tick) == FRT_STATUS_OK);
+            got = tick.status == FRT_ACTION_STATUS_FRESH;
+            if (!got) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+        CHECK(got && std::isfinite(action[0]) && stream.stats().chunks >= 1);
+        CHECK(stream.try_next_action(action.data(), 1, &tick) == FRT_STATUS_INVALID_ARGUMENT);
+        CHECK(mentions(stream.last_error(), "action_len"));
+        CHECK(stream.inference_error().empty());
+        try {
+            frt::Stream::create(policy, [] { frt::StreamConfig bad; bad.options.fallback = 9; return bad; }());
+            CHECK(false);
+        } catch (const frt::Error &e) {
+            CHECK(e.status() == FRT_STATUS_INVALID_ARGUMENT && mentions(e.what(), "config.fallback"));
+        }
+    }
+    CHECK(policy.try_step(obs, actions.data(), actions.size()) == FRT_STATUS_OK);
+
     FrtLatencyStats stats = policy.stats();
-    CHECK(stats.count == 2 && stats.p50_ms > 0.0);
+    CHECK(stats.count >= 4 && stats.p50_ms > 0.0);  // the stream's steps count too
     policy.reset_stats();
     CHECK(policy.stats().count == 0);
 
