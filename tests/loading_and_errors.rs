@@ -145,9 +145,13 @@ fn a_model_flashrt_does_not_run_is_named_with_the_supported_ones() {
     let e = e.to_string();
     assert!(e.contains("config.json") && e.contains(r#"`type` is "smolvla""#) && e.contains("supported: pi05, Gr00tN1d7, groot"), "{e}");
     // A Pi0.5 checkpoint that calls itself GR00T: the GR00T loader names what it misses.
+    std::fs::write(&path, original.replacen(r#""type": "pi05""#, r#""model_type": "Gr00tN1d7""#, 1)).unwrap();
+    let e = open(dir.path()).err().expect("pi05 files opened as GR00T").to_string();
+    assert!(e.contains("missing processor_config.json"), "{e}");
+    // ... or a lerobot GR00T fine-tune: its config.json's Pi0.5 fields are named.
     std::fs::write(&path, original.replacen(r#""type": "pi05""#, r#""type": "groot""#, 1)).unwrap();
-    let e = open(dir.path()).err().expect("pi05 weights opened as GR00T").to_string();
-    assert!(e.contains("missing tensor backbone.model.model.visual.patch_embed.proj.weight"), "{e}");
+    let e = open(dir.path()).err().expect("a pi05 config.json opened as a lerobot GR00T one").to_string();
+    assert!(e.contains("config.json") && e.contains("unknown field"), "{e}");
 }
 
 #[test]
