@@ -14,7 +14,8 @@ This script runs, on the CPU in float32, with lerobot's own PI05Policy loaded fr
 and writes golden_rtc.safetensors: `input.rtc.noise` [50, 32], `output.rtc.plain` and
 `output.rtc.{i}` [50, 32] (normalized x_0), and the cases as JSON metadata (`cases`).
 
-Run on the device machine (Python 3.12 + torch): tools/device/checks/gen_rtc.sh.
+Run with lerobot 0.6.1 (Python 3.12 + torch, CPU): here with the venv of tools/golden/lerobot_env.sh
+(how golden_rtc.safetensors was made), or on the device machine: tools/device/checks/gen_rtc.sh.
 """
 
 from __future__ import annotations
