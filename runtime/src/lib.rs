@@ -19,6 +19,7 @@ pub mod plan;
 pub mod policy;
 pub mod qwen_image;
 pub mod realtime;
+pub mod serve;
 pub mod stats;
 pub mod weights;
 
