@@ -365,7 +365,16 @@ fn connection(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
             Err(tungstenite::Error::Capacity(e)) => {
                 count(shared, true);
                 let text = format!("request refused: {e} (the server's limit is {} bytes per message)", shared.config.max_message_bytes);
-                break fail(&mut ws, peer, &text, CloseCode::Size);
+                log::info!("{peer}: error: {text}");
+                // tungstenite cannot read past a refused frame (its codec keeps the frame's header
+                // and asserts on the next read): send the error and the close frame, then read the
+                // rest of the oversized message away raw, so that the client can finish sending and
+                // read the error instead of a reset connection.
+                let close = CloseFrame { code: CloseCode::Size, reason: "message too big; the error is in the previous frame".into() };
+                if ws.send(Message::text(text)).is_ok() && ws.close(Some(close)).is_ok() {
+                    let _ = ws.flush();
+                }
+                break discard_input(ws.get_mut());
             }
             Err(e) => {
                 log::warn!("{peer}: {e}");
@@ -423,6 +432,21 @@ fn close(ws: &mut WebSocket<TcpStream>, code: CloseCode, reason: &str) {
         match ws.read() {
             Ok(_) => {}
             Err(tungstenite::Error::Io(e)) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// Reads and drops what the client still sends, until it pauses (200 ms) or 5 s have passed.
+fn discard_input(stream: &mut TcpStream) {
+    let mut buf = vec![0u8; 64 << 10];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut last = Instant::now();
+    while Instant::now() < deadline && last.elapsed() < Duration::from_millis(200) {
+        match std::io::Read::read(stream, &mut buf) {
+            Ok(0) => return,
+            Ok(_) => last = Instant::now(),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {}
             Err(_) => return,
         }
     }
