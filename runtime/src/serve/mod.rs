@@ -488,3 +488,27 @@ fn infer(shared: &Shared, bytes: &[u8], prev_total_ms: Option<f64>) -> Result<Ve
     ]);
     Ok(reply.encode())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(auth: Option<&str>) -> HttpRequest {
+        let mut b = HttpRequest::builder().uri("ws://127.0.0.1:8000/");
+        if let Some(a) = auth {
+            b = b.header("Authorization", a);
+        }
+        b.body(()).unwrap()
+    }
+
+    #[test]
+    fn api_key_must_match_exactly() {
+        assert!(key_matches(None, &request(None)));
+        assert!(key_matches(None, &request(Some("Api-Key anything"))));
+        let key = Some("s3cret");
+        assert!(key_matches(key, &request(Some("Api-Key s3cret"))));
+        for wrong in [None, Some("Api-Key s3cre"), Some("Api-Key s3cret2"), Some("Bearer s3cret"), Some("s3cret"), Some("Api-Key S3cret")] {
+            assert!(!key_matches(key, &request(wrong)), "{wrong:?} accepted");
+        }
+    }
+}
