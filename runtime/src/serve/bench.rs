@@ -24,6 +24,10 @@ use crate::stats::{Summary, summarize};
 pub struct Overhead {
     pub in_process: Summary,
     pub served: Summary,
+    /// Per request: its round trip less its own step in the server (the reply's
+    /// `policy_timing.infer_ms`), i.e. what the server and the transport add, free of the step
+    /// time's own spread.
+    pub added: Summary,
     pub request_bytes: usize,
     pub info: PolicyInfo,
 }
@@ -71,7 +75,7 @@ pub fn overhead(config: &PolicyConfig, views: usize, size: usize, prompt: &str, 
         ws.read().map_err(|e| Error::Backend(format!("bench client: metadata: {e}")))?;
         local.set_prompt(prompt)?;
         let mut actions = vec![0.0; local.actions_len()];
-        let (mut in_process, mut served) = (Vec::with_capacity(iterations), Vec::with_capacity(iterations));
+        let (mut in_process, mut served, mut added) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..warmup + iterations {
             let v = i % VARIANTS;
             let cams: Vec<Option<Frame>> =
@@ -80,21 +84,22 @@ pub fn overhead(config: &PolicyConfig, views: usize, size: usize, prompt: &str, 
             local.step(&Observation { cameras: &cams, state: &states[v], noise: None }, &mut actions)?;
             let local_ms = t.elapsed().as_secs_f64() * 1e3;
             let t = Instant::now();
-            round_trip(&mut ws, requests[v].clone(), actions.len())?;
+            let step_ms = round_trip(&mut ws, requests[v].clone(), actions.len())?;
             let served_ms = t.elapsed().as_secs_f64() * 1e3;
             if i >= warmup {
                 in_process.push(local_ms / 1e3);
                 served.push(served_ms / 1e3);
+                added.push((served_ms - step_ms) / 1e3);
             }
         }
         let _ = ws.close(None);
-        Ok((summarize(&in_process), summarize(&served)))
+        Ok((summarize(&in_process), summarize(&served), summarize(&added)))
     })();
     stop.store(true, Ordering::Relaxed);
     let summary = serving.join().map_err(|_| Error::Backend("bench server thread panicked".into()))??;
-    let (in_process, served) = result?;
+    let (in_process, served, added) = result?;
     log::info!("bench server: {summary:?}");
-    Ok(Overhead { in_process, served, request_bytes, info })
+    Ok(Overhead { in_process, served, added, request_bytes, info })
 }
 
 /// A uint8 numpy array as openpi_client packs it.
@@ -116,9 +121,11 @@ fn u8_array(data: &[u8], shape: &[usize]) -> Vec<u8> {
     out
 }
 
-/// Sends one request and decodes the reply's actions as a client must.
-fn round_trip(ws: &mut WebSocket<MaybeTlsStream<TcpStream>>, request: Bytes, actions_len: usize) -> Result<()> {
+/// Sends one request and decodes the reply's actions as a client must; returns the server's
+/// step time for it (ms).
+fn round_trip(ws: &mut WebSocket<MaybeTlsStream<TcpStream>>, request: Bytes, actions_len: usize) -> Result<f64> {
     let client = |e: tungstenite::Error| Error::Backend(format!("bench client: {e}"));
+    let bad = |what: &str| Error::Backend(format!("bench client: the reply holds no {what}"));
     ws.send(Message::Binary(request)).map_err(client)?;
     let reply = match ws.read().map_err(client)? {
         Message::Binary(b) => b,
@@ -127,9 +134,15 @@ fn round_trip(ws: &mut WebSocket<MaybeTlsStream<TcpStream>>, request: Bytes, act
     };
     let value = mpn::decode(&reply)?;
     let entries = mpn::entries(&value, "reply")?.unwrap_or_default();
-    let actions = entries.iter().find(|(k, _)| *k == "actions").map(|(_, v)| mpn::leaf(v, "actions", usize::MAX)).transpose()?;
-    match actions {
-        Some(Leaf::Array(a)) if a.len() == actions_len => Ok(()),
-        _ => Err(Error::Backend("bench client: the reply holds no actions of the expected size".into())),
+    let get = |name: &str| entries.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
+    match get("actions").map(|v| mpn::leaf(v, "actions", usize::MAX)).transpose()? {
+        Some(Leaf::Array(a)) if a.len() == actions_len => {}
+        _ => return Err(bad("actions of the expected size")),
+    }
+    let timing = get("policy_timing").ok_or_else(|| bad("policy_timing"))?;
+    let timing = mpn::entries(timing, "policy_timing")?.unwrap_or_default();
+    match timing.iter().find(|(k, _)| *k == "infer_ms").map(|(_, v)| mpn::leaf(v, "infer_ms", 0)).transpose()? {
+        Some(Leaf::Number(ms)) => Ok(ms),
+        _ => Err(bad("policy_timing.infer_ms")),
     }
 }
