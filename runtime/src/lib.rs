@@ -20,6 +20,7 @@ pub mod policy;
 pub mod qwen_image;
 pub mod realtime;
 pub mod rtc;
+pub mod serve;
 pub mod stats;
 pub mod stream;
 pub mod weights;

@@ -10,6 +10,8 @@ use flashrt::image::{Frame, PixelFormat};
 use flashrt::models::groot_n17::synth as groot_synth;
 use flashrt::models::pi05::synth::{self, SynthSize};
 use flashrt::realtime::{self, RealtimeConfig};
+use flashrt::serve::mapping::{KeyMap, Mapping};
+use flashrt::serve::{self, ServeConfig, Server};
 use flashrt::{BackendKind, Continuation, Observation, Policy, PolicyConfig, Result, RtcConfig, RtcSchedule};
 
 #[derive(Parser)]
@@ -69,6 +71,35 @@ enum Command {
         prompt: Option<String>,
         #[arg(long, default_value = "pi05-2v")]
         workload: String,
+        /// Append the result to this JSON file (a list), or create it.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Serve the policy over the openpi websocket protocol (`openpi_client.WebsocketClientPolicy`
+    /// connects unchanged); SIGINT/SIGTERM stop it gracefully.
+    Serve {
+        #[command(flatten)]
+        open: OpenArgs,
+        #[command(flatten)]
+        serve: ServeArgs,
+    },
+    /// Measure what `serve` adds to a step: openpi requests over a loopback websocket against the
+    /// same steps in-process, alternating; JSON as `bench` writes it.
+    BenchServe {
+        #[command(flatten)]
+        open: OpenArgs,
+        #[arg(long, default_value_t = 200)]
+        iterations: usize,
+        #[arg(long, default_value_t = 10)]
+        warmup: usize,
+        /// Cameras present per request.
+        #[arg(long, default_value_t = 2)]
+        views: usize,
+        /// Frame side in pixels (square RGB8 frames).
+        #[arg(long, default_value_t = 224)]
+        size: usize,
+        #[arg(long, default_value = "pick up the red block and put it in the bowl")]
+        prompt: String,
         /// Append the result to this JSON file (a list), or create it.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -169,6 +200,41 @@ fn parse_schedule(s: &str) -> std::result::Result<RtcSchedule, String> {
     RtcSchedule::parse(s).ok_or_else(|| format!("{s:?}: expected zeros, ones, linear or exp"))
 }
 
+#[derive(Args)]
+struct ServeArgs {
+    /// Address to listen on (a robot on another machine needs 0.0.0.0 or the interface's).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port (0: any free port; the address is printed as `listening on ws://...`).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Observation keys: `libero`, `aloha`, `droid` (openpi's examples) or a JSON file; default:
+    /// each camera under the policy's camera name, `state`, `prompt`.
+    #[arg(long)]
+    keys: Option<String>,
+    /// Print the key map in effect as JSON (a starting point for a file) and exit.
+    #[arg(long)]
+    print_keys: bool,
+    /// Require the header `Authorization: Api-Key KEY` (openpi_client's `api_key=`).
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Connections served at once (a thread each); more are refused with HTTP 503.
+    #[arg(long, default_value_t = 8)]
+    max_connections: usize,
+    /// Largest request message in bytes.
+    #[arg(long, default_value_t = 32 << 20)]
+    max_message_bytes: usize,
+    /// Largest numpy array in a request, in bytes.
+    #[arg(long, default_value_t = 8 << 20)]
+    max_array_bytes: usize,
+    /// Task text for requests that carry none (openpi's ALOHA client sends no prompt).
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Stop after this many requests (for scripts and tests).
+    #[arg(long)]
+    max_requests: Option<u64>,
+}
+
 /// Real-time setup of the stepping thread, applied after open (see `flashrt::realtime`).
 #[derive(Args)]
 struct RealtimeArgs {
@@ -233,6 +299,10 @@ fn main() -> ExitCode {
         Command::Bench { open, realtime, iterations, warmup, views, prompt_tokens, prompt, workload, out } => {
             let prompt = BenchPrompt { tokens: prompt_tokens, text: prompt };
             bench_command(&open, &realtime, started, iterations, warmup, views, &prompt, &workload, out.as_deref())
+        }
+        Command::Serve { open, serve } => serve_command(&open, &serve),
+        Command::BenchServe { open, iterations, warmup, views, size, prompt, out } => {
+            bench_serve(&open, iterations, warmup, views, size, &prompt, out.as_deref())
         }
         Command::Inspect { open } => Policy::open(&open.config()).map(|p| inspect(&p)),
         Command::Synth { model, size, out, seed } => synth_command(model, &out, size, seed),
@@ -460,22 +530,111 @@ fn bench_command(
         "date": bench::utc_now(),
     });
     println!("{}", serde_json::to_string_pretty(&result).expect("json"));
-    if let Some(path) = out {
-        let io = |source| flashrt::Error::Io { path: path.into(), source };
-        let mut list: Vec<serde_json::Value> = match std::fs::read_to_string(path) {
-            Ok(text) => match serde_json::from_str(&text)
-                .map_err(|e| flashrt::Error::invalid("--out", format!("{}: not JSON: {e}", path.display())))?
-            {
+    match out {
+        Some(path) => append_json(path, result),
+        None => Ok(()),
+    }
+}
+
+/// Appends `result` to the JSON list in `path` (a single object there becomes the list's first).
+fn append_json(path: &Path, result: serde_json::Value) -> Result<()> {
+    let io = |source| flashrt::Error::Io { path: path.into(), source };
+    let mut list: Vec<serde_json::Value> = match std::fs::read_to_string(path) {
+        Ok(text) => {
+            match serde_json::from_str(&text).map_err(|e| flashrt::Error::invalid("--out", format!("{}: not JSON: {e}", path.display())))? {
                 serde_json::Value::Array(items) => items,
                 other => vec![other],
-            },
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(io(e)),
-        };
-        list.push(result);
-        std::fs::write(path, serde_json::to_string_pretty(&list).expect("json") + "\n").map_err(io)?;
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(io(e)),
+    };
+    list.push(result);
+    std::fs::write(path, serde_json::to_string_pretty(&list).expect("json") + "\n").map_err(io)
+}
+
+fn serve_command(open: &OpenArgs, args: &ServeArgs) -> Result<()> {
+    let policy = Policy::open(&open.config())?;
+    let info = policy.info();
+    let keys = match &args.keys {
+        Some(spec) => KeyMap::load(spec)?,
+        None => KeyMap::generic(&info.cameras),
+    };
+    if args.print_keys {
+        println!("{}", serde_json::to_string_pretty(&keys).expect("json"));
+        return Ok(());
     }
+    let mapping = Mapping::resolve(&keys, &info.cameras, info.state_dim)?;
+    let host = if args.host.contains(':') { format!("[{}]", args.host) } else { args.host.clone() };
+    let mut config = ServeConfig::new(format!("{host}:{}", args.port));
+    config.api_key = args.api_key.clone();
+    config.max_connections = args.max_connections;
+    config.max_message_bytes = args.max_message_bytes;
+    config.max_array_bytes = args.max_array_bytes;
+    config.default_prompt = args.prompt.clone();
+    config.max_requests = args.max_requests;
+    let server = Server::bind(policy, mapping, config)?;
+    serve::install_signal_handlers()?;
+    let addr = server.local_addr()?;
+    // Scripts and tests read the address from this line (with --port 0 it is the only way).
+    println!("listening on ws://{addr}");
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    let s = server.run()?;
+    println!(
+        "served {} requests ({} refused with an error) on {} connections; {} handshakes refused",
+        s.requests, s.errors, s.connections, s.refused
+    );
     Ok(())
+}
+
+fn bench_serve(
+    open: &OpenArgs,
+    iterations: usize,
+    warmup: usize,
+    views: usize,
+    size: usize,
+    prompt: &str,
+    out: Option<&Path>,
+) -> Result<()> {
+    let o = serve::bench::overhead(&open.config(), views, size, prompt, warmup, iterations.max(1))?;
+    let (a, b) = (&o.served, &o.in_process);
+    let result = serde_json::json!({
+        "workload": "serve-overhead",
+        "model": o.info.model,
+        "device": o.info.device,
+        "backend": o.info.backend,
+        "precision": if o.info.backend == "cpu" { "f32" } else { "bf16" },
+        "views": views,
+        "image_size": size,
+        "steps": o.info.denoise_steps,
+        "horizon": o.info.horizon,
+        "iterations": iterations,
+        // The whole round trip of an openpi request through `flashrt serve` on loopback.
+        "p50_ms": a.p50_ms,
+        "p90_ms": a.p90_ms,
+        "p99_ms": a.p99_ms,
+        "max_ms": a.max_ms,
+        // The same steps in-process, alternating with the requests.
+        "in_process_p50_ms": b.p50_ms,
+        "in_process_p90_ms": b.p90_ms,
+        "in_process_p99_ms": b.p99_ms,
+        "in_process_max_ms": b.max_ms,
+        // Per request, its round trip less its own step in the server: what serving adds.
+        "overhead_p50_ms": o.added.p50_ms,
+        "overhead_p90_ms": o.added.p90_ms,
+        "overhead_p99_ms": o.added.p99_ms,
+        "overhead_max_ms": o.added.max_ms,
+        "request_bytes": o.request_bytes,
+        "transport": "websocket over loopback; Rust tungstenite client, requests encoded before timing, replies decoded inside it",
+        "commit": env!("FLASHRT_GIT_COMMIT"),
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "date": bench::utc_now(),
+    });
+    println!("{}", serde_json::to_string_pretty(&result).expect("json"));
+    match out {
+        Some(path) => append_json(path, result),
+        None => Ok(()),
+    }
 }
 
 fn synth_command(model: Model, out: &Path, size: SynthSize, seed: u64) -> Result<()> {
