@@ -12,7 +12,8 @@
 #    the export list and soname, the no-allocation test of frt_policy_step.
 # 2. ffi/install.sh into a temporary prefix (dev profile: reuses step 1's build), then a
 #    pkg-config build of a C program and the CMake build of examples/cpp_controller against it.
-# 3. A bounded run of the controller against a synthesized tiny checkpoint on the CPU backend.
+# 3. Bounded runs of the controller against a synthesized tiny checkpoint on the CPU backend, one
+#    stepping the policy itself, one through the action stream.
 #
 # --no-cargo-test skips step 1 when the caller's `cargo test --workspace` already ran it
 # (tools/test.sh), and installs the libraries and uses the CLI that build left in target/debug.
@@ -81,4 +82,6 @@ flashrt=target/debug/flashrt
 ckpt=(--checkpoint "$tmp/pi05_tiny")
 echo "== ffi: bounded controller run"
 "$tmp/build/cpp_controller" "${ckpt[@]}" --backend cpu --hz 50 --replan 10 --ticks 100
+echo "== ffi: bounded controller run, action stream (inference on the library's thread)"
+"$tmp/build/cpp_controller" "${ckpt[@]}" --backend cpu --hz 50 --ticks 100 --stream
 echo "ffi/ci.sh: all C ABI checks passed"
