@@ -60,7 +60,7 @@
 /**
  * Minor version.
  */
-#define FRT_VERSION_MINOR 3
+#define FRT_VERSION_MINOR 4
 
 /**
  * Patch version.
@@ -789,7 +789,7 @@ extern "C" {
 #endif // __cplusplus
 
 /**
- * The library's version, e.g. "0.3.0": a static NUL-terminated string, never NULL. Compare it with
+ * The library's version, e.g. "0.4.0": a static NUL-terminated string, never NULL. Compare it with
  * the `FRT_VERSION_*` macros to detect a header/library mismatch.
  *
  * Thread safety: safe to call from any thread.

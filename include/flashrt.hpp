@@ -65,7 +65,7 @@ inline std::string status_message(FrtStatus status) {
     return detail::read_text([&](char *buf, size_t len, size_t *written) { return frt_status_message(status, buf, len, written); });
 }
 
-/// The library's version ("0.3.0").
+/// The library's version ("0.4.0").
 inline std::string version() { return frt_version(); }
 
 /// FrtPolicyConfig with its defaults, owning the path strings. Set plain fields on `options`.

@@ -115,7 +115,7 @@ impl From<flashrt::Error> for Failure {
 /// Major version of the library this header belongs to.
 pub const FRT_VERSION_MAJOR: u32 = 0;
 /// Minor version.
-pub const FRT_VERSION_MINOR: u32 = 3;
+pub const FRT_VERSION_MINOR: u32 = 4;
 /// Patch version.
 pub const FRT_VERSION_PATCH: u32 = 0;
 /// The version as one comparable number: MAJOR * 1000000 + MINOR * 1000 + PATCH.
@@ -134,7 +134,7 @@ const _: () = assert!(FRT_VERSION_MAJOR == parse(env!("CARGO_PKG_VERSION_MAJOR")
 const _: () = assert!(FRT_VERSION_MINOR == parse(env!("CARGO_PKG_VERSION_MINOR")), "FRT_VERSION_MINOR differs from Cargo.toml");
 const _: () = assert!(FRT_VERSION_PATCH == parse(env!("CARGO_PKG_VERSION_PATCH")), "FRT_VERSION_PATCH differs from Cargo.toml");
 
-/// The library's version, e.g. "0.3.0": a static NUL-terminated string, never NULL. Compare it with
+/// The library's version, e.g. "0.4.0": a static NUL-terminated string, never NULL. Compare it with
 /// the `FRT_VERSION_*` macros to detect a header/library mismatch.
 ///
 /// Thread safety: safe to call from any thread.
