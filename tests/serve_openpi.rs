@@ -94,6 +94,17 @@ fn openpi_client_drives_flashrt_serve() {
     let stderr = server.0.stderr.take().unwrap();
     let server_log = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
 
+    // The README's example client, as a user runs it, first.
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/openpi_robot_client.py");
+    let mut run = Command::new(python());
+    run.arg(&example).args(["--port", port, "--api-key", API_KEY, "--steps", "3"]).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut example_run = Reaped(run.spawn().expect("python runs"));
+    let example_status = wait_for(&mut example_run.0, Duration::from_secs(120));
+    let example_out = std::io::read_to_string(example_run.0.stdout.take().unwrap()).unwrap_or_default();
+    let example_err = std::io::read_to_string(example_run.0.stderr.take().unwrap()).unwrap_or_default();
+    assert!(example_status.is_some_and(|s| s.success()), "examples/openpi_robot_client.py failed:\n{example_out}\n{example_err}");
+    assert!(example_out.contains("server: flashrt"), "{example_out}");
+
     let record = dir.path().join("record.safetensors");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/serve/openpi_client_check.py");
     let mut client = Reaped(

@@ -11,7 +11,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 venv="${1:-target/lerobot-venv}"
-python="${PYTHON312:-$(command -v python3.12 || echo "$HOME/.pyenv/versions/3.12.1/bin/python3")}"
+# A Python >= 3.12: $PYTHON312, pyenv's own build (its shim may not select it), or python3.12.
+python=""
+for candidate in ${PYTHON312:-} "$HOME"/.pyenv/versions/3.1[2-9]*/bin/python3 python3.12; do
+  if "$candidate" -c 'import sys; assert sys.version_info >= (3, 12)' 2> /dev/null; then python="$candidate"; break; fi
+done
+[ -n "$python" ] || { echo "lerobot 0.6.1 needs Python >= 3.12: set PYTHON312" >&2; exit 1; }
 "$python" -m venv "$venv"
 "$venv/bin/pip" install -q --upgrade pip
 "$venv/bin/pip" install -q torch==2.11.0 torchvision==0.26.0 numpy==2.2.6 safetensors==0.8.0 \
