@@ -34,6 +34,50 @@ pub struct Config {
     pub inputs: InputChecks,
     pub qos: QosConfig,
     pub realtime: RealtimeSection,
+    /// `output.mode = "stream"`: the action stream's settings.
+    pub stream: StreamSection,
+}
+
+/// What the node publishes (`output.mode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputMode {
+    /// One inference per replan period, each chunk published whole (trajectory + array).
+    #[default]
+    Chunk,
+    /// An action stream (`flashrt::ActionStream`): one action per control tick, inference on its
+    /// own thread whenever the current chunk runs low.
+    Stream,
+}
+
+/// `stream.fallback`: what a control tick publishes when the next chunk is late.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FallbackKind {
+    /// Repeat the last action.
+    #[default]
+    Hold,
+    /// Continue the last action's velocity, decaying to zero over `stream.decelerate_ticks`.
+    Decelerate,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StreamSection {
+    /// Control rate: one action published per tick. Default: `timing.control_rate_hz` (the rate
+    /// the policy's chunks are meant to be executed at).
+    pub rate_hz: Option<f64>,
+    /// Request the next chunk when this many actions or fewer are left; default half the horizon.
+    pub refill_at: Option<usize>,
+    pub fallback: FallbackKind,
+    /// `fallback = "decelerate"`: ticks over which the velocity decays to zero.
+    pub decelerate_ticks: usize,
+}
+
+impl Default for StreamSection {
+    fn default() -> Self {
+        StreamSection { rate_hz: None, refill_at: None, fallback: FallbackKind::Hold, decelerate_ticks: 10 }
+    }
 }
 
 /// Real-time setup of the inference thread (`flashrt::realtime`), applied once the policy is
@@ -84,6 +128,13 @@ pub struct PolicySection {
     pub max_frame_height: u32,
     /// Task text used until one arrives on the prompt topic.
     pub prompt: Option<String>,
+    /// Real-time chunking: the prefix-weight schedule (`linear`, `exp`, `ones`, `zeros`); unset:
+    /// off. Each chunk is then sampled to continue the previous one.
+    pub rtc: Option<String>,
+    /// RTC: rows of the new chunk that are guided at all.
+    pub rtc_execution_horizon: usize,
+    /// RTC: upper bound of the guidance weight.
+    pub rtc_max_guidance_weight: f32,
 }
 
 impl Default for PolicySection {
@@ -99,6 +150,9 @@ impl Default for PolicySection {
             max_frame_width: 640,
             max_frame_height: 480,
             prompt: None,
+            rtc: None,
+            rtc_execution_horizon: flashrt::RtcConfig::default().execution_horizon,
+            rtc_max_guidance_weight: flashrt::RtcConfig::default().max_guidance_weight,
         }
     }
 }
@@ -143,6 +197,10 @@ impl Default for PromptConfig {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutputConfig {
+    pub mode: OutputMode,
+    /// Stream mode: one `std_msgs/Float64MultiArray` per control tick (the action, one value per
+    /// action column).
+    pub action_topic: String,
     pub trajectory_topic: String,
     pub action_chunk_topic: String,
     pub health_topic: String,
@@ -155,6 +213,8 @@ pub struct OutputConfig {
 impl Default for OutputConfig {
     fn default() -> Self {
         OutputConfig {
+            mode: OutputMode::Chunk,
+            action_topic: "action".into(),
             trajectory_topic: "joint_trajectory".into(),
             action_chunk_topic: "action_chunk".into(),
             health_topic: "~/health".into(),
@@ -295,6 +355,15 @@ pub struct Cli {
     /// Initial task text.
     #[arg(long)]
     pub prompt: Option<String>,
+    /// chunk (a trajectory per inference) or stream (an action per control tick).
+    #[arg(long)]
+    pub output_mode: Option<OutputMode>,
+    /// Stream mode: the per-tick action topic.
+    #[arg(long)]
+    pub action_topic: Option<String>,
+    /// Real-time chunking schedule: linear, exp, ones or zeros.
+    #[arg(long)]
+    pub rtc: Option<String>,
     #[arg(long)]
     pub trajectory_topic: Option<String>,
     #[arg(long)]
@@ -383,6 +452,11 @@ impl Config {
         }
         set(&mut self.joint_states.topic, &cli.joint_states_topic);
         set(&mut self.prompt.topic, &cli.prompt_topic);
+        set(&mut self.output.mode, &cli.output_mode);
+        set(&mut self.output.action_topic, &cli.action_topic);
+        if cli.rtc.is_some() {
+            self.policy.rtc = cli.rtc.clone();
+        }
         set(&mut self.output.trajectory_topic, &cli.trajectory_topic);
         set(&mut self.output.action_chunk_topic, &cli.action_chunk_topic);
         set(&mut self.output.health_topic, &cli.health_topic);
@@ -428,6 +502,13 @@ impl Config {
         positive("inputs.max_frame_age_s", self.inputs.max_frame_age_s)?;
         positive("inputs.max_state_age_s", self.inputs.max_state_age_s)?;
         positive("inputs.warn_interval_s", self.inputs.warn_interval_s)?;
+        if let Some(rate) = self.stream.rate_hz {
+            positive("stream.rate_hz", rate)?;
+        }
+        if self.stream.fallback == FallbackKind::Decelerate && self.stream.decelerate_ticks == 0 {
+            return Err(invalid("stream.decelerate_ticks", "must be at least 1 with fallback = \"decelerate\" (or use \"hold\")"));
+        }
+        self.rtc()?;
         if self.policy.max_frame_width == 0 || self.policy.max_frame_height == 0 {
             return Err(invalid("policy.max_frame_width/height", "must be positive"));
         }
@@ -486,6 +567,11 @@ impl Config {
                 format!("{} names for a policy state of {} values", self.joint_states.names.len(), info.state_dim),
             ));
         }
+        if let Some(refill_at) = self.stream.refill_at
+            && refill_at >= info.horizon
+        {
+            return Err(invalid("stream.refill_at", format!("{refill_at} must be below the policy's horizon {}", info.horizon)));
+        }
         if !self.output.joint_names.is_empty() && self.output.joint_names.len() != info.action_dim {
             return Err(invalid(
                 "output.joint_names",
@@ -510,6 +596,43 @@ impl Config {
 
     pub fn replan_period(&self) -> Duration {
         Duration::from_secs_f64(self.timing.replan_period_s)
+    }
+
+    /// Stream mode's control rate: `stream.rate_hz`, else `timing.control_rate_hz`.
+    pub fn stream_rate_hz(&self) -> f64 {
+        self.stream.rate_hz.unwrap_or(self.timing.control_rate_hz)
+    }
+
+    /// The action stream's settings (stream mode). Its inference thread gets the `realtime`
+    /// settings.
+    pub fn stream_config(&self) -> flashrt::StreamConfig {
+        let s = &self.stream;
+        flashrt::StreamConfig {
+            control_period: Duration::from_secs_f64(1.0 / self.stream_rate_hz()),
+            refill_at: s.refill_at,
+            fallback: match s.fallback {
+                FallbackKind::Hold => flashrt::Fallback::Hold,
+                FallbackKind::Decelerate => flashrt::Fallback::Decelerate { ticks: s.decelerate_ticks },
+            },
+            realtime: self.realtime(),
+            ..flashrt::StreamConfig::new()
+        }
+    }
+
+    /// `policy.rtc*` as the runtime's setting; `None` when `policy.rtc` is unset.
+    pub fn rtc(&self) -> Result<Option<flashrt::RtcConfig>, ConfigError> {
+        let p = &self.policy;
+        let Some(name) = &p.rtc else { return Ok(None) };
+        let schedule = flashrt::RtcSchedule::parse(name)
+            .ok_or_else(|| invalid("policy.rtc", format!("{name:?}: expected linear, exp, ones or zeros (or leave it unset)")))?;
+        if p.rtc_execution_horizon == 0 {
+            return Err(invalid("policy.rtc_execution_horizon", "must be at least 1"));
+        }
+        let w = p.rtc_max_guidance_weight;
+        if !(w.is_finite() && w > 0.0) {
+            return Err(invalid("policy.rtc_max_guidance_weight", format!("{w} must be a positive number")));
+        }
+        Ok(Some(flashrt::RtcConfig { schedule, max_guidance_weight: w, execution_horizon: p.rtc_execution_horizon }))
     }
 
     pub fn realtime(&self) -> flashrt::realtime::RealtimeConfig {
@@ -537,6 +660,7 @@ impl Config {
         c.max_frame_width = self.policy.max_frame_width as usize;
         c.max_frame_height = self.policy.max_frame_height as usize;
         c.deadline = Some(self.replan_period());
+        c.rtc = self.rtc()?;
         Ok(c)
     }
 }
@@ -587,6 +711,10 @@ mod tests {
             "80",
             "--cpus",
             "2,3",
+            "--output-mode",
+            "stream",
+            "--rtc",
+            "linear",
         ]);
         config.apply(&cli);
         let again = Config::from_toml(&config.to_toml(), path).unwrap();
@@ -596,6 +724,10 @@ mod tests {
         assert_eq!(config.inputs.missing_camera, MissingCamera::Mask);
         assert_eq!(config.qos.images.reliability, Reliability::Reliable);
         assert_eq!(config.realtime(), flashrt::realtime::RealtimeConfig { lock_memory: false, fifo_priority: Some(80), cpus: vec![2, 3] });
+        assert_eq!(
+            (config.output.mode, config.rtc().unwrap().map(|r| r.schedule)),
+            (OutputMode::Stream, Some(flashrt::RtcSchedule::Linear))
+        );
         config.check().unwrap();
     }
 
@@ -625,5 +757,73 @@ mod tests {
         // Inputs may ask for it (a latched prompt is a common ROS 2 pattern).
         c.qos.prompt.durability = Durability::TransientLocal;
         c.check().unwrap();
+    }
+
+    #[test]
+    fn stream_and_rtc_settings_map_and_bad_ones_are_named() {
+        let path = std::path::Path::new("x.toml");
+        let base = "[policy]\ncheckpoint = \"x\"\n[[cameras]]\ntopic = \"a\"\n";
+        // Defaults: chunk mode, no RTC, the stream at the trajectory's control rate.
+        let c = Config::from_toml(base, path).unwrap();
+        c.check().unwrap();
+        assert_eq!((c.output.mode, c.rtc().unwrap(), c.policy_config().unwrap().rtc), (OutputMode::Chunk, None, None));
+        assert_eq!(c.stream_config().control_period, Duration::from_millis(20));
+        assert_eq!(c.stream_config().fallback, flashrt::Fallback::Hold);
+
+        let text = format!(
+            "{base}[output]\nmode = \"stream\"\naction_topic = \"/arm/commands\"\n\
+             [stream]\nrate_hz = 25.0\nrefill_at = 12\nfallback = \"decelerate\"\ndecelerate_ticks = 4\n"
+        );
+        let mut c = Config::from_toml(&text.replace("[[cameras]]", "rtc = \"exp\"\nrtc_execution_horizon = 8\n[[cameras]]"), path).unwrap();
+        c.check().unwrap();
+        assert_eq!(c.output.mode, OutputMode::Stream);
+        let stream = c.stream_config();
+        assert_eq!((stream.control_period, stream.refill_at), (Duration::from_millis(40), Some(12)));
+        assert_eq!(stream.fallback, flashrt::Fallback::Decelerate { ticks: 4 });
+        let rtc = flashrt::RtcConfig { schedule: flashrt::RtcSchedule::Exp, max_guidance_weight: 10.0, execution_horizon: 8 };
+        assert_eq!(c.policy_config().unwrap().rtc, Some(rtc));
+        let again = Config::from_toml(&c.to_toml(), path).unwrap();
+        assert_eq!(again.to_toml(), c.to_toml(), "TOML round trip");
+
+        // Refused, each by its key.
+        let refused = |c: &Config, key: &str| {
+            let e = c.check().unwrap_err().to_string();
+            assert!(e.contains(key), "{key}: {e}");
+        };
+        c.policy.rtc = Some("cosine".into());
+        refused(&c, "policy.rtc");
+        c.policy.rtc = Some("linear".into());
+        c.policy.rtc_execution_horizon = 0;
+        refused(&c, "policy.rtc_execution_horizon");
+        c.policy.rtc_execution_horizon = 10;
+        for w in [0.0, -1.0, f32::NAN] {
+            c.policy.rtc_max_guidance_weight = w;
+            refused(&c, "policy.rtc_max_guidance_weight");
+        }
+        c.policy.rtc_max_guidance_weight = 5.0;
+        c.stream.rate_hz = Some(0.0);
+        refused(&c, "stream.rate_hz");
+        c.stream.rate_hz = None;
+        c.stream.decelerate_ticks = 0;
+        refused(&c, "stream.decelerate_ticks");
+        c.stream.fallback = FallbackKind::Hold;
+        c.check().unwrap();
+        // Unknown values of the enumerated keys are refused when the file is read, on their line.
+        for (bad, key) in [("[output]\nmode = \"burst\"\n", "mode"), ("[stream]\nfallback = \"stop\"\n", "fallback")] {
+            let e = Config::from_toml(bad, path).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("unknown variant"), "{e}");
+        }
+        // The refill threshold is checked against the opened policy's horizon.
+        let checkpoint = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/pi05_tiny"));
+        let policy =
+            flashrt::Policy::open(&flashrt::PolicyConfig { backend: flashrt::BackendKind::Cpu, ..flashrt::PolicyConfig::new(checkpoint) })
+                .unwrap();
+        let mut info = policy.info();
+        info.cameras.truncate(1);
+        c.stream.refill_at = Some(info.horizon);
+        let e = c.check_policy(&info).unwrap_err().to_string();
+        assert!(e.contains("stream.refill_at"), "{e}");
+        c.stream.refill_at = Some(info.horizon - 1);
+        c.check_policy(&info).unwrap();
     }
 }

@@ -4,11 +4,13 @@
 //!
 //! The pieces, from the wire inwards: [`msg`] (ROS 2 messages as serde structs), [`config`] (file
 //! and flags), [`inputs`] (validated latest-value slots sized at start), [`intake`] (each received
-//! message validated, stored, counted), [`infer`] (the inference thread), [`output`] (chunk to
-//! messages), [`shared`] (what the threads share, health), [`qos_watch`] (incompatible QoS per
+//! message validated, stored, counted), [`infer`] (observations from the slots; chunk mode's
+//! inference thread), [`control`] (stream mode's control thread over `flashrt::ActionStream`),
+//! [`output`] (chunk and action to messages), [`shared`] (what the threads share, health), [`qos_watch`] (incompatible QoS per
 //! topic) and [`node`] (DDS entities and threads). The README has the topics and parameters.
 
 pub mod config;
+pub mod control;
 pub mod infer;
 pub mod inputs;
 pub mod intake;

@@ -10,7 +10,8 @@
 //! underneath would drop its last character and accept it).
 //!
 //! Sources (identical in Humble and Jazzy): `builtin_interfaces/msg/{Time,Duration}.msg`,
-//! `std_msgs/msg/{Header,String,MultiArrayDimension,MultiArrayLayout,Float32MultiArray}.msg`,
+//! `std_msgs/msg/{Header,String,MultiArrayDimension,MultiArrayLayout,Float32MultiArray,
+//! Float64MultiArray}.msg`,
 //! `sensor_msgs/msg/{Image,JointState}.msg`, `trajectory_msgs/msg/{JointTrajectory,
 //! JointTrajectoryPoint}.msg`.
 
@@ -139,6 +140,16 @@ pub struct Float32MultiArray {
     pub data: Vec<f32>,
 }
 ros_message!(Float32MultiArray, "std_msgs", "Float32MultiArray");
+
+/// `std_msgs/Float64MultiArray`: what ros2_control's `forward_command_controller` family
+/// (`position_controllers/JointGroupPositionController`, ...) takes on `~/commands`, one value per
+/// joint.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Float64MultiArray {
+    pub layout: MultiArrayLayout,
+    pub data: Vec<f64>,
+}
+ros_message!(Float64MultiArray, "std_msgs", "Float64MultiArray");
 
 /// `trajectory_msgs/JointTrajectoryPoint`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -1,15 +1,19 @@
-//! The ROS 2 side: one DDS participant and node, the subscriptions, the publishers, and the three
+//! The ROS 2 side: one DDS participant and node, the subscriptions, the publishers, and the
 //! threads that share [`Shared`]:
 //!
 //! - the calling thread receives: it waits on the subscriptions (mio) and hands each message to
 //!   [`Intake`] (validate, copy into its slot, count), and the participant's status events to
 //!   [`QosWatch`] (incompatible QoS per topic);
-//! - `flashrt-infer` runs [`Inference::run_loop`];
-//! - `flashrt-publish` publishes each new chunk (trajectory + array) and the 1 Hz health report.
+//! - chunk mode: `flashrt-infer` runs [`Inference::run_loop`], and `flashrt-publish` publishes
+//!   each new chunk (trajectory + array) and the 1 Hz health report;
+//! - stream mode: `flashrt-control` runs [`Control::tick`] at the control rate and publishes each
+//!   tick's action itself, the stream's own thread (`flashrt-stream`) runs inference, and
+//!   `flashrt-publish` sends only the health report.
 //!
 //! ros2-client / RustDDS allocate on both ends: every received sample is decoded into an owned
 //! message (`Vec`s and `String`s), and every `publish` takes an owned message and serializes it
-//! into a fresh buffer. Those allocations stay on the receive and publisher threads.
+//! into a fresh buffer. Those allocations stay off the inference thread (in stream mode the
+//! control thread publishes, and so allocates, once per tick).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, mpsc};
@@ -22,11 +26,12 @@ use ros2_client::{Context, ContextOptions, Name, Node, NodeName, NodeOptions, Pu
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::config::{Config, ConfigError, Qos, resolve_topic};
-use crate::infer::Inference;
+use crate::config::{Config, ConfigError, OutputMode, Qos, resolve_topic};
+use crate::control::Control;
+use crate::infer::{Inference, run_every};
 use crate::intake::Intake;
-use crate::msg::{Float32MultiArray, Image, JointState, JointTrajectory, RosMessage, StringMsg};
-use crate::output::ChunkFormat;
+use crate::msg::{Float32MultiArray, Float64MultiArray, Image, JointState, JointTrajectory, RosMessage, StringMsg};
+use crate::output::{ChunkFormat, command};
 use crate::qos_watch::{Endpoint, QosWatch};
 use crate::shared::{Health, Shared, lock};
 
@@ -67,9 +72,9 @@ pub fn run(config: &Config, run_for: Option<Duration>, should_stop: impl Fn() ->
         info.action_dim
     );
     let actions_len = policy.actions_len();
-    let inference = Inference::new(policy, config)?;
+    let mode = config.output.mode;
     let max_frame = (config.policy.max_frame_width as usize, config.policy.max_frame_height as usize);
-    let shared = Arc::new(Shared::new(config.cameras.len(), max_frame, info.state_dim, actions_len));
+    let shared = Arc::new(Shared::new(config.cameras.len(), max_frame, info.state_dim, actions_len, mode));
 
     let context = Context::with_options(ContextOptions::new().domain_id(domain_id)).map_err(dds_err("DDS participant"))?;
     let node_name = NodeName::new(&config.node.namespace, &config.node.name).map_err(dds_err("node name"))?;
@@ -92,20 +97,35 @@ pub fn run(config: &Config, run_for: Option<Duration>, should_stop: impl Fn() ->
     input_topics.push(dds.resolve(&config.prompt.topic));
     let mut state_sub = dds.subscribe::<JointState>(&input_topics[n_cameras], config.qos.joint_states)?;
     let mut prompt_sub = dds.subscribe::<StringMsg>(&input_topics[n_cameras + 1], config.qos.prompt)?;
-    // In `shared::OUTPUTS` order.
-    let output_topics: Vec<String> =
-        [&config.output.trajectory_topic, &config.output.action_chunk_topic, &config.output.health_topic].map(|t| dds.resolve(t)).to_vec();
+    // In `shared::outputs(mode)` order, the health report last.
+    let o = &config.output;
+    let output_topics: Vec<String> = match mode {
+        OutputMode::Chunk => vec![&o.trajectory_topic, &o.action_chunk_topic, &o.health_topic],
+        OutputMode::Stream => vec![&o.action_topic, &o.health_topic],
+    }
+    .into_iter()
+    .map(|t| dds.resolve(t))
+    .collect();
+    let (chunks, action) = match mode {
+        OutputMode::Chunk => {
+            let chunks = ChunkOutputs {
+                trajectory: dds.publish(&output_topics[0], config.qos.outputs)?,
+                array: dds.publish(&output_topics[1], config.qos.outputs)?,
+                format: ChunkFormat {
+                    joint_names: config.joint_names(info.action_dim),
+                    horizon: info.horizon,
+                    action_dim: info.action_dim,
+                    period: config.control_period(),
+                    frame_id: config.output.frame_id.clone(),
+                },
+            };
+            (Some(chunks), None)
+        }
+        OutputMode::Stream => (None, Some(dds.publish::<Float64MultiArray>(&output_topics[0], config.qos.outputs)?)),
+    };
     let outputs = Outputs {
-        trajectory: dds.publish(&output_topics[0], config.qos.outputs)?,
-        array: dds.publish(&output_topics[1], config.qos.outputs)?,
-        health: dds.publish(&output_topics[2], config.qos.outputs)?,
-        format: ChunkFormat {
-            joint_names: config.joint_names(info.action_dim),
-            horizon: info.horizon,
-            action_dim: info.action_dim,
-            period: config.control_period(),
-            frame_id: config.output.frame_id.clone(),
-        },
+        chunks,
+        health: dds.publish(&output_topics[output_topics.len() - 1], config.qos.outputs)?,
         node: fq_name.clone(),
         camera_topics: camera_topics.clone(),
         output_topics: output_topics.clone(),
@@ -124,8 +144,12 @@ pub fn run(config: &Config, run_for: Option<Duration>, should_stop: impl Fn() ->
     }
     endpoints.push((state_sub.guid(), Endpoint::Input(n_cameras), input_topics[n_cameras].clone(), "qos.joint_states"));
     endpoints.push((prompt_sub.guid(), Endpoint::Input(n_cameras + 1), input_topics[n_cameras + 1].clone(), "qos.prompt"));
-    let writers = [outputs.trajectory.guid(), outputs.array.guid(), outputs.health.guid()];
-    for (o, guid) in writers.into_iter().enumerate() {
+    let writers: Vec<_> = match (&outputs.chunks, &action) {
+        (Some(c), _) => vec![c.trajectory.guid(), c.array.guid()],
+        (None, Some(a)) => vec![a.guid()],
+        (None, None) => vec![],
+    };
+    for (o, guid) in writers.into_iter().chain([outputs.health.guid()]).enumerate() {
         endpoints.push((guid, Endpoint::Output(o), output_topics[o].clone(), "qos.outputs"));
     }
     let qos_watch = QosWatch::new(endpoints, Duration::from_secs_f64(config.inputs.warn_interval_s));
@@ -141,30 +165,10 @@ pub fn run(config: &Config, run_for: Option<Duration>, should_stop: impl Fn() ->
     poll.registry().register(&mut state_sub, Token(n), Interest::READABLE).map_err(dds_err("register"))?;
     poll.registry().register(&mut prompt_sub, Token(n + 1), Interest::READABLE).map_err(dds_err("register"))?;
 
-    // The real-time settings apply to the inference thread itself, so it reports back whether
-    // they took before the node goes on.
-    let (applied_tx, applied_rx) = mpsc::sync_channel(1);
-    let infer_thread = {
-        let shared = Arc::clone(&shared);
-        let period = config.replan_period();
-        let realtime = config.realtime();
-        thread::Builder::new()
-            .name("flashrt-infer".into())
-            .spawn(move || {
-                let applied = flashrt::realtime::apply(&realtime);
-                let ok = applied.is_ok();
-                let _ = applied_tx.send(applied);
-                if ok {
-                    inference.run_loop(&shared, period);
-                }
-            })
-            .map_err(|e| NodeError::Thread(e.to_string()))?
+    let infer_thread = match action {
+        None => spawn_inference(Inference::new(policy, config)?, config, &shared)?,
+        Some(action) => spawn_control(policy, action, config, &shared)?,
     };
-    if let Err(e) = applied_rx.recv().unwrap_or_else(|_| Err(flashrt::Error::Backend("the inference thread ended early".into()))) {
-        shared.stop();
-        let _ = infer_thread.join();
-        return Err(NodeError::Realtime(e));
-    }
     let publish_thread = {
         let shared = Arc::clone(&shared);
         thread::Builder::new()
@@ -184,6 +188,61 @@ pub fn run(config: &Config, run_for: Option<Duration>, should_stop: impl Fn() ->
         return Err(NodeError::Thread("a node thread panicked".into()));
     }
     Ok(shared.health.report(&fq_name, &camera_topics, &output_topics, &shared.camera_ages(Instant::now())))
+}
+
+/// Chunk mode: the inference thread, with the real-time settings applied to it. It reports back
+/// whether they took before the node goes on.
+fn spawn_inference(inference: Inference, config: &Config, shared: &Arc<Shared>) -> Result<thread::JoinHandle<()>, NodeError> {
+    let (applied_tx, applied_rx) = mpsc::sync_channel(1);
+    let infer_thread = {
+        let shared = Arc::clone(shared);
+        let period = config.replan_period();
+        let realtime = config.realtime();
+        thread::Builder::new()
+            .name("flashrt-infer".into())
+            .spawn(move || {
+                let applied = flashrt::realtime::apply(&realtime);
+                let ok = applied.is_ok();
+                let _ = applied_tx.send(applied);
+                if ok {
+                    inference.run_loop(&shared, period);
+                }
+            })
+            .map_err(|e| NodeError::Thread(e.to_string()))?
+    };
+    if let Err(e) = applied_rx.recv().unwrap_or_else(|_| Err(flashrt::Error::Backend("the inference thread ended early".into()))) {
+        shared.stop();
+        let _ = infer_thread.join();
+        return Err(NodeError::Realtime(e));
+    }
+    Ok(infer_thread)
+}
+
+/// Stream mode: the action stream over `policy` (its inference thread gets the real-time
+/// settings; one the system refuses is logged and reported as `stream.realtime = false`) and the
+/// control thread that publishes one action per tick on `action`.
+fn spawn_control(
+    mut policy: flashrt::Policy,
+    action: Publisher<Float64MultiArray>,
+    config: &Config,
+    shared: &Arc<Shared>,
+) -> Result<thread::JoinHandle<()>, NodeError> {
+    if let Some(text) = &config.policy.prompt {
+        policy.set_prompt(text)?;
+    }
+    let mut control = Control::start(policy, config)?;
+    let period = Duration::from_secs_f64(1.0 / config.stream_rate_hz());
+    log::info!("stream mode: one action every {period:?}, the next chunk requested at {} actions left", control.stream().refill_at());
+    let shared = Arc::clone(shared);
+    thread::Builder::new()
+        .name("flashrt-control".into())
+        .spawn(move || {
+            // Stopping drops the stream, which joins its inference thread.
+            run_every(&shared, period, |now| {
+                control.tick(&shared, now, |a| action.publish(command(a)));
+            })
+        })
+        .map_err(|e| NodeError::Thread(e.to_string()))
 }
 
 struct Ros<'a> {
@@ -284,18 +343,25 @@ fn drain<M: DeserializeOwned + 'static>(sub: &Subscription<M>, mut handle: impl 
     }
 }
 
-struct Outputs {
+/// Chunk mode's chunk publishers.
+struct ChunkOutputs {
     trajectory: Publisher<JointTrajectory>,
     array: Publisher<Float32MultiArray>,
-    health: Publisher<StringMsg>,
     format: ChunkFormat,
+}
+
+struct Outputs {
+    /// Chunk mode only: in stream mode the control thread publishes the actions.
+    chunks: Option<ChunkOutputs>,
+    health: Publisher<StringMsg>,
     node: String,
     camera_topics: Vec<String>,
     output_topics: Vec<String>,
 }
 
 impl Outputs {
-    /// Publishes each new chunk once, and the health report every second, until stopped.
+    /// Publishes each new chunk once (chunk mode), and the health report every second, until
+    /// stopped.
     fn run(self, shared: &Shared, actions_len: usize) {
         let mut actions = vec![0.0; actions_len];
         let mut seen = 0;
@@ -315,9 +381,9 @@ impl Outputs {
                 out.stamp
             });
             drop(out);
-            if let Some(stamp) = fresh {
-                let trajectory = self.trajectory.publish(self.format.trajectory(&actions, stamp)).map_err(|e| e.to_string());
-                let array = self.array.publish(self.format.array(&actions));
+            if let (Some(stamp), Some(c)) = (fresh, &self.chunks) {
+                let trajectory = c.trajectory.publish(c.format.trajectory(&actions, stamp)).map_err(|e| e.to_string());
+                let array = c.array.publish(c.format.array(&actions));
                 match trajectory.and(array.map_err(|e| e.to_string())) {
                     Ok(()) => _ = shared.health.published.fetch_add(1, Relaxed),
                     Err(e) => log::warn!("publishing the action chunk failed: {e}"),

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use crate::msg::{Float32MultiArray, Header, JointTrajectory, JointTrajectoryPoint, MultiArrayDimension, MultiArrayLayout, Time};
+use crate::msg::{
+    Float32MultiArray, Float64MultiArray, Header, JointTrajectory, JointTrajectoryPoint, MultiArrayDimension, MultiArrayLayout, Time,
+};
 
 /// What every published chunk shares.
 pub struct ChunkFormat {
@@ -46,6 +48,13 @@ impl ChunkFormat {
             data: actions.to_vec(),
         }
     }
+}
+
+/// Stream mode's per-tick message: the action as `std_msgs/Float64MultiArray`, one value per
+/// action column and an empty layout, as a `forward_command_controller` (e.g.
+/// `position_controllers/JointGroupPositionController`) takes it on `~/commands`.
+pub fn command(action: &[f32]) -> Float64MultiArray {
+    Float64MultiArray { layout: MultiArrayLayout::default(), data: action.iter().map(|&a| a as f64).collect() }
 }
 
 #[cfg(test)]

@@ -54,7 +54,7 @@ pub fn describe_mismatch(offered: &QosPolicies, requested: &QosPolicies) -> Stri
 }
 
 /// An endpoint of the node: an input (numbered like [`Health::input`]) or an output (numbered
-/// like [`crate::shared::OUTPUTS`]).
+/// like [`crate::shared::outputs`] of the mode).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
     Input(usize),
@@ -124,7 +124,7 @@ mod tests {
 
     #[test]
     fn events_are_counted_on_their_topic() {
-        let health = Health::new(1);
+        let health = Health::new(1, crate::config::OutputMode::Chunk);
         let guid = |b: u8| GUID::from_bytes([b; 16]);
         let mut watch = QosWatch::new(
             vec![

@@ -5,9 +5,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use flashrt::LatencyStats;
+use flashrt::{ActionStatus, Continuation, LatencyStats, StreamStats};
 use serde_json::{Value, json};
 
+use crate::config::OutputMode;
 use crate::inputs::{FrameSlot, StateSlot};
 use crate::msg::Time;
 
@@ -92,8 +93,51 @@ impl InputCounters {
     }
 }
 
-/// The outputs, in the order of the health report's `outputs`.
-pub const OUTPUTS: [&str; 3] = ["trajectory", "action_chunk", "health"];
+/// The outputs of each mode, in the order of the health report's `outputs` (and of
+/// [`crate::qos_watch::Endpoint::Output`]).
+pub fn outputs(mode: OutputMode) -> &'static [&'static str] {
+    match mode {
+        OutputMode::Chunk => &["trajectory", "action_chunk", "health"],
+        OutputMode::Stream => &["action", "health"],
+    }
+}
+
+/// Stream mode: the action stream's counters and the last tick, as the control thread saw them.
+#[derive(Clone, Copy, Debug)]
+pub struct StreamHealth {
+    pub stats: StreamStats,
+    pub last: ActionStatus,
+    pub rate_hz: f64,
+}
+
+impl StreamHealth {
+    fn report(&self) -> Value {
+        let s = &self.stats;
+        let status = match self.last {
+            ActionStatus::Waiting => "waiting",
+            ActionStatus::Fresh => "fresh",
+            ActionStatus::Held => "held",
+            ActionStatus::Decelerating => "decelerating",
+        };
+        json!({
+            "rate_hz": self.rate_hz,
+            "tick_status": status,
+            "ticks": s.ticks,
+            "chunks": s.chunks,
+            "fresh_ticks": s.ticks - s.late_ticks - s.waiting_ticks,
+            "late_ticks": s.late_ticks,
+            "decelerating_ticks": s.decelerating_ticks,
+            "waiting_ticks": s.waiting_ticks,
+            "skipped_actions": s.skipped_actions,
+            "stale_chunks": s.stale_chunks,
+            "delay_ticks": s.delay_ticks,
+            "delay_estimate": s.delay_estimate,
+            "errors": s.errors,
+            "running": s.running,
+            "realtime": s.realtime,
+        })
+    }
+}
 
 const LAST_NONE: usize = 0;
 const LAST_RAN: usize = 1;
@@ -102,13 +146,15 @@ const LAST_SKIPPED: usize = 3;
 
 pub struct Health {
     started: Instant,
+    mode: OutputMode,
     pub cameras: Vec<InputCounters>,
     pub state: InputCounters,
     pub prompt: InputCounters,
-    /// Subscribers that cannot be matched, per output ([`OUTPUTS`]).
-    pub outputs: [QosCounters; 3],
+    /// Subscribers that cannot be matched, per output ([`outputs`] of the mode).
+    pub outputs: Vec<QosCounters>,
     pub steps: AtomicU64,
-    /// Steps run with at least one camera masked.
+    /// Steps run (stream mode: observations handed to the stream) with at least one camera
+    /// masked.
     pub masked_steps: AtomicU64,
     pub skipped: [AtomicU64; Skip::COUNT],
     /// Ticks that started later than a replan period after the previous one.
@@ -117,16 +163,25 @@ pub struct Health {
     last: AtomicUsize,
     last_latency_ns: AtomicU64,
     latency: Mutex<LatencyStats>,
+    /// Chunk mode with RTC: steps run, steps that continued the previous chunk, and the last
+    /// continuation's rows executed and inference delay.
+    rtc_steps: AtomicU64,
+    rtc_continued: AtomicU64,
+    rtc_executed: AtomicU64,
+    rtc_delay: AtomicU64,
+    /// Stream mode, updated every control tick.
+    pub stream: Mutex<Option<StreamHealth>>,
 }
 
 impl Health {
-    pub fn new(cameras: usize) -> Health {
+    pub fn new(cameras: usize, mode: OutputMode) -> Health {
         Health {
             started: Instant::now(),
+            mode,
             cameras: (0..cameras).map(|_| InputCounters::default()).collect(),
             state: InputCounters::default(),
             prompt: InputCounters::default(),
-            outputs: Default::default(),
+            outputs: outputs(mode).iter().map(|_| QosCounters::default()).collect(),
             steps: AtomicU64::new(0),
             masked_steps: AtomicU64::new(0),
             skipped: Default::default(),
@@ -135,6 +190,11 @@ impl Health {
             last: AtomicUsize::new(LAST_NONE),
             last_latency_ns: AtomicU64::new(0),
             latency: Mutex::new(LatencyStats::new()),
+            rtc_steps: AtomicU64::new(0),
+            rtc_continued: AtomicU64::new(0),
+            rtc_executed: AtomicU64::new(0),
+            rtc_delay: AtomicU64::new(0),
+            stream: Mutex::new(None),
         }
     }
 
@@ -156,29 +216,65 @@ impl Health {
         lock(&self.latency).record(latency, deadline_missed);
     }
 
+    /// Chunk mode with RTC: a step ran with `continuation` (`None`: nothing left to continue).
+    pub fn record_continuation(&self, continuation: Option<Continuation>) {
+        self.rtc_steps.fetch_add(1, Relaxed);
+        if let Some(c) = continuation {
+            self.rtc_continued.fetch_add(1, Relaxed);
+            self.rtc_executed.store(c.executed as u64, Relaxed);
+            self.rtc_delay.store(c.inference_delay as u64, Relaxed);
+        }
+    }
+
+    /// Stream mode: an observation was handed to the stream.
+    pub fn record_observation(&self, masked: bool) {
+        self.masked_steps.fetch_add(masked as u64, Relaxed);
+        self.last.store(if masked { LAST_MASKED } else { LAST_RAN }, Relaxed);
+    }
+
     pub fn record_skip(&self, skip: Skip) {
         self.skipped[skip.index()].fetch_add(1, Relaxed);
         self.last.store(LAST_SKIPPED + skip.index(), Relaxed);
     }
 
     /// The 1 Hz report (allocates; runs on the publisher thread). `topics` are the camera topics,
-    /// `output_topics` those of [`OUTPUTS`]; `camera_ages` are the held frames' ages, `None` for an
-    /// empty slot.
+    /// `output_topics` those of the mode's [`outputs`]; `camera_ages` are the held frames' ages,
+    /// `None` for an empty slot.
     pub fn report(&self, node: &str, topics: &[String], output_topics: &[String], camera_ages: &[Option<Duration>]) -> Value {
         let s = lock(&self.latency).summary();
+        let stream = *lock(&self.stream);
         let last = self.last.load(Relaxed);
-        let steps = self.steps.load(Relaxed);
+        // Stream mode: the stream's inference thread steps the policy.
+        let steps = stream.map_or(self.steps.load(Relaxed), |s| s.stats.chunks);
         // `waiting` until the first step has run, whatever the ticks before it skipped on
         // (`last_skip` says what is missing): a node that never ran is not a degraded one.
-        let (status, last_skip) = match last {
-            LAST_NONE => ("waiting", None),
-            LAST_RAN => ("ok", None),
-            LAST_MASKED => ("degraded", None),
-            skip => (if steps == 0 { "waiting" } else { "degraded" }, Skip::NAMES.get(skip - LAST_SKIPPED).copied()),
+        let status = match last {
+            _ if steps == 0 => "waiting",
+            LAST_RAN => "ok",
+            _ => "degraded",
         };
+        let last_skip = last.checked_sub(LAST_SKIPPED).and_then(|i| Skip::NAMES.get(i).copied());
         // Two decimals: ten microseconds is below anything the report is read for.
         let round = |ms: f64| (ms * 100.0).round() / 100.0;
         let ms = |d: Option<Duration>| d.map(|d| round(d.as_secs_f64() * 1e3));
+        let latency = match stream {
+            // The stream keeps the p50 and max of its last 32 steps.
+            Some(st) => json!({ "p50": round(st.stats.latency_p50_us as f64 / 1e3), "max": round(st.stats.latency_max_us as f64 / 1e3) }),
+            None => json!({
+                "last": ms(Some(Duration::from_nanos(self.last_latency_ns.load(Relaxed)))),
+                "p50": round(s.p50_ms), "p90": round(s.p90_ms), "p99": round(s.p99_ms), "max": round(s.max_ms),
+                "deadline_misses": s.deadline_misses,
+            }),
+        };
+        let rtc_steps = self.rtc_steps.load(Relaxed);
+        let rtc = (rtc_steps > 0).then(|| {
+            json!({
+                "steps": rtc_steps,
+                "continued": self.rtc_continued.load(Relaxed),
+                "executed": self.rtc_executed.load(Relaxed),
+                "inference_delay": self.rtc_delay.load(Relaxed),
+            })
+        });
         let cameras: Vec<Value> = self
             .cameras
             .iter()
@@ -191,7 +287,7 @@ impl Health {
                 v
             })
             .collect();
-        let outputs: serde_json::Map<String, Value> = OUTPUTS
+        let outputs: serde_json::Map<String, Value> = outputs(self.mode)
             .iter()
             .zip(&self.outputs)
             .zip(output_topics)
@@ -203,8 +299,13 @@ impl Health {
             .collect();
         let skipped: serde_json::Map<String, Value> =
             Skip::NAMES.iter().zip(&self.skipped).map(|(n, c)| (n.to_string(), json!(c.load(Relaxed)))).collect();
+        let mode = match self.mode {
+            OutputMode::Chunk => "chunk",
+            OutputMode::Stream => "stream",
+        };
         json!({
             "node": node,
+            "mode": mode,
             "status": status,
             "last_skip": last_skip,
             "uptime_s": (self.started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
@@ -213,11 +314,9 @@ impl Health {
             "published": self.published.load(Relaxed),
             "overruns": self.overruns.load(Relaxed),
             "skipped": skipped,
-            "latency_ms": {
-                "last": ms(Some(Duration::from_nanos(self.last_latency_ns.load(Relaxed)))),
-                "p50": round(s.p50_ms), "p90": round(s.p90_ms), "p99": round(s.p99_ms), "max": round(s.max_ms),
-                "deadline_misses": s.deadline_misses,
-            },
+            "latency_ms": latency,
+            "rtc": rtc,
+            "stream": stream.map(|s| s.report()),
             "cameras": cameras,
             "joint_states": self.state.report(),
             "prompt": self.prompt.report(),
@@ -247,14 +346,14 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(cameras: usize, max_frame: (usize, usize), state_dim: usize, actions_len: usize) -> Shared {
+    pub fn new(cameras: usize, max_frame: (usize, usize), state_dim: usize, actions_len: usize, mode: OutputMode) -> Shared {
         Shared {
             frames: (0..cameras).map(|_| Mutex::new(FrameSlot::new(max_frame.0, max_frame.1))).collect(),
             state: Mutex::new(StateSlot::new(state_dim)),
             prompt: Mutex::new(None),
             output: Mutex::new(Output { actions: vec![0.0; actions_len], stamp: Time::default(), seq: 0 }),
             output_ready: Condvar::new(),
-            health: Health::new(cameras),
+            health: Health::new(cameras, mode),
             stop: AtomicBool::new(false),
         }
     }
@@ -264,6 +363,11 @@ impl Shared {
         // Taking the lock orders the flag before the publisher's next check of it.
         drop(lock(&self.output));
         self.output_ready.notify_all();
+    }
+
+    /// The output mode the health report is laid out for.
+    pub fn health_mode(&self) -> OutputMode {
+        self.health.mode
     }
 
     pub fn stopping(&self) -> bool {
@@ -287,7 +391,7 @@ mod tests {
 
     #[test]
     fn report_names_status_and_counts() {
-        let h = Health::new(2);
+        let h = Health::new(2, OutputMode::Chunk);
         let topics = ["/a".to_string(), "/b".to_string()];
         let outputs = ["/t".to_string(), "/c".to_string(), "/h".to_string()];
         let r = h.report("/flashrt", &topics, &outputs, &[None, Some(Duration::from_millis(12))]);
@@ -317,7 +421,7 @@ mod tests {
 
     #[test]
     fn report_names_incompatible_qos_per_topic() {
-        let h = Health::new(1);
+        let h = Health::new(1, OutputMode::Chunk);
         let (topics, outputs) = (["/a".to_string()], ["/t".to_string(), "/c".to_string(), "/h".to_string()]);
         let r = h.report("/flashrt", &topics, &outputs, &[None]);
         assert_eq!((r["prompt"]["incompatible_qos"].as_u64(), r["outputs"]["trajectory"]["incompatible_qos"].as_u64()), (Some(0), Some(0)));

@@ -151,6 +151,17 @@ fn hand_derived_encodings() {
     ]
     .concat();
     check("Float32MultiArray", &array, &array_bytes);
+
+    // Float64MultiArray: the same, with float64 data aligned to 8 after its count.
+    let command = Float64MultiArray { layout: array.layout.clone(), data: vec![-0.75] };
+    let command_bytes: Vec<u8> = [
+        &array_bytes[..24],        // layout, as above
+        &[1, 0, 0, 0],             // data: 1 float64 (count at 24..28)
+        &[0, 0, 0, 0],             // pad to 32
+        &(-0.75f64).to_le_bytes(), // 32..40
+    ]
+    .concat();
+    check("Float64MultiArray", &command, &command_bytes);
 }
 
 #[test]
@@ -177,6 +188,10 @@ fn cyclonedds_encodings() {
     run("Float32MultiArray", &|b| {
         check("Float32MultiArray", &Float32MultiArray { layout: layout(), data: vec![1.0, -0.5, 3.25, 0.0, 2.0, -8.0] }, b)
     });
+    run("Float64MultiArray", &|b| {
+        let layout = MultiArrayLayout { dim: vec![MultiArrayDimension { label: "action".into(), size: 3, stride: 3 }], data_offset: 0 };
+        check("Float64MultiArray", &Float64MultiArray { layout, data: vec![0.125, -1.5, 1e300] }, b)
+    });
     run("JointTrajectoryPoint", &|b| check("JointTrajectoryPoint", &points()[1], b));
     run("JointTrajectory", &|b| {
         check("JointTrajectory", &JointTrajectory { header: header(), joint_names: vec!["j1".into(), "j2".into()], points: points() }, b)
@@ -193,6 +208,7 @@ fn type_names_follow_ros2() {
     assert_eq!(StringMsg::type_name().dds_msg_type(), "std_msgs::msg::dds_::String_");
     assert_eq!(JointTrajectory::type_name().dds_msg_type(), "trajectory_msgs::msg::dds_::JointTrajectory_");
     assert_eq!(Float32MultiArray::type_name().dds_msg_type(), "std_msgs::msg::dds_::Float32MultiArray_");
+    assert_eq!(Float64MultiArray::type_name().dds_msg_type(), "std_msgs::msg::dds_::Float64MultiArray_");
     assert_eq!(JointState::type_name().dds_msg_type(), "sensor_msgs::msg::dds_::JointState_");
 }
 

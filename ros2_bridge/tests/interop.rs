@@ -3,8 +3,10 @@
 //! and a prompt as ROS 2 nodes do, sends one malformed message and other bad input, and checks the
 //! trajectories it gets back. Once with a synthesized Pi0.5 (three cameras, one of them under an
 //! absolute name), once with the tiny GR00T N1.7 fixture (two cameras, a 12-value float state,
-//! 13 action columns, the embodiment chosen by `policy.embodiment`). Each test has its own DDS
-//! domain, so the two never see each other when they share a namespace (as under qemu).
+//! 13 action columns, the embodiment chosen by `policy.embodiment`), and once more with the
+//! Pi0.5 in stream mode with real-time chunking (`output.mode = "stream"`, `policy.rtc`): the peer
+//! counts the per-tick actions over a fixed window against the control rate. Each test has its
+//! own DDS domain, so they never see each other when they share a namespace (as under qemu).
 //!
 //! Network traffic stays inside a network namespace that has only loopback: when this process is
 //! not already in one, the test re-runs itself under `unshare -n`. It never touches a real
@@ -59,6 +61,8 @@ struct Case {
     /// `JointTrajectory.joint_names`, one per action column.
     joints: Vec<String>,
     horizon: usize,
+    /// Stream mode at this control rate (Hz); `None`: chunk mode.
+    stream_hz: Option<f64>,
 }
 
 fn names(prefix: &str, count: usize) -> Vec<String> {
@@ -83,6 +87,7 @@ fn pi05(dir: &Path) -> Case {
         state_dim: 8,
         joints: ["shoulder_pan", "shoulder_lift", "elbow", "wrist_1", "wrist_2", "wrist_3", "gripper"].map(String::from).to_vec(),
         horizon: 50,
+        stream_hz: None,
     }
 }
 
@@ -106,7 +111,14 @@ fn groot_n17(_: &Path) -> Case {
             .chain(["gripper".to_string()])
             .collect(),
         horizon: 6,
+        stream_hz: None,
     }
+}
+
+/// The Pi0.5 in stream mode at 50 Hz, with real-time chunking and the decelerating fallback.
+fn pi05_stream(dir: &Path) -> Case {
+    let case = pi05(dir);
+    Case { domain: 39, policy: format!("{}\nrtc = \"linear\"", case.policy), stream_hz: Some(50.0), ..case }
 }
 
 #[test]
@@ -117,6 +129,11 @@ fn node_talks_to_a_cyclonedds_peer() {
 #[test]
 fn groot_node_talks_to_a_cyclonedds_peer() {
     interop("groot_node_talks_to_a_cyclonedds_peer", groot_n17);
+}
+
+#[test]
+fn stream_node_publishes_an_action_per_tick_to_a_cyclonedds_peer() {
+    interop("stream_node_publishes_an_action_per_tick_to_a_cyclonedds_peer", pi05_stream);
 }
 
 /// Runs `case` against the peer, inside a namespace with only loopback: this process's when it
@@ -188,8 +205,15 @@ fn wait(child: &mut Child, deadline: Instant, what: &str) -> std::process::ExitS
     }
 }
 
+/// Seconds over which the peer counts stream mode's actions.
+const WINDOW_S: f64 = 2.0;
+
 fn run_isolated(case: &Case, dir: &Path) {
     loopback_with_multicast();
+    let stream = match case.stream_hz {
+        Some(hz) => format!("mode = \"stream\"\n[stream]\nrate_hz = {hz:?}\nfallback = \"decelerate\"\ndecelerate_ticks = 5\n"),
+        None => String::new(),
+    };
     let cameras: String = case.cameras.iter().map(|(topic, _)| format!("[[cameras]]\ntopic = \"{topic}\"\n")).collect();
     let config = format!(
         r#"
@@ -208,7 +232,7 @@ topic = "joint_states"
 names = {state_names:?}
 [output]
 joint_names = {joints:?}
-[timing]
+{stream}[timing]
 control_rate_hz = 50.0
 replan_period_s = 0.3
 [inputs]
@@ -249,9 +273,13 @@ warn_interval_s = 1.0
     );
 
     let peer_script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peer/peer.py");
+    let mut peer_cmd = Command::new(python());
+    peer_cmd.arg(&peer_script);
+    if case.stream_hz.is_some() {
+        peer_cmd.args(["--stream-actions", "/robot/action", "--window", &WINDOW_S.to_string()]);
+    }
     let mut peer = Reaped(
-        Command::new(python())
-            .arg(peer_script)
+        peer_cmd
             .args(["--domain", &case.domain.to_string(), "--cameras"])
             .args(case.cameras.iter().map(|(_, resolved)| resolved))
             .args(["--joint-states", "/robot/joint_states", "--prompt", "/robot/prompt"])
@@ -282,9 +310,42 @@ warn_interval_s = 1.0
     assert!(peer_status.success(), "peer failed ({peer_status}): {report}\nnode log:\n{tail}");
     let report: serde_json::Value = serde_json::from_str(&report).unwrap();
     assert_eq!(report["ok"], true, "{report}");
-    assert!(report["trajectories"].as_u64().unwrap() >= 10, "{report}");
     assert!(node_status.success(), "node exit {node_status}:\n{tail}");
     assert!(log.contains("stopped:"), "no final health report in the node log:\n{tail}");
+    // (Its errors are kept: only lines below ERROR count here.)
+    let from_library = |l: &&str| (l.contains(" rustdds") || l.contains(" cdr_encoding")) && !l.contains("ERROR");
+    let library: Vec<&str> = log.lines().filter(from_library).take(5).collect();
+    assert!(library.is_empty(), "DDS library warnings in the node's log under the default filter:\n{}", library.join("\n"));
+    match case.stream_hz {
+        Some(hz) => check_stream(&report, hz),
+        None => check_chunks(&report, &log, &tail),
+    }
+    eprintln!("interop: {report}");
+}
+
+/// Stream mode: one action per control tick reached the peer, and the health report shows the
+/// stream's counters.
+fn check_stream(report: &serde_json::Value, hz: f64) {
+    // The control thread never bursts (an overrun starts the next tick at once, it does not catch
+    // up), so more than the rate allows is an error; fewer is allowed down to half, for a loaded
+    // 2-core CI machine (and the peer's reads, every 50 ms, blur the window's edges by a few).
+    let expected = hz * WINDOW_S;
+    let actions = report["actions"].as_u64().unwrap() as f64;
+    assert!((0.5 * expected..=1.1 * expected + 3.0).contains(&actions), "{actions} actions in {WINDOW_S} s at {hz} Hz: {report}");
+    let h = &report["health"];
+    let s = &h["stream"];
+    assert_eq!((h["mode"].as_str(), s["rate_hz"].as_f64()), (Some("stream"), Some(hz)), "{h}");
+    assert!(s["chunks"].as_u64().unwrap() >= 2 && s["fresh_ticks"].as_u64().unwrap() >= actions as u64 / 2, "{h}");
+    assert!(s["running"].as_bool().unwrap() && s["errors"] == 0, "{h}");
+    assert!(h["published"].as_u64().unwrap() >= actions as u64, "{h}");
+    assert_eq!(h["outputs"]["action"]["topic"], "/robot/action", "{h}");
+    assert!(h["outputs"].get("trajectory").is_none(), "no trajectory publisher in stream mode: {h}");
+    assert!(h["latency_ms"]["p50"].as_f64().unwrap() > 0.0, "{h}");
+}
+
+/// Chunk mode: trajectories, bad input counted, incompatible QoS reported and logged.
+fn check_chunks(report: &serde_json::Value, log: &str, tail: &str) {
+    assert!(report["trajectories"].as_u64().unwrap() >= 10, "{report}");
     // The default filter keeps the node's own warnings and drops the DDS library's: every
     // trajectory is a datagram over 1500 bytes, which RustDDS warns about at each publish.
     assert!(log.contains("undecodable message dropped"), "the node's warning about the malformed frame is missing:\n{tail}");
@@ -297,9 +358,4 @@ warn_interval_s = 1.0
         log.contains(trajectory_qos) && log.contains("durability: offered volatile, requested transient_local"),
         "{trajectory_qos}:\n{tail}"
     );
-    // (Its errors are kept: only lines below ERROR count here.)
-    let from_library = |l: &&str| (l.contains(" rustdds") || l.contains(" cdr_encoding")) && !l.contains("ERROR");
-    let library: Vec<&str> = log.lines().filter(from_library).take(5).collect();
-    assert!(library.is_empty(), "DDS library warnings in the node's log under the default filter:\n{}", library.join("\n"));
-    eprintln!("interop: {report}");
 }

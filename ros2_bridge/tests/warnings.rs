@@ -30,7 +30,7 @@ fn decode<M: DeserializeOwned>(bytes: &[u8]) -> Result<M, String> {
 
 /// The receive side alone (no policy): slots sized like `open`'s.
 fn shared() -> Shared {
-    Shared::new(3, (64, 64), STATE_DIM, 8)
+    Shared::new(3, (64, 64), STATE_DIM, 8, flashrt_ros2::config::OutputMode::Chunk)
 }
 
 fn intake<'a>(shared: &'a Shared, config: &'a Config) -> Intake<'a> {

@@ -35,7 +35,7 @@ pub fn open(config: &Config) -> (Inference, Shared) {
     config.check().unwrap();
     let policy = flashrt::Policy::open(&config.policy_config().unwrap()).unwrap();
     config.check_policy(&policy.info()).unwrap();
-    let shared = Shared::new(3, (64, 64), STATE_DIM, policy.actions_len());
+    let shared = Shared::new(3, (64, 64), STATE_DIM, policy.actions_len(), config.output.mode);
     (Inference::new(policy, config).unwrap(), shared)
 }
 

@@ -34,6 +34,8 @@ SAMPLES = {
     "MultiArrayDimension": m.MultiArrayDimension_(label="horizon", size=50, stride=350),
     "MultiArrayLayout": LAYOUT,
     "Float32MultiArray": m.Float32MultiArray_(layout=LAYOUT, data=[1.0, -0.5, 3.25, 0.0, 2.0, -8.0]),
+    "Float64MultiArray": m.Float64MultiArray_(layout=m.MultiArrayLayout_(dim=[m.MultiArrayDimension_("action", 3, 3)]),
+                                              data=[0.125, -1.5, 1e300]),
     "JointTrajectoryPoint": POINTS[1],
     "JointTrajectory": m.JointTrajectory_(header=HEADER, joint_names=["j1", "j2"], points=POINTS),
 }

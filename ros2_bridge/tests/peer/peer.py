@@ -12,6 +12,12 @@ Phases, each bounded in time:
 Throughout, two endpoints whose QoS the node cannot match stand by (a best-effort prompt
 publisher for the node's reliable prompt subscription, a transient-local trajectory subscriber for
 its volatile publisher): the health report must name both (`incompatible_qos`).
+
+With --stream-actions (the node in stream mode, one std_msgs/Float64MultiArray action per control
+tick) the phases are instead: inputs and the prompt until the first action; then --window seconds
+of inputs while counting the actions that arrive (each must have --action-dim finite values); then
+until a health report shows the stream's counters. The count is reported for the caller to judge
+against the control rate.
 Prints one JSON line with the result; exits 0 on success, 1 on failure.
 
 Only ever run inside an isolated network namespace (the Rust test and ci.sh arrange that)."""
@@ -68,6 +74,10 @@ class Peer:
         self.bad_dp = DomainParticipant(args.domain)
         self.bad_camera = DataWriter(self.bad_dp, Topic(self.bad_dp, dds(args.cameras[0]), m.TruncatedImage_), SENSOR)
         self.good, self.bad, self.chunks_ok, self.last_health, self.tick = 0, [], 0, None, 0
+        self.actions = None
+        if args.stream_actions:
+            self.actions = DataReader(self.dp, Topic(self.dp, dds(args.stream_actions), m.Float64MultiArray_), RELIABLE)
+        self.n_actions = 0
 
     def stamp(self):
         t = time.time_ns()
@@ -102,6 +112,11 @@ class Peer:
                 self.bad.append(f"action chunk layout {dims}, {len(c.data)} values")
         for h in self.health.take(N=16):
             self.last_health = json.loads(h.data)
+        for c in self.actions.take(N=256) if self.actions else []:
+            if len(c.data) == self.args.action_dim and all(math.isfinite(x) for x in c.data):
+                self.n_actions += 1
+            else:
+                self.bad.append(f"action {list(c.data)}")
 
     def check_trajectory(self, t):
         a = self.args
@@ -122,7 +137,7 @@ class Peer:
 
     def run_until(self, deadline, done, prompt=False, period=0.05):
         while time.monotonic() < deadline:
-            if prompt and self.good == 0:
+            if prompt and self.good == 0 and self.n_actions == 0:
                 self.prompt.write(m.String_(self.args.task))
             self.publish_inputs()
             self.read()
@@ -131,8 +146,31 @@ class Peer:
             time.sleep(period)
         return False
 
+    def stream_main(self):
+        a = self.args
+        deadline = time.monotonic() + a.timeout
+        if not self.run_until(deadline, lambda: self.n_actions > 0, prompt=True):
+            return self.fail("no action before the timeout")
+        log(f"phase 1: first action after {a.timeout - (deadline - time.monotonic()):.1f} s")
+        self.n_actions = 0
+        self.run_until(time.monotonic() + a.window, lambda: False)
+        counted = self.n_actions
+
+        def reported():
+            h = self.last_health or {}
+            return h.get("mode") == "stream" and (h.get("stream") or {}).get("ticks", 0) > counted
+
+        if not self.run_until(deadline, reported):
+            return self.fail(f"no health report with the stream's counters: {self.last_health}")
+        if self.bad:
+            return self.fail(f"malformed actions: {self.bad[:3]}")
+        print(json.dumps({"ok": True, "actions": counted, "window_s": a.window, "health": self.last_health}), flush=True)
+        return 0
+
     def main(self):
         a = self.args
+        if a.stream_actions:
+            return self.stream_main()
         deadline = time.monotonic() + a.timeout
         if not self.run_until(deadline, lambda: self.good >= a.min_trajectories, prompt=True):
             return self.fail(f"only {self.good} well-formed trajectories before the timeout")
@@ -187,6 +225,8 @@ def parse():
     p.add_argument("--task", default="pick up the red cube")
     p.add_argument("--min-trajectories", type=int, default=5)
     p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--stream-actions", help="stream mode: the node's per-tick action topic")
+    p.add_argument("--window", type=float, default=2.0, help="stream mode: seconds over which actions are counted")
     return p.parse_args()
 
 

@@ -72,6 +72,12 @@ class Float32MultiArray_(IdlStruct, typename="std_msgs::msg::dds_::Float32MultiA
 
 
 @dataclass
+class Float64MultiArray_(IdlStruct, typename="std_msgs::msg::dds_::Float64MultiArray_"):
+    layout: MultiArrayLayout_ = field(default_factory=MultiArrayLayout_)
+    data: t.sequence[t.float64] = field(default_factory=list)
+
+
+@dataclass
 class JointTrajectoryPoint_(IdlStruct, typename="trajectory_msgs::msg::dds_::JointTrajectoryPoint_"):
     positions: t.sequence[t.float64] = field(default_factory=list)
     velocities: t.sequence[t.float64] = field(default_factory=list)
