@@ -39,7 +39,7 @@ impl<P: StreamPolicy> Control<P> {
             action: vec![0.0; stream.action_dim()],
             stream,
             rate_hz: config.stream_rate_hz(),
-            warnings: Warnings::new(1, Duration::from_secs_f64(config.inputs.warn_interval_s)),
+            warnings: Warnings::new(2, Duration::from_secs_f64(config.inputs.warn_interval_s)),
         })
     }
 
@@ -49,13 +49,13 @@ impl<P: StreamPolicy> Control<P> {
 
     /// One control tick at `now`: push the newest usable observation, take this tick's action and
     /// hand it to `publish` (unless the stream is still waiting for its first chunk), then copy
-    /// the stream's counters into the health report.
+    /// the stream's counters into the health report. `None`: the stream gave no action this tick.
     pub fn tick<E: std::fmt::Display>(
         &mut self,
         shared: &Shared,
         now: Instant,
         publish: impl FnOnce(&[f32]) -> Result<(), E>,
-    ) -> ActionTick {
+    ) -> Option<ActionTick> {
         let stream = &mut self.stream;
         // A new task reaches the stream's inference thread before its next step.
         if let Ok(masked) = self.observer.capture(shared, now, |text| {
@@ -67,8 +67,15 @@ impl<P: StreamPolicy> Control<P> {
                 Err(e) => self.observer.policy_error(shared, &e, now),
             }
         }
-        // `action` has the stream's width: `next_action` cannot refuse it.
-        let tick = self.stream.next_action(&mut self.action).expect("the action buffer has the stream's action width");
+        // `action` has the stream's width, so `next_action` does not refuse it; were it to, the
+        // tick publishes nothing rather than stop the node.
+        let tick = match self.stream.next_action(&mut self.action) {
+            Ok(tick) => tick,
+            Err(e) => {
+                self.warnings.warn(1, now, |n| log::warn!("taking the tick's action failed: {e}{}", Suppressed(n)));
+                return None;
+            }
+        };
         if tick.status != ActionStatus::Waiting {
             match publish(&self.action) {
                 Ok(()) => _ = shared.health.published.fetch_add(1, Relaxed),
@@ -76,6 +83,6 @@ impl<P: StreamPolicy> Control<P> {
             }
         }
         *lock(&shared.health.stream) = Some(StreamHealth { stats: self.stream.stats(), last: tick.status, rate_hz: self.rate_hz });
-        tick
+        Some(tick)
     }
 }

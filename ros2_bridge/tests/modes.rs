@@ -87,7 +87,7 @@ fn stream_mode_publishes_one_action_per_tick_and_reports_the_stream() {
     // No prompt yet: nothing is pushed, nothing published, and the report says why.
     let t0 = Instant::now();
     feed_all(&shared, &config, 0, t0);
-    let tick = control.tick(&shared, t0, into(&mut published));
+    let tick = control.tick(&shared, t0, into(&mut published)).expect("the stream gives an action every tick");
     assert_eq!(tick.status, flashrt::ActionStatus::Waiting);
     let r = report(&shared);
     assert_eq!((r["mode"].as_str(), r["status"].as_str(), r["last_skip"].as_str()), (Some("stream"), Some("waiting"), Some("no_prompt")));
@@ -102,7 +102,7 @@ fn stream_mode_publishes_one_action_per_tick_and_reports_the_stream() {
         std::thread::sleep(Duration::from_millis(20));
         let now = Instant::now();
         feed_all(&shared, &config, ticks, now);
-        control.tick(&shared, now, into(&mut published));
+        control.tick(&shared, now, into(&mut published)).expect("the stream gives an action every tick");
         ticks += 1;
     }
     let stats = control.stream().stats();
