@@ -94,6 +94,16 @@ impl ConfigJson {
     }
 }
 
+/// Parses a Hugging Face `tokenizer.json`. The text is first checked as JSON on its own:
+/// tokenizers 0.23 panics instead of failing when the `decoder` value is not well-formed JSON
+/// (a file cut off after `"decoder":`, a lone surrogate escape: found by the `checkpoint` fuzz
+/// target, tests/data/fuzz/). Well-formed JSON cannot reach that panic, as its decoder helper
+/// takes any JSON value. Costs a second parse at open (tens of ms for an 11 MB Qwen tokenizer).
+pub(crate) fn parse_tokenizer(json: &[u8]) -> std::result::Result<tokenizers::Tokenizer, String> {
+    serde_json::from_slice::<serde_json::Value>(json).map_err(|e| format!("not well-formed JSON: {e}"))?;
+    tokenizers::Tokenizer::from_bytes(json).map_err(|e| e.to_string())
+}
+
 /// The models FlashRT runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ModelKind {
