@@ -7,16 +7,26 @@ use std::sync::OnceLock;
 use flashrt::models::pi05::synth::{SynthSize, synthesize};
 use flashrt::{BackendKind, Policy, PolicyConfig, RtcConfig};
 
-/// A scratch directory for the whole process: tmpfs when there is one (the checkpoint target
-/// rewrites a file per input), kept until the process exits.
+/// A scratch directory for the whole process, `flashrt-fuzz-<pid>`: on tmpfs when there is one
+/// (the checkpoint target rewrites a file per input). libFuzzer ends the process with `exit`,
+/// which runs no destructors, so each process removes the directories of earlier ones that are
+/// gone (a few MB each, in memory on tmpfs).
 pub fn scratch_dir() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let shm = Path::new("/dev/shm");
         let base = if shm.is_dir() { shm.to_path_buf() } else { std::env::temp_dir() };
-        tempfile::Builder::new().prefix("flashrt-fuzz-").tempdir_in(base).expect("a scratch directory")
+        for entry in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+            let pid = entry.file_name().to_str().and_then(|n| n.strip_prefix("flashrt-fuzz-")).and_then(|p| p.parse::<u32>().ok());
+            if pid.is_some_and(|pid| !Path::new("/proc").join(pid.to_string()).exists()) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        let dir = base.join(format!("flashrt-fuzz-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        dir
     })
-    .path()
 }
 
 /// The micro Pi0.5 (tiny widths, 56x56 images, 3 cameras, state 8, actions 7) with its statistics,
