@@ -4,9 +4,11 @@
 # corpus. Fails on any crash, panic, timeout or out-of-memory; the failing input is left under
 # target/fuzz-artifacts/<target>/ (reproduce: the printed command with that file as argument).
 #
-# Toolchain: stable Rust with RUSTC_BOOTSTRAP=1 (cargo-fuzz passes unstable flags; no nightly is
-# needed) and cargo-fuzz 0.13.1, installed under target/fuzz-tools by this script. Sanitizer: none
-# by default (FRT_FUZZ_SANITIZER=address for AddressSanitizer; slower, useful for long runs).
+# Toolchain: stable Rust and cargo-fuzz 0.13.1, installed under target/fuzz-tools by this script.
+# Sanitizer: none by default (the coverage instrumentation needs only stable flags); with
+# FRT_FUZZ_SANITIZER=address cargo-fuzz passes -Zsanitizer=address, which stable 1.95 accepts
+# under RUSTC_BOOTSTRAP=1 (set below; its ASan runtime ships with the toolchain, no -Zbuild-std:
+# checked on a probe target that reads out of bounds). Slower; for long runs.
 # Missing tools (a C++ compiler for libFuzzer) skip with a message, or fail under FRT_REQUIRE_ALL=1.
 #
 # Usage: fuzz/ci.sh [TARGET...]     FRT_FUZZ_SECONDS=3600 fuzz/ci.sh checkpoint  (a long run)
