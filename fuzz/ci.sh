@@ -14,8 +14,9 @@
 # Usage: fuzz/ci.sh [TARGET...]     FRT_FUZZ_SECONDS=3600 fuzz/ci.sh checkpoint  (a long run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TIMING_PREFIX="fuzz: "
 # shellcheck source=tools/timing.sh
-TIMING_PREFIX="fuzz: " . tools/timing.sh
+. tools/timing.sh
 
 seconds="${FRT_FUZZ_SECONDS:-30}"
 sanitizer="${FRT_FUZZ_SANITIZER:-none}"
