@@ -36,7 +36,10 @@
  * Thread safety: an FrtPolicy* is used by one thread at a time; functions taking a
  * const FrtPolicy* may run concurrently with each other (but not with a call taking FrtPolicy* on
  * the same policy). Different policies are independent. Functions without a policy argument are
- * safe from any thread.
+ * safe from any thread. Misuse is detected where it is cheap: a call taking FrtPolicy* while
+ * another such call runs on the same policy returns FRT_STATUS_BUSY and does nothing. Not
+ * detected (undefined): a const call during a mutating one, and any call during or after
+ * frt_policy_free. SECURITY.md states what else the library guarantees under misuse.
  */
 
 #ifndef FLASHRT_H
@@ -128,6 +131,12 @@ enum FrtStatus
    * free the policy involved, its state may be inconsistent.
    */
   FRT_STATUS_PANIC = 8,
+  /**
+   * Another call on the same `FrtPolicy*` was running (two threads used one policy at once,
+   * against the one-thread-at-a-time rule). This call did nothing: the policy, its outputs and
+   * its last error are as the other call leaves them. Serialize the calls on a policy.
+   */
+  FRT_STATUS_BUSY = 9,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -335,6 +344,12 @@ typedef uint32_t FrtFallback;
 
 /**
  * An open policy: weights, plan, buffers, prompt, statistics and the last error. Opaque.
+ *
+ * The documented rule is one thread at a time per policy. Misuse is made safe for the calls that
+ * take `FrtPolicy*`: each holds `busy` while it runs, and a second one that finds it held
+ * returns `FRT_STATUS_BUSY` without touching the policy (one atomic swap per call). The state sits
+ * in an `UnsafeCell` so the flag can be read through a shared reference while another thread
+ * holds the state mutably.
  */
 typedef struct FrtPolicy FrtPolicy;
 
@@ -910,7 +925,8 @@ FrtStatus frt_policy_info(const struct FrtPolicy *policy, struct FrtPolicyInfo *
  * `FRT_STATUS_TOKENIZER` (no tokenizer loaded, or it cannot encode the text); `FRT_STATUS_PANIC`.
  * On failure the previous prompt stays in effect.
  *
- * Thread safety: not concurrently with any other call on `policy`.
+ * Thread safety: not concurrently with any other call on `policy`; one that finds another call
+ * taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
  *
  * # Safety
  * `policy` from `frt_policy_open` or NULL; `text` readable for `len` bytes or NULL.
@@ -925,7 +941,8 @@ FrtStatus frt_policy_set_prompt(struct FrtPolicy *policy, const char *text, size
  * or above the prompt capacity, or an id is outside the vocabulary); `FRT_STATUS_PANIC`. On
  * failure the previous prompt stays in effect.
  *
- * Thread safety: not concurrently with any other call on `policy`.
+ * Thread safety: not concurrently with any other call on `policy`; one that finds another call
+ * taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
  *
  * # Safety
  * `policy` from `frt_policy_open` or NULL; `tokens` readable for `len` values or NULL.
@@ -954,7 +971,8 @@ FrtStatus frt_policy_set_prompt_tokens(struct FrtPolicy *policy, const int32_t *
  * geometry, a NaN or infinite state or noise value, no prompt set); `FRT_STATUS_BACKEND` (the
  * device failed); `FRT_STATUS_PANIC`.
  *
- * Thread safety: not concurrently with any other call on `policy`.
+ * Thread safety: not concurrently with any other call on `policy`; one that finds another call
+ * taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
  *
  * # Safety
  * `policy` from `frt_policy_open` or NULL; `observation` readable with its arrays valid for the
@@ -978,7 +996,8 @@ FrtStatus frt_policy_step(struct FrtPolicy *policy,
  * Returns as `frt_policy_step`, and `FRT_STATUS_INVALID_ARGUMENT` ("continuation") when the
  * policy was opened without real-time chunking. No heap allocation after the first step.
  *
- * Thread safety: not concurrently with any other call on `policy`.
+ * Thread safety: not concurrently with any other call on `policy`; one that finds another call
+ * taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
  *
  * # Safety
  * As `frt_policy_step`.
@@ -1012,7 +1031,8 @@ FrtStatus frt_policy_stats(const struct FrtPolicy *policy, struct FrtLatencyStat
  *
  * Returns `FRT_STATUS_OK`, `FRT_STATUS_NULL_ARGUMENT`, `FRT_STATUS_PANIC`.
  *
- * Thread safety: not concurrently with any other call on `policy`.
+ * Thread safety: not concurrently with any other call on `policy`; one that finds another call
+ * taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
  *
  * # Safety
  * `policy` from `frt_policy_open` or NULL.
@@ -1072,15 +1092,17 @@ FrtStatus frt_stream_config_default(struct FrtStreamConfig *config);
  * runs the policy's steps; the caller then pushes observations and takes one action per tick.
  * The policy needs its prompt set (or set one with `frt_stream_set_prompt`).
  *
- * The stream borrows `policy` until `frt_stream_free`: meanwhile the policy must not be freed and
- * no call taking it may be made except `frt_policy_info` and `frt_policy_explain` (they read
- * data made at open). After `frt_stream_free` the policy is usable again — unless
+ * The stream borrows `policy` until `frt_stream_free`: meanwhile the policy must not be freed,
+ * every call taking `FrtPolicy*` returns `FRT_STATUS_BUSY` (as does a second stream over it), and
+ * of the `const FrtPolicy*` calls only `frt_policy_info` and `frt_policy_explain` may be made
+ * (they read data made at open). After `frt_stream_free` the policy is usable again — unless
  * `frt_stream_inference_error` reports a panic, after which it must be freed.
  *
  * On success `*out` receives the stream. Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`
  * (`policy`, `config`, `out`, or `cpus` with `cpus_len > 0`); `FRT_STATUS_INVALID_ARGUMENT`
  * (`struct_size`, `control_period_us` 0, `refill_at` not below the horizon, an unknown
- * `fallback`, `fifo_priority` outside 0-99); `FRT_STATUS_BACKEND` (the thread cannot start);
+ * `fallback`, `fifo_priority` outside 0-99); `FRT_STATUS_BUSY` (another call or stream holds
+ * `policy`); `FRT_STATUS_BACKEND` (the thread cannot start);
  * `FRT_STATUS_PANIC`. Failures leave their message in `frt_last_error`.
  *
  * Thread safety: not concurrently with any call on `policy`.

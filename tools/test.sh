@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's test command (the README's): formatting, lints, every workspace test, and the
-# component checks (C ABI, CUDA kernels through NVRTC, ROS 2 interop, Jetson cross-builds).
+# component checks (C ABI, fuzzing, CUDA kernels through NVRTC, ROS 2 interop, Jetson cross-builds).
 # Components whose tools are missing skip with a visible message; with FRT_REQUIRE_ALL=1 (as
 # .ci/run sets) they fail instead.
 #
@@ -27,6 +27,9 @@ timed "cargo clippy -D warnings" cargo clippy --workspace --all-targets --locked
 # again.
 timed "workspace tests (C ABI under valgrind, ROS 2 interop in a network namespace)" cargo test --workspace --locked
 timed "C ABI: install, pkg-config and CMake builds, C++ controller example" bash ffi/ci.sh --no-cargo-test
+# libFuzzer on every parser and boundary, 30 s per target from the committed seeds (SECURITY.md);
+# its own instrumented build under target/fuzz.
+timed "fuzzing: 4 targets x ${FRT_FUZZ_SECONDS:-30} s (checkpoint, observation, C ABI, ROS 2 messages)" bash fuzz/ci.sh
 # The Jetson step below builds the cuda-12 flavour in full (the Orin package), so kernels/ci.sh
 # need not type-check it as well when that step runs.
 jetson=0
@@ -41,8 +44,8 @@ timed "CUDA: both cudarc flavours build, every kernel compiles with NVRTC for sm
 timed "README main job (flashrt demo)" target/debug/flashrt demo --steps 20
 if [ "${FRT_CI_PRUNE:-0}" = 1 ]; then
   # CI only (.ci/run sets it): every later step builds into target/release or target/aarch64-cross.
-  du -sh target/debug 2> /dev/null || true
-  rm -rf target/debug
+  du -sh target/debug target/fuzz 2> /dev/null || true
+  rm -rf target/debug target/fuzz
 fi
 disk_free "before the Jetson cross-builds"
 if [ "$jetson" = 1 ]; then

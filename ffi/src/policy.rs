@@ -1,7 +1,9 @@
 //! The policy handle and every call made on it.
 
+use std::cell::UnsafeCell;
 use std::ffi::{CString, c_char};
 use std::fmt::{self, Write as _};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use flashrt::{Continuation, Frame, Observation, PixelFormat, Policy};
 
@@ -12,8 +14,21 @@ use crate::status::copy_text;
 use crate::status::{Failure, FrtStatus, finish_on_thread, struct_size};
 
 /// An open policy: weights, plan, buffers, prompt, statistics and the last error. Opaque.
+///
+/// The documented rule is one thread at a time per policy. Misuse is made safe for the calls that
+/// take `FrtPolicy*`: each holds `busy` while it runs, and a second one that finds it held
+/// returns `FRT_STATUS_BUSY` without touching the policy (one atomic swap per call). The state sits
+/// in an `UnsafeCell` so the flag can be read through a shared reference while another thread
+/// holds the state mutably.
 pub struct FrtPolicy {
-    pub(crate) policy: Policy,
+    busy: AtomicBool,
+    state: UnsafeCell<State>,
+}
+
+/// What an open policy holds; reached through [`with_policy`] (mutating calls) or
+/// [`FrtPolicy::shared`] (the `const FrtPolicy*` calls).
+struct State {
+    policy: Policy,
     sink: Sink,
     /// Message of the last failing call; cleared (never shrunk) by each call that succeeds.
     last_error: String,
@@ -208,7 +223,8 @@ unsafe fn open(config: *const FrtPolicyConfig, sink: Sink) -> Result<FrtPolicy, 
         };
         // Room for typical messages, so a failing step need not allocate for its text.
         let last_error = String::with_capacity(1024);
-        Ok(FrtPolicy { explain: policy.explain(), policy, sink, last_error, info })
+        let state = State { explain: policy.explain(), policy, sink, last_error, info };
+        Ok(FrtPolicy { busy: AtomicBool::new(false), state: UnsafeCell::new(state) })
     })
 }
 
@@ -248,7 +264,7 @@ pub unsafe extern "C" fn frt_policy_info(policy: *const FrtPolicy, info: *mut Fr
 /// As `frt_policy_info`.
 unsafe fn write_info(policy: *const FrtPolicy, info: *mut FrtPolicyInfo) -> Result<(), Failure> {
     // SAFETY: valid or NULL (caller's promise).
-    let p = unsafe { policy.as_ref() }.ok_or_else(|| Failure::null("policy"))?;
+    let p = unsafe { policy.as_ref() }.ok_or_else(|| Failure::null("policy"))?.shared();
     if info.is_null() {
         return Err(Failure::null("info"));
     }
@@ -293,7 +309,8 @@ unsafe fn write_info(policy: *const FrtPolicy, info: *mut FrtPolicyInfo) -> Resu
 /// `FRT_STATUS_TOKENIZER` (no tokenizer loaded, or it cannot encode the text); `FRT_STATUS_PANIC`.
 /// On failure the previous prompt stays in effect.
 ///
-/// Thread safety: not concurrently with any other call on `policy`.
+/// Thread safety: not concurrently with any other call on `policy`; one that finds another call
+/// taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
 ///
 /// # Safety
 /// `policy` from `frt_policy_open` or NULL; `text` readable for `len` bytes or NULL.
@@ -323,7 +340,8 @@ pub unsafe extern "C" fn frt_policy_set_prompt(policy: *mut FrtPolicy, text: *co
 /// or above the prompt capacity, or an id is outside the vocabulary); `FRT_STATUS_PANIC`. On
 /// failure the previous prompt stays in effect.
 ///
-/// Thread safety: not concurrently with any other call on `policy`.
+/// Thread safety: not concurrently with any other call on `policy`; one that finds another call
+/// taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
 ///
 /// # Safety
 /// `policy` from `frt_policy_open` or NULL; `tokens` readable for `len` values or NULL.
@@ -361,7 +379,8 @@ pub unsafe extern "C" fn frt_policy_set_prompt_tokens(policy: *mut FrtPolicy, to
 /// geometry, a NaN or infinite state or noise value, no prompt set); `FRT_STATUS_BACKEND` (the
 /// device failed); `FRT_STATUS_PANIC`.
 ///
-/// Thread safety: not concurrently with any other call on `policy`.
+/// Thread safety: not concurrently with any other call on `policy`; one that finds another call
+/// taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
 ///
 /// # Safety
 /// `policy` from `frt_policy_open` or NULL; `observation` readable with its arrays valid for the
@@ -389,7 +408,8 @@ pub unsafe extern "C" fn frt_policy_step(
 /// Returns as `frt_policy_step`, and `FRT_STATUS_INVALID_ARGUMENT` ("continuation") when the
 /// policy was opened without real-time chunking. No heap allocation after the first step.
 ///
-/// Thread safety: not concurrently with any other call on `policy`.
+/// Thread safety: not concurrently with any other call on `policy`; one that finds another call
+/// taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
 ///
 /// # Safety
 /// As `frt_policy_step`.
@@ -429,7 +449,7 @@ pub unsafe extern "C" fn frt_policy_stats(policy: *const FrtPolicy, stats: *mut 
 /// As `frt_policy_stats`.
 unsafe fn write_stats(policy: *const FrtPolicy, stats: *mut FrtLatencyStats) -> Result<(), Failure> {
     // SAFETY: valid or NULL (caller's promise).
-    let p = unsafe { policy.as_ref() }.ok_or_else(|| Failure::null("policy"))?;
+    let p = unsafe { policy.as_ref() }.ok_or_else(|| Failure::null("policy"))?.shared();
     if stats.is_null() {
         return Err(Failure::null("stats"));
     }
@@ -455,7 +475,8 @@ unsafe fn write_stats(policy: *const FrtPolicy, stats: *mut FrtLatencyStats) -> 
 ///
 /// Returns `FRT_STATUS_OK`, `FRT_STATUS_NULL_ARGUMENT`, `FRT_STATUS_PANIC`.
 ///
-/// Thread safety: not concurrently with any other call on `policy`.
+/// Thread safety: not concurrently with any other call on `policy`; one that finds another call
+/// taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
 ///
 /// # Safety
 /// `policy` from `frt_policy_open` or NULL.
@@ -481,7 +502,7 @@ pub unsafe extern "C" fn frt_policy_reset_stats(policy: *mut FrtPolicy) -> FrtSt
 pub unsafe extern "C" fn frt_policy_explain(policy: *const FrtPolicy, buf: *mut c_char, len: usize, written: *mut usize) -> FrtStatus {
     // SAFETY: the caller's promises.
     guard(FrtStatus::Panic, || match unsafe { policy.as_ref() } {
-        Some(p) => unsafe { copy_text(&p.explain, buf, len, written) },
+        Some(p) => unsafe { copy_text(&p.shared().explain, buf, len, written) },
         None => FrtStatus::NullArgument,
     })
 }
@@ -501,22 +522,76 @@ pub unsafe extern "C" fn frt_policy_explain(policy: *const FrtPolicy, buf: *mut 
 pub unsafe extern "C" fn frt_policy_last_error(policy: *const FrtPolicy, buf: *mut c_char, len: usize, written: *mut usize) -> FrtStatus {
     // SAFETY: the caller's promises.
     guard(FrtStatus::Panic, || match unsafe { policy.as_ref() } {
-        Some(p) => unsafe { copy_text(&p.last_error, buf, len, written) },
+        Some(p) => unsafe { copy_text(&p.shared().last_error, buf, len, written) },
         None => FrtStatus::NullArgument,
     })
 }
 
-/// The boundary of a mutating call: NULL check, panic guard, the policy's log sink.
-fn with_policy(policy: *mut FrtPolicy, body: impl FnOnce(&mut FrtPolicy) -> FrtStatus) -> FrtStatus {
+/// The boundary of a mutating call: NULL check, panic guard, the in-use flag, the policy's log
+/// sink. A call that finds the policy in use by another returns `FRT_STATUS_BUSY` and leaves
+/// everything (the last error included) to that call.
+fn with_policy(policy: *mut FrtPolicy, body: impl FnOnce(&mut State) -> FrtStatus) -> FrtStatus {
     guard(FrtStatus::Panic, || {
-        // SAFETY: from frt_policy_open or NULL, used by one thread at a time (documented contract).
-        let Some(p) = (unsafe { policy.as_mut() }) else { return FrtStatus::NullArgument };
-        let _scope = p.sink.enter();
-        body(p)
+        // SAFETY: from frt_policy_open (not freed) or NULL; only `busy` is read before it is held.
+        let Some(p) = (unsafe { policy.as_ref() }) else { return FrtStatus::NullArgument };
+        if p.busy.swap(true, Ordering::Acquire) {
+            return FrtStatus::Busy;
+        }
+        // Released on every way out, a caught panic included.
+        struct Release<'a>(&'a AtomicBool);
+        impl Drop for Release<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _release = Release(&p.busy);
+        // SAFETY: `busy` is held: no other mutating call reaches the state until it is released.
+        // `const FrtPolicy*` calls must not run concurrently with this one (documented contract).
+        let state = unsafe { &mut *p.state.get() };
+        let _scope = state.sink.enter();
+        body(state)
     })
 }
 
+/// A policy lent to an action stream: its `busy` flag stays held from [`FrtPolicy::lend`] until
+/// this is dropped, so every mutating call on the policy meanwhile returns `FRT_STATUS_BUSY`.
+pub(crate) struct Lent {
+    busy: *const AtomicBool,
+    pub(crate) policy: *mut Policy,
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        // SAFETY: the FrtPolicy outlives its stream (documented on frt_stream_create).
+        unsafe { &*self.busy }.store(false, Ordering::Release);
+    }
+}
+
 impl FrtPolicy {
+    /// Takes the policy for an action stream's inference thread; refused with `FRT_STATUS_BUSY`
+    /// while another call or stream holds it.
+    ///
+    /// # Safety
+    /// `policy` is from `frt_policy_open`, not freed, and outlives the returned [`Lent`].
+    pub(crate) unsafe fn lend(policy: *mut FrtPolicy) -> Result<Lent, Failure> {
+        // SAFETY: the caller's promise; only `busy` is read before it is held.
+        let p = unsafe { &*policy };
+        if p.busy.swap(true, Ordering::Acquire) {
+            return Err(Failure { status: FrtStatus::Busy, message: "policy is in use by another call or stream".into() });
+        }
+        // SAFETY: `busy` is held: no mutating call reaches the state until the Lent is dropped.
+        Ok(Lent { busy: &p.busy, policy: &mut unsafe { &mut *p.state.get() }.policy })
+    }
+
+    /// The state for a `const FrtPolicy*` call, which by contract runs concurrently with other
+    /// const calls only.
+    fn shared(&self) -> &State {
+        // SAFETY: no mutating call runs now (the caller's promise), so nothing writes the state.
+        unsafe { &*self.state.get() }
+    }
+}
+
+impl State {
     /// Records a failure as the last error. Reuses the buffer: a short message does not allocate.
     fn fail(&mut self, f: Failure) -> FrtStatus {
         self.record(f.status, format_args!("{}", f.message))

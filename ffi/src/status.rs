@@ -33,12 +33,16 @@ pub enum FrtStatus {
     /// An internal error (a Rust panic) was caught at the ABI boundary. This is a bug in FlashRT;
     /// free the policy involved, its state may be inconsistent.
     Panic = 8,
+    /// Another call on the same `FrtPolicy*` was running (two threads used one policy at once,
+    /// against the one-thread-at-a-time rule). This call did nothing: the policy, its outputs and
+    /// its last error are as the other call leaves them. Serialize the calls on a policy.
+    Busy = 9,
 }
 
 impl FrtStatus {
     fn from_code(code: u32) -> Option<Self> {
         use FrtStatus::*;
-        [Ok, NullArgument, InvalidArgument, BufferTooSmall, Io, Checkpoint, Tokenizer, Backend, Panic]
+        [Ok, NullArgument, InvalidArgument, BufferTooSmall, Io, Checkpoint, Tokenizer, Backend, Panic, Busy]
             .into_iter()
             .find(|s| *s as u32 == code)
     }
@@ -54,6 +58,7 @@ impl FrtStatus {
             FrtStatus::Tokenizer => "the tokenizer is missing or unusable",
             FrtStatus::Backend => "the requested backend is unavailable",
             FrtStatus::Panic => "internal error: a panic was caught at the ABI boundary",
+            FrtStatus::Busy => "the policy is in use by another thread (one thread at a time per policy)",
         }
     }
 }
@@ -242,7 +247,7 @@ mod tests {
     #[test]
     fn every_status_has_a_distinct_number_and_message() {
         let all: Vec<FrtStatus> = (0..100).filter_map(FrtStatus::from_code).collect();
-        assert_eq!(all.len(), 9);
+        assert_eq!(all.len(), 10);
         for (i, s) in all.iter().enumerate() {
             assert_eq!(*s as u32, i as u32, "numbers are dense and stable");
             assert!(!s.message().is_empty());

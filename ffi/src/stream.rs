@@ -10,7 +10,7 @@ use flashrt::{ActionStatus, ActionStream, Fallback, Frame, Observation, Policy, 
 
 use crate::boundary::guard;
 use crate::config::FRT_MAX_CAMERAS;
-use crate::policy::{FrtObservation, FrtPolicy, read_observation};
+use crate::policy::{FrtObservation, FrtPolicy, Lent, read_observation};
 use crate::status::{Failure, FrtStatus, copy_text, finish_on_thread, struct_size};
 
 /// What the stream does when a chunk is late (`FrtStreamConfig.fallback`).
@@ -119,25 +119,25 @@ pub struct FrtStreamStats {
     pub realtime: bool,
 }
 
-/// The policy an `FrtStream` borrows from its `FrtPolicy`.
-struct Borrowed(*mut Policy);
+/// The policy an `FrtStream` borrows from its `FrtPolicy`, whose in-use flag it holds.
+struct Borrowed(Lent);
 
-// SAFETY: the FrtPolicy outlives the stream and the caller makes no call on it that touches the
-// policy while the stream exists (documented on frt_stream_create); the inference thread is then
-// the only user.
+// SAFETY: the FrtPolicy outlives the stream (documented on frt_stream_create) and its in-use flag
+// is held while the stream exists, so every other mutating call on it returns FRT_STATUS_BUSY:
+// the inference thread is the only user of the policy.
 unsafe impl Send for Borrowed {}
 
 impl Borrowed {
     fn get(&mut self) -> &mut Policy {
         // SAFETY: see the Send impl.
-        unsafe { &mut *self.0 }
+        unsafe { &mut *self.0.policy }
     }
 }
 
 impl StreamPolicy for Borrowed {
     fn dims(&self) -> StreamDims {
         // SAFETY: see the Send impl.
-        unsafe { &*self.0 }.dims()
+        unsafe { &*self.0.policy }.dims()
     }
     fn step_chunk(&mut self, obs: &Observation, continuation: Option<Continuation>, actions: &mut [f32]) -> flashrt::Result<StepInfo> {
         self.get().step_chunk(obs, continuation, actions)
@@ -196,15 +196,17 @@ pub unsafe extern "C" fn frt_stream_config_default(config: *mut FrtStreamConfig)
 /// runs the policy's steps; the caller then pushes observations and takes one action per tick.
 /// The policy needs its prompt set (or set one with `frt_stream_set_prompt`).
 ///
-/// The stream borrows `policy` until `frt_stream_free`: meanwhile the policy must not be freed and
-/// no call taking it may be made except `frt_policy_info` and `frt_policy_explain` (they read
-/// data made at open). After `frt_stream_free` the policy is usable again — unless
+/// The stream borrows `policy` until `frt_stream_free`: meanwhile the policy must not be freed,
+/// every call taking `FrtPolicy*` returns `FRT_STATUS_BUSY` (as does a second stream over it), and
+/// of the `const FrtPolicy*` calls only `frt_policy_info` and `frt_policy_explain` may be made
+/// (they read data made at open). After `frt_stream_free` the policy is usable again — unless
 /// `frt_stream_inference_error` reports a panic, after which it must be freed.
 ///
 /// On success `*out` receives the stream. Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`
 /// (`policy`, `config`, `out`, or `cpus` with `cpus_len > 0`); `FRT_STATUS_INVALID_ARGUMENT`
 /// (`struct_size`, `control_period_us` 0, `refill_at` not below the horizon, an unknown
-/// `fallback`, `fifo_priority` outside 0-99); `FRT_STATUS_BACKEND` (the thread cannot start);
+/// `fallback`, `fifo_priority` outside 0-99); `FRT_STATUS_BUSY` (another call or stream holds
+/// `policy`); `FRT_STATUS_BACKEND` (the thread cannot start);
 /// `FRT_STATUS_PANIC`. Failures leave their message in `frt_last_error`.
 ///
 /// Thread safety: not concurrently with any call on `policy`.
@@ -259,10 +261,11 @@ unsafe fn create(policy: *mut FrtPolicy, config: *const FrtStreamConfig, out: *m
         realtime: rt,
         max_consecutive_errors: c.max_consecutive_errors,
     };
-    // SAFETY: a live FrtPolicy (caller's promise); borrowed as documented.
-    let p = unsafe { &mut (*policy).policy } as *mut Policy;
-    let cameras = unsafe { &*p }.info().cameras.len();
-    let stream = ActionStream::start(Borrowed(p), &config)?;
+    // SAFETY: a live FrtPolicy that outlives the stream (caller's promise).
+    let lent = unsafe { FrtPolicy::lend(policy)? };
+    // SAFETY: lent to this call until the stream takes it.
+    let cameras = unsafe { &*lent.policy }.info().cameras.len();
+    let stream = ActionStream::start(Borrowed(lent), &config)?;
     // SAFETY: non-NULL, writable (caller's promise).
     unsafe { *out = Box::into_raw(Box::new(FrtStream { stream, cameras, last_error: String::with_capacity(1024) })) };
     Ok(())

@@ -92,16 +92,17 @@ static void test_status_message(void) {
     char tiny[4] = {'x', 'x', 'x', 'x'};
     size_t n = 12345, need = 0;
     uint32_t s;
-    for (s = FRT_STATUS_OK; s <= FRT_STATUS_PANIC; s++) {
+    for (s = FRT_STATUS_OK; s <= FRT_STATUS_BUSY; s++) {
         EXPECT_STATUS(frt_status_message(s, NULL, 0, &need), FRT_STATUS_OK);
         CHECK(need > 0);
         EXPECT_STATUS(frt_status_message(s, buf, sizeof buf, &n), FRT_STATUS_OK);
         CHECK(n == need && strlen(buf) == n);
     }
     EXPECT_MENTIONS((frt_status_message(FRT_STATUS_PANIC, buf, sizeof buf, &n), buf), "panic");
+    EXPECT_MENTIONS((frt_status_message(FRT_STATUS_BUSY, buf, sizeof buf, &n), buf), "another thread");
     /* Unknown number, NULL outputs, buffer too small (untouched). */
     n = 777;
-    EXPECT_STATUS(frt_status_message(FRT_STATUS_PANIC + 1, buf, sizeof buf, &n), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_STATUS(frt_status_message(FRT_STATUS_BUSY + 1, buf, sizeof buf, &n), FRT_STATUS_INVALID_ARGUMENT);
     EXPECT_STATUS(frt_status_message(0xFFFFFFFFu, buf, sizeof buf, &n), FRT_STATUS_INVALID_ARGUMENT);
     CHECK(n == 777);
     EXPECT_STATUS(frt_status_message(FRT_STATUS_OK, buf, sizeof buf, NULL), FRT_STATUS_NULL_ARGUMENT);

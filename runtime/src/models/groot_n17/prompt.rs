@@ -52,7 +52,8 @@ pub struct PromptTokenizer {
 impl PromptTokenizer {
     /// Loads a Hugging Face `tokenizer.json`; one without the vision tokens is refused, naming them.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let tokenizer = Tokenizer::from_file(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        let json = std::fs::read(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        let tokenizer = crate::models::parse_tokenizer(&json).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
         let missing: Vec<&str> =
             [IM_START, IM_END, VISION_START, VISION_END, IMAGE_PAD].into_iter().filter(|t| tokenizer.token_to_id(t).is_none()).collect();
         if !missing.is_empty() {

@@ -111,7 +111,8 @@ impl PromptTokenizer {
         if state_dim == 0 {
             return Err(Error::invalid("state_dim", "Pi0.5 prompts need at least one state dim"));
         }
-        let mut tokenizer = Tokenizer::from_bytes(json).map_err(|e| Error::Tokenizer(format!("cannot parse tokenizer JSON: {e}")))?;
+        let mut tokenizer =
+            crate::models::parse_tokenizer(json).map_err(|e| Error::Tokenizer(format!("cannot parse tokenizer JSON: {e}")))?;
         // A tokenizer.json may carry truncation or padding settings; pieces must be tokenized
         // whole, and the prompt is truncated and padded here.
         tokenizer.with_truncation(None).map_err(|e| Error::Tokenizer(format!("cannot disable truncation: {e}")))?;

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing (libFuzzer through cargo-fuzz) of every parser and boundary: builds the
+# targets in fuzz/ and runs each for FRT_FUZZ_SECONDS (default 30) from its committed seed
+# corpus. Fails on any crash, panic, timeout or out-of-memory; the failing input is left under
+# target/fuzz-artifacts/<target>/ (reproduce: the printed command with that file as argument).
+#
+# Toolchain: stable Rust and cargo-fuzz 0.13.1, installed under target/fuzz-tools by this script.
+# Sanitizer: none by default (the coverage instrumentation needs only stable flags); with
+# FRT_FUZZ_SANITIZER=address cargo-fuzz passes -Zsanitizer=address, which stable 1.95 accepts
+# under RUSTC_BOOTSTRAP=1 (set below; its ASan runtime ships with the toolchain, no -Zbuild-std:
+# checked on a probe target that reads out of bounds). Slower; for long runs.
+# Missing tools (a C++ compiler for libFuzzer) skip with a message, or fail under FRT_REQUIRE_ALL=1.
+#
+# Usage: fuzz/ci.sh [TARGET...]     FRT_FUZZ_SECONDS=3600 fuzz/ci.sh checkpoint  (a long run)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TIMING_PREFIX="fuzz: "
+# shellcheck source=tools/timing.sh
+. tools/timing.sh
+
+seconds="${FRT_FUZZ_SECONDS:-30}"
+sanitizer="${FRT_FUZZ_SANITIZER:-none}"
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(checkpoint observation c_abi ros2_msg)
+
+missing() {
+  if [ "${FRT_REQUIRE_ALL:-0}" = 1 ]; then
+    echo "fuzz/ci.sh: $1 (FRT_REQUIRE_ALL=1)" >&2
+    exit 1
+  fi
+  echo "SKIP fuzzing: $1"
+  exit 0
+}
+command -v c++ > /dev/null || missing "no C++ compiler (libFuzzer is C++; install build-essential)"
+
+# Outside the workspace, so the workspace's fmt check does not see it.
+timed "cargo fmt --check (fuzz crate)" cargo fmt --manifest-path fuzz/Cargo.toml --check
+
+tools="$PWD/target/fuzz-tools"
+if [ ! -x "$tools/bin/cargo-fuzz" ]; then
+  timed "install cargo-fuzz 0.13.1 under target/fuzz-tools" \
+    cargo install -q cargo-fuzz --locked --version 0.13.1 --root "$tools"
+fi
+export PATH="$tools/bin:$PATH" RUSTC_BOOTSTRAP=1
+# The fuzz build has its own target directory (every crate is instrumented); 16 codegen units
+# and the fuzz crate's release profile (opt-level 2, no debug info) keep it cheap.
+out="$PWD/target/fuzz"
+one=()
+[ ${#targets[@]} != 1 ] || one=("${targets[0]}") # cargo fuzz builds one target or all
+timed "build ${targets[*]} (sanitizer: $sanitizer)" \
+  cargo fuzz build --sanitizer "$sanitizer" --codegen-units 16 --target-dir "$out" "${one[@]}"
+bin="$out/x86_64-unknown-linux-gnu/release"
+
+summary=()
+for t in "${targets[@]}"; do
+  # New inputs go to a scratch corpus under target/; the committed seeds are only read.
+  work="$PWD/target/fuzz-corpus/$t" artifacts="$PWD/target/fuzz-artifacts/$t/"
+  mkdir -p "$work" "$artifacts"
+  log="$PWD/target/fuzz-$t.log"
+  args=(-max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1
+    -artifact_prefix="$artifacts" "$work" "fuzz/corpus/$t")
+  echo "reproduce a failure: $bin/$t -rss_limit_mb=2048 <input>"
+  if ! timed "fuzz $t for ${seconds}s" "$bin/$t" "${args[@]}" > "$log" 2>&1; then
+    tail -n 60 "$log" >&2
+    echo "fuzz/ci.sh: $t failed; the input is under $artifacts (log: $log)" >&2
+    exit 1
+  fi
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n1)
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n1 | cut -d' ' -f2)
+  summary+=("$t: ${runs:-?} runs, ${cov:-?} coverage points, no crash")
+done
+printf '%s\n' "${summary[@]}"
+print_timings

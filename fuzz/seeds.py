@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""Writes the committed seed corpora under fuzz/corpus/ (run from the repository root after
+`flashrt synth --size micro --out target/fuzz-seed-micro`). Inputs follow each target's format:
+checkpoint: [slot, mode, bytes] (slot order as SLOTS in fuzz_targets/checkpoint.rs; mode 0
+replaces the file, 1 overwrites its start: safetensors files are seeded with their header only);
+ros2_msg: [message type, byte order, CDR payload] from ros2_bridge/tests/data/cdr_golden.json.
+The observation and c_abi targets decode their bytes field by field and start from a few
+hand-picked byte strings."""
+import json, os, struct, sys
+
+root = os.getcwd()
+micro = sys.argv[1] if len(sys.argv) > 1 else "target/fuzz-seed-micro"
+pi05_tiny = "tests/data/pi05_tiny"
+groot = "tests/data/groot_n17_tiny"
+
+def write(target, name, data):
+    d = os.path.join("fuzz/corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+def header(path):
+    data = read(path)
+    (n,) = struct.unpack("<Q", data[:8])
+    return data[: 8 + n]
+
+# (slot, source file, is safetensors) in SLOTS order; a slot may take seeds from several sources.
+slots = [
+    (0, [f"{micro}/config.json", f"{pi05_tiny}/config.json"]),
+    (1, [f"{micro}/model.safetensors", f"{pi05_tiny}/model.safetensors"]),
+    (2, [f"{micro}/policy_preprocessor_step_3_normalizer_processor.safetensors"]),
+    (3, [f"{pi05_tiny}/policy_postprocessor_step_0_unnormalizer_processor.safetensors"]),
+    (4, [f"{micro}/tokenizer.json"]),
+    (5, [f"{pi05_tiny}/config.json"]),
+    (6, []),
+    (7, [f"{micro}/model.safetensors"]),
+    (8, []),
+    (9, [f"{groot}/config.json"]),
+    (10, [f"{groot}/backbone/config.json"]),
+    (11, [f"{groot}/model.safetensors"]),
+    (12, [f"{groot}/processor_config.json"]),
+    (13, [f"{groot}/statistics.json"]),
+    (14, [f"{groot}/embodiment_id.json"]),
+    (15, [f"{groot}/tokenizer.json"]),
+]
+for slot, sources in slots:
+    for i, src in enumerate(sources):
+        if src.endswith(".safetensors"):
+            # Whole files (the lerobot statistics are ~1 KB), else the header over the real data.
+            data = read(src)
+            if len(data) <= 4096:
+                write("checkpoint", f"slot{slot:02}-{i}-replace", bytes([slot, 0]) + data)
+            write("checkpoint", f"slot{slot:02}-{i}-header", bytes([slot, 1]) + header(src))
+        else:
+            write("checkpoint", f"slot{slot:02}-{i}-replace", bytes([slot, 0]) + read(src))
+names = [k for k in json.loads(header(f"{micro}/model.safetensors")[8:]) if k != "__metadata__"]
+shard = {"metadata": {}, "weight_map": {n: "model-00001-of-00001.safetensors" for n in names}}
+write("checkpoint", "slot06-index", bytes([6, 0]) + json.dumps(shard).encode())
+q = lambda d: {"mean": [0.0] * d, "std": [1.0] * d, "q01": [-1.0] * d, "q99": [1.0] * d}
+write("checkpoint", "slot08-norm-stats", bytes([8, 0]) + json.dumps({"norm_stats": {"state": q(8), "actions": q(7)}}).encode())
+write("checkpoint", "slot00-remove", bytes([0, 2]))
+
+golden = json.load(open("ros2_bridge/tests/data/cdr_golden.json"))["payload_hex"]
+kinds = {"Image": 0, "JointState": 1, "String": 2, "JointTrajectory": 3, "Float32MultiArray": 4}
+for name, hexdata in golden.items():
+    if name in kinds:
+        write("ros2_msg", name, bytes([kinds[name], 0]) + bytes.fromhex(hexdata))
+
+for target in ["observation", "c_abi"]:
+    write(target, "zeros", bytes(64))
+    write(target, "ones", bytes([1] * 256))
+    write(target, "ramp", bytes(range(256)) * 2)
