@@ -74,3 +74,24 @@ for target in ["observation", "c_abi"]:
     write(target, "zeros", bytes(64))
     write(target, "ones", bytes([1] * 256))
     write(target, "ramp", bytes(range(256)) * 2)
+
+# serve_msg: requests as openpi-client 0.1.2 packs them (its msgpack_numpy), for each preset key
+# map, small images HWC and CHW; written only where the client is installed (the CI venv).
+try:
+    import numpy as np
+    from openpi_client import msgpack_numpy
+except ImportError:
+    print("openpi_client not installed: serve_msg seeds not written")
+else:
+    img = lambda h, w: (np.arange(h * w * 3) % 251).astype(np.uint8).reshape(h, w, 3)
+    requests = {
+        "libero": {"observation/image": img(8, 8), "observation/wrist_image": img(6, 10),
+                   "observation/state": np.linspace(-1, 1, 8).astype(np.float32), "prompt": "pick up the bowl"},
+        "aloha": {"images": {"cam_high": img(8, 8).transpose(2, 0, 1), "cam_left_wrist": img(4, 4).transpose(2, 0, 1)},
+                  "state": np.zeros(8, np.float64), "prompt": "fold"},
+        "droid": {"observation/exterior_image_1_left": img(8, 8), "observation/wrist_image_left": img(8, 8),
+                  "observation/joint_position": np.zeros(7, np.float32), "observation/gripper_position": np.ones(1, np.float32),
+                  "prompt": "open the drawer"},
+    }
+    for name, request in requests.items():
+        write("serve_msg", name, msgpack_numpy.packb(request))

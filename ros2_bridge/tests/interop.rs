@@ -317,27 +317,38 @@ warn_interval_s = 1.0
     let library: Vec<&str> = log.lines().filter(from_library).take(5).collect();
     assert!(library.is_empty(), "DDS library warnings in the node's log under the default filter:\n{}", library.join("\n"));
     match case.stream_hz {
-        Some(hz) => check_stream(&report, hz),
+        Some(hz) => check_stream(&report, hz, !runner.is_empty()),
         None => check_chunks(&report, &log, &tail),
     }
     eprintln!("interop: {report}");
 }
 
 /// Stream mode: one action per control tick reached the peer, and the health report shows the
-/// stream's counters.
-fn check_stream(report: &serde_json::Value, hz: f64) {
+/// stream's counters. `emulated`: the node runs under qemu (jetson/ci.sh), where a step takes
+/// seconds and the node's control thread shares two cores with an emulated inference thread.
+fn check_stream(report: &serde_json::Value, hz: f64, emulated: bool) {
     // The control thread never bursts (an overrun starts the next tick at once, it does not catch
     // up), so more than the rate allows is an error; fewer is allowed down to half, for a loaded
-    // 2-core CI machine (and the peer's reads, every 50 ms, blur the window's edges by a few).
+    // 2-core CI machine (and the peer's reads, every 50 ms, blur the window's edges by a few), and
+    // down to a fifth under emulation.
     let expected = hz * WINDOW_S;
     let actions = report["actions"].as_u64().unwrap() as f64;
-    assert!((0.5 * expected..=1.1 * expected + 3.0).contains(&actions), "{actions} actions in {WINDOW_S} s at {hz} Hz: {report}");
+    let least = if emulated { 0.2 } else { 0.5 };
+    assert!((least * expected..=1.1 * expected + 3.0).contains(&actions), "{actions} actions in {WINDOW_S} s at {hz} Hz: {report}");
     let h = &report["health"];
     let s = &h["stream"];
     assert_eq!((h["mode"].as_str(), s["rate_hz"].as_f64()), (Some("stream"), Some(hz)), "{h}");
-    assert!(s["chunks"].as_u64().unwrap() >= 2 && s["fresh_ticks"].as_u64().unwrap() >= actions as u64 / 2, "{h}");
+    // A second chunk within the window (its request starts half a horizon after the first): not
+    // under emulation, where one step can outlast the window.
+    let (chunks, fresh) = if emulated { (1, 1) } else { (2, actions as u64 / 2) };
+    assert!(s["chunks"].as_u64().unwrap() >= chunks && s["fresh_ticks"].as_u64().unwrap() >= fresh, "{h}");
     assert!(s["running"].as_bool().unwrap() && s["errors"] == 0, "{h}");
-    assert!(h["published"].as_u64().unwrap() >= actions as u64, "{h}");
+    // Every tick after the first chunk publishes. The report is the peer's last 1 Hz health
+    // message, older than its own count of actions, so it is checked against itself (the control
+    // thread may tick once between the two reads).
+    let (published, ticks, waiting) =
+        (h["published"].as_i64().unwrap(), s["ticks"].as_i64().unwrap(), s["waiting_ticks"].as_i64().unwrap());
+    assert!((published - (ticks - waiting)).abs() <= 1, "published {published} of {ticks} ticks, {waiting} waiting: {h}");
     assert_eq!(h["outputs"]["action"]["topic"], "/robot/action", "{h}");
     assert!(h["outputs"].get("trajectory").is_none(), "no trajectory publisher in stream mode: {h}");
     assert!(h["latency_ms"]["p50"].as_f64().unwrap() > 0.0, "{h}");
