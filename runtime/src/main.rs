@@ -529,7 +529,12 @@ fn bench_command(
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "date": bench::utc_now(),
     });
-    println!("{}", serde_json::to_string_pretty(&result).expect("json"));
+    print_and_append(result, out)
+}
+
+/// Prints a benchmark's JSON record and appends it to `out`, when given.
+fn print_and_append(result: serde_json::Value, out: Option<&Path>) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(&result).expect("a JSON value serializes"));
     match out {
         Some(path) => append_json(path, result),
         None => Ok(()),
@@ -630,11 +635,7 @@ fn bench_serve(
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "date": bench::utc_now(),
     });
-    println!("{}", serde_json::to_string_pretty(&result).expect("json"));
-    match out {
-        Some(path) => append_json(path, result),
-        None => Ok(()),
-    }
+    print_and_append(result, out)
 }
 
 fn synth_command(model: Model, out: &Path, size: SynthSize, seed: u64) -> Result<()> {
