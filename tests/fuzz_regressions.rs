@@ -80,14 +80,20 @@ fn expected(what: &str) -> (fn(&Error) -> bool, &'static str) {
     }
 }
 
+/// A micro Pi0.5 and a copy of the tiny GR00T under `root`, as the checkpoint fuzz target has them.
+fn checkpoints(root: &Path) -> (PathBuf, PathBuf) {
+    let pi05 = root.join("pi05");
+    synthesize(&pi05, SynthSize::Micro, 5, &|_| {}).unwrap();
+    let groot = root.join("groot");
+    copy_dir(&data().join("groot_n17_tiny"), &groot);
+    (pi05, groot)
+}
+
 #[test]
 fn checkpoint_files_found_by_fuzzing_are_refused_by_name() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let root = tempfile::tempdir().unwrap();
-    let pi05 = root.path().join("pi05");
-    synthesize(&pi05, SynthSize::Micro, 5, &|_| {}).unwrap();
-    let groot = root.path().join("groot");
-    copy_dir(&data().join("groot_n17_tiny"), &groot);
+    let (pi05, groot) = checkpoints(root.path());
     for dir in [&pi05, &groot] {
         open(dir).unwrap_or_else(|e| panic!("the unchanged {} does not open: {e}", dir.display()));
     }
@@ -120,10 +126,7 @@ fn checkpoint_files_found_by_fuzzing_are_refused_by_name() {
 fn opening_and_dropping_policies_keeps_no_memory() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let root = tempfile::tempdir().unwrap();
-    let pi05 = root.path().join("pi05");
-    synthesize(&pi05, SynthSize::Micro, 5, &|_| {}).unwrap();
-    let groot = root.path().join("groot");
-    copy_dir(&data().join("groot_n17_tiny"), &groot);
+    let (pi05, groot) = checkpoints(root.path());
     let cycle = || {
         for dir in [&pi05, &groot] {
             let mut policy = open(dir).unwrap();

@@ -408,6 +408,7 @@ mod tests {
     use rmp::encode as enc;
 
     use super::*;
+    use crate::serve::msgpack_numpy::tests::pack_array;
 
     struct Info {
         cameras: Vec<String>,
@@ -432,20 +433,7 @@ mod tests {
 
     fn pack(v: &V, out: &mut Vec<u8>) {
         match v {
-            V::Arr(dtype, shape, data) => {
-                enc::write_map_len(out, 4).unwrap();
-                enc::write_bin(out, b"__ndarray__").unwrap();
-                enc::write_bool(out, true).unwrap();
-                enc::write_bin(out, b"data").unwrap();
-                enc::write_bin(out, data).unwrap();
-                enc::write_bin(out, b"dtype").unwrap();
-                enc::write_str(out, dtype).unwrap();
-                enc::write_bin(out, b"shape").unwrap();
-                enc::write_array_len(out, shape.len() as u32).unwrap();
-                shape.iter().for_each(|&d| {
-                    enc::write_uint(out, d as u64).unwrap();
-                });
-            }
+            V::Arr(dtype, shape, data) => pack_array(out, dtype, shape, data),
             V::Str(s) => enc::write_str(out, s).unwrap(),
             V::F(f) => enc::write_f64(out, *f).unwrap(),
             V::Map(entries) => {

@@ -404,13 +404,13 @@ impl Reply<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use proptest::prelude::*;
 
     use super::*;
 
     /// An array as openpi_client's `pack_array` writes it (keys as bin, dtype as str).
-    fn pack_array(out: &mut Vec<u8>, dtype: &str, shape: &[usize], data: &[u8]) {
+    pub(in crate::serve) fn pack_array(out: &mut Vec<u8>, dtype: &str, shape: &[usize], data: &[u8]) {
         use rmp::encode as enc;
         enc::write_map_len(out, 4).unwrap();
         enc::write_bin(out, b"__ndarray__").unwrap();
