@@ -7,7 +7,9 @@
 #   bash tools/device/checks/cuda_checks.sh bench        # pi05-2v, cold then warm kernel cache
 #   bash tools/device/checks/cuda_checks.sh views        # 1 and 3 views
 #   bash tools/device/checks/cuda_checks.sh full         # lerobot f32 reference on the same weights, 5c
-#   bash tools/device/checks/cuda_checks.sh groot-full   # GR00T N1.7 full size: lerobot f32 on the same weights vs CUDA
+#   bash tools/device/checks/cuda_checks.sh groot-full   # GR00T N1.7 full size: lerobot f32 on the same weights vs CUDA,
+#                                                 # then lerobot's bf16-autocast step timed (the side-by-side baseline)
+#   bash tools/device/checks/cuda_checks.sh groot-bench  # gr00t-2v (cold and warm kernel cache, per-phase profile), 1 and 3 views
 #   bash tools/device/checks/cuda_checks.sh profile      # per-phase and per-kernel profile, both paths
 #   bash tools/device/checks/cuda_checks.sh ab           # pi05-2v without the fused attention
 #   bash tools/device/checks/cuda_checks.sh overlap      # pi05-2v on one stream (no concurrent phase)
@@ -30,6 +32,7 @@ OUT="${OUT:-/tmp/flashrt_device_out}"
 mkdir -p "$OUT"
 BIN="$PWD/.device-carry"
 FULL=/tmp/flashrt_full
+GROOT_FULL=/tmp/groot_full
 LOG="$OUT/device.log"
 exec > >(tee -a "$LOG") 2>&1
 
@@ -70,12 +73,15 @@ gpu_tests() { # test names...
 synth_full() {
     [ -f "$FULL/model.safetensors" ] || run "$BIN/flashrt" synth --size full --seed 1 --out "$FULL"
 }
+synth_groot_full() {
+    [ -f "$GROOT_FULL/model.safetensors" ] || run "$BIN/flashrt" synth --model groot-n17 --size full --out "$GROOT_FULL"
+}
 # The plan is sized for the camera slots it is opened with (missing cameras are masked, not
 # skipped), so an N-view workload opens N slots: --cameras N.
 bench() { # views workload [more bench options]
     local views=$1 workload=$2
     shift 2
-    XDG_CACHE_HOME=/tmp/kcache run "${FLASHRT:-$BIN/flashrt}" bench --checkpoint "$FULL" --backend cuda --cameras "$views" --iterations 1000 --views "$views" --workload "$workload" --out "$OUT/bench.json" "$@"
+    XDG_CACHE_HOME=/tmp/kcache run "${FLASHRT:-$BIN/flashrt}" bench --checkpoint "${CKPT:-$FULL}" --backend cuda --cameras "$views" --iterations 1000 --views "$views" --workload "$workload" --out "$OUT/bench.json" "$@"
 }
 
 for phase in "$@"; do
@@ -156,15 +162,24 @@ for phase in "$@"; do
         FRT_FULL_PARITY_DIR="$FULL" gpu_tests full_size_matches_lerobot
         ;;
     groot-full)
-        echo "== GR00T N1.7 full size: lerobot f32 on the same weights, then CUDA parity"
-        [ -f /tmp/groot_full/model.safetensors ] || run "$BIN/flashrt" synth --model groot-n17 --size full --out /tmp/groot_full
+        echo "== GR00T N1.7 full size: lerobot f32 on the same weights, then CUDA parity; lerobot's bf16 step timed"
+        synth_groot_full
         run python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
         PYTHONPATH=/tmp/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 \
-            run python3 tools/device/checks/groot_full_parity.py --ckpt /tmp/groot_full
-        FRT_GROOT_FULL_DIR=/tmp/groot_full gpu_tests groot_full_size_matches_lerobot
+            run python3 tools/device/checks/groot_full_parity.py --ckpt "$GROOT_FULL" --timing-json "$OUT/lerobot_groot_bf16.json"
+        FRT_GROOT_FULL_DIR="$GROOT_FULL" gpu_tests groot_full_size_matches_lerobot
+        ;;
+    groot-bench)
+        echo "== bench gr00t-2v: cold kernel cache, then warm with the per-phase profile; 1 and 3 views"
+        synth_groot_full
+        rm -rf /tmp/kcache
+        CKPT="$GROOT_FULL" bench 2 gr00t-2v-cold-kernel-cache
+        CKPT="$GROOT_FULL" FRT_PROFILE="$OUT/profile_groot_2v.json" bench 2 gr00t-2v
+        CKPT="$GROOT_FULL" bench 1 gr00t-1v
+        CKPT="$GROOT_FULL" bench 3 gr00t-3v
         ;;
     *)
-        echo "unknown phase $phase (tests | bench | views | full | ab | overlap | slots | buckets | settings | attention | profile | versus)"
+        echo "unknown phase $phase (tests | bench | views | full | groot-full | groot-bench | ab | overlap | slots | buckets | settings | attention | profile | versus)"
         status=2
         ;;
     esac

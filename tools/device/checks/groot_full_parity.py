@@ -6,6 +6,10 @@ full` checkpoint, run in float32 on the GPU (eager / math attention), on two syn
 transform, Qwen3-VL processor with the checkpoint's tokenizer, state normalization from the
 sidecar files; the backbone config's special-token ids set to the checkpoint tokenizer's). Writes <ckpt>/groot_golden.safetensors (the raw inputs and lerobot's normalized
 action chunk) for tests/cuda_pi05.rs `groot_full_size_matches_lerobot`.
+
+With --timing-json it then times lerobot's step as `GrootPolicy.predict_action_chunk` runs it:
+f32 parameters under bf16 autocast, SDPA attention (lerobot's default without flash-attn),
+`get_action` on inputs already on the GPU (lerobot's CPU-side processing not counted).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ PROMPT = "pick up the red cup from the left side of the table and place it caref
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ckpt", required=True, type=pathlib.Path)
+    ap.add_argument("--timing-iters", type=int, default=20)
+    ap.add_argument("--timing-json", type=pathlib.Path, default=None)
     args = ap.parse_args()
     from lerobot.lerobot_types import TransitionKey
     from lerobot.policies.groot.groot_n1_7 import GR00TN17, GR00TN17Config
@@ -82,7 +88,51 @@ def main() -> int:
     tensors = {f"frame_{i}": torch.from_numpy(f) for i, f in enumerate(raw)}
     tensors.update(state=torch.from_numpy(state), noise=noise.contiguous(), action_pred=chunk.contiguous())
     save_file(tensors, str(args.ckpt / "groot_golden.safetensors"), metadata={"prompt": PROMPT, "embodiment": "robot"})
+    if args.timing_json:
+        time_lerobot(model, inp, args.timing_iters, args.timing_json)
     return 0
+
+
+def time_lerobot(model, inp: dict, iters: int, out: pathlib.Path) -> None:
+    """lerobot's GR00T step as lerobot runs it: f32 parameters, bf16 autocast, SDPA attention."""
+    import statistics
+
+    model.backbone.model.set_attn_implementation("sdpa")
+
+    def step():
+        with torch.no_grad(), torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            return model.get_action(dict(inp))
+
+    times = []
+    for _ in range(iters + 3):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+    times = sorted(times[3:])
+    p50 = statistics.median(times)
+    print(f"lerobot GR00T N1.7 bf16 autocast: p50 {p50:.1f} ms over {len(times)} (min {times[0]:.1f}, max {times[-1]:.1f})")
+    import lerobot
+
+    out.write_text(json.dumps({
+        "workload": "gr00t-2v",
+        "model": "groot-n17",
+        "device": torch.cuda.get_device_name(),
+        "backend": f"lerobot-{lerobot.__version__} GR00TN17.get_action",
+        "precision": "bf16 autocast, f32 parameters",
+        "attention": "sdpa",
+        "views": 2,
+        "prompt_tokens": int(inp["input_ids"].shape[1]),
+        "steps": 4,
+        "iterations": len(times),
+        "p50_ms": p50,
+        "p99_ms": times[min(len(times) - 1, int(0.99 * len(times)))],
+        "min_ms": times[0],
+        "max_ms": times[-1],
+        "note": "get_action only, inputs already on the GPU (lerobot's processor steps not counted)",
+        "torch": torch.__version__,
+    }, indent=1))
 
 
 if __name__ == "__main__":
