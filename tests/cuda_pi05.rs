@@ -709,11 +709,12 @@ fn qwen3_vl_case(seed: u64) -> Case {
 
 /// The general attention path (the Products lowering, on every architecture): grouped-query heads
 /// (Qwen3's 16 over 8, and 4 over 1), causal self-attention over a masked sequence, and rows
-/// appended after cached keys (causal offset), in groups; head dimensions 64 and 128.
+/// appended after cached keys (causal offset), in groups; head dimensions 64 and 128, over more
+/// keys per group than `attention_heads` holds.
 fn general_attention_case(seed: u64) -> Case {
     let mut c = Case::new(String::new(), seed);
     let (heads, kv_heads, head_dim) = [(16, 8, 128), (4, 1, 64), (6, 3, 64)][seed as usize % 3];
-    let (groups, keys) = (c.rng.random_range(1..3), c.rng.random_range(8..200));
+    let (groups, keys) = (c.rng.random_range(1..3), c.rng.random_range(330..420));
     let offset = [0, 0, c.rng.random_range(1..keys / 2 + 1)][seed as usize % 3];
     let queries = keys - offset;
     c.name = format!("attention {heads}/{kv_heads}x{head_dim} causal+{offset} groups {groups} keys {keys}");
@@ -738,6 +739,79 @@ fn general_attention_case(seed: u64) -> Case {
         causal: Some(offset),
     });
     c.check(out);
+    c
+}
+
+/// `attention_heads` on GR00T N1.7's shapes, masks as the general path applies them: the Qwen3
+/// decoder (16 heads over 8, head dim 128, causal, a masked first key that leaves row 0 with
+/// none), VL self-attention (head dim 64, masked keys and queries) and the vision tower (per
+/// camera, unmasked), the DiT's cross-attention (41 queries over masked VL rows, head dim 48) and
+/// self-attention (causal offset on one seed), each against the CPU.
+fn heads_attention_case(seed: u64) -> Case {
+    /// One attention op: `queries` 0 means self-attention (as many queries as keys).
+    struct Form {
+        name: &'static str,
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        groups: usize,
+        queries: usize,
+        keys: usize,
+        causal: Option<usize>,
+        key_mask: bool,
+        query_mask: bool,
+    }
+    let mut c = Case::new(String::new(), seed);
+    let form = |name, (heads, kv_heads, head_dim), (groups, queries, keys), causal, (key_mask, query_mask)| Form {
+        name,
+        heads,
+        kv_heads,
+        head_dim,
+        groups,
+        queries,
+        keys,
+        causal,
+        key_mask,
+        query_mask,
+    };
+    let forms = match seed % 3 {
+        0 => [
+            form("decoder", (16, 8, 128), (1, 0, c.rng.random_range(100..=256)), Some(0), (true, false)),
+            form("decoder, 2 groups", (4, 2, 128), (2, 0, c.rng.random_range(8..60)), Some(0), (false, true)),
+        ],
+        1 => [
+            form("vl self-attention", (4, 4, 64), (1, 0, c.rng.random_range(150..=320)), None, (true, true)),
+            form("vision tower", (3, 3, 64), (2, 0, 256), None, (false, false)),
+        ],
+        _ => [
+            form("dit cross", (5, 5, 48), (1, 41, c.rng.random_range(150..=320)), None, (true, false)),
+            form("dit self, causal offset", (5, 5, 48), (1, 30, 41), Some(11), (false, false)),
+        ],
+    };
+    let mut names = Vec::new();
+    for (i, f) in forms.into_iter().enumerate() {
+        let Form { name, heads, kv_heads, head_dim, groups, keys, causal, .. } = f;
+        let queries = if f.queries == 0 { keys } else { f.queries };
+        names.push(format!("{name} {heads}/{kv_heads}x{head_dim} {groups}x{queries} over {keys}"));
+        let q = c.input(&format!("q{i}"), groups * queries, heads * head_dim);
+        let k = c.input(&format!("k{i}"), groups * keys, kv_heads * head_dim);
+        let v = c.input(&format!("v{i}"), groups * keys, kv_heads * head_dim);
+        let mut mask = |name: &str, len: usize, on: bool| {
+            on.then(|| {
+                // Key 0 masked: with a causal mask row 0 then has no key (zeros, as the softmax).
+                let values: Vec<f32> = (0..len).map(|j| if j % 7 == 0 || j % 11 == 5 { 0.0 } else { 1.0 }).collect();
+                let host = c.plan.host_buffer(format!("{name}{i}.host"), BufType::F32, len, HostIo::Input);
+                c.inputs.push((host, Input::F32(values)));
+                host
+            })
+        };
+        let key_valid = mask("key_valid", groups * keys, f.key_mask);
+        let query_valid = mask("query_valid", groups * queries, f.query_mask);
+        let out = c.plan.matrix(format!("attn{i}"), groups * queries, heads * head_dim);
+        c.plan.push(Op::Attention { q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid, causal });
+        c.check(out);
+    }
+    c.name = format!("attention_heads: {}", names.join("; "));
     c
 }
 
@@ -879,6 +953,7 @@ fn every_op_matches_cpu() {
             (qkv_rope_case(seed), dummy.clone()),
             (attention_case(seed), dummy.clone()),
             (general_attention_case(seed), dummy.clone()),
+            (heads_attention_case(seed), dummy.clone()),
             (gqa_rope_case(seed), dummy.clone()),
             (qwen3_vl_case(seed), dummy.clone()),
             (qwen_image_case(seed), dummy.clone()),

@@ -23,7 +23,7 @@ pub const SOURCES: [Source; 8] = [
     Source { name: "sequence", code: include_str!("../cuda/sequence.cu") },
     Source { name: "softmax", code: include_str!("../cuda/softmax.cu") },
     Source { name: "attention_mq256", code: include_str!("../cuda/attention_mq256.cu") },
-    Source { name: "attention_mh72", code: include_str!("../cuda/attention_mh72.cu") },
+    Source { name: "attention_heads", code: include_str!("../cuda/attention_heads.cu") },
     Source { name: "image", code: include_str!("../cuda/image.cu") },
     Source { name: "mlp", code: include_str!("../cuda/mlp.cu") },
 ];

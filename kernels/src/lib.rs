@@ -22,10 +22,10 @@ pub use compile::{
     COMMON_HEADER, Cubin, SOURCES, Source, cubin_file_name, default_cache_dir, device_arch, load_or_compile, nvrtc_available,
     nvrtc_version, supported_archs, write_cubins,
 };
-pub use launch::attention::{AttentionArgs, AttentionSplit};
+pub use launch::attention::{AttentionArgs, AttentionSplit, HeadsAttentionArgs};
 pub use launch::elementwise::{QwenImageArgs, QwenImageSizes};
 pub use launch::sequence::{MAX_PROMPT_BUCKETS, MultiAxis, RopeArgs};
-pub use launch::{DevPtr, Dtype, Kernels, Mat, ROW_PRODUCT_MAX, VISION_MAX_KEYS, has_wgmma, kernel_names};
+pub use launch::{DevPtr, Dtype, HEADS_ATTENTION, Kernels, Mat, ROW_PRODUCT_MAX, has_wgmma, heads_attention_max_keys, kernel_names};
 
 pub type Result<T, E = KernelError> = std::result::Result<T, E>;
 

@@ -1,5 +1,6 @@
 //! Launchers of the attention kernels: the masked softmax of the general path (softmax.cu), the
-//! few-query multi-query flash attention (attention_mq256.cu) and SigLIP's (attention_mh72.cu).
+//! few-query multi-query flash attention (attention_mq256.cu) and the per-head-dimension forms over
+//! a few hundred keys (attention_heads.cu).
 
 use super::*;
 
@@ -28,6 +29,28 @@ pub struct AttentionArgs {
     /// before key `n`, and lets its dependents start at once (`rope_qkv`). The Hopper form is then
     /// launched as its programmatic dependent and loads keys it does not write while it runs; other forms launch plainly.
     pub keys_ready: Option<usize>,
+}
+
+/// Arguments of [`Kernels::attention_heads`] besides the stream.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadsAttentionArgs {
+    /// `[rows, heads · head_dim]` bf16, like `out`.
+    pub q: Mat,
+    /// `[keys, kv_heads · head_dim]` bf16 each.
+    pub k: Mat,
+    pub v: Mat,
+    pub out: Mat,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Row blocks that see only their own block of keys (the cameras of a vision tower).
+    pub groups: usize,
+    /// f32 per key (0 masks the key out) and per query (0 gives a zero output row), over all
+    /// groups' keys and rows.
+    pub key_valid: Option<DevPtr>,
+    pub query_valid: Option<DevPtr>,
+    /// `Some(offset)`: row `r` of a group sees only its keys `0..=r + offset`.
+    pub causal: Option<usize>,
 }
 
 /// How [`Kernels::attention_mq256`] splits the keys of one attention over blocks.
@@ -130,8 +153,9 @@ impl Kernels {
         unsafe { self.launch(name, (rows.div_ceil(8) as u32, 1, 1), 256, stream, args) }
     }
 
-    /// Whether [`Kernels::attention_mq256`] and [`Kernels::attention_mh72`] can run on this
-    /// device (178 KB from sm_90 on, else 105 KB, and 99 KB of shared memory per block).
+    /// Whether [`Kernels::attention_mq256`] and [`Kernels::attention_heads`] can run on this
+    /// device: the device granted each its shared memory per block (up to 178 KB from sm_90 on,
+    /// 153 KB for `attention_hd128`; not sm_86/sm_89/sm_120, 99 KB).
     pub fn has_fused_attention(&self) -> bool {
         self.fused_attention
     }
@@ -251,34 +275,43 @@ impl Kernels {
         unsafe { self.launch(name, (rows.div_ceil(ATTENTION_MERGE_ROWS) as u32, 1, 1), 256, stream, combine) }
     }
 
-    /// Fused attention of SigLIP's shape: `heads` heads of dimension 72, each with its own K/V
-    /// head, per group (camera) of `q.rows / groups` queries over `k.rows / groups` keys (at most
-    /// [`VISION_MAX_KEYS`]), no masks: `softmax(q kᵀ / √72) v` in one launch.
+    /// Fused attention of `heads` query heads of dimension `head_dim` (one of
+    /// [`HEADS_ATTENTION`]) over `kv_heads` K/V heads, per group of `q.rows / groups` queries over
+    /// `k.rows / groups` keys (at most the form's), with the masks of [`HeadsAttentionArgs`]:
+    /// `softmax(q kᵀ / √head_dim) v` in one launch.
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
-    #[allow(clippy::too_many_arguments)] // the op's operands and shape, one to one
-    pub unsafe fn attention_mh72(&self, out: Mat, q: Mat, k: Mat, v: Mat, heads: usize, groups: usize, stream: CUstream) -> Result<()> {
-        let name = format!("attention_mh72_{}", out.dtype.suffix());
-        let d = VISION_HEAD_DIM;
+    pub unsafe fn attention_heads(&self, args: &HeadsAttentionArgs, stream: CUstream) -> Result<()> {
+        let HeadsAttentionArgs { out, q, k, v, heads, kv_heads, head_dim: d, groups, key_valid, query_valid, causal } = *args;
+        let name = format!("attention_hd{d}_{}", out.dtype.suffix());
+        let Some(max_keys) = heads_attention_max_keys(d) else {
+            return Err(shape_error(&name, format!("no form for head dimension {d} (forms: {HEADS_ATTENTION:?})")));
+        };
         if !self.fused_attention {
-            return Err(shape_error(&name, format!("the device does not grant {VISION_SHARED_BYTES} bytes of shared memory per block")));
+            return Err(shape_error(
+                &name,
+                format!("the device does not grant {} bytes of shared memory per block", heads_shared_bytes(d, max_keys)),
+            ));
         }
         let (rows, keys) = (q.rows / groups.max(1), k.rows / groups.max(1));
         if [q.dtype, k.dtype, v.dtype] != [Dtype::Bf16; 3]
             || heads == 0
             || groups == 0
-            || [q.cols, k.cols, v.cols] != [heads * d; 3]
+            || kv_heads == 0
+            || heads % kv_heads != 0
+            || q.cols != heads * d
+            || [k.cols, v.cols] != [kv_heads * d; 2]
             || (out.rows, out.cols) != (q.rows, q.cols)
             || v.rows != k.rows
             || rows * groups != q.rows
             || keys * groups != k.rows
-            || !(1..=VISION_MAX_KEYS).contains(&keys)
+            || !(1..=max_keys).contains(&keys)
         {
             return Err(shape_error(
                 &name,
                 format!(
-                    "needs bf16 q/k/v [{groups} groups of rows, {heads}·{d}] with 1 to {VISION_MAX_KEYS} keys per group, out like q; got q {}x{} {:?}, k {}x{}, v {}x{}, out {}x{}",
+                    "needs bf16 q [{groups} groups of rows, {heads}·{d}], k and v [{groups} groups of 1 to {max_keys} keys, {kv_heads}·{d}] with {kv_heads} dividing {heads}, out like q; got q {}x{} {:?}, k {}x{}, v {}x{}, out {}x{}",
                     q.rows, q.cols, q.dtype, k.rows, k.cols, v.rows, v.cols, out.rows, out.cols
                 ),
             ));
@@ -286,6 +319,10 @@ impl Kernels {
         if [q, k, v, out].iter().any(|m| m.ptr % 16 != 0 || m.stride % 8 != 0) {
             return Err(shape_error(&name, "q, k, v and out rows must be 16-byte aligned (8-element strides)".into()));
         }
+        let causal_offset = match causal {
+            Some(offset) => i32_of(offset, &name)?,
+            None => -1,
+        };
         let args = [
             Arg::P(out.ptr),
             Arg::I(i32_of(out.stride, &name)?),
@@ -297,11 +334,15 @@ impl Kernels {
             Arg::I(i32_of(v.stride, &name)?),
             Arg::I(i32_of(rows, &name)?),
             Arg::I(i32_of(keys, &name)?),
+            Arg::I(i32_of(heads / kv_heads, &name)?),
+            Arg::P(key_valid.unwrap_or(0)),
+            Arg::P(query_valid.unwrap_or(0)),
+            Arg::I(causal_offset),
             Arg::F(std::f32::consts::LOG2_E / (d as f32).sqrt()),
         ];
-        let grid = (rows.div_ceil(VISION_ROWS) as u32, i32_of(heads, &name)? as u32, i32_of(groups, &name)? as u32);
-        // SAFETY: matches `attention_mh72_*`: its threads, grid (query tiles, heads, groups), the
+        let grid = (rows.div_ceil(HEADS_ROWS) as u32, i32_of(heads, &name)? as u32, i32_of(groups, &name)? as u32);
+        // SAFETY: matches `attention_hd{d}_*`: its threads, grid (query tiles, heads, groups), the
         // shared memory granted at load.
-        unsafe { self.launch_with_shared(&name, grid, VISION_THREADS, VISION_SHARED_BYTES, stream, args) }
+        unsafe { self.launch_with_shared(&name, grid, HEADS_THREADS, heads_shared_bytes(d, max_keys), stream, args) }
     }
 }

@@ -80,16 +80,24 @@ fn attention_chunk_keys(arch: &str) -> usize {
     if arch_number(arch).is_some_and(|n| n >= 90) { 64 } else { 32 }
 }
 
-/// Head dimension, query rows and threads per block and most keys per group of `attention_mh72`
-/// (attention_mh72.cu: VA_D, VA_ROWS, VA_THREADS, VA_MAX_KEYS), its shared-memory row stride in bf16
-/// elements (VA_STRIDE: padded against bank conflicts), and its dynamic shared memory
-/// (VA_SHARED_BYTES: the Q tile and every key's K and V).
-const VISION_HEAD_DIM: usize = 72;
-const VISION_ROWS: usize = 64;
-const VISION_THREADS: u32 = 256;
-pub const VISION_MAX_KEYS: usize = 256;
-const VISION_STRIDE: usize = 88;
-const VISION_SHARED_BYTES: u32 = ((VISION_ROWS + 2 * VISION_MAX_KEYS) * VISION_STRIDE * 2) as u32;
+/// The head dimensions `attention_hd{D}` (attention_heads.cu) is compiled for, each with the most
+/// keys per group it holds in shared memory: SigLIP (72), GR00T's vision tower and VL
+/// self-attention (64), its DiT (48) and its Qwen3 decoder (128).
+pub const HEADS_ATTENTION: [(usize, usize); 4] = [(48, 320), (64, 320), (72, 256), (128, 256)];
+/// Query rows and threads per block of `attention_hd{D}` (AH_ROWS, AH_THREADS).
+const HEADS_ROWS: usize = 64;
+const HEADS_THREADS: u32 = 256;
+/// Its dynamic shared memory (AhShape::shared_bytes): the Q tile and every key's K and V, in rows
+/// of the head dimension padded to 16, plus 8 against bank conflicts.
+const fn heads_shared_bytes(head_dim: usize, max_keys: usize) -> u32 {
+    ((HEADS_ROWS + 2 * max_keys) * (head_dim.div_ceil(16) * 16 + 8) * 2) as u32
+}
+
+/// The most keys per group `attention_hd{head_dim}` holds, `None` when no form has that head
+/// dimension.
+pub fn heads_attention_max_keys(head_dim: usize) -> Option<usize> {
+    HEADS_ATTENTION.iter().find(|(d, _)| *d == head_dim).map(|&(_, keys)| keys)
+}
 
 /// Kernel argument as the C signature takes it; `params` points at these while launching.
 #[derive(Clone, Copy)]
@@ -126,7 +134,7 @@ const MLP_A_CHUNKS: usize = 16;
 
 const IN_OUT: [&str; 7] =
     ["layer_norm", "rms_norm", "gated_residual_rms_norm", "gated_residual_rms_norm_product", "copy", "gated_activation", "scatter_rows"];
-const TYPED: [&str; 12] = [
+const TYPED: [&str; 15] = [
     "product_rms_norm",
     "gated_residual",
     "activation",
@@ -138,7 +146,10 @@ const TYPED: [&str; 12] = [
     "qwen_image_patchify",
     "attention_mq256",
     "attention_mq256_combine",
-    "attention_mh72",
+    "attention_hd48",
+    "attention_hd64",
+    "attention_hd72",
+    "attention_hd128",
 ];
 const SINGLE: [&str; 10] = [
     "add_table_f32",
@@ -272,7 +283,9 @@ impl Kernels {
             // SAFETY: `f` is a resolved function of a loaded module; the value is a byte count.
             kernels.mlp_stream = unsafe { sys::cuFuncSetAttribute(f, attr, MLP_SHARED_BYTES as i32) }.result().is_ok();
         }
-        for (base, bytes) in [(kernels.attention_kernel, kernels.attention_shared_bytes), ("attention_mh72", VISION_SHARED_BYTES)] {
+        let heads = HEADS_ATTENTION.map(|(d, keys)| (format!("attention_hd{d}"), heads_shared_bytes(d, keys)));
+        let fused = [(kernels.attention_kernel.to_string(), kernels.attention_shared_bytes)].into_iter().chain(heads);
+        for (base, bytes) in fused {
             for dtype in ["bf16", "f32"] {
                 let f = kernels.function(&format!("{base}_{dtype}"))?;
                 let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;

@@ -141,7 +141,7 @@ impl CudaBackend {
                         let (o, ml) = split.partial_lens;
                         (size.attention_o, size.attention_ml) = (size.attention_o.max(o), size.attention_ml.max(ml));
                     }
-                    AttentionLowering::Vision => {}
+                    AttentionLowering::Heads => {}
                     AttentionLowering::Products => size.scores = size.scores.max(heads * (q.rows / groups) * (k.rows / groups)),
                 },
                 Op::Gemm { a, .. } if elems[a.buf.0] == Elem::F32 => size.shadow = size.shadow.max(a.rows * a.cols),

@@ -55,24 +55,22 @@ impl Fusions {
             .ops
             .iter()
             .map(|op| {
-                let Op::Attention { q, k, heads, kv_heads, head_dim, groups, key_valid, query_valid, causal, .. } = *op else {
+                let Op::Attention { q, k, heads, kv_heads, head_dim, groups, causal, .. } = *op else {
                     return None;
                 };
-                let masked = key_valid.is_some() || query_valid.is_some();
-                let fused = fused_attention && causal.is_none();
-                let lowering = AttentionLowering::of(q.rows, k.rows, heads, kv_heads, head_dim, groups, masked, fused, multiprocessors);
+                let lowering = AttentionLowering::of(
+                    q.rows,
+                    k.rows,
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    groups,
+                    causal.is_some(),
+                    fused_attention,
+                    multiprocessors,
+                );
                 if lowering == AttentionLowering::Products {
-                    let why = AttentionLowering::why_general(
-                        q.rows,
-                        k.rows,
-                        heads,
-                        kv_heads,
-                        head_dim,
-                        groups,
-                        masked,
-                        causal.is_some(),
-                        fused_attention,
-                    );
+                    let why = AttentionLowering::why_general(q.rows, k.rows, kv_heads, head_dim, groups, causal.is_some(), fused_attention);
                     count(&mut attention_fallbacks, why);
                 }
                 Some(lowering)
@@ -110,10 +108,11 @@ impl Fusions {
     pub(super) fn describe(&self) -> String {
         let kernels = |want: fn(&AttentionLowering) -> bool| self.attention.iter().flatten().filter(|l| want(l)).count();
         let mut s = format!(
-            "  pass attention kernels: {} op(s) as attention_mq256 (few queries, one K/V head, head dim 256), {} as attention_mh72 \
-             (SigLIP: head dim 72, unmasked), {} as two cuBLASLt products around a softmax (every other shape)\n",
+            "  pass attention kernels: {} op(s) as attention_mq256 (few queries, one K/V head, head dim 256), {} as attention_heads \
+             (head dim 48, 64, 72 or 128 over at most 256-320 keys per group), {} as two cuBLASLt products around a softmax \
+             (every other shape)\n",
             kernels(|l| matches!(l, AttentionLowering::ActionTokens(_))),
-            kernels(|l| *l == AttentionLowering::Vision),
+            kernels(|l| *l == AttentionLowering::Heads),
             kernels(|l| *l == AttentionLowering::Products),
         );
         for (why, n) in &self.attention_fallbacks {
@@ -140,13 +139,13 @@ impl Fusions {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum AttentionLowering {
     /// [`Kernels::attention_mq256`] with this key split: multi-query, head dimension 256, one
-    /// group, few queries (the 50 action tokens). Measured on the H200, it beats
+    /// group, few queries (the 50 action tokens), no causal mask. Measured on the H200, it beats
     /// the two products around the softmax there; for the 712-token prefix it does not yet.
     ActionTokens(AttentionSplit),
-    /// [`Kernels::attention_mh72`]: SigLIP's shape (head dimension 72, one K/V head per query
-    /// head, at most 256 keys per camera group), unmasked. One launch per layer instead of three
-    /// per camera.
-    Vision,
+    /// [`Kernels::attention_heads`]: a head dimension it has a form for, at most that form's
+    /// keys per group, any masks (SigLIP; GR00T's vision tower, decoder, VL self-attention and
+    /// DiT). One launch instead of three per group (per K/V head when grouped).
+    Heads,
     /// Two batched cuBLASLt products around the masked softmax kernel, per group.
     Products,
 }
@@ -161,14 +160,16 @@ impl AttentionLowering {
         kv_heads: usize,
         head_dim: usize,
         groups: usize,
-        masked: bool,
+        causal: bool,
         fused: bool,
         multiprocessors: usize,
     ) -> AttentionLowering {
-        if fused && misses_mq256(queries, kv_heads, head_dim, groups).is_none() {
+        if !fused {
+            AttentionLowering::Products
+        } else if misses_mq256(queries, kv_heads, head_dim, groups, causal).is_none() {
             AttentionLowering::ActionTokens(Kernels::attention_split(queries * heads, keys, multiprocessors))
-        } else if fused && misses_mh72(heads, kv_heads, head_dim, keys / groups, masked).is_none() {
-            AttentionLowering::Vision
+        } else if misses_heads(head_dim, keys / groups).is_none() {
+            AttentionLowering::Heads
         } else {
             AttentionLowering::Products
         }
@@ -177,58 +178,47 @@ impl AttentionLowering {
     /// Why an op on the general path takes neither fused kernel, for `explain()`: the first
     /// condition of each kernel it misses (the op's fields, `causal` and `fused` as for
     /// [`AttentionLowering::of`]).
-    #[allow(clippy::too_many_arguments)] // the op's own fields, one to one
     pub(super) fn why_general(
         queries: usize,
         keys: usize,
-        heads: usize,
         kv_heads: usize,
         head_dim: usize,
         groups: usize,
-        masked: bool,
         causal: bool,
         fused: bool,
     ) -> String {
         if !fused {
             return "the fused kernels are off or get too little shared memory here".into();
         }
-        if causal {
-            return "a causal mask (the fused kernels have none)".into();
-        }
-        let mq256 = misses_mq256(queries, kv_heads, head_dim, groups).unwrap_or_default();
-        let mh72 = misses_mh72(heads, kv_heads, head_dim, keys / groups, masked).unwrap_or_default();
-        format!("{mq256}; attention_mh72: {mh72}")
+        let mq256 = misses_mq256(queries, kv_heads, head_dim, groups, causal).unwrap_or_default();
+        let heads = misses_heads(head_dim, keys / groups).unwrap_or_default();
+        format!("{mq256}; attention_heads: {heads}")
     }
 }
 
 /// The first condition of [`Kernels::attention_mq256`] an op misses, `None` when it takes it:
-/// head dimension 256, one K/V head, at most 64 queries in one group.
-fn misses_mq256(queries: usize, kv_heads: usize, head_dim: usize, groups: usize) -> Option<String> {
+/// head dimension 256, one K/V head, at most 64 queries in one group, no causal mask.
+fn misses_mq256(queries: usize, kv_heads: usize, head_dim: usize, groups: usize, causal: bool) -> Option<String> {
     if head_dim != 256 {
         Some(format!("head dim {head_dim}"))
     } else if kv_heads != 1 {
         Some(format!("{kv_heads} K/V heads"))
     } else if queries > 64 || groups != 1 {
         Some(format!("{queries} queries (attention_mq256 takes at most 64, one group)"))
+    } else if causal {
+        Some("a causal mask".into())
     } else {
         None
     }
 }
 
-/// The first condition of [`Kernels::attention_mh72`] an op misses, `None` when it takes it:
-/// head dimension 72, one K/V head per query head, unmasked, at most
-/// [`flashrt_kernels::VISION_MAX_KEYS`] keys per group.
-fn misses_mh72(heads: usize, kv_heads: usize, head_dim: usize, keys_per_group: usize, masked: bool) -> Option<String> {
-    if head_dim != 72 {
-        Some("not 72".into())
-    } else if kv_heads != heads {
-        Some(format!("{kv_heads} K/V heads for {heads}"))
-    } else if masked {
-        Some("masked".into())
-    } else if keys_per_group > flashrt_kernels::VISION_MAX_KEYS {
-        Some(format!("over {} keys per group", flashrt_kernels::VISION_MAX_KEYS))
-    } else {
-        None
+/// The first condition of [`Kernels::attention_heads`] an op misses, `None` when it takes it: a
+/// head dimension of [`flashrt_kernels::HEADS_ATTENTION`], at most that form's keys per group.
+fn misses_heads(head_dim: usize, keys_per_group: usize) -> Option<String> {
+    match flashrt_kernels::heads_attention_max_keys(head_dim) {
+        None => Some(format!("no form for head dim {head_dim}")),
+        Some(max) if keys_per_group > max => Some(format!("{keys_per_group} keys per group (head dim {head_dim} takes at most {max})")),
+        Some(_) => None,
     }
 }
 
@@ -553,37 +543,45 @@ mod tests {
     #[test]
     fn the_general_path_says_why_each_fused_kernel_passed() {
         // Pi0.5's prefix: 800 queries of head dim 256 over one K/V head, masked.
-        let why = AttentionLowering::why_general(800, 812, 8, 1, 256, 1, true, false, true);
-        assert_eq!(why, "800 queries (attention_mq256 takes at most 64, one group); attention_mh72: not 72");
-        // Qwen3's decoder: causal first; grouped heads name their count.
-        assert!(AttentionLowering::why_general(30, 30, 16, 8, 128, 1, false, true, true).contains("causal"));
-        assert!(AttentionLowering::why_general(30, 30, 16, 8, 128, 1, false, false, true).starts_with("head dim 128"));
-        assert!(AttentionLowering::why_general(30, 30, 16, 8, 72, 1, false, false, true).ends_with("8 K/V heads for 16"));
-        assert!(AttentionLowering::why_general(30, 30, 16, 16, 72, 1, true, false, false).contains("off"));
+        let why = AttentionLowering::why_general(800, 812, 1, 256, 1, false, true);
+        assert_eq!(why, "800 queries (attention_mq256 takes at most 64, one group); attention_heads: no form for head dim 256");
+        // GR00T's decoder over a prompt too long for the head-dim-128 form.
+        let why = AttentionLowering::why_general(300, 300, 8, 128, 1, true, true);
+        assert_eq!(why, "head dim 128; attention_heads: 300 keys per group (head dim 128 takes at most 256)");
+        assert!(AttentionLowering::why_general(30, 30, 16, 72, 1, false, false).contains("off"));
     }
 
     #[test]
-    fn each_pi05_attention_gets_its_kernel() {
-        use AttentionLowering::{ActionTokens, Products, Vision};
-        let of = |queries, keys, heads, kv_heads, head_dim, groups, masked, fused| {
-            AttentionLowering::of(queries, keys, heads, kv_heads, head_dim, groups, masked, fused, 132)
+    fn each_attention_gets_its_kernel() {
+        use AttentionLowering::{ActionTokens, Heads, Products};
+        let of = |queries, keys, heads, kv_heads, head_dim, groups, causal, fused| {
+            AttentionLowering::of(queries, keys, heads, kv_heads, head_dim, groups, causal, fused, 132)
         };
-        // The 50 action tokens over a 2-camera prefix and themselves: split over about 132 blocks.
-        match of(50, 762, 8, 1, 256, 1, true, true) {
+        // Pi0.5: the 50 action tokens over a 2-camera prefix and themselves, split over about 132
+        // blocks; the 712-token prefix keeps the products.
+        match of(50, 762, 8, 1, 256, 1, false, true) {
             ActionTokens(split) => {
                 assert!(split.splits > 1 && split.splits * split.keys_per_split >= 762, "{split:?}");
                 assert_eq!(split.partial_lens, (split.splits * 400 * 256, split.splits * 400 * 2));
             }
             other => panic!("action tokens lowered as {other:?}"),
         }
-        // SigLIP, two cameras of 256 tokens; masked or too many keys per camera falls back.
-        assert_eq!(of(512, 512, 16, 16, 72, 2, false, true), Vision);
-        assert_eq!(of(512, 512, 16, 16, 72, 2, true, true), Products);
-        let too_many = flashrt_kernels::VISION_MAX_KEYS + 1;
-        assert_eq!(of(too_many, too_many, 16, 16, 72, 1, false, true), Products);
-        // The 712-token prefix keeps the products, and everything does with the fused kernels off.
-        assert_eq!(of(712, 712, 8, 1, 256, 1, true, true), Products);
-        assert_eq!(of(50, 762, 8, 1, 256, 1, true, false), Products);
+        assert_eq!(of(712, 712, 8, 1, 256, 1, false, true), Products);
+        // SigLIP, two cameras of 256 tokens; too many keys per camera falls back.
+        assert_eq!(of(512, 512, 16, 16, 72, 2, false, true), Heads);
+        assert_eq!(of(257, 257, 16, 16, 72, 1, false, true), Products);
+        // GR00T N1.7 at 2 cameras: vision (64, per camera), decoder (128, grouped, causal), VL
+        // self-attention (64), DiT self (48) and cross (48, 41 queries over the 201 VL rows).
+        assert_eq!(of(512, 512, 16, 16, 64, 2, false, true), Heads);
+        assert_eq!(of(201, 201, 16, 8, 128, 1, true, true), Heads);
+        assert_eq!(of(201, 201, 32, 32, 64, 1, false, true), Heads);
+        assert_eq!(of(41, 41, 32, 32, 48, 1, false, true), Heads);
+        assert_eq!(of(41, 201, 32, 32, 48, 1, false, true), Heads);
+        // Three cameras: 265 VL rows still fit the head-dim-64 and 48 forms, not the decoder's.
+        assert_eq!(of(265, 265, 32, 32, 64, 1, false, true), Heads);
+        assert_eq!(of(265, 265, 16, 8, 128, 1, true, true), Products);
+        // Everything takes the products with the fused kernels off.
+        assert_eq!(of(50, 762, 8, 1, 256, 1, false, false), Products);
         assert_eq!(of(512, 512, 16, 16, 72, 2, false, false), Products);
     }
 }

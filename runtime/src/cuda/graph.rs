@@ -175,7 +175,7 @@ impl Launcher {
                     }),
                 Step::Rope(ref args) => k.rope_qkv(args, s),
                 Step::FusedAttention(ref args) => k.attention_mq256(args, s),
-                Step::VisionAttention { out, q, k: keys, v, heads, groups } => k.attention_mh72(out, q, keys, v, heads, groups, s),
+                Step::HeadsAttention(ref args) => k.attention_heads(args, s),
                 Step::Softmax { p, s: scores, rows, queries, keys, key_valid, query_valid, causal } => {
                     k.softmax_rows(p, scores, (rows, queries, keys), key_valid, query_valid, causal, s)
                 }

@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use flashrt_kernels::{AttentionArgs, DevPtr, Dtype, Kernels, Mat, MultiAxis, QwenImageArgs, ROW_PRODUCT_MAX, RopeArgs};
+use flashrt_kernels::{
+    AttentionArgs, DevPtr, Dtype, HeadsAttentionArgs, Kernels, Mat, MultiAxis, QwenImageArgs, ROW_PRODUCT_MAX, RopeArgs,
+};
 
 use super::arena::{DeviceBuf, Elem, Scratch, copied_input};
 use super::device::BlasLt;
@@ -534,8 +536,20 @@ impl Lowering<'_> {
                 }));
                 return Ok(());
             }
-            AttentionLowering::Vision => {
-                self.steps.push(Step::VisionAttention { out: self.mat(out)?, q: qs, k: ks, v: vs, heads, groups });
+            AttentionLowering::Heads => {
+                self.steps.push(Step::HeadsAttention(HeadsAttentionArgs {
+                    out: self.mat(out)?,
+                    q: qs,
+                    k: ks,
+                    v: vs,
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    groups,
+                    key_valid: key_valid.map(|b| self.ptr(b)),
+                    query_valid: query_valid.map(|b| self.ptr(b)),
+                    causal,
+                }));
                 return Ok(());
             }
             AttentionLowering::Products => {}

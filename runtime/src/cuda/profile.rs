@@ -174,9 +174,15 @@ impl Launcher {
             Step::Rope(a) if a.multi_axis.is_some() => "rope_qkv_axes".into(),
             Step::Rope(_) => "rope_qkv".into(),
             Step::FusedAttention(a) => format!("attention_mq256 {}x{} over {} keys", a.q.rows, a.heads, a.k.rows),
-            Step::VisionAttention { q, k, heads, groups, .. } => {
-                format!("attention_mh72 {}x{} over {} keys, {groups} groups", q.rows / groups, heads, k.rows / groups)
-            }
+            Step::HeadsAttention(a) => format!(
+                "attention_hd{} {}x{} over {} keys, {} groups{}",
+                a.head_dim,
+                a.q.rows / a.groups,
+                a.heads,
+                a.k.rows / a.groups,
+                a.groups,
+                if a.causal.is_some() { ", causal" } else { "" }
+            ),
             Step::Softmax { rows, keys, .. } => format!("softmax {rows}x{keys}"),
             Step::Affine { .. } => "affine".into(),
             Step::RtcGuide { .. } => "rtc_guide".into(),

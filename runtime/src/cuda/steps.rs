@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use flashrt_kernels::{AttentionArgs, DevPtr, Mat, QwenImageArgs, RopeArgs};
+use flashrt_kernels::{AttentionArgs, DevPtr, HeadsAttentionArgs, Mat, QwenImageArgs, RopeArgs};
 
 use crate::plan::{Accesses, Activation, BufId, cross_lane_waits};
 
@@ -144,15 +144,9 @@ pub(super) enum Step {
     Rope(RopeArgs),
     /// Multi-query attention of few queries in one kernel (see `Kernels::attention_mq256`).
     FusedAttention(AttentionArgs),
-    /// SigLIP's per-camera attention in one kernel (see `Kernels::attention_mh72`).
-    VisionAttention {
-        out: Mat,
-        q: Mat,
-        k: Mat,
-        v: Mat,
-        heads: usize,
-        groups: usize,
-    },
+    /// Attention of a head dimension over a few hundred keys per group in one kernel (see
+    /// `Kernels::attention_heads`).
+    HeadsAttention(HeadsAttentionArgs),
     Softmax {
         p: DevPtr,
         s: DevPtr,

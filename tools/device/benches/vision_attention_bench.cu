@@ -1,23 +1,28 @@
-// Checks and times attention_mh72 (kernels/cuda/attention_mh72.cu, SigLIP's fused attention) against
+// Checks and times attention_hd72 (kernels/cuda/attention_heads.cu at head dim 72: SigLIP's fused attention) against
 // a plain f32 reference on SigLIP's shape in the step: 2 cameras × 256 patches, 16 heads of 72,
 // Q/K/V inside the fused QKV product's rows (stride 3456), written just before (L2-resident),
 // and on a ragged case (50 queries over 79 keys per group: empty key parts, rows past the end).
 // Then the floor its loads set: a kernel with the same grid that only copies each block's Q, K
-// and V into shared memory as attention_mh72 does, and an empty kernel with that grid.
-// Built on the GPU machine (variants by -D, e.g. -DVA_SPLIT=2; -I a directory holding another
-// commit's attention_mh72.cu first times that one):
+// and V into shared memory as attention_hd72 does, and an empty kernel with that grid.
+// Built on the GPU machine (variants by -D, e.g. -DAH_SPLIT=4; -I a directory holding another
+// commit's attention_heads.cu first times that one):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I kernels/cuda tools/device/benches/vision_attention_bench.cu -o va && ./va
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
-#include "attention_mh72.cu"
+#include "attention_heads.cu"
 #include "bench.cuh"
 
-#ifndef VA_THREADS
-#define VA_THREADS 256  // attention_mh72.cu before VA_SPLIT: eight warps
-#endif
+// The head-dim-72 form's shape (attention_heads.cu: AhShape<72, 256>).
+using Va = AhShape<72, 256>;
+#define VA_D 72
+#define VA_ROWS AH_ROWS
+#define VA_THREADS AH_THREADS
+#define VA_MAX_KEYS 256
+#define VA_STRIDE Va::stride
+#define VA_SHARED_BYTES Va::shared_bytes
 
 // One block per (group, row, head); scores in shared memory.
 __global__ void reference(float* out, const bf16* q, const bf16* k, const bf16* v, int stride, int rows, int keys, int heads,
@@ -41,7 +46,7 @@ __global__ void reference(float* out, const bf16* q, const bf16* k, const bf16* 
     }
 }
 
-// attention_mh72's copies alone: the nine 16-byte pieces of each Q, K and V row into the same
+// attention_hd72's copies alone: the nine 16-byte pieces of each Q, K and V row into the same
 // shared memory (all on one wait), then one store.
 __global__ void __launch_bounds__(VA_THREADS) loads_only(bf16* out, const bf16* q, const bf16* k, const bf16* v, int stride,
                                                          int rows, int keys) {
@@ -70,7 +75,7 @@ int main() {
     const Case cases[] = {{"siglip 2 cameras", 256, 256}, {"ragged 50 x 79", 50, 79}};
     const int groups = 2, heads = 16, stride = 3 * heads * VA_D;
     srand(5);
-    CHECK(cudaFuncSetAttribute(attention_mh72_bf16, cudaFuncAttributeMaxDynamicSharedMemorySize, VA_SHARED_BYTES));
+    CHECK(cudaFuncSetAttribute(attention_hd72_bf16, cudaFuncAttributeMaxDynamicSharedMemorySize, VA_SHARED_BYTES));
     CHECK(cudaFuncSetAttribute(loads_only, cudaFuncAttributeMaxDynamicSharedMemorySize, VA_SHARED_BYTES));
     cudaStream_t st;
     CHECK(cudaStreamCreate(&st));
@@ -89,8 +94,8 @@ int main() {
         const float scale = 1.f / sqrtf((float)VA_D);
         const dim3 grid((c.rows + VA_ROWS - 1) / VA_ROWS, heads, groups);
         auto attention = [&] {
-            attention_mh72_bf16<<<grid, VA_THREADS, VA_SHARED_BYTES, st>>>(out, heads * VA_D, q, stride, k, stride, v, stride, c.rows, c.keys,
-                                                                         scale * 1.4426950408889634f);
+            attention_hd72_bf16<<<grid, VA_THREADS, VA_SHARED_BYTES, st>>>(out, heads * VA_D, q, stride, k, stride, v, stride, c.rows, c.keys,
+                                                                         1, nullptr, nullptr, -1, scale * 1.4426950408889634f);
         };
         attention();
         reference<<<dim3(c.rows, heads, groups), 128, 0, st>>>(ref, q, k, v, stride, c.rows, c.keys, heads, scale);
@@ -118,7 +123,7 @@ int main() {
                c.name, VA_THREADS, grid.x * grid.y * grid.z, us, loads_us, empty_us, max_err, se / sr);
         fflush(stdout);
         if (!(se / sr < 1e-4)) {
-            fprintf(stderr, "%s: attention_mh72 disagrees with the reference (nmse %.3g)\n", c.name, se / sr);
+            fprintf(stderr, "%s: attention_hd72 disagrees with the reference (nmse %.3g)\n", c.name, se / sr);
             return 1;
         }
         CHECK(cudaFree(qkv));

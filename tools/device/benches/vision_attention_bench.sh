@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# On the GPU machine: tools/device/benches/vision_attention_bench.cu (attention_mh72 vs an f32 reference,
+# On the GPU machine: tools/device/benches/vision_attention_bench.cu (attention_hd72 vs an f32 reference,
 # its time per launch on SigLIP's shape, and the floor of its loads and launch) for each
-# compile-time variant in VARIANTS (';'-separated sets of nvcc flags, e.g. "-DVA_SPLIT=2" or
-# "-I dir" with another commit's attention_mh72.cu in dir). Results under $OUT.
+# compile-time variant in VARIANTS (';'-separated sets of nvcc flags, e.g. "-DAH_SPLIT=4" or
+# "-I dir" with another commit's attention_heads.cu in dir). Results under $OUT.
 set -euo pipefail
 out="${OUT:-/tmp/out}"
 mkdir -p "$out"

@@ -19,7 +19,7 @@ done
 BIN="$PWD/.device-carry/flashrt"
 [ -f /tmp/flashrt_full/model.safetensors ] || "$BIN" synth --size full --seed 1 --out /tmp/flashrt_full > /dev/null
 bench=("$BIN" bench --checkpoint /tmp/flashrt_full --backend cuda --cameras 2 --iterations 1 --warmup 0 --views 2 --workload ncu --out /tmp/ncu_bench.json)
-kernels=(-k "regex:${KERNELS:-attention_mh72|attention_mq256}" --launch-count "${COUNT:-3}")
+kernels=(-k "regex:${KERNELS:-attention_hd72|attention_mq256}" --launch-count "${COUNT:-3}")
 if [ -z "${SETTINGS:-}" ]; then
     ncu --clock-control none --target-processes all "${kernels[@]}" \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis \

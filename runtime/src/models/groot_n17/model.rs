@@ -699,20 +699,26 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
         dit::block(&mut plan, &block, vl, vl_h, vl_attn, vl_ff, c.vl_heads, 1e-5);
     }
     // The cross-attention blocks' keys and values of the VL embeddings: once per step, not per
-    // denoise step.
+    // denoise step, and as one product (every block's K and V weights stacked by rows).
     let m = format!("{AH}model.");
-    let mut cross = Vec::new();
-    for i in (0..c.dit_layers).step_by(2) {
-        let p = format!("{m}transformer_blocks.{i}.attn1.");
-        let (kw, kb) = linear_layer(&mut plan, &mut add, &format!("{p}to_k"), dw, lw);
-        let (vw_, vb) = linear_layer(&mut plan, &mut add, &format!("{p}to_v"), dw, lw);
-        let (k, v) = (plan.matrix(format!("dit_{i}_k"), s, dw), plan.matrix(format!("dit_{i}_v"), s, dw));
-        plan.push(Op::Gemm { a: vl, w: kw, bias: Some(kb), out: k, accumulate: false });
-        plan.push(Op::Gemm { a: vl, w: vw_, bias: Some(vb), out: v, accumulate: false });
-        // Text and special tokens every `2 · text_every` blocks, image tokens in the others.
-        let valid = if i % (2 * c.text_every) == 0 { inputs.text_valid } else { inputs.image_valid };
-        cross.push((k, v, valid));
-    }
+    let cross_blocks: Vec<usize> = (0..c.dit_layers).step_by(2).collect();
+    let kv_names = |part: &str| -> Vec<String> {
+        cross_blocks.iter().flat_map(|i| ["to_k", "to_v"].map(|n| format!("{m}transformer_blocks.{i}.attn1.{n}.{part}"))).collect()
+    };
+    let kv_width = 2 * cross_blocks.len() * dw;
+    let kv_w = add(&mut plan, "dit_cross_kv".into(), matrix(kv_width, lw), ld.rows(&kv_names("weight"), None));
+    let kv_b = add(&mut plan, "dit_cross_kv.bias".into(), vector, WeightData::Dense(ld.stacked(&kv_names("bias"))));
+    let cross_kv = plan.matrix("dit_cross_kv", s, kv_width);
+    plan.push(Op::Gemm { a: vl, w: kv_w, bias: Some(kv_b), out: cross_kv, accumulate: false });
+    let cross: Vec<(View, View, BufId)> = cross_blocks
+        .iter()
+        .enumerate()
+        .map(|(j, &i)| {
+            // Text and special tokens every `2 · text_every` blocks, image tokens in the others.
+            let valid = if i % (2 * c.text_every) == 0 { inputs.text_valid } else { inputs.image_valid };
+            (cross_kv.cols(2 * j * dw, dw), cross_kv.cols((2 * j + 1) * dw, dw), valid)
+        })
+        .collect();
 
     // ---- Action head: the state token, then the denoise steps.
     plan.phase("state");
