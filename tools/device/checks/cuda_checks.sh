@@ -9,7 +9,8 @@
 #   bash tools/device/checks/cuda_checks.sh full         # lerobot f32 reference on the same weights, 5c
 #   bash tools/device/checks/cuda_checks.sh groot-full   # GR00T N1.7 full size: lerobot f32 on the same weights vs CUDA,
 #                                                 # then lerobot's bf16-autocast step timed (the side-by-side baseline)
-#   bash tools/device/checks/cuda_checks.sh groot-bench  # gr00t-2v (cold and warm kernel cache, per-phase profile), 1 and 3 views
+#   bash tools/device/checks/cuda_checks.sh groot-bench  # gr00t-2v (cold and warm kernel cache, per-phase profile)
+#   bash tools/device/checks/cuda_checks.sh groot-views  # gr00t with 1 and 3 cameras
 #   bash tools/device/checks/cuda_checks.sh profile      # per-phase and per-kernel profile, both paths
 #   bash tools/device/checks/cuda_checks.sh ab           # pi05-2v without the fused attention
 #   bash tools/device/checks/cuda_checks.sh overlap      # pi05-2v on one stream (no concurrent phase)
@@ -170,16 +171,23 @@ for phase in "$@"; do
         FRT_GROOT_FULL_DIR="$GROOT_FULL" gpu_tests groot_full_size_matches_lerobot
         ;;
     groot-bench)
-        echo "== bench gr00t-2v: cold kernel cache, then warm with the per-phase profile; 1 and 3 views"
+        echo "== bench gr00t-2v: cold kernel cache, then warm with the per-phase profile"
         synth_groot_full
         rm -rf /tmp/kcache
         CKPT="$GROOT_FULL" bench 2 gr00t-2v-cold-kernel-cache
         CKPT="$GROOT_FULL" FRT_PROFILE="$OUT/profile_groot_2v.json" bench 2 gr00t-2v
-        CKPT="$GROOT_FULL" bench 1 gr00t-1v
-        CKPT="$GROOT_FULL" bench 3 gr00t-3v
+        ;;
+    groot-views)
+        echo "== bench gr00t with 1 and 3 cameras (checkpoints synthesized with that many)"
+        for n in 1 3; do
+            [ -f "$GROOT_FULL-${n}v/model.safetensors" ] ||
+                run "$BIN/flashrt" synth --model groot-n17 --size full --cameras "$n" --out "$GROOT_FULL-${n}v"
+            CKPT="$GROOT_FULL-${n}v" bench "$n" "gr00t-${n}v"
+            rm -rf "$GROOT_FULL-${n}v"
+        done
         ;;
     *)
-        echo "unknown phase $phase (tests | bench | views | full | groot-full | groot-bench | ab | overlap | slots | buckets | settings | attention | profile | versus)"
+        echo "unknown phase $phase (tests | bench | views | full | groot-full | groot-bench | groot-views | ab | overlap | slots | buckets | settings | attention | profile | versus)"
         status=2
         ;;
     esac
