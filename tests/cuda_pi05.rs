@@ -1283,69 +1283,137 @@ fn prompt_buckets_match_the_whole_prompt() {
 
 // ---- (d) no allocation, constant device memory ----------------------------------------------------
 
+/// Steps `policy` `steps` times on `observation(i)` (changing its prompt every 100 steps with
+/// `set_prompt(i)`, which is not the hot path) and checks that no step allocates and the device
+/// memory in use stays the same; writes the result for `model`.
+fn assert_steps_allocate_nothing<'a>(
+    policy: &mut Policy,
+    model: &str,
+    steps: usize,
+    mut set_prompt: impl FnMut(&mut Policy, usize),
+    mut observation: impl FnMut(usize) -> ([Option<Frame<'a>>; 3], &'a [f32]),
+) -> serde_json::Value {
+    let mut actions = vec![0.0; policy.actions_len()];
+    set_prompt(policy, 0);
+    let (cams, state) = observation(0);
+    policy.step(&Observation { cameras: &cams[..policy.info().cameras.len()], state, noise: None }, &mut actions).unwrap();
+    let memory_before = flashrt::cuda::used_device_memory().expect("the policy's context is current");
+    let mut allocations = 0;
+    let started = std::time::Instant::now();
+    for i in 1..=steps {
+        if i % 100 == 0 {
+            set_prompt(policy, i / 100);
+        }
+        let (cams, state) = observation(i);
+        let obs = Observation { cameras: &cams[..policy.info().cameras.len()], state, noise: None };
+        let (r, n) = counting_alloc::count(|| policy.step(&obs, &mut actions));
+        allocations += n;
+        r.unwrap();
+        assert!(actions.iter().all(|a| a.is_finite()), "{model}, step {i}: non-finite action");
+    }
+    let elapsed = started.elapsed();
+    let memory_after = flashrt::cuda::used_device_memory().unwrap();
+    eprintln!(
+        "{model}: {steps} steps in {elapsed:.2?}: {allocations} allocations; device memory in use {memory_before} -> {memory_after} bytes"
+    );
+    assert_eq!(allocations, 0, "{model}: step allocated {allocations} times over {steps} steps");
+    assert_eq!(memory_before, memory_after, "{model}: device memory changed across steps");
+    json!({
+        "model": model,
+        "steps": steps,
+        "allocations": allocations,
+        "device_memory_used_before": memory_before,
+        "device_memory_used_after": memory_after,
+        "pass": allocations == 0 && memory_before == memory_after,
+    })
+}
+
+/// Frames of four sizes and three formats, one to three cameras present per step.
+struct NoAllocFrames {
+    sizes: [(usize, usize, PixelFormat); 4],
+    pixels: Vec<Vec<u8>>,
+}
+
+impl NoAllocFrames {
+    fn new(rng: &mut ChaCha8Rng) -> NoAllocFrames {
+        let sizes =
+            [(224, 224, PixelFormat::Rgb8), (640, 480, PixelFormat::Bgr8), (300, 200, PixelFormat::Rgba8), (96, 128, PixelFormat::Rgb8)];
+        let pixels = sizes.iter().map(|(w, h, f)| (0..w * h * f.bytes_per_pixel()).map(|_| rng.random()).collect()).collect();
+        NoAllocFrames { sizes, pixels }
+    }
+
+    fn frame(&self, i: usize) -> Frame<'_> {
+        let (w, h, f) = self.sizes[i % self.sizes.len()];
+        Frame::packed(&self.pixels[i % self.sizes.len()], w, h, f)
+    }
+
+    /// Step `i`'s cameras: the first always, the others on some steps (`all`: every camera, for a
+    /// model that needs them all).
+    fn cameras(&self, i: usize, all: bool) -> [Option<Frame<'_>>; 3] {
+        [Some(self.frame(i)), (all || i % 3 != 0).then(|| self.frame(i + 1)), (all || i % 5 == 0).then(|| self.frame(i + 2))]
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: tools/device/checks/cuda_checks.sh tests"]
 fn step_allocates_nothing_and_device_memory_is_constant() {
     require_gpu("step_allocates_nothing_and_device_memory_is_constant");
     const STEPS: usize = 1200;
-    let dir = fixture_dir();
-    let mut config = PolicyConfig::new(&dir);
-    config.backend = BackendKind::Cuda;
-    config.max_frame_width = 640;
-    config.max_frame_height = 480;
-    let mut policy = Policy::open(&config).unwrap();
-    let info = policy.info();
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let sizes =
-        [(224, 224, PixelFormat::Rgb8), (640, 480, PixelFormat::Bgr8), (300, 200, PixelFormat::Rgba8), (96, 128, PixelFormat::Rgb8)];
-    let frames: Vec<Vec<u8>> = sizes.iter().map(|(w, h, f)| (0..w * h * f.bytes_per_pixel()).map(|_| rng.random()).collect()).collect();
-    let states: Vec<Vec<f32>> = (0..5).map(|_| (0..info.state_dim).map(|_| rng.random_range(-2.0..2.0)).collect()).collect();
+    let frames = NoAllocFrames::new(&mut rng);
+    let open = |dir: &Path, embodiment: Option<&str>| {
+        let mut config = PolicyConfig::new(dir);
+        (config.backend, config.max_frame_width, config.max_frame_height) = (BackendKind::Cuda, 640, 480);
+        config.embodiment = embodiment.map(str::to_string);
+        Policy::open(&config).unwrap()
+    };
+    let states = |n: usize, rng: &mut ChaCha8Rng| -> Vec<Vec<f32>> {
+        (0..5).map(|_| (0..n).map(|_| rng.random_range(-2.0..2.0)).collect()).collect()
+    };
+
+    // Pi0.5: prompt token ids of four lengths, one to three cameras.
+    let mut pi05 = open(&fixture_dir(), None);
+    let pi05_states = states(pi05.info().state_dim, &mut rng);
     let prompts: Vec<Vec<i32>> =
         [3usize, 40, 120, 200].iter().map(|&n| std::iter::once(2).chain((1..n).map(|_| rng.random_range(4..1000))).collect()).collect();
-    let frame = |i: usize| {
-        let (w, h, f) = sizes[i % sizes.len()];
-        Frame::packed(&frames[i % sizes.len()], w, h, f)
-    };
-    let cameras_for =
-        |i: usize| -> [Option<Frame>; 3] { [Some(frame(i)), (i % 3 != 0).then(|| frame(i + 1)), (i % 5 == 0).then(|| frame(i + 2))] };
-    let mut actions = vec![0.0; policy.actions_len()];
-    policy.set_prompt_tokens(&prompts[0]).unwrap();
-    policy.step(&Observation { cameras: &cameras_for(0), state: &states[0], noise: None }, &mut actions).unwrap();
-    let memory_before = flashrt::cuda::used_device_memory().expect("the policy's context is current");
+    let pi05_result = assert_steps_allocate_nothing(
+        &mut pi05,
+        "pi05 tiny (tests/data/pi05_tiny)",
+        STEPS,
+        |p, k| p.set_prompt_tokens(&prompts[k % prompts.len()]).unwrap(),
+        |i| (frames.cameras(i, false), &pi05_states[i % pi05_states.len()]),
+    );
+    let device = pi05.info().device.clone();
+    drop(pi05);
 
-    let mut allocations = 0;
-    let started = std::time::Instant::now();
-    for i in 1..=STEPS {
-        if i % 100 == 0 {
-            policy.set_prompt_tokens(&prompts[(i / 100) % prompts.len()]).unwrap(); // not the hot path
-        }
-        let cams = cameras_for(i);
-        let obs = Observation { cameras: &cams, state: &states[i % states.len()], noise: None };
-        let (r, n) = counting_alloc::count(|| policy.step(&obs, &mut actions));
-        allocations += n;
-        r.unwrap();
-        assert!(actions.iter().all(|a| a.is_finite()), "step {i}: non-finite action");
-    }
-    let elapsed = started.elapsed();
-    let memory_after = flashrt::cuda::used_device_memory().unwrap();
-    eprintln!("{STEPS} steps in {elapsed:.2?}: {allocations} allocations; device memory in use {memory_before} -> {memory_after} bytes");
+    // GR00T N1.7: instructions of four lengths, both cameras every step (its frames are
+    // required), raw frames of every size and format through the on-device image op.
+    let groot_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/groot_n17_tiny");
+    let mut groot = open(&groot_dir, Some("tiny_robot"));
+    let groot_states = states(groot.info().state_dim, &mut rng);
+    let texts = [
+        "pick",
+        "pick up the cup",
+        "pick up the red cup and put it in the bowl",
+        "stack the three blocks on the left side of the table from largest to smallest",
+    ];
+    let groot_result = assert_steps_allocate_nothing(
+        &mut groot,
+        "groot-n17 tiny (tests/data/groot_n17_tiny)",
+        STEPS / 2,
+        |p, k| p.set_prompt(texts[k % texts.len()]).unwrap(),
+        |i| (frames.cameras(i, true), &groot_states[i % groot_states.len()]),
+    );
     write_result(
         "cuda_no_alloc.json",
         json!({
             "check": "zero heap allocations in Policy::step and constant device memory (CUDA backend)",
-            "model": "pi05 tiny (tests/data/pi05_tiny)",
-            "device": info.device,
+            "device": device,
             "backend": "cuda",
-            "steps": STEPS,
-            "allocations": allocations,
-            "device_memory_used_before": memory_before,
-            "device_memory_used_after": memory_after,
-            "pass": allocations == 0 && memory_before == memory_after,
+            "results": [pi05_result, groot_result],
             "commit": commit(),
         }),
     );
-    assert_eq!(allocations, 0, "step allocated {allocations} times over {STEPS} steps");
-    assert_eq!(memory_before, memory_after, "device memory changed across steps");
     // The counter works: an allocation while armed is seen.
     let (_, n) = counting_alloc::count(|| std::hint::black_box(vec![1u8; 64]));
     assert_eq!(n, 1);
