@@ -245,6 +245,30 @@ fn real_time_chunking_refuses_what_gr00t_does_not_do() {
     assert!(err <= tolerance::CPU_MAX_ABS, "after a refused continuation: max-abs {err:e}");
 }
 
+/// The velocity ramp's rate comes from the checkpoint: the raw fixture's `rtc_ramp_rate` (6), or
+/// a lerobot fine-tune's own setting over its base's (lerobot's inference-time knob).
+#[test]
+fn the_ramp_rate_comes_from_the_checkpoint() {
+    let rate = |dir: &Path, embodiment: Option<&str>| {
+        let mut config = PolicyConfig::new(dir);
+        config.backend = BackendKind::Cpu;
+        config.embodiment = embodiment.map(String::from);
+        config.rtc = Some(RtcConfig { schedule: RtcSchedule::Ramp, ..RtcConfig::default() });
+        let policy = Policy::open(&config).unwrap();
+        let flashrt::models::ModelConfig::GrootN17(c) = policy.info().config else { panic!("not GR00T") };
+        assert!(policy.explain().contains(&format!("rate {}", c.rtc_ramp_rate)), "the plan's note names another rate");
+        c.rtc_ramp_rate
+    };
+    assert_eq!(rate(&fixture(), Some("tiny_robot")), 6.0);
+    let dir = fine_tune_copy("groot_n17_lerobot", |d| {
+        let path = d.join("config.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\"rtc_ramp_rate\": null"), "the fixture's config.json changed");
+        std::fs::write(&path, text.replace("\"rtc_ramp_rate\": null", "\"rtc_ramp_rate\": 2.5")).unwrap();
+    });
+    assert_eq!(rate(dir.path(), None), 2.5);
+}
+
 /// A copy of the fixture whose weights `rewrite` changes (name, data) tensor by tensor.
 fn rewritten_fixture(rewrite: impl Fn(&str, &[u8]) -> (String, Option<Vec<u8>>)) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
