@@ -307,6 +307,13 @@ enum FrtRtcSchedule
    * As linear, each weight w shaped to w (e^w - 1) / (e - 1).
    */
   FRT_RTC_SCHEDULE_EXP = 4,
+  /**
+   * GR00T N1.7's real-time chunking (no guidance): the new chunk starts from the rest of the
+   * previous one up to the execution horizon, the rows executed during inference frozen, the
+   * velocity of the others ramped up (rate: the checkpoint's `rtc_ramp_rate`). GR00T takes only
+   * this one, Pi0.5 only the others.
+   */
+  FRT_RTC_SCHEDULE_RAMP = 5,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -468,17 +475,19 @@ typedef struct FrtPolicyConfig {
    */
   const char *embodiment;
   /**
-   * Real-time chunking (Pi0.5): an `FrtRtcSchedule` value; `FRT_RTC_SCHEDULE_OFF` (default)
+   * Real-time chunking: an `FrtRtcSchedule` value — zeros, ones, linear or exp for Pi0.5,
+   * ramp for GR00T N1.7 (each model refuses the other's); `FRT_RTC_SCHEDULE_OFF` (default)
    * opens the policy without it. With it, `frt_policy_step_continuing` samples each chunk as a
-   * continuation of the previous one (lerobot 0.6.1's RTC).
+   * continuation of the previous one (lerobot 0.6.1's RTC for that model).
    */
   uint32_t rtc_schedule;
   /**
-   * Real-time chunking: rows of a new chunk that are guided at all. Default 10.
+   * Real-time chunking: rows of a new chunk that continue the previous one at all. Default 10.
    */
   size_t rtc_execution_horizon;
   /**
-   * Real-time chunking: upper bound of the guidance weight (positive). Default 10.
+   * Real-time chunking: upper bound of the guidance weight (positive). Default 10. Pi0.5's
+   * schedules only: ramp has no guidance and ignores it.
    */
   float rtc_max_guidance_weight;
 } FrtPolicyConfig;
@@ -991,7 +1000,8 @@ FrtStatus frt_policy_step(struct FrtPolicy *policy,
  * actions of that chunk the robot had executed when this observation was taken (what is left
  * starts there; at or past the horizon nothing is, and the chunk is sampled afresh);
  * `inference_delay` is how many more of them it executes while this step runs (the new chunk's
- * first rows are pinned to those). The first step after open has nothing to continue.
+ * first rows are pinned to those: guided towards them for Pi0.5, frozen for GR00T N1.7). The
+ * first step after open has nothing to continue.
  *
  * Returns as `frt_policy_step`, and `FRT_STATUS_INVALID_ARGUMENT` ("continuation") when the
  * policy was opened without real-time chunking. No heap allocation after the first step.

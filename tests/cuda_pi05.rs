@@ -6,6 +6,9 @@
 //! - `tiny_fixture_matches_cpu`: the committed tiny Pi0.5 on CUDA vs the CPU backend (actions) and
 //!   lerobot (x₀), cosine ≥ 0.99999 and max-abs ≤ 1e-2, over prompts of different lengths, a
 //!   resized frame and a missing camera, replaying the one captured graph;
+//! - `real_time_chunking_matches_lerobot`, `groot_real_time_chunking_matches_lerobot`: RTC
+//!   inside the graph (Pi0.5's guidance, GR00T's frozen prefix with a velocity ramp) against
+//!   lerobot's f32 chunks, with no allocation in the continuing steps;
 //! - `prompt_buckets_match_the_whole_prompt`: the graph's prompt buckets (conditional nodes) give
 //!   the actions of the whole prompt for prompts ending in every bucket, and only the picked
 //!   bucket's prefix rows are recomputed;
@@ -427,6 +430,39 @@ fn rtc_case(seed: u64) -> Case {
         dt: -0.1,
         guidance: flashrt::rtc::guidance_weight(t, 10.0),
     });
+    c.check(x);
+    c
+}
+
+/// GR00T's real-time chunking: rows of the previous chunk into the first rows of x (its first
+/// columns, 0 in the others), then an Euler step with a velocity strength per row, all f32; the
+/// prefix rows and the strengths are host inputs.
+fn groot_rtc_case(seed: u64) -> Case {
+    let mut c = Case::new(String::new(), seed);
+    let (rows, width) = (c.rng.random_range(2..60), c.rng.random_range(1..140));
+    let cols = c.rng.random_range(1..=width);
+    let taken = c.rng.random_range(1..=rows);
+    let first = c.rng.random_range(0..=rows - taken);
+    c.name = format!("rtc_prefix + rtc_euler {rows}x{width}, rows {first}.. x{taken}, {cols} columns");
+    let x = c.input("x", rows, width);
+    let prev = c.input("prev", rows, width);
+    let step = c.input("step", rows, width);
+    let prefix = c.host_i32("prefix", vec![first as i32, taken as i32]);
+    let strength = c.plan.host_buffer("strength", BufType::F32, rows, HostIo::Input);
+    let s: Vec<f32> = (0..rows)
+        .map(|r| {
+            if r < taken / 2 {
+                0.0
+            } else if r >= taken {
+                1.0
+            } else {
+                c.rng.random_range(0.0..1.0)
+            }
+        })
+        .collect();
+    c.inputs.push((strength, Input::F32(s)));
+    c.plan.push(Op::RtcPrefix { x, prev, prefix, cols });
+    c.plan.push(Op::RtcEuler { x, step, strength });
     c.check(x);
     c
 }
@@ -949,6 +985,7 @@ fn every_op_matches_cpu() {
             (step_boundary_case(seed), dummy.clone()),
             (elementwise_case(seed), dummy.clone()),
             (rtc_case(seed), dummy.clone()),
+            (groot_rtc_case(seed), dummy.clone()),
             (mlp_case(seed), dummy.clone()),
             (qkv_rope_case(seed), dummy.clone()),
             (attention_case(seed), dummy.clone()),
@@ -1217,6 +1254,96 @@ fn real_time_chunking_matches_lerobot() {
         }),
     );
     assert!(pass, "RTC parity on CUDA failed (see above)");
+    assert_eq!(allocations, 0, "continuing steps allocated {allocations} times");
+}
+
+/// GR00T's real-time chunking inside the graph: for each case of the GR00T fixture's
+/// golden_rtc.safetensors (lerobot's `GrootPolicy.predict_action_chunk`, tools/golden/
+/// gen_groot_rtc.py), chunk A then chunk B continuing it, on the device against lerobot's f32
+/// chunk, the same graph replayed for every continuation (the prefix rows and the strengths are
+/// device-side inputs) and no allocation in those steps. Before any chunk there is nothing to
+/// continue: the plain chunk.
+#[test]
+#[ignore = "needs a CUDA GPU: tools/device/checks/cuda_checks.sh tests"]
+fn groot_real_time_chunking_matches_lerobot() {
+    require_gpu("groot_real_time_chunking_matches_lerobot");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/groot_n17_tiny");
+    let golden = Golden::load(&dir);
+    let rtc = Golden(std::fs::read(dir.join("golden_rtc.safetensors")).expect("golden_rtc.safetensors"));
+    let (_, meta) = SafeTensors::read_metadata(&rtc.0).unwrap();
+    let cases: serde_json::Value = serde_json::from_str(&meta.metadata().as_ref().unwrap()["cases"]).unwrap();
+    let prompts: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    // Case c of golden.safetensors: its prompt, frames (data, width, height), raw state and noise.
+    struct Inputs {
+        prompt: String,
+        frames: Vec<(Vec<u8>, usize, usize)>,
+        state: Vec<f32>,
+        noise: Vec<f32>,
+    }
+    let inputs: Vec<Inputs> = (0..2)
+        .map(|c| Inputs {
+            prompt: prompts["cases"][c]["prompt"].as_str().unwrap().to_string(),
+            frames: (0..2)
+                .map(|i| {
+                    let (shape, data) = golden.raw(&format!("case{c}.frame_{i}"));
+                    (data, shape[1], shape[0])
+                })
+                .collect(),
+            state: golden.f32(&format!("case{c}.raw_state")),
+            noise: golden.f32(&format!("case{c}.noise")),
+        })
+        .collect();
+    let plain = golden.f32("case1.action_pred");
+    let (mut results, mut pass, mut allocations) = (Vec::new(), true, 0);
+    for (i, case) in cases.as_array().unwrap().iter().enumerate() {
+        let field = |k: &str| case[k].as_u64().unwrap() as usize;
+        let mut config = PolicyConfig::new(&dir);
+        (config.backend, config.embodiment, config.max_frame_width, config.max_frame_height) =
+            (BackendKind::Cuda, Some("tiny_robot".into()), 320, 300);
+        config.rtc = Some(RtcConfig { schedule: RtcSchedule::Ramp, execution_horizon: field("execution_horizon"), ..RtcConfig::default() });
+        let mut policy = Policy::open(&config).unwrap();
+        let mut actions = vec![0.0; policy.actions_len()];
+        let continuation = Continuation { executed: field("executed"), inference_delay: field("inference_delay") };
+        let mut step = |policy: &mut Policy, c: usize, continuation: Option<Continuation>| {
+            let Inputs { prompt, frames, state, noise } = &inputs[c];
+            let cameras: Vec<Option<Frame>> = frames.iter().map(|(d, w, h)| Some(Frame::packed(d, *w, *h, PixelFormat::Rgb8))).collect();
+            policy.set_prompt(prompt).unwrap();
+            let obs = Observation { cameras: &cameras, state, noise: Some(noise) };
+            let (r, n) = counting_alloc::count(|| policy.step_continuing(&obs, continuation, &mut actions));
+            r.unwrap();
+            (n, policy.buffer("x_t").unwrap())
+        };
+        let mut measured = |what: &str, got: &[f32], want: &[f32]| {
+            let (cos, err) = (cosine(got, want), max_abs(got, want));
+            let ok = cos >= CUDA_GROOT_TINY_COSINE && err <= CUDA_GROOT_TINY_MAX_ABS;
+            pass &= ok;
+            eprintln!("case {i} {case}: {what} vs lerobot f32 cosine {cos:.6} max-abs {err:.3e} {}", if ok { "ok" } else { "FAIL" });
+            json!({"cosine": cos, "max_abs": err, "pass": ok})
+        };
+        let first = (i == 0).then(|| {
+            let (_, got) = step(&mut policy, 1, Some(continuation));
+            measured("first chunk (nothing to continue)", &got, &plain)
+        });
+        step(&mut policy, 0, None);
+        let (n, got) = step(&mut policy, 1, Some(continuation));
+        allocations += n;
+        let continuing = measured("continuing chunk", &got, &rtc.f32(&format!("output.rtc.{i}")));
+        results.push(json!({"case": case, "continuing": continuing, "first_chunk": first}));
+    }
+    write_result(
+        "cuda_groot_rtc_parity.json",
+        json!({
+            "check": "GR00T N1.7 real-time chunking (ramp), CUDA bf16 vs lerobot-0.6.1 GrootPolicy f32 (the continuing chunk's normalized x0)",
+            "model": "groot-n17 tiny (tests/data/groot_n17_tiny)",
+            "backend": "cuda",
+            "precision": "bf16",
+            "bound": format!("cosine >= {CUDA_GROOT_TINY_COSINE}, max_abs <= {CUDA_GROOT_TINY_MAX_ABS:e}"),
+            "allocations_in_continuing_steps": allocations,
+            "results": results,
+            "commit": commit(),
+        }),
+    );
+    assert!(pass, "GR00T RTC parity on CUDA failed (see above)");
     assert_eq!(allocations, 0, "continuing steps allocated {allocations} times");
 }
 

@@ -2,14 +2,14 @@
 //! (tests/data/groot_n17_tiny): two control ticks end to end — raw frames of two sizes, a text
 //! prompt, the raw state and the noise in; the vision tower's tokens, the backbone features, the
 //! VL embeddings, the normalized action chunk and the decoded actions compared; a perturbed weight
-//! must fail the same check.
+//! must fail the same check. And real-time chunking (lerobot's GR00T scheme) against lerobot.
 
 #[path = "support/tolerance.rs"]
 mod tolerance;
 
 use std::path::{Path, PathBuf};
 
-use flashrt::{BackendKind, Frame, Observation, PixelFormat, Policy, PolicyConfig};
+use flashrt::{BackendKind, Continuation, Frame, Observation, PixelFormat, Policy, PolicyConfig, RtcConfig, RtcSchedule};
 use safetensors::{Dtype, SafeTensors};
 
 fn fixture() -> PathBuf {
@@ -159,6 +159,114 @@ fn every_denoise_step_matches_lerobot() {
         let err = tolerance::max_abs(&actions, &golden.get(&format!("case{c}.actions")).0);
         assert!(err <= tolerance::CPU_MAX_ABS, "case {c}: the traced step's actions, max-abs {err:e}");
     }
+}
+
+/// Real-time chunking against lerobot's GR00T scheme (golden_rtc.safetensors, made by
+/// tools/golden/gen_groot_rtc.py with lerobot's own `GrootPolicy.predict_action_chunk`): chunk A
+/// (case 0), then chunk B (case 1's prompt, state and noise) continuing A for each executed count,
+/// inference delay and execution horizon of the file's cases, the whole normalized chunk compared
+/// (frozen rows, zero-padded columns and all). Before any chunk there is nothing to continue; a
+/// wrong delay or executed count must fail the same check.
+#[test]
+fn real_time_chunking_matches_lerobot() {
+    let (golden, meta) = golden();
+    let rtc = Golden(std::fs::read(fixture().join("golden_rtc.safetensors")).expect("golden_rtc.safetensors"));
+    let (_, rtc_meta) = SafeTensors::read_metadata(&rtc.0).unwrap();
+    let cases: serde_json::Value = serde_json::from_str(&rtc_meta.metadata().as_ref().unwrap()["cases"]).unwrap();
+    let prompts = meta["cases"].as_array().unwrap();
+    let (a, b) = (CaseInputs::read(&golden, 0), CaseInputs::read(&golden, 1));
+    let (chunk_a, plain_b) = (golden.get("case0.action_pred").0, golden.get("case1.action_pred").0);
+    let mut actions = vec![0.0; 6 * 13];
+    // One step of case `c`'s prompt and inputs: the normalized chunk.
+    let mut chunk = |policy: &mut Policy, c: usize, continuation: Option<Continuation>| {
+        let inputs = if c == 0 { &a } else { &b };
+        policy.set_prompt(prompts[c]["prompt"].as_str().unwrap()).unwrap();
+        policy.step_continuing(&inputs.observation(&inputs.cameras()), continuation, &mut actions).unwrap();
+        policy.buffer("x_t").unwrap()
+    };
+    let check = |what: String, got: &[f32], want: &[f32]| {
+        let err = tolerance::max_abs(got, want);
+        assert!(err <= tolerance::CPU_MAX_ABS, "{what}: max-abs {err:e}");
+    };
+    for (i, case) in cases.as_array().unwrap().iter().enumerate() {
+        let field = |k: &str| case[k].as_u64().unwrap() as usize;
+        let mut config = config(&fixture());
+        config.rtc = Some(RtcConfig { schedule: RtcSchedule::Ramp, execution_horizon: field("execution_horizon"), ..RtcConfig::default() });
+        let mut policy = Policy::open(&config).unwrap();
+        let continuation = Continuation { executed: field("executed"), inference_delay: field("inference_delay") };
+        if i == 0 {
+            check("first chunk, nothing to continue".into(), &chunk(&mut policy, 1, Some(continuation)), &plain_b);
+        }
+        check(format!("case {i}: chunk A"), &chunk(&mut policy, 0, None), &chunk_a);
+        let want = rtc.get(&format!("output.rtc.{i}")).0;
+        let got = chunk(&mut policy, 1, Some(continuation));
+        // Continuing must matter for the comparison to prove anything (unless nothing is left).
+        let moved = tolerance::max_abs(&want, &plain_b);
+        assert!(case["options"].is_null() || moved > 0.1, "case {i}: lerobot's chunk is close to the plain one ({moved})");
+        eprintln!("case {i} {case}: continuing chunk B max-abs {:.3e} (plain B is {moved:.3} away)", tolerance::max_abs(&got, &want));
+        check(format!("case {i} {case}: continuing chunk B"), &got, &want);
+        // Case 1's overlap is all that is left, so one more executed row changes it too (in case
+        // 0 it would not: lerobot takes the overlap from the end of what is left, and 5 or 4 rows
+        // left both cover its horizon of 4).
+        if i == 1 {
+            for wrong in [
+                Continuation { inference_delay: continuation.inference_delay + 1, ..continuation },
+                Continuation { executed: continuation.executed + 1, ..continuation },
+            ] {
+                chunk(&mut policy, 0, None);
+                let err = tolerance::max_abs(&chunk(&mut policy, 1, Some(wrong)), &want);
+                eprintln!("{wrong:?} instead of {continuation:?}: max-abs {err:.3e}");
+                assert!(err > 100.0 * tolerance::CPU_MAX_ABS, "{wrong:?} instead of {continuation:?}: max-abs only {err:e}");
+            }
+        }
+    }
+}
+
+/// Each model takes only its own real-time chunking: GR00T refuses Pi0.5's guidance schedules,
+/// naming the field; a policy opened without it refuses a continuation and stays usable.
+#[test]
+fn real_time_chunking_refuses_what_gr00t_does_not_do() {
+    for schedule in [RtcSchedule::Linear, RtcSchedule::Zeros] {
+        let config = PolicyConfig { rtc: Some(RtcConfig { schedule, ..RtcConfig::default() }), ..config(&fixture()) };
+        let e = Policy::open(&config).err().unwrap().to_string();
+        assert!(e.contains("config.rtc.schedule") && e.contains("ramp"), "{e}");
+    }
+    let (golden, meta) = golden();
+    let inputs = CaseInputs::read(&golden, 0);
+    let mut policy = Policy::open(&config(&fixture())).unwrap();
+    policy.set_prompt(meta["cases"][0]["prompt"].as_str().unwrap()).unwrap();
+    let mut actions = vec![0.0; policy.actions_len()];
+    let cameras = inputs.cameras();
+    let obs = inputs.observation(&cameras);
+    let e = policy.step_continuing(&obs, Some(Continuation { executed: 1, inference_delay: 1 }), &mut actions).unwrap_err();
+    assert!(e.to_string().contains("continuation"), "{e}");
+    policy.step(&obs, &mut actions).unwrap();
+    let err = tolerance::max_abs(&policy.buffer("x_t").unwrap(), &golden.get("case0.action_pred").0);
+    assert!(err <= tolerance::CPU_MAX_ABS, "after a refused continuation: max-abs {err:e}");
+}
+
+/// The velocity ramp's rate comes from the checkpoint: the raw fixture's `rtc_ramp_rate` (6), or
+/// a lerobot fine-tune's own setting over its base's (lerobot's inference-time knob).
+#[test]
+fn the_ramp_rate_comes_from_the_checkpoint() {
+    let rate = |dir: &Path, embodiment: Option<&str>| {
+        let mut config = PolicyConfig::new(dir);
+        config.backend = BackendKind::Cpu;
+        config.embodiment = embodiment.map(String::from);
+        config.rtc = Some(RtcConfig { schedule: RtcSchedule::Ramp, ..RtcConfig::default() });
+        let policy = Policy::open(&config).unwrap();
+        let flashrt::models::ModelConfig::GrootN17(c) = policy.info().config else { panic!("not GR00T") };
+        assert!(policy.explain().contains(&format!("rate {}", c.rtc_ramp_rate)), "the plan's note names another rate");
+        c.rtc_ramp_rate
+    };
+    assert_eq!(rate(&fixture(), Some("tiny_robot")), 6.0);
+    let dir = fine_tune_copy("groot_n17_lerobot", |d| {
+        let path = d.join("config.json");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\"rtc_ramp_rate\": null"), "the fixture's config.json changed");
+        std::fs::write(&path, text.replace("\"rtc_ramp_rate\": null", "\"rtc_ramp_rate\": 2.5")).unwrap();
+    });
+    assert_eq!(rate(dir.path(), None), 2.5);
 }
 
 /// A copy of the fixture whose weights `rewrite` changes (name, data) tensor by tensor.

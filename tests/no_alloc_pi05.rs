@@ -139,7 +139,8 @@ fn continuing_step_does_not_allocate() {
 /// missing camera, states, noise and prompts of different lengths; its host work (state
 /// normalization, action decoding with the relative end-effector poses) is inside `step`. With
 /// `albumentations`, the checkpoint's processor_config.json asks for that image path (OpenCV's
-/// INTER_AREA resizes) with its letterbox.
+/// INTER_AREA resizes) with its letterbox; without, the policy continues its chunks (real-time
+/// chunking, GR00T's `ramp`) at changing continuations: inside the previous chunk, past its end.
 fn groot_step_does_not_allocate_after_warm_up(albumentations: bool) {
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/groot_n17_tiny");
     let copy = tempfile::tempdir().unwrap();
@@ -169,6 +170,7 @@ fn groot_step_does_not_allocate_after_warm_up(albumentations: bool) {
     (config.max_frame_width, config.max_frame_height) = (320, 240);
     config.threads = Some(2);
     config.embodiment = Some("tiny_robot".into());
+    config.rtc = (!albumentations).then(|| RtcConfig { schedule: RtcSchedule::Ramp, ..RtcConfig::default() });
     let mut policy = Policy::open(&config).unwrap();
     let state_dim = policy.info().state_dim;
     let mut actions = vec![0.0; policy.actions_len()];
@@ -193,7 +195,8 @@ fn groot_step_does_not_allocate_after_warm_up(albumentations: bool) {
         }
         let cams = [Some(frame(i)), (i % 3 != 0).then(|| frame(i + 1))];
         let obs = Observation { cameras: &cams, state: &states[i % states.len()], noise: (i % 2 == 0).then_some(noise.as_slice()) };
-        let (result, n) = count(|| policy.step(&obs, &mut actions));
+        let continuation = (!albumentations).then_some(Continuation { executed: i % 4 * 2, inference_delay: i % 3 });
+        let (result, n) = count(|| policy.step_continuing(&obs, continuation, &mut actions));
         prompt_lengths.insert(result.unwrap().prompt_tokens);
         total += n;
         assert!(actions.iter().all(|a| a.is_finite()));

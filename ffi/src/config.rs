@@ -53,6 +53,11 @@ pub enum FrtRtcSchedule {
     Linear = 3,
     /// As linear, each weight w shaped to w (e^w - 1) / (e - 1).
     Exp = 4,
+    /// GR00T N1.7's real-time chunking (no guidance): the new chunk starts from the rest of the
+    /// previous one up to the execution horizon, the rows executed during inference frozen, the
+    /// velocity of the others ramped up (rate: the checkpoint's `rtc_ramp_rate`). GR00T takes only
+    /// this one, Pi0.5 only the others.
+    Ramp = 5,
 }
 
 /// Everything `frt_policy_open` needs. Fill it with `frt_policy_config_default` (after setting
@@ -113,13 +118,15 @@ pub struct FrtPolicyConfig {
     /// `processor_config.json`), NUL-terminated; NULL: the checkpoint's only one. An unknown tag
     /// is refused, naming the known ones. Must be NULL for Pi0.5, which has none.
     pub embodiment: *const c_char,
-    /// Real-time chunking (Pi0.5): an `FrtRtcSchedule` value; `FRT_RTC_SCHEDULE_OFF` (default)
+    /// Real-time chunking: an `FrtRtcSchedule` value — zeros, ones, linear or exp for Pi0.5,
+    /// ramp for GR00T N1.7 (each model refuses the other's); `FRT_RTC_SCHEDULE_OFF` (default)
     /// opens the policy without it. With it, `frt_policy_step_continuing` samples each chunk as a
-    /// continuation of the previous one (lerobot 0.6.1's RTC).
+    /// continuation of the previous one (lerobot 0.6.1's RTC for that model).
     pub rtc_schedule: u32,
-    /// Real-time chunking: rows of a new chunk that are guided at all. Default 10.
+    /// Real-time chunking: rows of a new chunk that continue the previous one at all. Default 10.
     pub rtc_execution_horizon: usize,
-    /// Real-time chunking: upper bound of the guidance weight (positive). Default 10.
+    /// Real-time chunking: upper bound of the guidance weight (positive). Default 10. Pi0.5's
+    /// schedules only: ramp has no guidance and ignores it.
     pub rtc_max_guidance_weight: f32,
 }
 
@@ -281,10 +288,11 @@ pub(crate) unsafe fn read(config: *const FrtPolicyConfig) -> Result<PolicyConfig
         2 => Some(RtcSchedule::Ones),
         3 => Some(RtcSchedule::Linear),
         4 => Some(RtcSchedule::Exp),
+        5 => Some(RtcSchedule::Ramp),
         n => return Err(Failure::invalid("config.rtc_schedule", format!("{n} is not an FrtRtcSchedule value"))),
     };
     if let Some(schedule) = schedule {
-        if !(c.rtc_max_guidance_weight > 0.0 && c.rtc_max_guidance_weight.is_finite()) {
+        if schedule.guided() && !(c.rtc_max_guidance_weight > 0.0 && c.rtc_max_guidance_weight.is_finite()) {
             return Err(Failure::invalid("config.rtc_max_guidance_weight", format!("{} must be positive", c.rtc_max_guidance_weight)));
         }
         out.rtc = Some(RtcConfig { schedule, max_guidance_weight: c.rtc_max_guidance_weight, execution_horizon: c.rtc_execution_horizon });

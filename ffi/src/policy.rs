@@ -403,7 +403,8 @@ pub unsafe extern "C" fn frt_policy_step(
 /// actions of that chunk the robot had executed when this observation was taken (what is left
 /// starts there; at or past the horizon nothing is, and the chunk is sampled afresh);
 /// `inference_delay` is how many more of them it executes while this step runs (the new chunk's
-/// first rows are pinned to those). The first step after open has nothing to continue.
+/// first rows are pinned to those: guided towards them for Pi0.5, frozen for GR00T N1.7). The
+/// first step after open has nothing to continue.
 ///
 /// Returns as `frt_policy_step`, and `FRT_STATUS_INVALID_ARGUMENT` ("continuation") when the
 /// policy was opened without real-time chunking. No heap allocation after the first step.

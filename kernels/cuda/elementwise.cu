@@ -162,6 +162,24 @@ extern "C" __global__ void rtc_guide_f32(float* x, int x_stride, const float* st
     *xp += dt * (v - guidance * correction);
 }
 
+// GR00T's real-time chunking (runtime/src/rtc.rs): rows r < prefix[1] of x start as the previous
+// chunk's row prefix[0] + r, its first prefix_cols columns, 0 in the others; other rows stay.
+extern "C" __global__ void rtc_prefix_f32(float* x, int x_stride, const float* prev, int prev_stride, int prev_rows,
+                                          const int* prefix, int prefix_cols, int rows, int cols) {
+    ELEMENT_INDEX
+    const int pr = prefix[0] + r;
+    if (r >= prefix[1] || pr < 0 || pr >= prev_rows) return;
+    x[(long)r * x_stride + c] = c < prefix_cols ? prev[(long)pr * prev_stride + c] : 0.f;
+}
+
+// An Euler step with a velocity strength per row (GR00T's real-time chunking): x += strength[r] * step,
+// step holding dt * v; f32 throughout.
+extern "C" __global__ void rtc_euler_f32(float* x, int x_stride, const float* step, int step_stride,
+                                              const float* strength, int rows, int cols) {
+    ELEMENT_INDEX
+    x[(long)r * x_stride + c] += strength[r] * step[(long)r * step_stride + c];
+}
+
 // out[r] = table[clamp(tokens[r], 0, vocab - 1)] * scale, table bf16 [vocab, cols].
 template <typename Tout>
 __device__ void embed(Tout* out, int out_stride, const int* tokens, const bf16* table, int vocab, float scale,

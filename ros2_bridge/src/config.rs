@@ -128,12 +128,12 @@ pub struct PolicySection {
     pub max_frame_height: u32,
     /// Task text used until one arrives on the prompt topic.
     pub prompt: Option<String>,
-    /// Real-time chunking: the prefix-weight schedule (`linear`, `exp`, `ones`, `zeros`); unset:
-    /// off. Each chunk is then sampled to continue the previous one.
+    /// Real-time chunking: Pi0.5's prefix-weight schedule (`linear`, `exp`, `ones`, `zeros`) or
+    /// GR00T N1.7's `ramp`; unset: off. Each chunk is then sampled to continue the previous one.
     pub rtc: Option<String>,
-    /// RTC: rows of the new chunk that are guided at all.
+    /// RTC: rows of the new chunk that continue the previous one at all.
     pub rtc_execution_horizon: usize,
-    /// RTC: upper bound of the guidance weight.
+    /// RTC: upper bound of the guidance weight (Pi0.5's schedules; `ramp` has no guidance).
     pub rtc_max_guidance_weight: f32,
 }
 
@@ -361,7 +361,7 @@ pub struct Cli {
     /// Stream mode: the per-tick action topic.
     #[arg(long)]
     pub action_topic: Option<String>,
-    /// Real-time chunking schedule: linear, exp, ones or zeros.
+    /// Real-time chunking schedule: linear, exp, ones or zeros (Pi0.5), ramp (GR00T N1.7).
     #[arg(long)]
     pub rtc: Option<String>,
     #[arg(long)]
@@ -623,13 +623,14 @@ impl Config {
     pub fn rtc(&self) -> Result<Option<flashrt::RtcConfig>, ConfigError> {
         let p = &self.policy;
         let Some(name) = &p.rtc else { return Ok(None) };
-        let schedule = flashrt::RtcSchedule::parse(name)
-            .ok_or_else(|| invalid("policy.rtc", format!("{name:?}: expected linear, exp, ones or zeros (or leave it unset)")))?;
+        let schedule = flashrt::RtcSchedule::parse(name).ok_or_else(|| {
+            invalid("policy.rtc", format!("{name:?}: expected linear, exp, ones or zeros (Pi0.5), ramp (GR00T N1.7), or leave it unset"))
+        })?;
         if p.rtc_execution_horizon == 0 {
             return Err(invalid("policy.rtc_execution_horizon", "must be at least 1"));
         }
         let w = p.rtc_max_guidance_weight;
-        if !(w.is_finite() && w > 0.0) {
+        if schedule.guided() && !(w.is_finite() && w > 0.0) {
             return Err(invalid("policy.rtc_max_guidance_weight", format!("{w} must be a positive number")));
         }
         Ok(Some(flashrt::RtcConfig { schedule, max_guidance_weight: w, execution_horizon: p.rtc_execution_horizon }))

@@ -48,9 +48,9 @@ pub struct PolicyConfig {
     /// CPU backend: threads that split each GEMM and attention (this one included, at most 64);
     /// default: the available parallelism. Spawned at open and parked between steps.
     pub threads: Option<usize>,
-    /// Real-time chunking ([`crate::rtc`]): the plan guides its sampler towards the rest of the
-    /// previous chunk when a step says where the robot is in it ([`crate::Policy::step_continuing`]).
-    /// Pi0.5 only for now.
+    /// Real-time chunking ([`crate::rtc`]): the plan continues the previous chunk when a step says
+    /// where the robot is in it ([`crate::Policy::step_continuing`]). Pi0.5 takes a guidance
+    /// schedule, GR00T N1.7 the `ramp` schedule; each refuses the other's (`config.rtc.schedule`).
     pub rtc: Option<RtcConfig>,
 }
 

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use crate::backend::Backend;
 use crate::image::Frame;
 use crate::plan::{BufId, BufType, FRAME_INFO_FIELDS, HostIo, Plan};
-use crate::rtc::RtcConfig;
+use crate::rtc::{Continuation, RtcConfig, prefix_weights, ramp_strength};
 
 /// One named host buffer of the plan, seen as a row-major tensor.
 #[derive(Clone, Debug, PartialEq)]
@@ -61,19 +61,61 @@ pub struct IoSpec {
 #[derive(Clone, Debug)]
 pub struct RtcPorts {
     pub config: RtcConfig,
-    /// `f32 [horizon]`: each row's prefix weight (all 0: no guidance).
+    /// `f32 [horizon]`: each row's weight: a guidance schedule's prefix weight (all 0: no
+    /// guidance), or under `Ramp` the velocity strength (all 1: plain sampling).
     pub weights: Port,
-    /// `i32 [1]`: the row of the previous chunk that row 0 of this one continues.
+    /// `i32`: where the new chunk meets the previous one: for a guidance schedule `[1]`, the row
+    /// of the previous chunk that row 0 of this one continues; under `Ramp` `[2]`, the first row
+    /// of the previous chunk the new one starts from and how many rows it takes.
     pub shift: Port,
+    /// Present under `Ramp`: what it needs beyond the config.
+    pub ramp: Option<Ramp>,
+}
+
+/// What the `Ramp` scheme (GR00T N1.7) needs beyond [`RtcConfig`], from the checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Ramp {
+    /// The velocity ramp's rate (`rtc_ramp_rate`).
+    pub rate: f32,
+    /// Rows of the chunk a step returns, which `Continuation::executed` counts in (the plan's
+    /// horizon may be longer).
+    pub chunk_rows: usize,
 }
 
 impl RtcPorts {
-    pub fn declare(plan: &mut Plan, config: RtcConfig, horizon: usize) -> RtcPorts {
+    /// The inputs of a plan of `horizon` rows; `ramp` must be given exactly for the `Ramp`
+    /// schedule.
+    pub fn declare(plan: &mut Plan, config: RtcConfig, horizon: usize, ramp: Option<Ramp>) -> RtcPorts {
         RtcPorts {
             config,
             weights: Port::declare(plan, "rtc_weights", BufType::F32, &[horizon], HostIo::Input),
-            shift: Port::declare(plan, "rtc_shift", BufType::I32, &[1], HostIo::Input),
+            shift: Port::declare(plan, "rtc_shift", BufType::I32, &[if ramp.is_some() { 2 } else { 1 }], HostIo::Input),
+            ramp,
         }
+    }
+
+    /// Writes the inputs of a step that continues the previous chunk at `continuation`, or
+    /// samples afresh (`None`). Does not allocate.
+    pub fn stage(&self, continuation: Option<Continuation>, backend: &mut dyn Backend) {
+        let weights = backend.input_f32(self.weights.buf);
+        let horizon = weights.len();
+        let shift = match (continuation, self.ramp) {
+            (Some(c), None) => {
+                prefix_weights(&self.config, horizon, c, weights);
+                [c.executed.min(horizon), 0]
+            }
+            (Some(c), Some(ramp)) => {
+                let (first, rows) = ramp_strength(&self.config, ramp.chunk_rows, c, ramp.rate, weights);
+                [first, rows]
+            }
+            // A fresh chunk: no guidance, every row at full velocity, no prefix.
+            (None, ramp) => {
+                weights.fill(if ramp.is_some() { 1.0 } else { 0.0 });
+                [0, 0]
+            }
+        };
+        let staged = backend.input_i32(self.shift.buf);
+        staged.copy_from_slice(&shift.map(|v| v as i32)[..staged.len()]);
     }
 }
 

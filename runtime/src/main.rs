@@ -178,14 +178,15 @@ struct OpenArgs {
     /// GR00T: the embodiment tag (default: the checkpoint's only one).
     #[arg(long)]
     embodiment: Option<String>,
-    /// Real-time chunking (Pi0.5): guide each chunk towards the rest of the previous one, with
-    /// this prefix-weight schedule (zeros, ones, linear, exp).
+    /// Real-time chunking: continue the previous chunk. Pi0.5 guides towards it with a
+    /// prefix-weight schedule (zeros, ones, linear, exp); GR00T N1.7 takes `ramp` (its own scheme:
+    /// a frozen prefix with a velocity ramp).
     #[arg(long, value_parser = parse_schedule)]
     rtc: Option<RtcSchedule>,
-    /// Real-time chunking: rows of a new chunk that are guided at all.
+    /// Real-time chunking: rows of a new chunk that continue the previous one at all.
     #[arg(long, default_value_t = RtcConfig::default().execution_horizon)]
     rtc_horizon: usize,
-    /// Real-time chunking: upper bound of the guidance weight.
+    /// Real-time chunking: upper bound of the guidance weight (Pi0.5's schedules; not `ramp`).
     #[arg(long, default_value_t = RtcConfig::default().max_guidance_weight)]
     rtc_max_guidance: f32,
     /// Real-time chunking in `run` and `bench`: actions of the previous chunk executed when each
@@ -197,7 +198,7 @@ struct OpenArgs {
 }
 
 fn parse_schedule(s: &str) -> std::result::Result<RtcSchedule, String> {
-    RtcSchedule::parse(s).ok_or_else(|| format!("{s:?}: expected zeros, ones, linear or exp"))
+    RtcSchedule::parse(s).ok_or_else(|| format!("{s:?}: expected zeros, ones, linear or exp (Pi0.5), or ramp (GR00T N1.7)"))
 }
 
 #[derive(Args)]

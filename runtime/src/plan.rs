@@ -327,6 +327,15 @@ pub enum Op {
     /// `p = prev[r + shift[0], c]`, or 0 for rows past `prev`'s end and columns from `cols` on.
     /// `weights` (f32, one per row) and `shift` (i32) are host inputs written every step.
     RtcGuide { x: View, step: View, prev: View, weights: BufId, shift: BufId, cols: usize, t: f32, dt: f32, guidance: f32 },
+    /// The start of GR00T N1.7's real-time chunking ([`crate::rtc`]): rows `r < prefix[1]` of `x`
+    /// become row `prefix[0] + r` of `prev` in their first `cols` columns and 0 in the others (as
+    /// lerobot pads the previous chunk's robot columns); the other rows stay. `prefix` (i32 `[2]`)
+    /// is a host input written every step.
+    RtcPrefix { x: View, prev: View, prefix: BufId, cols: usize },
+    /// An Euler step with a velocity strength per row (GR00T N1.7's real-time chunking):
+    /// `x[r] += strength[r] · step[r]`, `step` holding `dt · v` (the decoder's last product with
+    /// `dt` folded in); `strength` (f32, one per row) is a host input written every step.
+    RtcEuler { x: View, step: View, strength: BufId },
     /// Picks which of the plan's prompt buckets ([`Plan::prompt_buckets`]) the phases that follow
     /// run: the smallest that holds the last valid slot of `token_mask` ([`Plan::bucket_for`]).
     PromptBucket { token_mask: BufId },
@@ -427,6 +436,8 @@ impl Op {
             Op::ScatterRows { .. } => "scatter_rows",
             Op::Affine { .. } => "affine",
             Op::RtcGuide { .. } => "rtc_guide",
+            Op::RtcPrefix { .. } => "rtc_prefix",
+            Op::RtcEuler { .. } => "rtc_euler",
             Op::PromptBucket { .. } => "prompt_bucket",
         }
     }
@@ -500,6 +511,14 @@ impl Op {
             }
             Op::RtcGuide { x, step, prev, weights, shift, .. } => {
                 reads.extend([x.span(), step.span(), prev.span(), whole(weights), whole(shift)]);
+                writes.push(x.span());
+            }
+            Op::RtcPrefix { x, prev, prefix, .. } => {
+                reads.extend([prev.span(), whole(prefix)]);
+                writes.push(x.span());
+            }
+            Op::RtcEuler { x, step, strength } => {
+                reads.extend([x.span(), step.span(), whole(strength)]);
                 writes.push(x.span());
             }
             Op::PromptBucket { token_mask } => reads.push(whole(token_mask)),
@@ -758,6 +777,12 @@ impl Plan {
             Op::Affine { x, out, .. } => format!("affine {} -> {}", v(x), v(out)),
             Op::RtcGuide { x, step, prev, cols, t, guidance, .. } => {
                 format!("rtc_guide {} += {} guided to {} (first {cols} columns) t={t} g={guidance}", v(x), v(step), v(prev))
+            }
+            Op::RtcPrefix { x, prev, prefix, cols } => {
+                format!("rtc_prefix {} rows from {} (first {cols} columns) at {}", v(x), v(prev), self.buffers[prefix.0].name)
+            }
+            Op::RtcEuler { x, step, strength } => {
+                format!("rtc_euler {} += {} x {} per row", v(x), v(step), self.buffers[strength.0].name)
             }
             Op::PromptBucket { token_mask } => {
                 format!("prompt_bucket of {}: one of {:?} slots", self.buffers[token_mask.0].name, self.prompt_buckets)

@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::image::Frame;
 use crate::io::IoSpec;
 use crate::models::{ConfigJson, ModelConfig, ModelInfo, ModelKind, ModelSpec, Processing};
-use crate::rtc::{Continuation, prefix_weights};
+use crate::rtc::Continuation;
 use crate::stats::LatencyStats;
 
 /// One control tick's inputs. `cameras[i]` is the i-th camera in the policy's order
@@ -241,20 +241,8 @@ impl Policy {
                 None => Ok(()),
             };
         };
-        let horizon = ports.weights.len();
-        let weights = self.backend.input_f32(ports.weights.buf);
-        let shift = match continuation {
-            // Before any chunk there is nothing to continue.
-            Some(c) if self.has_chunk => {
-                prefix_weights(&ports.config, horizon, c, weights);
-                c.executed.min(horizon)
-            }
-            _ => {
-                weights.fill(0.0);
-                0
-            }
-        };
-        self.backend.input_i32(ports.shift.buf)[0] = shift as i32;
+        // Before any chunk there is nothing to continue.
+        ports.stage(continuation.filter(|_| self.has_chunk), self.backend.as_mut());
         Ok(())
     }
 

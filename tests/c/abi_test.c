@@ -852,7 +852,8 @@ static void test_panic_boundary(FrtPolicy *p) {
 
 /* GR00T N1.7 (the tiny lerobot fixture) through the same calls: the embodiment chosen in the
    config, a text prompt, two cameras, its state width; an unknown tag and an embodiment for Pi0.5
-   are refused by name. */
+   are refused by name. Real-time chunking: Pi0.5's guidance schedules are refused, GR00T's ramp
+   opens (the first step has nothing to continue: a plain chunk). */
 static void test_groot(const char *dir) {
     FrtPolicyConfig c = base_config();
     FrtPolicy *p = NULL;
@@ -875,6 +876,10 @@ static void test_groot(const char *dir) {
     EXPECT_MENTIONS(thread_error(), "unknown embodiment tag");
     EXPECT_MENTIONS(thread_error(), "tiny_robot");
     c.embodiment = "tiny_robot";
+    c.rtc_schedule = FRT_RTC_SCHEDULE_LINEAR;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(thread_error(), "config.rtc.schedule");
+    c.rtc_schedule = FRT_RTC_SCHEDULE_RAMP;
     EXPECT_STATUS(frt_policy_open(&c, &p), FRT_STATUS_OK);
     if (p == NULL) return;
     memset(&info, 0, sizeof info);
@@ -896,7 +901,7 @@ static void test_groot(const char *dir) {
     EXPECT_STATUS(frt_policy_step(p, &obs, actions, info.actions_len, NULL), FRT_STATUS_INVALID_ARGUMENT);
     EXPECT_MENTIONS(last_error(p), "observation.state");
     obs.state_len = 12;
-    EXPECT_STATUS(frt_policy_step(p, &obs, actions, info.actions_len, NULL), FRT_STATUS_OK);
+    EXPECT_STATUS(frt_policy_step_continuing(p, &obs, 1, 2, actions, info.actions_len, NULL), FRT_STATUS_OK);
     for (i = 0; i < info.actions_len; i++) finite &= isfinite(actions[i]);
     CHECK(finite);
     frt_policy_free(p);

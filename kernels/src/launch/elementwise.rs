@@ -185,6 +185,65 @@ impl Kernels {
         unsafe { self.launch(name, grid, 256, stream, args) }
     }
 
+    /// The start of GR00T's real-time chunking (`rtc_prefix_f32` in elementwise.cu): rows
+    /// `r < prefix[1]` of `x` become row `prefix[0] + r` of `prev` in their first `prefix_cols`
+    /// columns and 0 in the others (`prefix`: two i32 on the device). Both matrices are f32.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    pub unsafe fn rtc_prefix(&self, x: Mat, prev: Mat, prefix: DevPtr, prefix_cols: usize, stream: CUstream) -> Result<()> {
+        if prev.cols < prefix_cols || x.cols < prefix_cols {
+            return Err(shape_error(
+                "rtc_prefix",
+                format!("{prefix_cols} prefix columns of a {}x{} previous chunk into x {}x{}", prev.rows, prev.cols, x.rows, x.cols),
+            ));
+        }
+        if x.dtype != Dtype::F32 || prev.dtype != Dtype::F32 {
+            return Err(shape_error("rtc_prefix", "x and the previous chunk must be f32".into()));
+        }
+        let name = "rtc_prefix_f32";
+        let grid = Self::elementwise_grid(x.rows, x.cols, name)?;
+        let args = [
+            Arg::P(x.ptr),
+            Arg::I(i32_of(x.stride, name)?),
+            Arg::P(prev.ptr),
+            Arg::I(i32_of(prev.stride, name)?),
+            Arg::I(i32_of(prev.rows, name)?),
+            Arg::P(prefix),
+            Arg::I(i32_of(prefix_cols, name)?),
+            Arg::I(i32_of(x.rows, name)?),
+            Arg::I(i32_of(x.cols, name)?),
+        ];
+        // SAFETY: matches `rtc_prefix_f32` in elementwise.cu.
+        unsafe { self.launch(name, grid, 256, stream, args) }
+    }
+
+    /// `x += strength[r] · step` row by row (`rtc_euler_f32` in elementwise.cu): an Euler
+    /// step with `step = dt · v` and a velocity strength per row (`x.rows` f32 on the device).
+    /// Both matrices are f32.
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    pub unsafe fn rtc_euler(&self, x: Mat, step: Mat, strength: DevPtr, stream: CUstream) -> Result<()> {
+        Self::same_shape("rtc_euler", &x, &step)?;
+        if x.dtype != Dtype::F32 || step.dtype != Dtype::F32 {
+            return Err(shape_error("rtc_euler", "x and the step must be f32".into()));
+        }
+        let name = "rtc_euler_f32";
+        let grid = Self::elementwise_grid(x.rows, x.cols, name)?;
+        let args = [
+            Arg::P(x.ptr),
+            Arg::I(i32_of(x.stride, name)?),
+            Arg::P(step.ptr),
+            Arg::I(i32_of(step.stride, name)?),
+            Arg::P(strength),
+            Arg::I(i32_of(x.rows, name)?),
+            Arg::I(i32_of(x.cols, name)?),
+        ];
+        // SAFETY: matches `rtc_euler_f32` in elementwise.cu.
+        unsafe { self.launch(name, grid, 256, stream, args) }
+    }
+
     /// `out = x ⊙ scale + offset` per column (f32 vectors of `out.cols`); `out` is f32.
     ///
     /// # Safety

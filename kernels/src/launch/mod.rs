@@ -151,9 +151,11 @@ const TYPED: [&str; 15] = [
     "attention_hd72",
     "attention_hd128",
 ];
-const SINGLE: [&str; 10] = [
+const SINGLE: [&str; 12] = [
     "add_table_f32",
     "rtc_guide_f32",
+    "rtc_prefix_f32",
+    "rtc_euler_f32",
     "copy_host_inputs",
     "positions_scan_1024",
     "prompt_bucket_256",

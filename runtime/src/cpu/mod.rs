@@ -473,6 +473,28 @@ impl CpuBackend {
                     }
                 });
             }
+            Op::RtcPrefix { x, prev, prefix, cols } => {
+                self.with_out(x.buf, |this, d| {
+                    let (p, at) = (this.f32(prev.buf), this.i32(prefix));
+                    let (first, rows) = (at[0].max(0) as usize, at[1].max(0) as usize);
+                    for r in 0..rows.min(x.rows).min(prev.rows.saturating_sub(first)) {
+                        let xr = &mut d[x.offset + r * x.stride..][..x.cols];
+                        let pr = &p[prev.offset + (first + r) * prev.stride..][..cols];
+                        xr[..cols].copy_from_slice(pr);
+                        xr[cols..].fill(0.0);
+                    }
+                });
+            }
+            Op::RtcEuler { x, step, strength } => {
+                self.with_out(x.buf, |this, d| {
+                    let (u, s) = (this.f32(step.buf), this.f32(strength));
+                    for r in 0..x.rows {
+                        let xr = &mut d[x.offset + r * x.stride..][..x.cols];
+                        let ur = &u[step.offset + r * step.stride..][..x.cols];
+                        xr.iter_mut().zip(ur).for_each(|(x, u)| *x += s[r] * u);
+                    }
+                });
+            }
             Op::Affine { x, scale, offset, out } => {
                 self.with_out(out.buf, |this, d| {
                     let (s, o, src) = (this.vector(scale), this.vector(offset), this.f32(x.buf));
@@ -874,6 +896,31 @@ mod tests {
             let want = [10., 10., 10., base + 4., base + 5., base + 6., 10., 10., 10., base + 1., base + 2., base + 3.];
             assert_eq!(cpu.read_buffer("dst").unwrap(), want, "accumulate {accumulate}");
         }
+    }
+
+    #[test]
+    fn rtc_prefix_and_euler_step_follow_their_definitions() {
+        use crate::plan::HostIo;
+        let mut plan = Plan::default();
+        let x = plan.host_buffer("x", BufType::F32, 4 * 3, HostIo::Input);
+        let prev = plan.host_buffer("prev", BufType::F32, 4 * 3, HostIo::Input);
+        let step = plan.host_buffer("step", BufType::F32, 4 * 3, HostIo::Input);
+        let prefix = plan.host_buffer("prefix", BufType::I32, 2, HostIo::Input);
+        let strength = plan.host_buffer("strength", BufType::F32, 4, HostIo::Input);
+        let view = |buf| View { buf, offset: 0, rows: 4, cols: 3, stride: 3 };
+        plan.push(Op::RtcPrefix { x: view(x), prev: view(prev), prefix, cols: 2 });
+        plan.push(Op::RtcEuler { x: view(x), step: view(step), strength });
+        let (_dir, ckpt) = unused_checkpoint();
+        let mut cpu = CpuBackend::new(plan, vec![], &ckpt, 1).unwrap();
+        cpu.input_f32(x).copy_from_slice(&[-1.; 12]);
+        cpu.input_f32(prev).copy_from_slice(&(1..=12).map(|v| v as f32).collect::<Vec<_>>());
+        cpu.input_f32(step).copy_from_slice(&[0.5; 12]);
+        // Rows 0 and 1 from the previous chunk's rows 1 and 2 (two robot columns, then 0).
+        cpu.input_i32(prefix).copy_from_slice(&[1, 2]);
+        cpu.input_f32(strength).copy_from_slice(&[0., 0.5, 1., 2.]);
+        cpu.run().unwrap();
+        let want = [4., 5., 0., 7.25, 8.25, 0.25, -0.5, -0.5, -0.5, 0., 0., 0.];
+        assert_eq!(cpu.read_buffer("x").unwrap(), want);
     }
 
     #[test]

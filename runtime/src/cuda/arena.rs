@@ -76,6 +76,9 @@ pub(super) fn element_types(plan: &Plan) -> Vec<Elem> {
             Op::Positions { valid, .. } => needs_f32[valid.0] = true,
             // The guided Euler step keeps x, dt·v and the previous chunk in f32 (rtc_guide_f32).
             Op::RtcGuide { x, step, prev, .. } => [x, step, prev].iter().for_each(|v| needs_f32[v.buf.0] = true),
+            // GR00T's chunk, its prefix and the Euler step stay f32 (rtc_prefix_f32, rtc_euler_f32).
+            Op::RtcPrefix { x, prev, .. } => [x, prev].iter().for_each(|v| needs_f32[v.buf.0] = true),
+            Op::RtcEuler { x, step, .. } => [x, step].iter().for_each(|v| needs_f32[v.buf.0] = true),
             _ => {}
         }
     }

@@ -183,6 +183,8 @@ impl Launcher {
                 Step::RtcGuide { x, step, prev, weights, shift, prefix_cols, scalars } => {
                     k.rtc_guide(x, step, prev, weights, shift, prefix_cols, scalars, s)
                 }
+                Step::RtcPrefix { x, prev, prefix, prefix_cols } => k.rtc_prefix(x, prev, prefix, prefix_cols, s),
+                Step::RtcEuler { x, step, strength } => k.rtc_euler(x, step, strength, s),
                 Step::PromptBucket { token_mask, prompt_len } => {
                     let buckets = &self.prompt_buckets;
                     let handles = self.bucket_handles.get();

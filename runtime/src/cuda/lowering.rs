@@ -433,6 +433,10 @@ impl Lowering<'_> {
                 prefix_cols: cols,
                 scalars: (t, dt, guidance),
             },
+            Op::RtcPrefix { x, prev, prefix, cols } => {
+                Step::RtcPrefix { x: self.mat(x)?, prev: self.mat(prev)?, prefix: self.ptr(prefix), prefix_cols: cols }
+            }
+            Op::RtcEuler { x, step, strength } => Step::RtcEuler { x: self.mat(x)?, step: self.mat(step)?, strength: self.ptr(strength) },
             Op::PromptBucket { token_mask } => {
                 Step::PromptBucket { token_mask: self.ptr(token_mask), prompt_len: self.buf(token_mask).len }
             }

@@ -186,6 +186,8 @@ impl Launcher {
             Step::Softmax { rows, keys, .. } => format!("softmax {rows}x{keys}"),
             Step::Affine { .. } => "affine".into(),
             Step::RtcGuide { .. } => "rtc_guide".into(),
+            Step::RtcPrefix { .. } => "rtc_prefix".into(),
+            Step::RtcEuler { .. } => "rtc_euler".into(),
             Step::PromptBucket { .. } => "prompt_bucket".into(),
             Step::CopyHostInputs { .. } => "copy_host_inputs".into(),
         }

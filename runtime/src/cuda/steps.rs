@@ -173,6 +173,17 @@ pub(super) enum Step {
         /// Flow time, Euler step and guidance weight of this denoise step.
         scalars: (f32, f32, f32),
     },
+    RtcPrefix {
+        x: Mat,
+        prev: Mat,
+        prefix: DevPtr,
+        prefix_cols: usize,
+    },
+    RtcEuler {
+        x: Mat,
+        step: Mat,
+        strength: DevPtr,
+    },
     /// Sets the conditional handles of the prompt buckets' IF nodes (only inside the step's graph).
     PromptBucket {
         token_mask: DevPtr,

@@ -89,8 +89,8 @@ for phase in "$@"; do
     SECONDS=0
     case "$phase" in
     tests)
-        echo "== tests: every op vs CPU, tiny fixtures (Pi0.5, GR00T N1.7) vs CPU, prompt buckets, no allocation"
-        gpu_tests every_op_matches_cpu tiny_fixture_matches_cpu real_time_chunking_matches_lerobot groot_tiny_matches_cpu prompt_buckets_match_the_whole_prompt step_allocates_nothing_and_device_memory_is_constant
+        echo "== tests: every op vs CPU, tiny fixtures (Pi0.5, GR00T N1.7) vs CPU, RTC (both) vs lerobot, prompt buckets, no allocation"
+        gpu_tests every_op_matches_cpu tiny_fixture_matches_cpu real_time_chunking_matches_lerobot groot_tiny_matches_cpu groot_real_time_chunking_matches_lerobot prompt_buckets_match_the_whole_prompt step_allocates_nothing_and_device_memory_is_constant
         ;;
     bench)
         echo "== bench pi05-2v: cold kernel cache, then warm"

@@ -92,7 +92,8 @@ struct PolicyJson {
     tune_diffusion_model: IgnoredAny,
     tune_vlln: IgnoredAny,
     tune_top_llm_layers: IgnoredAny,
-    rtc_ramp_rate: IgnoredAny,
+    /// Overrides the base model's when set (lerobot's inference-time knob).
+    rtc_ramp_rate: Option<f32>,
     use_flash_attention: IgnoredAny,
     relative_exclude_joints: IgnoredAny,
     optimizer_lr: IgnoredAny,
@@ -324,7 +325,7 @@ pub fn read(dir: &Path, json: &ConfigJson, embodiment: Option<&str>) -> Result<S
 
     let base_name = policy.base_model_path.clone().unwrap_or_else(|| PUBLISHED_BASE.into());
     let base = find_base(dir, &base_name);
-    let groot: GrootJson = match &base {
+    let mut groot: GrootJson = match &base {
         Some(b) => ConfigJson::read(&b.join("config.json"))?.expect("found by its config.json").parse()?,
         // The published base's config.json is lerobot's N1.7 defaults, and its backbone's config
         // is built in.
@@ -340,6 +341,7 @@ pub fn read(dir: &Path, json: &ConfigJson, embodiment: Option<&str>) -> Result<S
         }
     };
 
+    groot.rtc_ramp_rate = policy.rtc_ramp_rate.or(groot.rtc_ramp_rate);
     let pre = read_steps(dir, "policy_preprocessor.json")?;
     let post = read_steps(dir, "policy_postprocessor.json")?;
     let (pack, pack_state) = pre.pack.ok_or_else(|| Error::checkpoint(&pre.path, "no groot_n1_7_pack_inputs_v1 step"))?;

@@ -6,6 +6,10 @@
 //! grid and permuted to merge order; Q/K/V and gate/up merged; the timestep embedding of every
 //! denoise step and every AdaLN modulation it drives; the action encoder's time features folded
 //! into a per-step bias; the Euler step `dt` folded into the action decoder's last product.
+//!
+//! Under real-time chunking (the `ramp` schedule, [`crate::rtc`]) the sampler starts from the
+//! previous chunk — the plan's own output, which it keeps between steps — and each Euler step
+//! scales the velocity per row.
 
 use std::path::Path;
 
@@ -14,13 +18,14 @@ use serde_json::Value;
 
 use crate::checkpoint::{Checkpoint, Expected};
 use crate::error::{Error, Result};
-use crate::io::{IoSpec, Port};
+use crate::io::{IoSpec, Port, Ramp, RtcPorts};
 use crate::models::ConfigJson;
 use crate::models::blocks::{dit, qwen3_vl};
 use crate::models::hf_cache;
 use crate::models::loader::Loader;
 use crate::plan::{Activation, BufId, BufType, HostIo, Op, Plan, View, WeightId, WeightRole};
 use crate::qwen_image::{Filter, QwenImage};
+use crate::rtc::RtcConfig;
 use crate::weights::WeightData;
 
 const VT: &str = "backbone.model.model.visual.";
@@ -46,6 +51,7 @@ pub struct GrootJson {
     pub attend_text_every_n_blocks: Option<usize>,
     pub use_alternate_vl_dit: Option<bool>,
     pub num_timestep_buckets: Option<usize>,
+    pub rtc_ramp_rate: Option<f32>,
 }
 
 fn cosmos() -> String {
@@ -90,6 +96,8 @@ pub struct Config {
     pub denoise_steps: usize,
     pub timestep_buckets: usize,
     pub text_every: usize,
+    /// The velocity ramp's rate under real-time chunking ([`crate::rtc::ramp_strength`]).
+    pub rtc_ramp_rate: f32,
     /// The token embedding is stored only as the tied LM head (a lerobot fine-tune).
     pub embedding_in_lm_head: bool,
 }
@@ -216,6 +224,7 @@ impl Config {
             denoise_steps: json.num_inference_timesteps.unwrap_or(4),
             timestep_buckets: json.num_timestep_buckets.unwrap_or(1000),
             text_every: json.attend_text_every_n_blocks.unwrap_or(2),
+            rtc_ramp_rate: json.rtc_ramp_rate.unwrap_or(6.0),
             embedding_in_lm_head,
         };
         let problem = if json.use_alternate_vl_dit == Some(false) {
@@ -369,6 +378,11 @@ pub struct BuildOptions {
     pub slots: usize,
     pub image: QwenImage,
     pub slot: usize,
+    /// Real-time chunking (the `ramp` schedule), for chunks of `chunk_rows` rows (what a step
+    /// returns) of `robot_action_dim` columns.
+    pub rtc: Option<RtcConfig>,
+    pub chunk_rows: usize,
+    pub robot_action_dim: usize,
 }
 
 /// The plan's inputs the GR00T processing writes each step.
@@ -541,7 +555,9 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
         frame_info,
         model_inputs,
         square_frames: opts.image.filter == Filter::Cv2Area && !opts.image.letterbox,
-        rtc: None,
+        rtc: opts
+            .rtc
+            .map(|config| RtcPorts::declare(&mut plan, config, h, Some(Ramp { rate: c.rtc_ramp_rate, chunk_rows: opts.chunk_rows }))),
     };
 
     // ---- Vision: every camera's patches, one tower over all of them (attention per image).
@@ -741,7 +757,19 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
     let state_features = plan.matrix("state_features", 1, dw);
     plan.push(Op::Gemm { a: state_h, w: s2, bias: Some(s2b), out: state_features, accumulate: false });
     let xt = plan.matrix("x_t", h, a);
+    let chunk = View { buf: io.actions.buf, offset: 0, rows: h, cols: a, stride: a };
     plan.push(Op::Copy { src: View { buf: io.noise.buf, offset: 0, rows: h, cols: a, stride: a }, dst: xt });
+    // Real-time chunking: the first rows start from the previous chunk (the output, which only
+    // the last op writes), and the decoder's product goes to its own buffer for the Euler step.
+    let rtc = io.rtc.as_ref().map(|ports| {
+        plan.push(Op::RtcPrefix { x: xt, prev: chunk, prefix: ports.shift.buf, cols: opts.robot_action_dim });
+        plan.notes.push(format!(
+            "real-time chunking (ramp, execution horizon {}, rate {}): the sampler starts from the previous chunk \
+             (rtc_prefix), each Euler step scales the velocity per row (rtc_euler)",
+            ports.config.execution_horizon, c.rtc_ramp_rate
+        ));
+        (ports.weights.buf, plan.matrix("rtc_step", h, a))
+    });
 
     // Per-step constants: the timestep embedding and what it drives.
     let (w1, b1) = (
@@ -840,9 +868,15 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
         // The decoder on the action rows; its last product (scaled by dt) is the Euler step.
         plan.push(Op::Gemm { a: d_out.rows(1, h), w: dec1, bias: Some(dec1b), out: dec_h, accumulate: false });
         plan.push(Op::Activation { x: dec_h, kind: Activation::Relu });
-        plan.push(Op::Gemm { a: dec_h, w: dec2, bias: Some(dec2b), out: xt, accumulate: true });
+        match rtc {
+            None => plan.push(Op::Gemm { a: dec_h, w: dec2, bias: Some(dec2b), out: xt, accumulate: true }),
+            Some((strength, step)) => {
+                plan.push(Op::Gemm { a: dec_h, w: dec2, bias: Some(dec2b), out: step, accumulate: false });
+                plan.push(Op::RtcEuler { x: xt, step, strength });
+            }
+        }
     }
     plan.phase("outputs");
-    plan.push(Op::Copy { src: xt, dst: View { buf: io.actions.buf, offset: 0, rows: h, cols: a, stride: a } });
+    plan.push(Op::Copy { src: xt, dst: chunk });
     Ok(Built { plan, weights, io, inputs })
 }

@@ -56,9 +56,12 @@ impl Source {
 pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig, progress: &dyn Fn(usize)) -> Result<ModelSpec> {
     let dir = ckpt.dir();
     let json = json.ok_or_else(|| Error::checkpoint(dir, "a GR00T N1.7 checkpoint needs its config.json"))?;
-    if config.rtc.is_some() {
-        // lerobot's GR00T RTC is another scheme (a frozen prefix with a velocity ramp).
-        return Err(Error::invalid("config.rtc", "real-time chunking is implemented for Pi0.5 only; open GR00T N1.7 without it"));
+    if config.rtc.is_some_and(|r| r.schedule.guided()) {
+        return Err(Error::invalid(
+            "config.rtc.schedule",
+            "GR00T N1.7's real-time chunking is lerobot's GR00T scheme (a frozen prefix with a velocity ramp, no guidance): \
+             use the ramp schedule; zeros, ones, linear and exp are Pi0.5's guidance",
+        ));
     }
     let embodiment = config.embodiment.as_deref();
     let source = if lerobot::is_fine_tune(json) { lerobot::read(dir, json, embodiment)? } else { Source::raw(dir, json, embodiment)? };
@@ -144,6 +147,7 @@ pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig,
             None
         }
     };
+    let horizon = sidecars.action_steps.min(model_config.horizon);
     let opts = BuildOptions {
         cameras: cameras.len(),
         max_frame_width: config.max_frame_width,
@@ -151,6 +155,9 @@ pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig,
         slots,
         image,
         slot: sidecars.slot,
+        rtc: config.rtc,
+        chunk_rows: horizon,
+        robot_action_dim: sidecars.action_dim(),
     };
     let built = build(ckpt, &model_config, &opts, progress)?;
     let grid = image.target / image.patch;
@@ -174,7 +181,7 @@ pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig,
         kind: ModelKind::GrootN17,
         cameras,
         state_dim,
-        horizon: processing.sidecars.action_steps.min(model_config.horizon),
+        horizon,
         action_dim: processing.sidecars.action_dim(),
         denoise_steps: model_config.denoise_steps,
         prompt_capacity: slots,

@@ -71,6 +71,7 @@ impl Size {
             denoise_steps: 4,
             timestep_buckets: 1000,
             text_every: 2,
+            rtc_ramp_rate: 6.0,
             embedding_in_lm_head: false,
         };
         match self {
@@ -154,6 +155,7 @@ pub fn synthesize(out: &Path, size: Size, seed: u64, progress: &dyn Fn(u64)) -> 
         "select_layer": c.lm_layers,
         "use_alternate_vl_dit": true,
         "attend_text_every_n_blocks": c.text_every,
+        "rtc_ramp_rate": c.rtc_ramp_rate,
         "diffusion_model_cfg": {"num_layers": c.dit_layers, "num_attention_heads": c.dit_heads, "attention_head_dim": c.dit_width / c.dit_heads,
                                 "output_dim": c.dit_out, "norm_type": "ada_norm", "interleave_self_attention": true},
         "vl_self_attention_cfg": {"num_layers": c.vl_layers, "num_attention_heads": c.vl_heads, "attention_head_dim": c.lm_width / c.vl_heads},

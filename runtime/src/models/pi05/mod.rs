@@ -421,7 +421,7 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
         frame_info,
         model_inputs: vec![tokens, token_mask],
         square_frames: false,
-        rtc: opts.rtc.map(|config| RtcPorts::declare(&mut plan, config, horizon)),
+        rtc: opts.rtc.map(|config| RtcPorts::declare(&mut plan, config, horizon, None)),
     };
     let noise = View { buf: io.noise.buf, offset: 0, rows: horizon, cols: ad, stride: ad };
     let valid = plan.buffer("valid", BufType::F32, kv_rows);

@@ -18,6 +18,12 @@ pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig,
     if let Some(tag) = &config.embodiment {
         return Err(Error::invalid("config.embodiment", format!("{tag:?} given, but Pi0.5 has no embodiments (a GR00T setting)")));
     }
+    if config.rtc.is_some_and(|r| !r.schedule.guided()) {
+        return Err(Error::invalid(
+            "config.rtc.schedule",
+            "ramp is GR00T N1.7's real-time chunking; Pi0.5 guides its sampler with zeros, ones, linear or exp",
+        ));
+    }
     let lerobot: Option<LerobotConfig> = json.map(ConfigJson::parse).transpose()?;
     let mut model_config = Config::from_checkpoint(ckpt, lerobot.as_ref())?;
     if let Some(n) = config.prompt_len {
