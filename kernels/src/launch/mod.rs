@@ -140,8 +140,9 @@ const TYPED: [&str; 12] = [
     "attention_mq256_combine",
     "attention_mh72",
 ];
-const SINGLE: [&str; 10] = [
+const SINGLE: [&str; 11] = [
     "add_table_f32",
+    "select_weights",
     "rtc_guide_f32",
     "copy_host_inputs",
     "positions_scan_1024",

@@ -181,6 +181,7 @@ impl Launcher {
             Step::Affine { .. } => "affine".into(),
             Step::RtcGuide { .. } => "rtc_guide".into(),
             Step::PromptBucket { .. } => "prompt_bucket".into(),
+            Step::SelectWeights { .. } => "select_weights".into(),
             Step::CopyHostInputs { .. } => "copy_host_inputs".into(),
         }
     }
