@@ -23,9 +23,12 @@ const TOKENIZER_CONFIG: &[u8] = include_bytes!("../../../../tests/data/groot_n17
 const TINY_BACKBONE: &[u8] = include_bytes!("../../../../tests/data/groot_n17_tiny/backbone/config.json");
 pub const EMBODIMENT: &str = "robot";
 const STD: f32 = 0.02;
-/// State groups and action groups (name, width, action config) of the synthesized embodiment.
-const STATE_GROUPS: [(&str, usize); 2] = [("eef_pose", 9), ("joints", 6)];
-const ACTION_GROUPS: [(&str, usize, &str); 3] = [
+/// A state group (name, width) and an action group (name, width, action config).
+type StateGroup = (&'static str, usize);
+type ActionGroup = (&'static str, usize, &'static str);
+/// The groups of the first synthesized embodiment.
+const STATE_GROUPS: [StateGroup; 2] = [("eef_pose", 9), ("joints", 6)];
+const ACTION_GROUPS: [ActionGroup; 3] = [
     ("eef_pose", 9, r#"{"rep": "relative", "type": "eef", "format": "xyz+rot6d", "state_key": "eef_pose"}"#),
     ("joints", 6, r#"{"rep": "relative", "type": "non_eef", "format": "default", "state_key": "joints"}"#),
     ("gripper", 1, r#"{"rep": "absolute", "type": "non_eef", "format": "default"}"#),
@@ -224,7 +227,7 @@ fn write_sidecars(
     for k in 0..options.embodiments {
         // The first embodiment has an end-effector; the others only joints, each of its own width.
         let joints = 6 + k;
-        let (state_groups, action_groups): (Vec<(&str, usize)>, Vec<(&str, usize, &str)>) = if k == 0 {
+        let (state_groups, action_groups): (Vec<StateGroup>, Vec<ActionGroup>) = if k == 0 {
             (STATE_GROUPS.to_vec(), ACTION_GROUPS.to_vec())
         } else {
             (vec![("joints", joints)], vec![("joints", joints, ACTION_GROUPS[1].2), ACTION_GROUPS[2]])
