@@ -3,7 +3,7 @@
 # benchmark). Binaries are built on the x86_64 build host by tools/device/checks/build_carry.sh into
 # .device-carry/ (gitignored); this script only runs them.
 #
-#   bash tools/device/checks/cuda_checks.sh tests        # 5a tiny parity, 5b every op, 5d no-alloc, prompt buckets
+#   bash tools/device/checks/cuda_checks.sh tests        # 5a tiny parity, 5b every op, 5d no-alloc, prompt buckets, GR00T embodiment switch
 #   bash tools/device/checks/cuda_checks.sh bench        # pi05-2v, cold then warm kernel cache
 #   bash tools/device/checks/cuda_checks.sh views        # 1 and 3 views
 #   bash tools/device/checks/cuda_checks.sh full         # lerobot f32 reference on the same weights, 5c
@@ -88,8 +88,8 @@ for phase in "$@"; do
     SECONDS=0
     case "$phase" in
     tests)
-        echo "== tests: every op vs CPU, tiny fixtures (Pi0.5, GR00T N1.7) vs CPU, prompt buckets, no allocation"
-        gpu_tests every_op_matches_cpu tiny_fixture_matches_cpu real_time_chunking_matches_lerobot groot_tiny_matches_cpu prompt_buckets_match_the_whole_prompt step_allocates_nothing_and_device_memory_is_constant
+        echo "== tests: every op vs CPU, tiny fixtures (Pi0.5, GR00T N1.7) vs CPU, GR00T embodiment switch, prompt buckets, no allocation"
+        gpu_tests every_op_matches_cpu tiny_fixture_matches_cpu real_time_chunking_matches_lerobot groot_tiny_matches_cpu groot_embodiment_switch_matches_cpu prompt_buckets_match_the_whole_prompt step_allocates_nothing_and_device_memory_is_constant
         ;;
     bench)
         echo "== bench pi05-2v: cold kernel cache, then warm"
