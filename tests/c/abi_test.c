@@ -833,6 +833,7 @@ static void test_panic_boundary(FrtPolicy *p) {
     EXPECT_PANIC(frt_policy_info(p, &info));
     EXPECT_PANIC(frt_policy_set_prompt(p, "x", 1));
     EXPECT_PANIC(frt_policy_set_prompt_tokens(p, tokens, 2));
+    EXPECT_PANIC(frt_policy_set_embodiment(p, "robot", 5));
     EXPECT_PANIC(frt_policy_step(p, &t.obs, t.actions, 350, &t.info));
     CHECK(poisoned(&t));
     EXPECT_PANIC(frt_policy_stats(p, &stats));
