@@ -558,6 +558,11 @@ typedef struct FrtPolicyInfo {
    * Bytes of weights and buffers held (device memory for a GPU backend).
    */
   uint64_t memory_bytes;
+  /**
+   * The embodiment the steps run for (GR00T's tag, `frt_policy_set_embodiment`); NULL for a
+   * model without embodiments (Pi0.5).
+   */
+  const char *embodiment;
 } FrtPolicyInfo;
 
 /**
@@ -957,6 +962,28 @@ FrtStatus frt_policy_set_prompt(struct FrtPolicy *policy, const char *text, size
  * `policy` from `frt_policy_open` or NULL; `tokens` readable for `len` values or NULL.
  */
 FrtStatus frt_policy_set_prompt_tokens(struct FrtPolicy *policy, const int32_t *tokens, size_t len);
+
+/**
+ * Switches a GR00T N1.7 policy to another embodiment (UTF-8 tag, `len` bytes, no NUL needed),
+ * one of those whose statistics the checkpoint holds, with the cameras it was opened with: the
+ * embodiment-specific weights are selected inside the same plan (and CUDA graph) by a value in
+ * device memory, so nothing is reopened, recaptured or allocated on the device; the state
+ * normalization and action decoding follow the tag. May allocate: not for the control loop.
+ * The state width, action width, horizon and camera names become the embodiment's: call
+ * `frt_policy_info` again (strings and arrays it returned earlier stay valid until free).
+ *
+ * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` (not UTF-8,
+ * an unknown tag or one with other cameras: `frt_policy_last_error` names it and the tags the
+ * policy switches between; a Pi0.5 policy, which has no embodiments); `FRT_STATUS_PANIC`. On
+ * failure the previous embodiment stays in effect.
+ *
+ * Thread safety: not concurrently with any other call on `policy`; one that finds another call
+ * taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
+ *
+ * # Safety
+ * `policy` from `frt_policy_open` or NULL; `tag` readable for `len` bytes or NULL.
+ */
+FrtStatus frt_policy_set_embodiment(struct FrtPolicy *policy, const char *tag, size_t len);
 
 /**
  * One control tick: frames and state in, the action chunk out. The hot path: no heap allocation

@@ -130,6 +130,8 @@ struct Info {
     std::vector<std::string> camera_names;
     size_t max_frame_width, max_frame_height, denoise_steps, prompt_capacity;
     uint64_t parameters, memory_bytes;
+    /// GR00T's embodiment tag; empty for a model without embodiments (Pi0.5).
+    std::string embodiment;
 };
 
 /// An open policy. Move-only; the destructor frees it.
@@ -162,7 +164,8 @@ public:
         FrtPolicyInfo i = sized<FrtPolicyInfo>();
         detail::check_on_thread(frt_policy_info(p_, &i));
         Info out{i.model, i.backend, i.device_name, i.action_dim, i.horizon, i.actions_len, i.state_dim, i.noise_len, {},
-                 i.max_frame_width, i.max_frame_height, i.denoise_steps, i.prompt_capacity, i.parameters, i.memory_bytes};
+                 i.max_frame_width, i.max_frame_height, i.denoise_steps, i.prompt_capacity, i.parameters, i.memory_bytes,
+                 i.embodiment != nullptr ? i.embodiment : ""};
         out.camera_names.assign(i.camera_names, i.camera_names + i.cameras);
         return out;
     }
@@ -175,6 +178,11 @@ public:
         static const int32_t none = 0;  // an empty vector's data() may be NULL: report the length instead
         check(frt_policy_set_prompt_tokens(p_, tokens.empty() ? &none : tokens.data(), tokens.size()));
     }
+
+    /// Switches a GR00T policy to another embodiment tag (not per tick): the state width, action
+    /// width, horizon and camera names follow it, so read info() again. Throws Error naming an
+    /// unknown tag with the known ones, or saying the model (Pi0.5) has no embodiments.
+    void set_embodiment(std::string_view tag) { check(frt_policy_set_embodiment(p_, tag.empty() ? "" : tag.data(), tag.size())); }
 
     /// One control tick; throws Error naming the bad field. `actions` holds info().actions_len floats.
     FrtStepInfo step(const Observation &obs, float *actions, size_t actions_len) {

@@ -152,3 +152,34 @@ fn bad_checkpoint_is_a_clear_error_not_a_panic() {
     assert!(stderr.contains("error: checkpoint") && stderr.contains("model.safetensors"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// `flashrt synth --model groot-n17` with 1 and 3 cameras (the sidecars' modality config) and two
+/// embodiments: the policy takes that many cameras and runs, inspect names the embodiments;
+/// the options are refused for Pi0.5.
+#[test]
+fn synth_groot_with_cameras_and_embodiments() {
+    let dir = tempfile::tempdir().unwrap();
+    let (one, three) = (dir.path().join("one"), dir.path().join("three"));
+    let (ok, _, stderr) = flashrt(&["synth", "--model", "groot-n17", "--size", "tiny", "--cameras", "1", "--out", path(&one)]);
+    assert!(ok, "{stderr}");
+    let (ok, stdout, stderr) = flashrt(&["run", "--checkpoint", path(&one), "--steps", "1", "--prompt", "wave"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("1 steps: p50"), "{stdout}");
+
+    let args = ["synth", "--model", "groot-n17", "--size", "tiny", "--cameras", "3", "--embodiments", "2", "--out", path(&three)];
+    let (ok, _, stderr) = flashrt(&args);
+    assert!(ok, "{stderr}");
+    let (ok, stdout, stderr) = flashrt(&["inspect", "--checkpoint", path(&three), "--embodiment", "robot_2"]);
+    assert!(ok, "{stderr}");
+    for needle in [
+        "3 cameras",
+        "state 7 -> actions 6x8",
+        "embodiment: robot_2 (set_embodiment switches between robot, robot_2)",
+        "embodiments: 2 resident",
+    ] {
+        assert!(stdout.contains(needle), "inspect output lacks {needle:?}:\n{stdout}");
+    }
+
+    let (ok, _, stderr) = flashrt(&["synth", "--model", "pi05", "--cameras", "2", "--out", path(&dir.path().join("pi05"))]);
+    assert!(!ok && stderr.contains("GR00T N1.7 options"), "{stderr}");
+}

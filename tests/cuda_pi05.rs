@@ -9,6 +9,9 @@
 //! - `real_time_chunking_matches_lerobot`, `groot_real_time_chunking_matches_lerobot`: RTC
 //!   inside the graph (Pi0.5's guidance, GR00T's frozen prefix with a velocity ramp) against
 //!   lerobot's f32 chunks, with no allocation in the continuing steps;
+//! - `groot_embodiment_switch_matches_cpu`: GR00T's embodiment switched inside the one captured
+//!   graph (a synthesized tiny checkpoint, two embodiments) against the CPU opened with each, no
+//!   allocation, constant device memory;
 //! - `prompt_buckets_match_the_whole_prompt`: the graph's prompt buckets (conditional nodes) give
 //!   the actions of the whole prompt for prompts ending in every bucket, and only the picked
 //!   bucket's prefix rows are recomputed;
@@ -51,8 +54,9 @@ mod counting_alloc;
 mod tolerance;
 
 use tolerance::{
-    CUDA_BUCKET_MAX_ABS, CUDA_FULL_COSINE, CUDA_FULL_REL_L2, CUDA_GROOT_FULL_COSINE, CUDA_GROOT_FULL_REL_L2, CUDA_GROOT_TINY_COSINE,
-    CUDA_GROOT_TINY_MAX_ABS, CUDA_TINY_COSINE, CUDA_TINY_MAX_ABS, OP_NMSE_BF16, OP_NMSE_F32, cosine, max_abs, nmse, rel_l2,
+    CUDA_BUCKET_MAX_ABS, CUDA_FULL_COSINE, CUDA_FULL_REL_L2, CUDA_GROOT_FULL_COSINE, CUDA_GROOT_FULL_REL_L2, CUDA_GROOT_SWITCH_COSINE,
+    CUDA_GROOT_SWITCH_REL_L2, CUDA_GROOT_TINY_COSINE, CUDA_GROOT_TINY_MAX_ABS, CUDA_TINY_COSINE, CUDA_TINY_MAX_ABS, OP_NMSE_BF16,
+    OP_NMSE_F32, cosine, max_abs, nmse, rel_l2,
 };
 
 // ---- helpers ----------------------------------------------------------------------------------
@@ -957,6 +961,44 @@ fn image_case(seed: u64) -> Case {
     c
 }
 
+/// Weight selection (GR00T's embodiments): entry `index` (an i32 input; past the table it is
+/// clamped to the last entry) of stacked tables copied into a product's weight and bias (16-byte
+/// copies) and into a table added to f32 rows of odd width (4-byte copies), before they are read.
+fn select_weight_case(seed: u64) -> Case {
+    let mut c = Case::new(String::new(), seed);
+    let (entries, m, k, n) =
+        (c.rng.random_range(2..5), c.rng.random_range(1..60), c.rng.random_range(1..40) * 8, c.rng.random_range(1..30) * 8);
+    let index = if seed == 2 { entries + 3 } else { c.rng.random_range(0..entries) };
+    c.name = format!("select_weight entry {index} of {entries}, {m}x{k}x{n}");
+    let index = c.host_i32("index", vec![index as i32]);
+    let select = |c: &mut Case, name: &str, role: WeightRole, table_role: WeightRole, len: usize, std: f32| {
+        let table = c.normal(entries * len, std);
+        c.weights.push(table);
+        let table = c.plan.weight(format!("{name}.table"), table_role);
+        c.weights.push(vec![0.0; len]);
+        let dst = c.plan.weight(name, role);
+        c.plan.push(Op::SelectWeight { index, entries, table, dst });
+        dst
+    };
+    let w = select(&mut c, "w", WeightRole::Matrix { n, k }, WeightRole::MatrixStack { entries, n, k }, n * k, 1.0 / (k as f32).sqrt());
+    let bias = select(&mut c, "bias", WeightRole::Vector, WeightRole::Vector, n, 0.5);
+    let cols = 2 * c.rng.random_range(1..20) + 1;
+    let table = select(&mut c, "table", WeightRole::Vector, WeightRole::Vector, 3 * cols, 1.0);
+    let a = c.input("a", m, k);
+    // An f32 output (f32 bias) and a bf16 one (bf16 bias): the bias is selected in both types.
+    let acc = c.input("acc", m, n);
+    c.plan.push(Op::Gemm { a, w, bias: Some(bias), out: acc, accumulate: true });
+    c.check(acc);
+    let out = c.plan.matrix("out", m, n);
+    c.plan.push(Op::Gemm { a, w, bias: Some(bias), out, accumulate: false });
+    c.check(out);
+    c.consume(out);
+    let x = c.input("x", 6, cols);
+    c.plan.push(Op::AddTable { x, table, table_rows: 3 });
+    c.check(x);
+    c
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: tools/device/checks/cuda_checks.sh tests"]
 fn every_op_matches_cpu() {
@@ -986,6 +1028,7 @@ fn every_op_matches_cpu() {
             (elementwise_case(seed), dummy.clone()),
             (rtc_case(seed), dummy.clone()),
             (groot_rtc_case(seed), dummy.clone()),
+            (select_weight_case(seed), dummy.clone()),
             (mlp_case(seed), dummy.clone()),
             (qkv_rope_case(seed), dummy.clone()),
             (attention_case(seed), dummy.clone()),
@@ -1127,6 +1170,84 @@ fn groot_tiny_matches_cpu() {
         }),
     );
     assert!(pass, "GR00T tiny parity failed (see above)");
+}
+
+/// Switching GR00T's embodiment on CUDA (a synthesized tiny checkpoint with two embodiments of
+/// different widths): after `set_embodiment` the same captured graph computes what the CPU opened
+/// with that embodiment does, and back, with no allocation in the steps and no change of device
+/// memory. Compared on the sampler's part of the chunk (x₀ − noise), which must also differ from
+/// the other embodiment's (the selection matters).
+#[test]
+#[ignore = "needs a CUDA GPU: tools/device/checks/cuda_checks.sh tests"]
+fn groot_embodiment_switch_matches_cpu() {
+    use flashrt::models::groot_n17::synth::{Options, Size, synthesize_with};
+    require_gpu("groot_embodiment_switch_matches_cpu");
+    let dir = tempfile::tempdir().unwrap();
+    synthesize_with(dir.path(), Size::Tiny, &Options { cameras: 2, embodiments: 2 }, 21, &|_| {}).unwrap();
+    let open = |backend, tag: &str| {
+        let mut config = PolicyConfig::new(dir.path());
+        (config.backend, config.embodiment, config.max_frame_width, config.max_frame_height) = (backend, Some(tag.into()), 160, 120);
+        let mut policy = Policy::open(&config).unwrap_or_else(|e| panic!("{backend:?} {tag}: {e}"));
+        policy.set_prompt("put the red block in the bowl").unwrap();
+        policy
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let pixels: Vec<u8> = (0..160 * 120 * 3).map(|_| rng.random()).collect();
+    let cameras = [
+        Some(Frame::packed(&pixels, 160, 120, PixelFormat::Rgb8)),
+        Some(Frame::packed(&pixels[..120 * 90 * 3], 120, 90, PixelFormat::Bgr8)),
+    ];
+    let mut gpu = open(BackendKind::Cuda, "robot");
+    let noise: Vec<f32> = (0..gpu.noise_len()).map(|_| StandardNormal.sample(&mut rng)).collect();
+    // The sampler's part of the chunk of one step (with the state width of `policy`'s embodiment),
+    // counting the step's allocations.
+    let sampled = |policy: &mut Policy| -> (Vec<f32>, usize) {
+        let state: Vec<f32> = (0..policy.info().state_dim).map(|i| (i as f32 * 0.7).sin()).collect();
+        let mut actions = vec![0.0; policy.actions_len()];
+        let obs = Observation { cameras: &cameras, state: &state, noise: Some(&noise) };
+        let (result, allocations) = counting_alloc::count(|| policy.step(&obs, &mut actions));
+        result.unwrap();
+        let x0 = policy.buffer("x_t").unwrap();
+        (x0.iter().zip(&noise).map(|(x, n)| x - n).collect(), allocations)
+    };
+    let reference: Vec<(&str, Vec<f32>)> =
+        ["robot", "robot_2"].iter().map(|&tag| (tag, sampled(&mut open(BackendKind::Cpu, tag)).0)).collect();
+    sampled(&mut gpu); // warm-up
+    let memory_before = flashrt::cuda::used_device_memory().expect("the policy's context is current");
+    let (mut results, mut pass, mut allocations) = (Vec::new(), true, 0);
+    for (i, tag) in ["robot", "robot_2", "robot"].into_iter().enumerate() {
+        gpu.set_embodiment(tag).unwrap(); // not the hot path
+        let (got, n) = sampled(&mut gpu);
+        allocations += n;
+        let want = &reference.iter().find(|(t, _)| *t == tag).unwrap().1;
+        let other = &reference.iter().find(|(t, _)| *t != tag).unwrap().1;
+        let (cos, rel, other_cos) = (cosine(&got, want), rel_l2(&got, want), cosine(&got, other));
+        let ok = cos >= CUDA_GROOT_SWITCH_COSINE && rel <= CUDA_GROOT_SWITCH_REL_L2 && other_cos < 0.9;
+        pass &= ok;
+        eprintln!(
+            "switch {i} to {tag}: x0 - noise cosine {cos:.6} rel-L2 {rel:.3e} vs CPU {tag}; cosine {other_cos:.4} vs the other embodiment {}",
+            if ok { "ok" } else { "FAIL" }
+        );
+        results.push(
+            json!({"embodiment": tag, "cosine": cos, "rel_l2": rel, "cosine_vs_other_embodiment": other_cos, "allocations": n, "pass": ok}),
+        );
+    }
+    let memory_after = flashrt::cuda::used_device_memory().unwrap();
+    write_result(
+        "cuda_groot_embodiment_switch.json",
+        json!({
+            "check": "GR00T N1.7 embodiment switch inside one CUDA graph (synthesized tiny, 2 embodiments) vs CPU f32 opened with each",
+            "device": gpu.info().device,
+            "bound": format!("x0 - noise: cosine >= {CUDA_GROOT_SWITCH_COSINE}, rel-L2 <= {CUDA_GROOT_SWITCH_REL_L2:e}; cosine < 0.9 vs the other embodiment; no allocation; constant device memory"),
+            "device_memory_used_before": memory_before,
+            "device_memory_used_after": memory_after,
+            "results": results,
+            "commit": commit(),
+        }),
+    );
+    assert!(pass, "an embodiment switch on CUDA differs from the CPU (see above)");
+    assert_eq!(allocations, 0, "steps after switches allocated {allocations} times");
+    assert_eq!(memory_before, memory_after, "device memory changed across switches");
 }
 
 #[test]

@@ -543,3 +543,68 @@ fn broken_fine_tunes_are_refused_naming_the_file_and_field() {
         assert!(named.iter().all(|n| e.contains(n)), "case {i}: {named:?} not all in: {e}");
     }
 }
+
+/// Runs one step of `policy` on fixed frames, state (its width from `info`) and noise.
+fn fixed_step(policy: &mut Policy) -> Vec<f32> {
+    let frame: Vec<u8> = (0..96 * 80 * 3).map(|i| (i * 37 % 251) as u8).collect();
+    let cams = [Some(Frame::packed(&frame, 96, 80, PixelFormat::Rgb8)), Some(Frame::packed(&frame, 80, 96, PixelFormat::Rgb8))];
+    let state: Vec<f32> = (0..policy.info().state_dim).map(|i| (i as f32 * 0.37).sin()).collect();
+    let noise: Vec<f32> = (0..policy.noise_len()).map(|i| (i as f32 * 0.61).cos()).collect();
+    let mut actions = vec![f32::NAN; policy.actions_len()];
+    policy.step(&Observation { cameras: &cams, state: &state, noise: Some(&noise) }, &mut actions).unwrap();
+    actions
+}
+
+/// A policy switched to another embodiment computes what a policy opened with it does, bit for
+/// bit (same weights selected, same statistics), and back; its info follows the embodiment. An
+/// unknown tag or one with other cameras is refused by name and the policy stays as it was.
+#[test]
+fn switching_embodiments_matches_opening_with_each() {
+    use flashrt::models::groot_n17::synth::{Options, Size, synthesize_with};
+    let dir = tempfile::tempdir().unwrap();
+    synthesize_with(dir.path(), Size::Tiny, &Options { cameras: 2, embodiments: 2 }, 5, &|_| {}).unwrap();
+    let open = |tag: &str| {
+        let mut config = PolicyConfig { embodiment: Some(tag.into()), ..config(dir.path()) };
+        config.threads = Some(2);
+        let mut policy = Policy::open(&config).unwrap();
+        policy.set_prompt("stack the blocks").unwrap();
+        policy
+    };
+    let (mut a, mut b) = (open("robot"), open("robot_2"));
+    let (from_a, from_b) = (fixed_step(&mut a), fixed_step(&mut b));
+    assert_eq!(b.info().embodiments, ["robot", "robot_2"]);
+    assert!(a.explain().contains("embodiments: 2 resident (checkpoint slots [1, 2])"), "{}", a.explain());
+
+    a.set_embodiment("robot_2").unwrap();
+    let info = a.info();
+    assert_eq!((info.embodiment.as_deref(), info.state_dim, info.action_dim), (Some("robot_2"), 7, 8));
+    assert_eq!(fixed_step(&mut a), from_b, "switched to robot_2 vs opened with it");
+    a.set_embodiment("robot").unwrap();
+    assert_eq!(a.info().state_dim, 15);
+    assert_eq!(fixed_step(&mut a), from_a, "switched back to robot vs opened with it");
+
+    let e = a.set_embodiment("franka").unwrap_err().to_string();
+    assert!(e.contains("unknown embodiment tag \"franka\"") && e.contains("robot, robot_2"), "{e}");
+    assert_eq!(a.info().embodiment.as_deref(), Some("robot"));
+    assert_eq!(fixed_step(&mut a), from_a, "a refused switch changes nothing");
+
+    // Under real-time chunking the plan copies the opened embodiment's chunk (rows x robot
+    // columns) of the previous one: robot_2's 8 action columns cannot take over.
+    let mut config = PolicyConfig { embodiment: Some("robot".into()), ..config(dir.path()) };
+    config.rtc = Some(RtcConfig { schedule: RtcSchedule::Ramp, ..RtcConfig::default() });
+    let mut chunking = Policy::open(&config).unwrap();
+    assert_eq!(chunking.info().embodiments, ["robot"]);
+    let e = chunking.set_embodiment("robot_2").unwrap_err().to_string();
+    assert!(e.contains("\"robot_2\" cannot be switched to: real-time chunking is on"), "{e}");
+
+    // An embodiment with another camera count stays out of the tables, named when asked for.
+    let path = dir.path().join("processor_config.json");
+    let mut processor: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    processor["processor_kwargs"]["modality_configs"]["robot_2"]["video"]["modality_keys"] = serde_json::json!(["front"]);
+    std::fs::write(&path, processor.to_string()).unwrap();
+    let mut a = open("robot");
+    assert_eq!(a.info().embodiments, ["robot"]);
+    let e = a.set_embodiment("robot_2").unwrap_err().to_string();
+    assert!(e.contains("\"robot_2\" cannot be switched to: it has 1 cameras, the policy was opened with 2"), "{e}");
+    assert_eq!(fixed_step(&mut a), from_a);
+}

@@ -274,6 +274,10 @@ fn bad_observations_name_the_field_and_leave_the_policy_usable() {
 
     let e = policy.set_prompt_tokens(&[2, 5000]).unwrap_err().to_string();
     assert!(e.contains("prompt_tokens[1]"), "{e}");
+    // Pi0.5 has no embodiments to switch between.
+    let e = policy.set_embodiment("robot").unwrap_err().to_string();
+    assert!(e.contains("Pi0.5 has no embodiments") && e.contains("\"robot\""), "{e}");
+    assert_eq!(step_once(&mut policy), reference);
 }
 
 /// Whatever geometry, stride, pixel format, data length, prompt or state a caller passes, `step`

@@ -23,7 +23,8 @@ fn main() {
     continuing_step_does_not_allocate();
     groot_step_does_not_allocate_after_warm_up(false);
     groot_step_does_not_allocate_after_warm_up(true);
-    println!("no_alloc_pi05: 4 passed, 0 failed");
+    groot_step_does_not_allocate_after_an_embodiment_switch();
+    println!("no_alloc_pi05: 5 passed, 0 failed");
 }
 
 /// Frames cycle through 4 sizes/formats, the missing-camera pattern through 15 steps, noise through
@@ -203,4 +204,44 @@ fn groot_step_does_not_allocate_after_warm_up(albumentations: bool) {
     }
     assert_eq!(total, 0, "a GR00T step (albumentations: {albumentations}) allocated {total} times");
     assert_eq!(prompt_lengths.len(), 2, "{prompt_lengths:?}");
+}
+
+/// Switching the embodiment (not the hot path) leaves the steps after it allocation-free: the
+/// plan selects the new embodiment's weights by an input, and its statistics were read at open.
+/// The two synthesized embodiments differ in state and action widths.
+fn groot_step_does_not_allocate_after_an_embodiment_switch() {
+    use flashrt::models::groot_n17::synth::{Options, Size, synthesize_with};
+    let dir = tempfile::tempdir().unwrap();
+    synthesize_with(dir.path(), Size::Tiny, &Options { cameras: 2, embodiments: 2 }, 3, &|_| {}).unwrap();
+    let mut config = PolicyConfig::new(dir.path());
+    (config.max_frame_width, config.max_frame_height) = (128, 128);
+    config.threads = Some(2);
+    config.embodiment = Some("robot".into());
+    let mut policy = Policy::open(&config).unwrap();
+    policy.set_prompt("pick up the cup").unwrap();
+    let frame: Vec<u8> = (0..128 * 96 * 3).map(|p| (p * 13) as u8).collect();
+    let cams = [Some(Frame::packed(&frame, 128, 96, PixelFormat::Rgb8)), Some(Frame::packed(&frame, 96, 128, PixelFormat::Rgb8))];
+    // Buffers for both embodiments, made before counting.
+    let tags = ["robot", "robot_2", "robot"];
+    let mut sized = Vec::new();
+    for tag in tags {
+        policy.set_embodiment(tag).unwrap();
+        let state: Vec<f32> = (0..policy.info().state_dim).map(|d| (d as f32 * 0.3).sin()).collect();
+        sized.push((state, vec![0.0; policy.actions_len()]));
+    }
+    policy.set_embodiment("robot").unwrap();
+    let (state, actions) = &mut sized[0];
+    policy.step(&Observation { cameras: &cams, state, noise: None }, actions).unwrap();
+
+    let mut total = 0;
+    for (tag, (state, actions)) in tags.iter().zip(&mut sized) {
+        policy.set_embodiment(tag).unwrap(); // not the hot path
+        for _ in 0..2 {
+            let (result, n) = count(|| policy.step(&Observation { cameras: &cams, state, noise: None }, actions));
+            result.unwrap();
+            total += n;
+            assert!(actions.iter().all(|a| a.is_finite()));
+        }
+    }
+    assert_eq!(total, 0, "GR00T steps after embodiment switches allocated {total} times");
 }

@@ -40,13 +40,65 @@ struct State {
 struct Info {
     model: CString,
     device: CString,
-    /// Owns the strings `camera_ptrs` points into.
-    _camera_names: Vec<CString>,
-    camera_ptrs: Vec<*const c_char>,
+    /// The names each embodiment the policy has run for gives its cameras and itself, kept until
+    /// free (`FrtPolicyInfo` promises its strings and arrays that long, across switches), and
+    /// which of them is the active one's.
+    names: Vec<Names>,
+    active: usize,
     raw: flashrt::PolicyInfo,
     max_frame: (usize, usize),
     actions_len: usize,
     noise_len: usize,
+}
+
+/// One embodiment's camera names and tag as C strings (`embodiment` NULL without one).
+struct Names {
+    /// Owns the strings `camera_ptrs` points into.
+    _cameras: Vec<CString>,
+    camera_ptrs: Vec<*const c_char>,
+    embodiment: Option<CString>,
+}
+
+fn cstring(s: &str) -> CString {
+    CString::new(s.replace('\0', " ")).unwrap_or_default()
+}
+
+impl Info {
+    fn new(policy: &Policy, max_frame: (usize, usize)) -> Info {
+        let raw = policy.info();
+        let mut info = Info {
+            model: cstring(raw.model),
+            device: cstring(&raw.device),
+            names: Vec::new(),
+            active: 0,
+            max_frame,
+            actions_len: 0,
+            noise_len: policy.noise_len(),
+            raw,
+        };
+        info.refresh(policy);
+        info
+    }
+
+    /// Follows the policy's embodiment: its widths and names.
+    fn refresh(&mut self, policy: &Policy) {
+        self.raw = policy.info();
+        self.actions_len = policy.actions_len();
+        let embodiment = self.raw.embodiment.as_deref().map(cstring);
+        self.active = match self.names.iter().position(|n| n.embodiment == embodiment) {
+            Some(i) => i,
+            None => {
+                let cameras: Vec<CString> = self.raw.cameras.iter().map(|c| cstring(c)).collect();
+                let camera_ptrs = cameras.iter().map(|c| c.as_ptr()).collect();
+                self.names.push(Names { _cameras: cameras, camera_ptrs, embodiment });
+                self.names.len() - 1
+            }
+        };
+    }
+
+    fn camera_ptrs(&self) -> &[*const c_char] {
+        &self.names[self.active].camera_ptrs
+    }
 }
 
 /// Pixel layout of a frame: interleaved, 8 bits per channel (`FrtFrame.format`).
@@ -145,6 +197,9 @@ pub struct FrtPolicyInfo {
     pub parameters: u64,
     /// Bytes of weights and buffers held (device memory for a GPU backend).
     pub memory_bytes: u64,
+    /// The embodiment the steps run for (GR00T's tag, `frt_policy_set_embodiment`); NULL for a
+    /// model without embodiments (Pi0.5).
+    pub embodiment: *const c_char,
 }
 
 /// Step latency statistics: percentiles over the most recent 8192 steps, count, maximum and
@@ -209,18 +264,7 @@ unsafe fn open(config: *const FrtPolicyConfig, sink: Sink) -> Result<FrtPolicy, 
             let msg = format!("the checkpoint has {} cameras, more than FRT_MAX_CAMERAS = {FRT_MAX_CAMERAS}", raw.cameras.len());
             return Err(Failure::invalid("config.cameras", msg));
         }
-        let cstring = |s: &str| CString::new(s.replace('\0', " ")).unwrap_or_default();
-        let camera_names: Vec<CString> = raw.cameras.iter().map(|c| cstring(c)).collect();
-        let info = Info {
-            model: cstring(raw.model),
-            device: cstring(&raw.device),
-            camera_ptrs: camera_names.iter().map(|c| c.as_ptr()).collect(),
-            _camera_names: camera_names,
-            max_frame: (config.max_frame_width, config.max_frame_height),
-            actions_len: policy.actions_len(),
-            noise_len: policy.noise_len(),
-            raw,
-        };
+        let info = Info::new(&policy, (config.max_frame_width, config.max_frame_height));
         // Room for typical messages, so a failing step need not allocate for its text.
         let last_error = String::with_capacity(1024);
         let state = State { explain: policy.explain(), policy, sink, last_error, info };
@@ -282,14 +326,15 @@ unsafe fn write_info(policy: *const FrtPolicy, info: *mut FrtPolicyInfo) -> Resu
         actions_len: i.actions_len,
         state_dim: r.state_dim,
         noise_len: i.noise_len,
-        cameras: i.camera_ptrs.len(),
-        camera_names: i.camera_ptrs.as_ptr(),
+        cameras: i.camera_ptrs().len(),
+        camera_names: i.camera_ptrs().as_ptr(),
         max_frame_width: i.max_frame.0,
         max_frame_height: i.max_frame.1,
         denoise_steps: r.denoise_steps,
         prompt_capacity: r.prompt_capacity,
         parameters: r.parameters as u64,
         memory_bytes: r.memory_bytes as u64,
+        embodiment: i.names[i.active].embodiment.as_ref().map_or(std::ptr::null(), |e| e.as_ptr()),
     };
     // SAFETY: the caller's struct holds at least ours.
     unsafe { info.write(out) };
@@ -354,6 +399,45 @@ pub unsafe extern "C" fn frt_policy_set_prompt_tokens(policy: *mut FrtPolicy, to
         // SAFETY: len readable values (caller's promise).
         let ids = unsafe { std::slice::from_raw_parts(tokens, len) };
         let result = p.policy.set_prompt_tokens(ids);
+        p.done(result)
+    })
+}
+
+/// Switches a GR00T N1.7 policy to another embodiment (UTF-8 tag, `len` bytes, no NUL needed),
+/// one of those whose statistics the checkpoint holds, with the cameras it was opened with: the
+/// embodiment-specific weights are selected inside the same plan (and CUDA graph) by a value in
+/// device memory, so nothing is reopened, recaptured or allocated on the device; the state
+/// normalization and action decoding follow the tag. May allocate: not for the control loop.
+/// The state width, action width, horizon and camera names become the embodiment's: call
+/// `frt_policy_info` again (strings and arrays it returned earlier stay valid until free).
+///
+/// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` (not UTF-8,
+/// an unknown tag or one with other cameras: `frt_policy_last_error` names it and the tags the
+/// policy switches between; a Pi0.5 policy, which has no embodiments); `FRT_STATUS_PANIC`. On
+/// failure the previous embodiment stays in effect.
+///
+/// Thread safety: not concurrently with any other call on `policy`; one that finds another call
+/// taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
+///
+/// # Safety
+/// `policy` from `frt_policy_open` or NULL; `tag` readable for `len` bytes or NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn frt_policy_set_embodiment(policy: *mut FrtPolicy, tag: *const c_char, len: usize) -> FrtStatus {
+    with_policy(policy, |p| {
+        if tag.is_null() {
+            return p.fail(Failure::null("tag"));
+        }
+        // SAFETY: len readable bytes (caller's promise).
+        let bytes = unsafe { std::slice::from_raw_parts(tag.cast::<u8>(), len) };
+        let tag = match std::str::from_utf8(bytes) {
+            Ok(tag) => tag,
+            Err(e) => return p.fail(Failure::invalid("tag", format_args!("not valid UTF-8 ({e})"))),
+        };
+        let result = p.policy.set_embodiment(tag);
+        if result.is_ok() {
+            p.info.refresh(&p.policy);
+            p.explain = p.policy.explain();
+        }
         p.done(result)
     })
 }
@@ -640,13 +724,13 @@ impl State {
         }
         let mut frames: [Option<Frame>; FRT_MAX_CAMERAS] = [None; FRT_MAX_CAMERAS];
         // SAFETY: the caller's promise on observation.
-        let (state, noise) = match unsafe { read_observation(observation, self.info.camera_ptrs.len(), &mut frames) } {
+        let (state, noise) = match unsafe { read_observation(observation, self.info.camera_ptrs().len(), &mut frames) } {
             Ok(v) => v,
             Err(e) => return self.record(e.status(), format_args!("{e}")),
         };
         // SAFETY: actions_len writable floats (caller's promise).
         let actions = unsafe { std::slice::from_raw_parts_mut(actions, actions_len) };
-        let obs = Observation { cameras: &frames[..self.info.camera_ptrs.len()], state, noise };
+        let obs = Observation { cameras: &frames[..self.info.camera_ptrs().len()], state, noise };
         match self.policy.step_continuing(&obs, continuation, actions) {
             Ok(s) => {
                 if !step_info.is_null() {

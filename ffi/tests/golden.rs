@@ -129,3 +129,79 @@ fn step_returns_lerobots_postprocessed_actions() {
         assert_eq!(c_actions, rust_actions, "frt_policy_step_continuing and Policy::step_continuing differ");
     }
 }
+
+/// GR00T through the C ABI: a policy switched with `frt_policy_set_embodiment` returns what one
+/// opened with that embodiment does (bit for bit on the CPU), `frt_policy_info` follows it, and
+/// the camera-name array returned before the switch stays valid.
+#[test]
+fn set_embodiment_switches_like_opening_with_the_tag() {
+    use flashrt::models::groot_n17::synth::{Options, Size, synthesize_with};
+    let dir = tempfile::tempdir().unwrap();
+    synthesize_with(dir.path(), Size::Tiny, &Options { cameras: 2, embodiments: 2 }, 9, &|_| {}).unwrap();
+    let checkpoint = CString::new(dir.path().to_str().unwrap()).unwrap();
+    let pixels: Vec<u8> = (0..64 * 48 * 3).map(|i| (i * 11 % 253) as u8).collect();
+    let cameras = [true, true].map(|present| FrtFrame {
+        data: pixels.as_ptr(),
+        data_len: pixels.len(),
+        width: 64,
+        height: 48,
+        stride: 0,
+        format: FrtPixelFormat::Rgb8 as u32,
+        present,
+    });
+    let text = "stack the blocks";
+    // SAFETY: every pointer passed below outlives the call it is passed to; sizes are exact.
+    unsafe {
+        let info_of = |policy: *const FrtPolicy| {
+            let mut info: FrtPolicyInfo = std::mem::zeroed();
+            info.struct_size = size_of::<FrtPolicyInfo>();
+            assert_eq!(frt_policy_info(policy, &mut info), FrtStatus::Ok);
+            info
+        };
+        let open = |tag: &str| {
+            let tag = CString::new(tag).unwrap();
+            let mut config: FrtPolicyConfig = std::mem::zeroed();
+            config.struct_size = size_of::<FrtPolicyConfig>();
+            assert_eq!(frt_policy_config_default(&mut config), FrtStatus::Ok);
+            (config.checkpoint, config.embodiment, config.backend) = (checkpoint.as_ptr(), tag.as_ptr(), FrtBackend::Cpu as u32);
+            (config.max_frame_width, config.max_frame_height, config.threads) = (64, 48, 1);
+            let mut policy = std::ptr::null_mut();
+            assert_eq!(frt_policy_open(&config, &mut policy), FrtStatus::Ok);
+            assert_eq!(frt_policy_set_prompt(policy, text.as_ptr().cast(), text.len()), FrtStatus::Ok);
+            policy
+        };
+        let step = |policy: *mut FrtPolicy| {
+            let info = info_of(policy);
+            let state: Vec<f32> = (0..info.state_dim).map(|i| 0.1 * i as f32 - 0.4).collect();
+            let noise: Vec<f32> = (0..info.noise_len).map(|i| (i as f32 * 0.7).sin()).collect();
+            let obs = FrtObservation {
+                struct_size: size_of::<FrtObservation>(),
+                cameras: cameras.as_ptr(),
+                cameras_len: cameras.len(),
+                state: state.as_ptr(),
+                state_len: state.len(),
+                noise: noise.as_ptr(),
+                noise_len: noise.len(),
+            };
+            let mut actions = vec![f32::NAN; info.actions_len];
+            assert_eq!(frt_policy_step(policy, &obs, actions.as_mut_ptr(), actions.len(), std::ptr::null_mut()), FrtStatus::Ok);
+            actions
+        };
+        let tag_of = |info: &FrtPolicyInfo| std::ffi::CStr::from_ptr(info.embodiment).to_str().unwrap().to_string();
+        let (robot, robot_2) = (open("robot"), open("robot_2"));
+        let (from_robot, from_robot_2) = (step(robot), step(robot_2));
+        let before = info_of(robot);
+        assert_eq!((before.state_dim, before.action_dim, tag_of(&before).as_str()), (15, 16, "robot"));
+
+        assert_eq!(frt_policy_set_embodiment(robot, "robot_2".as_ptr().cast(), 7), FrtStatus::Ok);
+        let after = info_of(robot);
+        assert_eq!((after.state_dim, after.action_dim, after.actions_len, tag_of(&after).as_str()), (7, 8, 48, "robot_2"));
+        assert_eq!(step(robot), from_robot_2, "switched to robot_2 vs opened with it");
+        assert_eq!(std::ffi::CStr::from_ptr(*before.camera_names).to_str().unwrap(), "front");
+        assert_eq!(frt_policy_set_embodiment(robot, "robot".as_ptr().cast(), 5), FrtStatus::Ok);
+        assert_eq!(info_of(robot).camera_names, before.camera_names, "the first embodiment's names are kept");
+        assert_eq!(step(robot), from_robot, "switched back");
+        frt_policy_free(robot);
+        frt_policy_free(robot_2);
+    }
+}

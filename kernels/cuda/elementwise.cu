@@ -56,6 +56,29 @@ extern "C" __global__ void copy_host_inputs(const unsigned long long* pieces, in
     for (long i = threadIdx.x; i < (long)(bytes - done) / 4; i += blockDim.x) d[i] = s[i];
 }
 
+// The selected entry of stacked weights into the weights the products read (Op::SelectWeight):
+// piece blockIdx.y of `pieces`, `count` × (destination, table, bytes per entry, entries), takes
+// entry index[0] (clamped to the table) of its table; the x blocks of that row stride over its
+// bytes. 16-byte words where the destination, the entry and its length allow, else 4- or
+// 2-byte ones (every weight is whole bf16 or f32 values).
+extern "C" __global__ void select_weights(const unsigned long long* pieces, int count, const int* index) {
+    if ((int)blockIdx.y >= count) return;
+    const unsigned long long* piece = pieces + 4 * blockIdx.y;
+    const unsigned long long dst = piece[0], table = piece[1], bytes = piece[2], entries = piece[3];
+    const long long asked = index[0];
+    const unsigned long long entry = asked < 0 ? 0 : ((unsigned long long)asked >= entries ? entries - 1 : asked);
+    const unsigned long long src = table + entry * bytes;
+    const long first = (long)blockIdx.x * blockDim.x + threadIdx.x, stride = (long)gridDim.x * blockDim.x;
+    const unsigned long long aligned = dst | src | bytes;
+    if ((aligned & 15) == 0) {
+        for (long i = first; i < (long)(bytes / 16); i += stride) ((uint4*)dst)[i] = ((const uint4*)src)[i];
+    } else if ((aligned & 3) == 0) {
+        for (long i = first; i < (long)(bytes / 4); i += stride) ((unsigned*)dst)[i] = ((const unsigned*)src)[i];
+    } else {
+        for (long i = first; i < (long)(bytes / 2); i += stride) ((unsigned short*)dst)[i] = ((const unsigned short*)src)[i];
+    }
+}
+
 // x += table, the table's rows repeating every `table_rows` rows (position embeddings per camera).
 extern "C" __global__ void add_table_f32(float* x, int x_stride, const float* table, int table_rows, int rows,
                                          int cols) {

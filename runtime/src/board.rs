@@ -47,13 +47,56 @@ pub struct BoardProfile {
 }
 
 /// How much of a module's unified memory the policy may use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemoryBudget {
     /// Module DRAM as sold (32, 64, 128 GiB).
     pub module_gib: u64,
     /// What weights, arena and workspaces may take together, in MiB.
     pub budget_mib: u64,
+    /// The [`REFERENCE_WORKLOADS`] this budget holds, by name: stated in the profile for readers,
+    /// checked against the measured footprints when the profile is parsed.
+    pub fits: Vec<String>,
+}
+
+/// A reference workload's device memory on the CUDA backend in bf16: its weights (tiled copies
+/// included) and its arena of activations, as the backend logs them at open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Workload {
+    pub name: &'static str,
+    pub description: &'static str,
+    pub weights_mib: u64,
+    pub activations_mib: u64,
+}
+
+impl Workload {
+    pub fn total_mib(&self) -> u64 {
+        self.weights_mib + self.activations_mib
+    }
+}
+
+/// The workloads whose fit the profiles state, measured on the H200 (the same plan and weights
+/// as on a board; the cuBLASLt workspace is in the activations).
+pub const REFERENCE_WORKLOADS: [Workload; 2] = [
+    // bench/results/h200-cuda-checks.log: 6399.2 MiB weights, 214.4 MiB activations.
+    Workload { name: "pi05-2v", description: "Pi0.5 full size, 2 cameras", weights_mib: 6400, activations_mib: 215 },
+    // 5083.9 MiB weights and 103 MiB activations (2 views), measured with the embodiment's
+    // ~7.9 M category-specific values folded in once; the embodiment tables hold them a second
+    // time (the table entry beside the copy the products read: 15 MiB in bf16), and each further
+    // switchable embodiment adds another 15 MiB.
+    Workload {
+        name: "gr00t-2v",
+        description: "GR00T N1.7 full size (3.144 G parameters), 2 cameras, one embodiment",
+        weights_mib: 5099,
+        activations_mib: 103,
+    },
+];
+
+impl MemoryBudget {
+    /// Whether `workload` fits this budget.
+    pub fn holds(&self, workload: &Workload) -> bool {
+        workload.total_mib() <= self.budget_mib
+    }
 }
 
 /// The file as written; converted into [`BoardProfile`] after validation.
@@ -93,6 +136,26 @@ impl BoardProfile {
         let mut memory = file.memory;
         if memory.is_empty() || memory.iter().any(|m| m.budget_mib == 0 || m.budget_mib > m.module_gib * 1024) {
             return Err(bad("memory: needs at least one [[memory]] entry with 0 < budget_mib <= module_gib * 1024".into()));
+        }
+        for m in &memory {
+            if let Some(unknown) = m.fits.iter().find(|f| !REFERENCE_WORKLOADS.iter().any(|w| w.name == f.as_str())) {
+                let known: Vec<&str> = REFERENCE_WORKLOADS.iter().map(|w| w.name).collect();
+                return Err(bad(format!("memory {} GiB: fits names {unknown:?}, not one of {known:?}", m.module_gib)));
+            }
+            for w in &REFERENCE_WORKLOADS {
+                let stated = m.fits.iter().any(|f| f == w.name);
+                if stated != m.holds(w) {
+                    return Err(bad(format!(
+                        "memory {} GiB: {} ({} MiB) {} the {} MiB budget, but fits {} it",
+                        m.module_gib,
+                        w.name,
+                        w.total_mib(),
+                        if m.holds(w) { "is within" } else { "exceeds" },
+                        m.budget_mib,
+                        if stated { "lists" } else { "omits" }
+                    )));
+                }
+            }
         }
         memory.sort_by_key(|m| m.module_gib);
         Ok(BoardProfile {
@@ -202,6 +265,24 @@ mod tests {
         assert!(warning.contains("13312 MiB") && warning.contains("12288 MiB budget of the orin profile"), "{warning}");
     }
 
+    /// GR00T N1.7 and Pi0.5 at full size fit every module's budget: Orin 32 GB (12 GiB budget) and
+    /// 64 GB, Thor 64 and 128 GB; the profiles say so.
+    #[test]
+    fn full_size_workloads_fit_orin_and_thor() {
+        let groot = REFERENCE_WORKLOADS.iter().find(|w| w.name == "gr00t-2v").expect("gr00t-2v");
+        assert_eq!(groot.total_mib(), 5202);
+        for board in BoardProfile::all() {
+            for m in &board.memory {
+                for w in &REFERENCE_WORKLOADS {
+                    assert!(m.holds(w) && m.fits.iter().any(|f| f == w.name), "{} {} GiB: {}", board.name, m.module_gib, w.name);
+                }
+            }
+        }
+        // The smallest budget (a 32 GB Orin) leaves room for the embodiment tables of every
+        // switchable embodiment the published checkpoint could hold (32 slots, 15 MiB each).
+        assert!(groot.total_mib() + 32 * 15 <= 12288);
+    }
+
     #[test]
     fn discrete_gpus_have_no_board_profile() {
         assert!(BoardProfile::for_compute_capability(9, 0).is_none()); // H100 / H200
@@ -217,6 +298,15 @@ mod tests {
             (orin.replace("precision = \"bf16\"", "precision = \"int4\""), "precision \"int4\""),
             (orin.replace("budget_mib = 12288", "budget_mib = 99999"), "budget_mib <= module_gib"),
             (format!("unknown_key = 1\n{orin}"), "unknown field"),
+            (
+                orin.replacen("fits = [\"pi05-2v\", \"gr00t-2v\"]", "fits = [\"pi05-2v\"]", 1),
+                "gr00t-2v (5202 MiB) is within the 12288 MiB budget, but fits omits it",
+            ),
+            (
+                orin.replacen("budget_mib = 12288", "budget_mib = 6000", 1),
+                "pi05-2v (6615 MiB) exceeds the 6000 MiB budget, but fits lists it",
+            ),
+            (orin.replacen("\"gr00t-2v\"]", "\"gr00t-2v\", \"gr00t-9v\"]", 1), "fits names \"gr00t-9v\""),
         ];
         for (text, expected) in cases {
             let err = BoardProfile::from_toml("test.toml", &text).unwrap_err().to_string();

@@ -129,10 +129,17 @@ enum Command {
         out: PathBuf,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// GR00T N1.7: cameras of every embodiment (default 2: front, wrist; then camera_2, ...).
+        #[arg(long)]
+        cameras: Option<usize>,
+        /// GR00T N1.7: embodiments with statistics, switchable at run time (default 1: robot;
+        /// then robot_2, ...).
+        #[arg(long)]
+        embodiments: Option<usize>,
     },
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Model {
     Pi05,
     #[value(name = "groot-n17")]
@@ -306,7 +313,7 @@ fn main() -> ExitCode {
             bench_serve(&open, iterations, warmup, views, size, &prompt, out.as_deref())
         }
         Command::Inspect { open } => Policy::open(&open.config()).map(|p| inspect(&p)),
-        Command::Synth { model, size, out, seed } => synth_command(model, &out, size, seed),
+        Command::Synth { model, size, out, seed, cameras, embodiments } => synth_command(model, &out, size, seed, cameras, embodiments),
         Command::Kernels { arch, out } => {
             flashrt::cuda::write_kernels(&arch, &out).map(|paths| paths.iter().for_each(|p| println!("{}", p.display())))
         }
@@ -323,7 +330,7 @@ fn main() -> ExitCode {
 fn demo(steps: usize, model: Model) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("flashrt-demo-{}", std::process::id()));
     println!("synthesizing a tiny {} checkpoint in {}", model.title(), dir.display());
-    synthesize(model, &dir, SynthSize::Tiny, 0, &|_| {})?;
+    synthesize(model, &dir, SynthSize::Tiny, 0, &groot_synth::Options::default(), &|_| {})?;
     let result = Policy::open(&PolicyConfig::new(&dir)).and_then(|mut policy| {
         inspect_summary(&policy);
         run(&mut policy, steps, 50.0, "pick up the red block and put it in the bowl", None, None)
@@ -341,15 +348,15 @@ impl Model {
     }
 }
 
-/// A random checkpoint of `model` at `out`; GR00T has no micro size.
-fn synthesize(model: Model, out: &Path, size: SynthSize, seed: u64, progress: &dyn Fn(u64)) -> Result<()> {
+/// A random checkpoint of `model` at `out` (GR00T with `options`); GR00T has no micro size.
+fn synthesize(model: Model, out: &Path, size: SynthSize, seed: u64, options: &groot_synth::Options, progress: &dyn Fn(u64)) -> Result<()> {
     match (model, size) {
         (Model::Pi05, _) => synth::synthesize(out, size, seed, progress),
         (Model::GrootN17, SynthSize::Micro) => {
             Err(flashrt::Error::invalid("--size", "micro is a Pi0.5 size; GR00T N1.7 has tiny and full"))
         }
-        (Model::GrootN17, SynthSize::Tiny) => groot_synth::synthesize(out, groot_synth::Size::Tiny, seed, progress),
-        (Model::GrootN17, SynthSize::Full) => groot_synth::synthesize(out, groot_synth::Size::Full, seed, progress),
+        (Model::GrootN17, SynthSize::Tiny) => groot_synth::synthesize_with(out, groot_synth::Size::Tiny, options, seed, progress),
+        (Model::GrootN17, SynthSize::Full) => groot_synth::synthesize_with(out, groot_synth::Size::Full, options, seed, progress),
     }
 }
 
@@ -639,7 +646,13 @@ fn bench_serve(
     print_and_append(result, out)
 }
 
-fn synth_command(model: Model, out: &Path, size: SynthSize, seed: u64) -> Result<()> {
+fn synth_command(model: Model, out: &Path, size: SynthSize, seed: u64, cameras: Option<usize>, embodiments: Option<usize>) -> Result<()> {
+    let defaults = groot_synth::Options::default();
+    let options =
+        groot_synth::Options { cameras: cameras.unwrap_or(defaults.cameras), embodiments: embodiments.unwrap_or(defaults.embodiments) };
+    if model == Model::Pi05 && (cameras.is_some() || embodiments.is_some()) {
+        return Err(flashrt::Error::invalid("--cameras/--embodiments", "GR00T N1.7 options; a synthesized Pi0.5 has its own 3 cameras"));
+    }
     let bytes = match (model, size) {
         (Model::GrootN17, SynthSize::Full) => groot_synth::Size::Full.data_bytes(),
         (Model::GrootN17, _) => groot_synth::Size::Tiny.data_bytes(),
@@ -650,7 +663,7 @@ fn synth_command(model: Model, out: &Path, size: SynthSize, seed: u64) -> Result
         indicatif::ProgressStyle::with_template("writing {bar:40} {bytes}/{total_bytes} ({eta})")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    synthesize(model, out, size, seed, &|n| bar.set_position(n))?;
+    synthesize(model, out, size, seed, &options, &|n| bar.set_position(n))?;
     bar.finish_and_clear();
     println!("wrote a {size:?} {} checkpoint to {}", model.title(), out.display());
     Ok(())

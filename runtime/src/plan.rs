@@ -49,6 +49,9 @@ pub enum WeightRole {
     Vector,
     /// A token-embedding table `[vocab, width]` from which rows are gathered.
     Embedding { vocab: usize, width: usize },
+    /// `entries` matrices `[n, k]` back to back, one of which an [`Op::SelectWeight`] copies
+    /// into a [`WeightRole::Matrix`] weight.
+    MatrixStack { entries: usize, n: usize, k: usize },
 }
 
 #[derive(Clone, Debug)]
@@ -336,6 +339,13 @@ pub enum Op {
     /// `x[r] += strength[r] · step[r]`, `step` holding `dt · v` (the decoder's last product with
     /// `dt` folded in); `strength` (f32, one per row) is a host input written every step.
     RtcEuler { x: View, step: View, strength: BufId },
+    /// Copies entry `index[0]` (an i32 host input, clamped to `0..entries`) of the stacked
+    /// `table` into the weight `dst`, which the ops after it read: weights chosen per step by a
+    /// value in a buffer, as GR00T's embodiment-specific ones, without rebuilding the plan. A
+    /// [`WeightRole::Matrix`] `dst` takes a [`WeightRole::MatrixStack`] table, a vector one a
+    /// vector of `entries` back to back. The cross-stream ordering follows buffers, not weights:
+    /// the op and every reader of `dst` belong to phases that are not concurrent.
+    SelectWeight { index: BufId, entries: usize, table: WeightId, dst: WeightId },
     /// Picks which of the plan's prompt buckets ([`Plan::prompt_buckets`]) the phases that follow
     /// run: the smallest that holds the last valid slot of `token_mask` ([`Plan::bucket_for`]).
     PromptBucket { token_mask: BufId },
@@ -439,6 +449,7 @@ impl Op {
             Op::RtcPrefix { .. } => "rtc_prefix",
             Op::RtcEuler { .. } => "rtc_euler",
             Op::PromptBucket { .. } => "prompt_bucket",
+            Op::SelectWeight { .. } => "select_weight",
         }
     }
 
@@ -522,8 +533,37 @@ impl Op {
                 writes.push(x.span());
             }
             Op::PromptBucket { token_mask } => reads.push(whole(token_mask)),
+            // It writes a weight, which no span covers (see the op).
+            Op::SelectWeight { index, .. } => reads.push(whole(index)),
         }
         Accesses { reads, writes }
+    }
+
+    /// The weights the op reads (an [`Op::SelectWeight`] reads its table and writes `dst`).
+    pub fn weights_read(&self) -> impl Iterator<Item = WeightId> {
+        let read = match *self {
+            Op::Gemm { w, bias, .. } => [Some(w), bias, None],
+            Op::AddTable { table, .. } | Op::Embed { table, .. } | Op::SelectWeight { table, .. } => [Some(table), None, None],
+            Op::LayerNorm { affine, modulation, .. } => [affine.map(|a| a.0), affine.map(|a| a.1), modulation],
+            Op::RmsNorm { weight, .. } => [weight, None, None],
+            Op::HeadRmsNorm { weight, .. } => [Some(weight), None, None],
+            Op::AdaRmsNorm { modulation, .. } | Op::GatedResidual { modulation, .. } => [Some(modulation), None, None],
+            Op::Affine { scale, offset, .. } => [Some(scale), Some(offset), None],
+            Op::ImagePatches { .. }
+            | Op::QwenImagePatches { .. }
+            | Op::Activation { .. }
+            | Op::GatedActivation { .. }
+            | Op::Positions { .. }
+            | Op::RopeQkv { .. }
+            | Op::Attention { .. }
+            | Op::Copy { .. }
+            | Op::ScatterRows { .. }
+            | Op::RtcGuide { .. }
+            | Op::RtcPrefix { .. }
+            | Op::RtcEuler { .. }
+            | Op::PromptBucket { .. } => [None; 3],
+        };
+        read.into_iter().flatten()
     }
 
     /// Multiply-add count ×2 for the op at its planned (maximum) shapes.
@@ -786,6 +826,9 @@ impl Plan {
             }
             Op::PromptBucket { token_mask } => {
                 format!("prompt_bucket of {}: one of {:?} slots", self.buffers[token_mask.0].name, self.prompt_buckets)
+            }
+            Op::SelectWeight { index, entries, table, dst } => {
+                format!("select_weight {} = {}[{} of {entries}]", w(dst), w(table), self.buffers[index.0].name)
             }
         }
     }

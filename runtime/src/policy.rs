@@ -61,6 +61,10 @@ pub struct PolicyInfo {
     pub memory_bytes: usize,
     /// The sizes the model derived from its checkpoint.
     pub config: ModelConfig,
+    /// The embodiment the steps run for (GR00T's tag; `None` for Pi0.5), and those
+    /// [`Policy::set_embodiment`] switches between.
+    pub embodiment: Option<String>,
+    pub embodiments: Vec<String>,
 }
 
 pub struct Policy {
@@ -163,6 +167,8 @@ impl Policy {
             parameters: m.parameters,
             memory_bytes: self.backend.memory_bytes(),
             config: m.config.clone(),
+            embodiment: m.embodiment.clone(),
+            embodiments: m.embodiments.clone(),
         }
     }
 
@@ -195,8 +201,12 @@ impl Policy {
     /// The plan as text: every op with its shapes and the folding decisions, then how the backend
     /// runs it (fusions, fallbacks, switches).
     pub fn explain(&self) -> String {
+        let embodiments = match &self.model.embodiment {
+            Some(tag) => format!("embodiment: {tag} (set_embodiment switches between {})\n", self.model.embodiments.join(", ")),
+            None => String::new(),
+        };
         format!(
-            "{}{}{} backend on {}:\n{}",
+            "{}{embodiments}{}{} backend on {}:\n{}",
             self.backend.plan().explain(),
             self.io.describe(),
             self.backend.name(),
@@ -209,6 +219,21 @@ impl Policy {
     /// only whitespace is refused; one longer than the prompt capacity is truncated with a warning.
     pub fn set_prompt(&mut self, text: &str) -> Result<()> {
         self.processing.set_prompt(text)
+    }
+
+    /// Switches the embodiment (GR00T's tag) the next steps run for: the embodiment-specific
+    /// weights the plan selects by a value in a host input (no reopening, recapture or device
+    /// allocation) and the statistics that normalize the state and decode the actions. Not the
+    /// hot path. The cameras, state and action widths and the horizon become the new
+    /// embodiment's: read [`Policy::info`] again. An unknown tag (or Pi0.5, which has no
+    /// embodiments) is refused with the known ones named, and the previous embodiment stays.
+    pub fn set_embodiment(&mut self, tag: &str) -> Result<()> {
+        let e = self.processing.set_embodiment(tag)?;
+        let m = &mut self.model;
+        (m.cameras, m.state_dim, m.action_dim, m.horizon, m.embodiment) = (e.cameras, e.state_dim, e.action_dim, e.horizon, Some(e.tag));
+        // A chunk of another embodiment is nothing to continue.
+        self.has_chunk = false;
+        Ok(())
     }
 
     /// Sets the full prompt as token ids (Pi0.5: BOS, task, state and all); used as given in

@@ -833,6 +833,7 @@ static void test_panic_boundary(FrtPolicy *p) {
     EXPECT_PANIC(frt_policy_info(p, &info));
     EXPECT_PANIC(frt_policy_set_prompt(p, "x", 1));
     EXPECT_PANIC(frt_policy_set_prompt_tokens(p, tokens, 2));
+    EXPECT_PANIC(frt_policy_set_embodiment(p, "robot", 5));
     EXPECT_PANIC(frt_policy_step(p, &t.obs, t.actions, 350, &t.info));
     CHECK(poisoned(&t));
     EXPECT_PANIC(frt_policy_stats(p, &stats));
@@ -904,6 +905,18 @@ static void test_groot(const char *dir) {
     EXPECT_STATUS(frt_policy_step_continuing(p, &obs, 1, 2, actions, info.actions_len, NULL), FRT_STATUS_OK);
     for (i = 0; i < info.actions_len; i++) finite &= isfinite(actions[i]);
     CHECK(finite);
+    CHECK(info.embodiment != NULL && strcmp(info.embodiment, "tiny_robot") == 0);
+    /* Switching (ffi/tests/golden.rs switches between two embodiments and steps): an unknown tag
+       is refused naming it and the known ones; NULL and bad UTF-8 are refused. */
+    EXPECT_STATUS(frt_policy_set_embodiment(NULL, "tiny_robot", 10), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_STATUS(frt_policy_set_embodiment(p, NULL, 10), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_STATUS(frt_policy_set_embodiment(p, "\xff", 1), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_STATUS(frt_policy_set_embodiment(p, "franka", 6), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(last_error(p), "unknown embodiment tag \"franka\"");
+    EXPECT_MENTIONS(last_error(p), "tiny_robot");
+    EXPECT_STATUS(frt_policy_set_embodiment(p, "tiny_robot", 10), FRT_STATUS_OK);
+    EXPECT_STATUS(frt_policy_info(p, &info), FRT_STATUS_OK);
+    CHECK(info.state_dim == 12 && strcmp(info.embodiment, "tiny_robot") == 0);
     frt_policy_free(p);
     printf("groot: opened, stepped, refused what it must\n");
 }

@@ -121,6 +121,15 @@ int main(int argc, char **argv) {
         CHECK(e.status() == FRT_STATUS_INVALID_ARGUMENT && mentions(e.what(), "prompt_tokens"));
     }
 
+    // Pi0.5 has no embodiments: set_embodiment throws saying so, and info names none.
+    CHECK(info.embodiment.empty());
+    try {
+        policy.set_embodiment("robot");
+        CHECK(false);
+    } catch (const frt::Error &e) {
+        CHECK(e.status() == FRT_STATUS_INVALID_ARGUMENT && mentions(e.what(), "Pi0.5 has no embodiments"));
+    }
+
     // An empty view (data() may be NULL) reaches the library as an empty prompt, refused as such.
     try {
         policy.set_prompt(std::string_view{});

@@ -36,6 +36,11 @@ pub const CUDA_GROOT_TINY_MAX_ABS: f32 = 5e-2;
 /// CUDA-vs-reference tier).
 pub const CUDA_GROOT_FULL_COSINE: f64 = 0.999;
 pub const CUDA_GROOT_FULL_REL_L2: f64 = 3e-2;
+/// The sampler's part of a synthesized tiny GR00T's chunk (x₀ minus the noise: the noise would
+/// dominate a cosine of the chunk itself), CUDA bf16 after an embodiment switch against the CPU's
+/// f32 opened with that embodiment: DESIGN.md's CUDA-vs-reference tier (not yet measured).
+pub const CUDA_GROOT_SWITCH_COSINE: f64 = 0.999;
+pub const CUDA_GROOT_SWITCH_REL_L2: f64 = 3e-2;
 /// A CUDA prompt bucket against the whole prompt: the same kernels on the same rows (measured 0).
 pub const CUDA_BUCKET_MAX_ABS: f32 = 1e-6;
 /// Full size against lerobot f32 (measured: cosine 0.999999, rel-L2 1.45e-3,

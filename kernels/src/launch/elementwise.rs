@@ -61,6 +61,30 @@ impl Kernels {
         unsafe { self.launch("copy_host_inputs", (count.max(1) as u32, 1, 1), 256, stream, args) }
     }
 
+    /// Copies the entry `index[0]` (i32, clamped to each table) of every piece's stacked weights
+    /// into its destination: `pieces` holds `count` × (destination, table, bytes per entry,
+    /// entries) u64 values in device memory, each piece copied by `blocks_per_piece` blocks.
+    ///
+    /// # Safety
+    /// `pieces` must hold `count` quadruples of live device ranges (each table `entries` entries
+    /// of the destination's bytes, a multiple of 2); `index` one live i32.
+    pub unsafe fn select_weights(
+        &self,
+        pieces: DevPtr,
+        count: usize,
+        blocks_per_piece: usize,
+        index: DevPtr,
+        stream: CUstream,
+    ) -> Result<()> {
+        if count == 0 || count > 65_535 {
+            return Err(shape_error("select_weights", format!("{count} pieces: one grid row each, 1 to 65535")));
+        }
+        let grid = (blocks_per_piece.clamp(1, 1024) as u32, count as u32, 1);
+        let args = [Arg::P(pieces), Arg::I(i32_of(count, "select_weights")?), Arg::P(index)];
+        // SAFETY: matches `select_weights` in elementwise.cu.
+        unsafe { self.launch("select_weights", grid, 256, stream, args) }
+    }
+
     /// `x += table`, the f32 table's rows repeating every `table_rows` rows.
     ///
     /// # Safety

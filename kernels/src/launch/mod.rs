@@ -151,8 +151,9 @@ const TYPED: [&str; 15] = [
     "attention_hd72",
     "attention_hd128",
 ];
-const SINGLE: [&str; 12] = [
+const SINGLE: [&str; 13] = [
     "add_table_f32",
+    "select_weights",
     "rtc_guide_f32",
     "rtc_prefix_f32",
     "rtc_euler_f32",

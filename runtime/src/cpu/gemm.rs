@@ -38,6 +38,12 @@ impl PackedMatrix {
     pub fn bytes(&self) -> usize {
         self.data.len() * 4
     }
+
+    /// Overwrites this matrix with `other`, packed for the same shape.
+    pub fn copy_from(&mut self, other: &PackedMatrix) {
+        debug_assert_eq!((self.n, self.k), (other.n, other.k), "copy between packed matrices of different shapes");
+        self.data.copy_from_slice(&other.data);
+    }
 }
 
 /// A strided row-major matrix argument.

@@ -23,6 +23,8 @@ pub use pool::MAX_THREADS;
 
 enum Weight {
     Packed(PackedMatrix),
+    /// The entries of a [`WeightRole::MatrixStack`], each packed as the matrix it is copied into.
+    PackedStack(Vec<PackedMatrix>),
     Vector(Vec<f32>),
     /// The token table as stored in the checkpoint (bf16 or f32), copied at open so that no step
     /// reads the file's mapping; rows convert to f32 when gathered (the table is 2 GB in f32 at
@@ -85,12 +87,36 @@ impl CpuBackend {
             .map(|(decl, data)| match (decl.role, data) {
                 (WeightRole::Embedding { vocab, width }, WeightData::Checkpoint(name)) => {
                     let t = checkpoint.get(&name).unwrap_or_else(|| unreachable!("embedding {name} checked at open"));
-                    Weight::Embedding { bytes: t.bytes.to_vec(), dtype: t.dtype, width, vocab }
+                    Ok(Weight::Embedding { bytes: t.bytes.to_vec(), dtype: t.dtype, width, vocab })
                 }
-                (WeightRole::Matrix { n, k }, data) => Weight::Packed(PackedMatrix::pack(&data.into_vec(checkpoint), n, k)),
-                (_, data) => Weight::Vector(data.into_vec(checkpoint)),
+                (WeightRole::Matrix { n, k }, data) => Ok(Weight::Packed(PackedMatrix::pack(&data.into_vec(checkpoint), n, k))),
+                (WeightRole::MatrixStack { entries, n, k }, data) => {
+                    let values = data.into_vec(checkpoint);
+                    if values.len() != entries * n * k || entries == 0 {
+                        return Err(Error::Backend(format!(
+                            "weight {}: {} values for a stack of {entries} matrices [{n}, {k}]",
+                            decl.name,
+                            values.len()
+                        )));
+                    }
+                    Ok(Weight::PackedStack(values.chunks(n * k).map(|m| PackedMatrix::pack(m, n, k)).collect()))
+                }
+                (_, data) => Ok(Weight::Vector(data.into_vec(checkpoint))),
             })
-            .collect();
+            .collect::<Result<Vec<Weight>>>()?;
+        for op in &plan.ops {
+            if let Op::SelectWeight { entries, table, dst, .. } = *op {
+                let fits = match (&weights[dst.0], &weights[table.0]) {
+                    (Weight::Packed(d), Weight::PackedStack(stack)) => stack.len() == entries && (stack[0].n, stack[0].k) == (d.n, d.k),
+                    (Weight::Vector(d), Weight::Vector(stack)) => entries > 0 && stack.len() == entries * d.len(),
+                    _ => false,
+                };
+                if !fits {
+                    let name = |w: WeightId| &plan.weights[w.0].name;
+                    return Err(Error::Backend(format!("select_weight: {} is not a table of {entries} of {}", name(table), name(dst))));
+                }
+            }
+        }
 
         let (mut scores, mut max_keys, mut max_head_dim) = (0, 0, 0);
         for op in &plan.ops {
@@ -149,6 +175,7 @@ impl CpuBackend {
             .iter()
             .map(|w| match w {
                 Weight::Packed(p) => p.bytes(),
+                Weight::PackedStack(s) => s.iter().map(PackedMatrix::bytes).sum(),
                 Weight::Vector(v) => v.len() * 4,
                 Weight::Embedding { bytes, .. } => bytes.len(),
             })
@@ -451,6 +478,20 @@ impl CpuBackend {
                         }
                     }
                 });
+            }
+            Op::SelectWeight { index, entries, table, dst } => {
+                let entry = (self.i32(index)[0].max(0) as usize).min(entries.saturating_sub(1));
+                // Lent out (an empty vector takes its place, which does not allocate).
+                let mut live = std::mem::replace(&mut self.weights[dst.0], Weight::Vector(Vec::new()));
+                match (&mut live, &self.weights[table.0]) {
+                    (Weight::Packed(d), Weight::PackedStack(stack)) => d.copy_from(&stack[entry]),
+                    (Weight::Vector(d), Weight::Vector(stack)) => {
+                        let len = d.len();
+                        d.copy_from_slice(&stack[entry * len..][..len]);
+                    }
+                    _ => unreachable!("select_weight into {} from a table of another kind", self.plan.weights[dst.0].name),
+                }
+                self.weights[dst.0] = live;
             }
             Op::PromptBucket { token_mask } => {
                 let last_valid = self.i32(token_mask).iter().rposition(|&m| m != 0);

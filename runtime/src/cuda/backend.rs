@@ -42,7 +42,7 @@ use super::graph::Launcher;
 use super::lowering::{Lowered, Lowering};
 pub use super::options::CudaOptions;
 use super::steps::{LANES, RopeRows};
-use super::weights::{retile_mlp_weights, upload_weights};
+use super::weights::{Selections, retile_mlp_weights, upload_weights};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
@@ -69,6 +69,8 @@ pub struct CudaBackend {
     /// Tiled copies of weights the streamed MLPs share with cuBLASLt products (see
     /// [`super::weights::mlp_weight_tiling`]).
     tiled_weights: Option<DeviceMemory>,
+    /// What `Op::SelectWeight` copies (see [`Selections`]).
+    selections: Option<DeviceMemory>,
     /// Declared last: dropped after every resource that lives in the context.
     ctx: Context,
 }
@@ -266,6 +268,7 @@ impl CudaBackend {
 
         let uploaded = upload_weights(&plan, weights, &checkpoint, &elems, stream.0)?;
         let (tiled_memory, tiled) = retile_mlp_weights(&kernels, &plan, &fusions.mlps, &uploaded.ptrs, stream.0)?;
+        let selections = Selections::upload(&plan, &uploaded)?;
         if let Some(board) = board {
             let used = (uploaded.memory.bytes + tiled_memory.as_ref().map_or(0, |m| m.bytes) + arena.bytes) as u64;
             if let Some(warning) = board.budget_warning(used, ctx.total_memory()? as u64) {
@@ -289,6 +292,7 @@ impl CudaBackend {
             op_index: 0,
             early_after_products: switches.early_launch,
             tiled: &tiled,
+            selections: &selections,
             steps: Vec::new(),
             step_lanes: Vec::new(),
             step_accesses: Vec::new(),
@@ -342,6 +346,7 @@ impl CudaBackend {
             arena,
             weights: uploaded.memory,
             tiled_weights: tiled_memory,
+            selections: selections.memory,
             ctx,
             plan,
         };
@@ -366,9 +371,9 @@ impl CudaBackend {
         Ok(backend)
     }
 
-    /// Device memory of the weights, tiled copies included.
+    /// Device memory of the weights, tiled copies and the selection pieces included.
     fn weight_bytes(&self) -> usize {
-        self.weights.bytes + self.tiled_weights.as_ref().map_or(0, |m| m.bytes)
+        self.weights.bytes + [&self.tiled_weights, &self.selections].iter().map(|m| m.as_ref().map_or(0, |m| m.bytes)).sum::<usize>()
     }
 
     fn host_buffer(&self, id: BufId) -> &Pinned {

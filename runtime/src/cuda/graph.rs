@@ -147,6 +147,9 @@ impl Launcher {
                 Step::QwenImagePatches(ref args) => k.qwen_image_patches(args, s),
                 Step::ScatterRows { dst, src, index, accumulate } => k.scatter_rows(dst, src, index, accumulate, s),
                 Step::CopyHostInputs { pieces, count } => k.copy_host_inputs(pieces, count, s),
+                Step::SelectWeights { pieces, count, blocks_per_piece, index } => {
+                    k.select_weights(pieces, count, blocks_per_piece, index, s)
+                }
                 Step::ImagePatches { out, frames, frame_stride, frame_info, camera, size, patch } => {
                     k.image_patches(out, frames, frame_stride, frame_info, camera, size, patch, s)
                 }

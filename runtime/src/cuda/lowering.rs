@@ -13,6 +13,7 @@ use super::device::BlasLt;
 use super::fusion::{AttentionLowering, Fusions};
 use super::gemm::{Matmul, MatmulSpec, Operand};
 use super::steps::{RopeRows, Schedule, Step};
+use super::weights::{SELECTION_PIECE_BYTES, Selections};
 use crate::error::{Error, Result};
 use crate::plan::{Accesses, Activation, BufId, Op, Plan, RopeAxes, RopeSpec, Section, Span, View, WeightId, WeightRole, sections_of};
 use crate::qwen_image::Filter;
@@ -57,6 +58,7 @@ pub(super) struct Lowering<'a> {
     pub(super) early_after_products: bool,
     /// The streamed MLPs' weights as that kernel reads them, by weight index.
     pub(super) tiled: &'a HashMap<usize, DevPtr>,
+    pub(super) selections: &'a Selections,
     pub(super) steps: Vec<Step>,
     /// For each step: its lane, and what the plan ops it came from read and write.
     pub(super) step_lanes: Vec<usize>,
@@ -131,6 +133,7 @@ impl Lowering<'_> {
 
     pub(super) fn lower(mut self) -> Result<Lowered> {
         let plan = self.plan;
+        self.check_selected_weights()?;
         let (pieces, count) = self.host_inputs;
         if count > 0 {
             self.steps.push(Step::CopyHostInputs { pieces, count });
@@ -152,6 +155,19 @@ impl Lowering<'_> {
             }
             (self.lane, self.op_index) = (self.op_lanes[i], i);
             let from = self.steps.len();
+            // A run of weight selections by one index: one launch over all their pieces.
+            if let Op::SelectWeight { index, .. } = *op {
+                let mut end = i + 1;
+                while matches!(plan.ops.get(end), Some(&Op::SelectWeight { index: next, .. }) if next == index)
+                    && plan.phase_starting_at(end).is_none()
+                {
+                    ops.next();
+                    end += 1;
+                }
+                self.select_weights(i..end, index)?;
+                self.tag_steps(from, i..end);
+                continue;
+            }
             // Fusions at the denoise loop's step boundary: the gated
             // residual, its norm and a narrow product over the norm's rows; a product over a
             // narrow f32 input and the norm of its output. One row kernel each, same phase.
@@ -231,6 +247,47 @@ impl Lowering<'_> {
         let ranges: Vec<Range<usize>> = sections.iter().map(|s| s.range.clone()).collect();
         let schedule = Schedule::new(self.step_lanes, &self.step_accesses, &ranges);
         Ok(Lowered { steps: self.steps, schedule, phase_steps: self.phase_steps, sections, matmuls: self.matmuls })
+    }
+
+    /// Selected weights are rewritten on the main stream, in place: the cross-stream waits follow
+    /// buffers only, so every reader of one runs on the main stream too, and none of them is a
+    /// streamed MLP (which reads a tiled copy).
+    fn check_selected_weights(&self) -> Result<()> {
+        let plan = self.plan;
+        let selected: Vec<WeightId> = plan
+            .ops
+            .iter()
+            .filter_map(|op| match *op {
+                Op::SelectWeight { dst, .. } => Some(dst),
+                _ => None,
+            })
+            .collect();
+        for (i, op) in plan.ops.iter().enumerate() {
+            let involved = matches!(op, Op::SelectWeight { .. }) || op.weights_read().any(|w| selected.contains(&w));
+            if involved && self.op_lanes[i] != 0 {
+                return Err(self.error(format!("op {i} ({}) selects or reads a selected weight on the second stream", op.name())));
+            }
+        }
+        match selected.iter().find(|w| self.tiled.contains_key(&w.0)) {
+            Some(w) => Err(self.error(format!("selected weight {} is read tiled by a streamed MLP", plan.weights[w.0].name))),
+            None => Ok(()),
+        }
+    }
+
+    /// The selections of `ops` (consecutive [`Op::SelectWeight`]s by `index`) as one launch.
+    fn select_weights(&mut self, ops: Range<usize>, index: BufId) -> Result<()> {
+        let pieces = self.selections.pieces[&ops.start].start..self.selections.pieces[&(ops.end - 1)].end;
+        // No piece: nothing reads these weights.
+        let Some(memory) = self.selections.memory.as_ref().filter(|_| !pieces.is_empty()) else { return Ok(()) };
+        // About 16 KB per block (4 words of 16 bytes per thread), at most 64 blocks per piece.
+        let blocks_per_piece = self.selections.largest.div_ceil(256 * 16 * 4).clamp(1, 64);
+        self.steps.push(Step::SelectWeights {
+            pieces: memory.ptr + pieces.start as u64 * SELECTION_PIECE_BYTES,
+            count: pieces.len(),
+            blocks_per_piece,
+            index: self.ptr(index),
+        });
+        Ok(())
     }
 
     /// The step-boundary fusion starting at op `i`, if its ops are there (in one phase) and the
@@ -440,6 +497,7 @@ impl Lowering<'_> {
             Op::PromptBucket { token_mask } => {
                 Step::PromptBucket { token_mask: self.ptr(token_mask), prompt_len: self.buf(token_mask).len }
             }
+            Op::SelectWeight { .. } => unreachable!("weight selections are lowered in runs (`lower`)"),
         };
         self.steps.push(step);
         Ok(())

@@ -189,6 +189,7 @@ impl Launcher {
             Step::RtcPrefix { .. } => "rtc_prefix".into(),
             Step::RtcEuler { .. } => "rtc_euler".into(),
             Step::PromptBucket { .. } => "prompt_bucket".into(),
+            Step::SelectWeights { .. } => "select_weights".into(),
             Step::CopyHostInputs { .. } => "copy_host_inputs".into(),
         }
     }

@@ -184,6 +184,14 @@ pub(super) enum Step {
         step: Mat,
         strength: DevPtr,
     },
+    /// Copies the selected entries of stacked weights into the weights the products read (see
+    /// `Kernels::select_weights`): `count` pieces at `pieces`, the entry in the i32 at `index`.
+    SelectWeights {
+        pieces: DevPtr,
+        count: usize,
+        blocks_per_piece: usize,
+        index: DevPtr,
+    },
     /// Sets the conditional handles of the prompt buckets' IF nodes (only inside the step's graph).
     PromptBucket {
         token_mask: DevPtr,

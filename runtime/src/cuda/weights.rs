@@ -17,10 +17,60 @@ use crate::weights::WeightData;
 /// Bytes of one pinned staging buffer for the weight upload (two alternate).
 pub(super) const STAGE_BYTES: usize = 64 << 20;
 
-/// Uploaded weights: one device allocation and each (weight, element type) pair's address.
+/// Uploaded weights: one device allocation, each (weight, element type) pair's address and each
+/// uploaded weight's element count.
 pub(super) struct UploadedWeights {
     pub(super) memory: DeviceMemory,
     pub(super) ptrs: HashMap<(usize, Elem), DevPtr>,
+    pub(super) numels: HashMap<usize, usize>,
+}
+
+/// The plan's weight selections ([`Op::SelectWeight`]) as `Kernels::select_weights` reads them:
+/// per op, in plan order, one (destination, table, bytes per entry, entries) piece for each
+/// element type its destination is stored in.
+pub(super) struct Selections {
+    /// The pieces in device memory (`None` without selections).
+    pub(super) memory: Option<DeviceMemory>,
+    /// Each selecting op's pieces, by op index.
+    pub(super) pieces: HashMap<usize, std::ops::Range<usize>>,
+    /// Bytes of the largest entry.
+    pub(super) largest: usize,
+}
+
+/// Bytes of one piece of [`Selections`].
+pub(super) const SELECTION_PIECE_BYTES: u64 = 4 * 8;
+
+impl Selections {
+    pub(super) fn upload(plan: &Plan, weights: &UploadedWeights) -> Result<Selections> {
+        let (mut table, mut pieces, mut largest) = (Vec::<u64>::new(), HashMap::new(), 0);
+        for (i, op) in plan.ops.iter().enumerate() {
+            let Op::SelectWeight { entries, table: from, dst, .. } = *op else { continue };
+            let first = table.len() / 4;
+            for elem in [Elem::Bf16, Elem::F32] {
+                let (Some(&to), Some(&stack)) = (weights.ptrs.get(&(dst.0, elem)), weights.ptrs.get(&(from.0, elem))) else { continue };
+                let (len, stacked) = (weights.numels[&dst.0], weights.numels[&from.0]);
+                if stacked != entries * len {
+                    let name = |w: WeightId| &plan.weights[w.0].name;
+                    return Err(Error::Backend(format!(
+                        "select_weight: {} holds {stacked} values, not {entries} entries of {}'s {len}",
+                        name(from),
+                        name(dst)
+                    )));
+                }
+                let bytes = len * elem.size();
+                largest = largest.max(bytes);
+                table.extend([to, stack, bytes as u64, entries as u64]);
+            }
+            pieces.insert(i, first..table.len() / 4);
+        }
+        if table.is_empty() {
+            return Ok(Selections { memory: None, pieces, largest });
+        }
+        let memory = DeviceMemory::new(table.len() * 8, "weight selections")?;
+        // SAFETY: the allocation was sized for the table.
+        check("uploading the weight selections", unsafe { result::memcpy_htod_sync(memory.ptr, &table) })?;
+        Ok(Selections { memory: Some(memory), pieces, largest })
+    }
 }
 
 /// Which element type each use of a weight needs: GEMM matrices and the embedding in bf16,
@@ -47,6 +97,17 @@ pub(super) fn weight_uses(plan: &Plan, elems: &[Elem]) -> Vec<(usize, Elem)> {
             _ => {}
         }
     }
+    // A selection table in every element type its destination is read in.
+    let selected: Vec<(usize, Elem)> = plan
+        .ops
+        .iter()
+        .filter_map(|op| match *op {
+            Op::SelectWeight { table, dst, .. } => Some((table, dst)),
+            _ => None,
+        })
+        .flat_map(|(table, dst)| uses.iter().filter(move |u| u.0 == dst.0).map(move |&(_, e)| (table.0, e)))
+        .collect();
+    uses.extend(selected);
     uses.sort_unstable_by_key(|&(w, e)| (w, e.size()));
     uses.dedup();
     uses
@@ -162,9 +223,11 @@ pub(super) fn upload_weights(
     let uses = weight_uses(plan, elems);
     let numel = |w: usize| match plan.weights[w].role {
         WeightRole::Matrix { n, k } => n * k,
+        WeightRole::MatrixStack { entries, n, k } => entries * n * k,
         WeightRole::Embedding { vocab, width } => vocab * width,
         WeightRole::Vector => data[w].len(ckpt),
     };
+    let numels: HashMap<usize, usize> = uses.iter().map(|&(w, _)| (w, numel(w))).collect();
     let mut layout = Layout::default();
     let offsets: Vec<usize> = uses.iter().map(|&(w, e)| layout.take(numel(w) * e.size())).collect();
     let memory = DeviceMemory::new(layout.bytes, "weights")?;
@@ -243,7 +306,7 @@ pub(super) fn upload_weights(
     }
     upload?;
     log::info!("uploaded {:.1} MiB of weights in {:.2?}", memory.bytes as f64 / (1 << 20) as f64, started.elapsed());
-    Ok(UploadedWeights { memory, ptrs })
+    Ok(UploadedWeights { memory, ptrs, numels })
 }
 
 /// A raw pointer that scoped threads may share; each thread writes a disjoint range.

@@ -46,6 +46,20 @@ pub struct ModelInfo {
     /// Parameters the runtime reads.
     pub parameters: usize,
     pub config: ModelConfig,
+    /// The embodiment the steps run for (GR00T's tag), and those `set_embodiment` switches
+    /// between (empty for a model without embodiments).
+    pub embodiment: Option<String>,
+    pub embodiments: Vec<String>,
+}
+
+/// What an embodiment switch changes of [`ModelInfo`].
+#[derive(Clone, Debug)]
+pub struct EmbodimentInfo {
+    pub tag: String,
+    pub cameras: Vec<String>,
+    pub state_dim: usize,
+    pub action_dim: usize,
+    pub horizon: usize,
 }
 
 /// The sizes a model derived from its checkpoint, per model.
@@ -68,6 +82,10 @@ pub trait Processing: Send {
     /// The robot's action chunk (`horizon × action_dim`) from the plan's output (`IoSpec::actions`)
     /// and the step's raw state. Must not allocate.
     fn finish(&mut self, state: &[f32], output: &[f32], actions: &mut [f32]);
+    /// Switches the embodiment the next steps run for (the weights the plan selects, the
+    /// statistics): not the hot path. An unknown tag is refused, naming the known ones, and the
+    /// previous embodiment stays.
+    fn set_embodiment(&mut self, tag: &str) -> Result<EmbodimentInfo>;
 }
 
 /// A JSON file of a checkpoint (`config.json`, a model's sidecar files), read once and parsed by

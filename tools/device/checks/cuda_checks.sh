@@ -3,7 +3,7 @@
 # benchmark). Binaries are built on the x86_64 build host by tools/device/checks/build_carry.sh into
 # .device-carry/ (gitignored); this script only runs them.
 #
-#   bash tools/device/checks/cuda_checks.sh tests        # 5a tiny parity, 5b every op, 5d no-alloc, prompt buckets
+#   bash tools/device/checks/cuda_checks.sh tests        # 5a tiny parity, 5b every op, 5d no-alloc, prompt buckets, GR00T embodiment switch
 #   bash tools/device/checks/cuda_checks.sh bench        # pi05-2v, cold then warm kernel cache
 #   bash tools/device/checks/cuda_checks.sh views        # 1 and 3 views
 #   bash tools/device/checks/cuda_checks.sh full         # lerobot f32 reference on the same weights, 5c
@@ -77,6 +77,14 @@ synth_full() {
 synth_groot_full() {
     [ -f "$GROOT_FULL/model.safetensors" ] || run "$BIN/flashrt" synth --model groot-n17 --size full --out "$GROOT_FULL"
 }
+# A GR00T checkpoint takes the cameras its sidecars name: the 1- and 3-view workloads get their own
+# (same weights: same seed), removed after use (6.6 GB each).
+groot_bench_views() { # views workload
+    local dir="$GROOT_FULL-$1v"
+    [ -f "$dir/model.safetensors" ] || run "$BIN/flashrt" synth --model groot-n17 --size full --cameras "$1" --out "$dir"
+    CKPT="$dir" bench "$1" "$2"
+    rm -rf "$dir"
+}
 # The plan is sized for the camera slots it is opened with (missing cameras are masked, not
 # skipped), so an N-view workload opens N slots: --cameras N.
 bench() { # views workload [more bench options]
@@ -89,8 +97,8 @@ for phase in "$@"; do
     SECONDS=0
     case "$phase" in
     tests)
-        echo "== tests: every op vs CPU, tiny fixtures (Pi0.5, GR00T N1.7) vs CPU, RTC (both) vs lerobot, prompt buckets, no allocation"
-        gpu_tests every_op_matches_cpu tiny_fixture_matches_cpu real_time_chunking_matches_lerobot groot_tiny_matches_cpu groot_real_time_chunking_matches_lerobot prompt_buckets_match_the_whole_prompt step_allocates_nothing_and_device_memory_is_constant
+        echo "== tests: every op vs CPU, tiny fixtures (Pi0.5, GR00T N1.7) vs CPU, RTC (both) vs lerobot, GR00T embodiment switch, prompt buckets, no allocation"
+        gpu_tests every_op_matches_cpu tiny_fixture_matches_cpu real_time_chunking_matches_lerobot groot_tiny_matches_cpu groot_real_time_chunking_matches_lerobot groot_embodiment_switch_matches_cpu prompt_buckets_match_the_whole_prompt step_allocates_nothing_and_device_memory_is_constant
         ;;
     bench)
         echo "== bench pi05-2v: cold kernel cache, then warm"
@@ -179,12 +187,8 @@ for phase in "$@"; do
         ;;
     groot-views)
         echo "== bench gr00t with 1 and 3 cameras (checkpoints synthesized with that many)"
-        for n in 1 3; do
-            [ -f "$GROOT_FULL-${n}v/model.safetensors" ] ||
-                run "$BIN/flashrt" synth --model groot-n17 --size full --cameras "$n" --out "$GROOT_FULL-${n}v"
-            CKPT="$GROOT_FULL-${n}v" bench "$n" "gr00t-${n}v"
-            rm -rf "$GROOT_FULL-${n}v"
-        done
+        groot_bench_views 1 gr00t-1v
+        groot_bench_views 3 gr00t-3v
         ;;
     *)
         echo "unknown phase $phase (tests | bench | views | full | groot-full | groot-bench | groot-views | ab | overlap | slots | buckets | settings | attention | profile | versus)"

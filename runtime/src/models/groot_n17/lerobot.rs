@@ -455,7 +455,9 @@ pub fn read(dir: &Path, json: &ConfigJson, embodiment: Option<&str>) -> Result<S
     Ok(Source {
         backbone_dir: base.unwrap_or_else(|| dir.to_path_buf()),
         groot,
-        sidecars,
+        // A fine-tune is trained for one embodiment.
+        embodiments: vec![sidecars],
+        active: 0,
         denoise_steps: policy.num_inference_timesteps,
         widths: Some((pack.max_state_dim, pack.max_action_dim)),
         tokenizers,

@@ -1,8 +1,9 @@
 //! GR00T N1.7's sizes ([`Config`], from tensor shapes, `config.json` and the backbone's Qwen3-VL
 //! config) and its step as one [`Plan`] ([`build`]).
 //!
-//! Folded at load: the embodiment's slice of every category-specific weight (the slot is chosen
-//! at open), transposed to a product's layout; the ViT position table interpolated to the 256²
+//! Folded at load: every resident embodiment's slice of each category-specific weight, transposed
+//! to a product's layout and stacked into a table from which each step selects the active one
+//! (`Op::SelectWeight`, by the `embodiment` input); the ViT position table interpolated to the 256²
 //! grid and permuted to merge order; Q/K/V and gate/up merged; the timestep embedding of every
 //! denoise step and every AdaLN modulation it drives; the action encoder's time features folded
 //! into a per-step bias; the Euler step `dt` folded into the action decoder's last product.
@@ -377,7 +378,9 @@ pub struct BuildOptions {
     /// Sequence slots: the prompt's fixed tokens, the image tokens and the text capacity.
     pub slots: usize,
     pub image: QwenImage,
-    pub slot: usize,
+    /// The checkpoint slots of the embodiments whose weights stay resident, in the order the
+    /// `embodiment` input (an i32 the processing writes every step) indexes them.
+    pub embodiment_slots: Vec<usize>,
     /// Real-time chunking (the `ramp` schedule), for chunks of `chunk_rows` rows (what a step
     /// returns) of `robot_action_dim` columns.
     pub rtc: Option<RtcConfig>,
@@ -396,6 +399,8 @@ pub struct ModelInputs {
     pub image_slots: BufId,
     pub vision_positions: BufId,
     pub state: BufId,
+    /// Which entry of `BuildOptions::embodiment_slots` the step runs for.
+    pub embodiment: BufId,
 }
 
 /// A GR00T plan ready for a backend.
@@ -406,15 +411,141 @@ pub struct Built {
     pub inputs: ModelInputs,
 }
 
-/// Slot `slot` of a category-specific weight `[embodiments, in, out]`, transposed to a product's
-/// `[out, in]`, and its bias.
-fn category(ld: &Loader, name: &str, slot: usize) -> (Vec<f32>, Vec<f32>) {
+/// Slots `slots` of a category-specific weight `[embodiments, in, out]`, each transposed to a
+/// product's `[out, in]`, with its bias.
+fn category(ld: &Loader, name: &str, slots: &[usize]) -> Vec<(Vec<f32>, Vec<f32>)> {
     let (w, b) = (ld.get(&format!("{name}.W")), ld.get(&format!("{name}.b")));
     let shape = ld.ckpt.shape(&format!("{name}.W")).expect("checked").to_vec();
     let (inp, out) = (shape[1], shape[2]);
-    let w = &w[slot * inp * out..][..inp * out];
-    let transposed = (0..out).flat_map(|o| (0..inp).map(move |i| w[i * out + o])).collect();
-    (transposed, b[slot * out..][..out].to_vec())
+    slots
+        .iter()
+        .map(|&slot| {
+            let w = &w[slot * inp * out..][..inp * out];
+            let transposed = (0..out).flat_map(|o| (0..inp).map(move |i| w[i * out + o])).collect();
+            (transposed, b[slot * out..][..out].to_vec())
+        })
+        .collect()
+}
+
+/// The embodiment-specific weights the action head's products read: each is rewritten at the
+/// start of every step with the active embodiment's entry of a table of all resident ones
+/// (`Op::SelectWeight`), so switching the embodiment changes an input, not the plan.
+struct EmbodimentWeights {
+    state1: (WeightId, WeightId),
+    state2: (WeightId, WeightId),
+    action1: (WeightId, WeightId),
+    /// W2's half over the W1 output; its time-feature half is folded into `time_bias`.
+    action2: WeightId,
+    /// Per denoise step: W2's bias plus its product with that step's time features.
+    time_bias: Vec<WeightId>,
+    action3: WeightId,
+    /// W3's bias plus the action tokens' position rows, `[horizon, width]`.
+    positions_b3: WeightId,
+    decoder1: (WeightId, WeightId),
+    /// Scaled by the Euler step `dt`.
+    decoder2: (WeightId, WeightId),
+}
+
+/// The flow time of denoise step `step` in timestep buckets, as GR00T discretizes it.
+fn timestep(c: &Config, step: usize) -> f64 {
+    (step as f64 / c.denoise_steps as f64 * c.timestep_buckets as f64) as usize as f64
+}
+
+/// Declares every entry of the embodiment tables (one per checkpoint slot in `slots`), the
+/// weights the products read, and the ops that select entry `index[0]` into them (consecutive,
+/// at the start of the state phase: one launch on the GPU).
+fn embodiment_weights(
+    plan: &mut Plan,
+    add: &mut dyn FnMut(&mut Plan, String, WeightRole, WeightData) -> WeightId,
+    ld: &Loader,
+    c: &Config,
+    slots: &[usize],
+    index: BufId,
+) -> EmbodimentWeights {
+    let (dw, h) = (c.dit_width, c.horizon);
+    let mut selector = Selector { index, entries: slots.len(), values: 0 };
+    let mut linear =
+        |plan: &mut Plan, add: &mut dyn FnMut(&mut Plan, String, WeightRole, WeightData) -> WeightId, name: &str, scale: f32| {
+            let per_slot = category(ld, &format!("{AH}{name}"), slots);
+            let (out, inp) = (per_slot[0].1.len(), per_slot[0].0.len() / per_slot[0].1.len());
+            let scaled = |v: &[f32]| v.iter().map(|x| x * scale).collect::<Vec<f32>>();
+            let weights = per_slot.iter().map(|(w, _)| scaled(w)).collect();
+            let w = selector.select(plan, add, format!("{name}.slot"), Some((out, inp)), weights);
+            let b = selector.select(plan, add, format!("{name}.slot.bias"), None, per_slot.iter().map(|(_, b)| scaled(b)).collect());
+            (w, b)
+        };
+    let state1 = linear(plan, add, "state_encoder.layer1", 1.0);
+    let state2 = linear(plan, add, "state_encoder.layer2", 1.0);
+    let action1 = linear(plan, add, "action_encoder.W1", 1.0);
+    let decoder1 = linear(plan, add, "action_decoder.layer1", 1.0);
+    let decoder2 = linear(plan, add, "action_decoder.layer2", 1.0 / c.denoise_steps as f32);
+    // W2 over [a | time features]: the product with `a`, and the time part in a per-step bias.
+    let w2 = category(ld, &format!("{AH}action_encoder.W2"), slots);
+    let w2a = w2.iter().map(|(w, _)| (0..dw).flat_map(|o| w[o * 2 * dw..][..dw].to_vec()).collect()).collect();
+    let action2 = selector.select(plan, add, "action_encoder.W2.slot.actions".into(), Some((dw, dw)), w2a);
+    let time_bias = (0..c.denoise_steps)
+        .map(|step| {
+            let tau = action_time_features(timestep(c, step), dw);
+            let per_slot = w2
+                .iter()
+                .map(|(w, b)| {
+                    (0..dw).map(|o| (b[o] as f64 + (0..dw).map(|i| tau[i] * w[o * 2 * dw + dw + i] as f64).sum::<f64>()) as f32).collect()
+                })
+                .collect();
+            selector.select(plan, add, format!("action_encoder.time_bias.{step}"), None, per_slot)
+        })
+        .collect();
+    let w3 = category(ld, &format!("{AH}action_encoder.W3"), slots);
+    let action3 = selector.select(plan, add, "action_encoder.W3.slot".into(), Some((dw, dw)), w3.iter().map(|(w, _)| w.clone()).collect());
+    // W3's bias and the action tokens' position rows, added together.
+    let positions = ld.get(&format!("{AH}position_embedding.weight"));
+    let positions_b3 = w3.iter().map(|(_, b)| (0..h * dw).map(|i| positions[i] + b[i % dw]).collect()).collect();
+    let positions_b3 = selector.select(plan, add, "action_positions".into(), None, positions_b3);
+    let values = selector.values;
+    plan.notes.push(format!(
+        "embodiments: {} resident (checkpoint slots {slots:?}), {:.2} M embodiment-specific values each, kept as a table of \
+         all of them beside the copy the products read ({:.1} MiB in bf16); select_weight copies the active one's into that \
+         copy at the start of every step ({:.1} MiB in bf16, {:.1} in f32)",
+        slots.len(),
+        values as f64 / 1e6,
+        ((slots.len() + 1) * values * 2) as f64 / (1 << 20) as f64,
+        (values * 2) as f64 / (1 << 20) as f64,
+        (values * 4) as f64 / (1 << 20) as f64,
+    ));
+    EmbodimentWeights { state1, state2, action1, action2, time_bias, action3, positions_b3, decoder1, decoder2 }
+}
+
+/// Declares embodiment tables and the weights their entries are selected into.
+struct Selector {
+    index: BufId,
+    entries: usize,
+    /// Values of one entry of every table so far.
+    values: usize,
+}
+
+impl Selector {
+    /// A weight named `name` (a `[n, k]` matrix, or a vector) rewritten each step with entry
+    /// `index[0]` of a table of `per_slot`.
+    fn select(
+        &mut self,
+        plan: &mut Plan,
+        add: &mut dyn FnMut(&mut Plan, String, WeightRole, WeightData) -> WeightId,
+        name: String,
+        matrix: Option<(usize, usize)>,
+        per_slot: Vec<Vec<f32>>,
+    ) -> WeightId {
+        let (role, table_role) = match matrix {
+            Some((n, k)) => (WeightRole::Matrix { n, k }, WeightRole::MatrixStack { entries: self.entries, n, k }),
+            None => (WeightRole::Vector, WeightRole::Vector),
+        };
+        let len = per_slot[0].len();
+        self.values += len;
+        let table = add(plan, format!("{name}.table"), table_role, WeightData::Dense(per_slot.concat()));
+        // Zero until the selection writes it, before any op reads it.
+        let dst = add(plan, name, role, WeightData::Dense(vec![0.0; len]));
+        plan.push(Op::SelectWeight { index: self.index, entries: self.entries, table, dst });
+        dst
+    }
 }
 
 fn silu(x: f64) -> f64 {
@@ -485,11 +616,11 @@ fn action_time_features(t: f64, width: usize) -> Vec<f64> {
 /// Checks the checkpoint, loads and folds the weights, and builds the plan.
 pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn Fn(usize)) -> Result<Built> {
     c.expected().check(ckpt)?;
-    if opts.slot >= c.embodiments {
-        return Err(Error::invalid(
-            "config.embodiment",
-            format!("slot {} beyond the checkpoint's {} embodiments", opts.slot, c.embodiments),
-        ));
+    if let Some(slot) = opts.embodiment_slots.iter().find(|&&s| s >= c.embodiments) {
+        return Err(Error::invalid("config.embodiment", format!("slot {slot} beyond the checkpoint's {} embodiments", c.embodiments)));
+    }
+    if opts.embodiment_slots.is_empty() {
+        return Err(Error::invalid("config.embodiment", "no embodiment to run"));
     }
     let ld = Loader { ckpt, progress };
     let cams = opts.cameras;
@@ -536,6 +667,7 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
         ("image_slots", BufType::I32, vec![cams * tpi]),
         ("vision_positions", BufType::I32, vec![2, n]),
         ("state", BufType::F32, vec![c.state_width]),
+        ("embodiment", BufType::I32, vec![1]),
     ];
     let model_inputs: Vec<Port> = ports.iter().map(|(name, ty, shape)| Port::declare(&mut plan, name, *ty, shape, HostIo::Input)).collect();
     let inputs = ModelInputs {
@@ -547,6 +679,7 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
         image_slots: model_inputs[5].buf,
         vision_positions: model_inputs[6].buf,
         state: model_inputs[7].buf,
+        embodiment: model_inputs[8].buf,
     };
     let io = IoSpec {
         noise: Port::declare(&mut plan, "noise", BufType::F32, &[h, a], HostIo::Input),
@@ -741,17 +874,18 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
     let rows = 1 + h;
     let sa = plan.matrix("dit_x", rows, dw);
     let state_in = View { buf: inputs.state, offset: 0, rows: 1, cols: c.state_width, stride: c.state_width };
-    let category_linear =
-        |plan: &mut Plan, add: &mut dyn FnMut(&mut Plan, String, WeightRole, WeightData) -> WeightId, name: &str, scale: f32| {
-            let (w, b) = category(&ld, &format!("{AH}{name}"), opts.slot);
-            let (out, inp) = (b.len(), w.len() / b.len());
-            let w = add(plan, format!("{name}.slot"), matrix(out, inp), WeightData::Dense(w.iter().map(|v| v * scale).collect()));
-            let b = add(plan, format!("{name}.slot.bias"), vector, WeightData::Dense(b.iter().map(|v| v * scale).collect()));
-            (w, b)
-        };
+    let EmbodimentWeights {
+        state1: (s1, s1b),
+        state2: (s2, s2b),
+        action1: (ae_w1, ae_b1w),
+        action2: ae_w2a,
+        time_bias,
+        action3: ae_w3,
+        positions_b3,
+        decoder1: (dec1, dec1b),
+        decoder2: (dec2, dec2b),
+    } = embodiment_weights(&mut plan, &mut add, &ld, c, &opts.embodiment_slots, inputs.embodiment);
     let state_h = plan.matrix("state_h", 1, c.dit_out);
-    let (s1, s1b) = category_linear(&mut plan, &mut add, "state_encoder.layer1", 1.0);
-    let (s2, s2b) = category_linear(&mut plan, &mut add, "state_encoder.layer2", 1.0);
     plan.push(Op::Gemm { a: state_in, w: s1, bias: Some(s1b), out: state_h, accumulate: false });
     plan.push(Op::Activation { x: state_h, kind: Activation::Relu });
     let state_features = plan.matrix("state_features", 1, dw);
@@ -789,9 +923,6 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
         })
         .collect();
     let (po1w, po1b) = (ld.get(&format!("{m}proj_out_1.weight")), ld.get(&format!("{m}proj_out_1.bias")));
-    let (ae_w2, ae_b2) = category(&ld, &format!("{AH}action_encoder.W2"), opts.slot);
-    let pos_table = ld.get(&format!("{AH}position_embedding.weight"));
-    let (ae_w3, ae_b3) = category(&ld, &format!("{AH}action_encoder.W3"), opts.slot);
 
     let (ae1, ae2) = (plan.matrix("action_enc_1", h, dw), plan.matrix("action_enc_2", h, dw));
     let (d_h, d_qkv, d_q, d_attn, d_ff) = (
@@ -802,17 +933,6 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
         plan.matrix("dit_ff", rows, 4 * dw),
     );
     let (d_out, dec_h) = (plan.matrix("dit_out", rows, c.dit_out), plan.matrix("decoder_h", h, c.dit_out));
-    let (ae_w1, ae_b1w) = category_linear(&mut plan, &mut add, "action_encoder.W1", 1.0);
-    // W2 over [a | time features]: the product with `a` here, the time part in a per-step bias.
-    let ae_w2a: Vec<f32> = (0..dw).flat_map(|o| (0..dw).map(move |i| (o, i))).map(|(o, i)| ae_w2[o * 2 * dw + i]).collect();
-    let ae_w2a = add(&mut plan, "action_encoder.W2.slot.actions".into(), matrix(dw, dw), WeightData::Dense(ae_w2a));
-    let ae_w3 = add(&mut plan, "action_encoder.W3.slot".into(), matrix(dw, dw), WeightData::Dense(ae_w3));
-    // W3's bias and the action tokens' position rows, added together.
-    let positions_b3: Vec<f32> = (0..h).flat_map(|r| (0..dw).map(move |j| (r, j))).map(|(r, j)| pos_table[r * dw + j] + ae_b3[j]).collect();
-    let positions_b3 = add(&mut plan, "action_positions".into(), vector, WeightData::Dense(positions_b3));
-    let (dec1, dec1b) = category_linear(&mut plan, &mut add, "action_decoder.layer1", 1.0);
-    let dt = 1.0 / c.denoise_steps as f32;
-    let (dec2, dec2b) = category_linear(&mut plan, &mut add, "action_decoder.layer2", dt);
     let out2 = linear_layer(&mut plan, &mut add, &format!("{m}proj_out_2"), c.dit_out, dw);
     // Each DiT block's attention (its own rows, or the VL embeddings' keys and values) and its
     // output and feed-forward products; the modulation is per step.
@@ -834,16 +954,12 @@ pub fn build(ckpt: &Checkpoint, c: &Config, opts: &BuildOptions, progress: &dyn 
         })
         .collect();
 
-    for step in 0..c.denoise_steps {
+    for (step, &time_bias) in time_bias.iter().enumerate() {
         plan.phase(format!("denoise step {step}"));
-        let t = (step as f64 / c.denoise_steps as f64 * c.timestep_buckets as f64) as usize as f64;
+        let t = timestep(c, step);
         let temb = linear(&w2, &b2, &linear(&w1, &b1, &timestep_features(t)).into_iter().map(silu).collect::<Vec<_>>());
         let temb_silu: Vec<f64> = temb.iter().copied().map(silu).collect();
         // Action encoder: W1, then W2 with this step's time features as a bias, swish, W3.
-        let tau = action_time_features(t, dw);
-        let time_bias: Vec<f32> =
-            (0..dw).map(|o| (ae_b2[o] as f64 + (0..dw).map(|i| tau[i] * ae_w2[o * 2 * dw + dw + i] as f64).sum::<f64>()) as f32).collect();
-        let time_bias = add(&mut plan, format!("action_encoder.time_bias.{step}"), vector, WeightData::Dense(time_bias));
         // The DiT's rows: the state token, then the action tokens (its residual stream is rebuilt
         // every step).
         plan.push(Op::Copy { src: state_features, dst: sa.rows(0, 1) });

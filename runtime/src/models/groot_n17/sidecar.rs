@@ -159,6 +159,14 @@ impl Sidecars {
     /// An unknown tag is an error that lists the known ones (lerobot maps it to slot 0
     /// silently); so are missing statistics (lerobot refuses those too, for a raw checkpoint).
     pub fn read(dir: &Path, tag: Option<&str>) -> Result<Sidecars> {
+        let (mut all, active) = Sidecars::read_all(dir, tag)?;
+        Ok(all.swap_remove(active))
+    }
+
+    /// [`Sidecars::read`] for `tag`, and every other embodiment the files describe in full (a
+    /// slot, a modality config and statistics), in tag order: the embodiments a policy can
+    /// switch between. Returns them and where `tag`'s is.
+    pub fn read_all(dir: &Path, tag: Option<&str>) -> Result<(Vec<Sidecars>, usize)> {
         let config_path = dir.join("processor_config.json");
         let config =
             read_json(&config_path)?.ok_or_else(|| Error::checkpoint(dir, "missing processor_config.json (GR00T N1.7 sidecar)"))?;
@@ -178,21 +186,38 @@ impl Sidecars {
             Some(_) => return Err(Error::checkpoint(&ids_path, "expected an object of tag: slot")),
             None => BUILTIN_EMBODIMENTS.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
         };
-        let slot = table.iter().find(|(k, _)| k == tag).map(|&(_, v)| v).ok_or_else(|| {
-            let known: Vec<&str> = table.iter().map(|(k, _)| k.as_str()).collect();
-            Error::invalid("config.embodiment", format!("unknown embodiment tag {tag:?}; this checkpoint knows {}", known.join(", ")))
-        })?;
-        let modality = kwargs.modality_configs.get(tag).cloned().ok_or_else(|| {
-            Error::checkpoint(
-                &config_path,
-                format!("no modality_configs for embodiment {tag:?} (it has {:?})", kwargs.modality_configs.keys().collect::<Vec<_>>()),
-            )
-        })?;
-
         let stats_path = dir.join("statistics.json");
-        let all = read_json(&stats_path)?.ok_or_else(|| Error::checkpoint(dir, "missing statistics.json (GR00T N1.7 sidecar)"))?;
-        let stats = all.get(tag).ok_or_else(|| Error::checkpoint(&stats_path, format!("no statistics for embodiment {tag:?}")))?;
-        Sidecars::from_stats(tag, slot, kwargs.clone(), modality, stats, &stats_path, &config_path)
+        let all_stats = read_json(&stats_path)?;
+        let embodiment = |tag: &str| -> Result<Sidecars> {
+            let slot = table.iter().find(|(k, _)| k == tag).map(|&(_, v)| v).ok_or_else(|| {
+                let known: Vec<&str> = table.iter().map(|(k, _)| k.as_str()).collect();
+                Error::invalid("config.embodiment", format!("unknown embodiment tag {tag:?}; this checkpoint knows {}", known.join(", ")))
+            })?;
+            let modality = kwargs.modality_configs.get(tag).cloned().ok_or_else(|| {
+                Error::checkpoint(
+                    &config_path,
+                    format!("no modality_configs for embodiment {tag:?} (it has {:?})", kwargs.modality_configs.keys().collect::<Vec<_>>()),
+                )
+            })?;
+            let all = all_stats.as_ref().ok_or_else(|| Error::checkpoint(dir, "missing statistics.json (GR00T N1.7 sidecar)"))?;
+            let stats = all.get(tag).ok_or_else(|| Error::checkpoint(&stats_path, format!("no statistics for embodiment {tag:?}")))?;
+            Sidecars::from_stats(tag, slot, kwargs.clone(), modality, stats, &stats_path, &config_path)
+        };
+        let mut asked = Some(embodiment(tag)?);
+        let mut all = Vec::new();
+        let mut active = 0;
+        for other in kwargs.modality_configs.keys() {
+            if other == tag {
+                active = all.len();
+                all.extend(asked.take());
+                continue;
+            }
+            match embodiment(other) {
+                Ok(sidecars) => all.push(sidecars),
+                Err(e) => log::debug!("embodiment {other:?} is not switchable: {e}"),
+            }
+        }
+        Ok((all, active))
     }
 
     /// The groups of one embodiment from its statistics (`statistics.json[tag]`, or a lerobot

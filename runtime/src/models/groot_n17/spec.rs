@@ -9,7 +9,7 @@ use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::config::PolicyConfig;
 use crate::error::{Error, Result};
-use crate::models::{ConfigJson, ModelConfig, ModelInfo, ModelKind, ModelSpec, Processing};
+use crate::models::{ConfigJson, EmbodimentInfo, ModelConfig, ModelInfo, ModelKind, ModelSpec, Processing};
 use crate::qwen_image::{Filter, QwenImage};
 
 use super::lerobot;
@@ -29,7 +29,9 @@ pub struct Source {
     pub groot: GrootJson,
     /// The directory the backbone's `model_name` is resolved against.
     pub backbone_dir: PathBuf,
-    pub sidecars: Sidecars,
+    /// Every embodiment the processing describes in full, and the one to open with.
+    pub embodiments: Vec<Sidecars>,
+    pub active: usize,
     /// The checkpoint's own denoise step count, over its model config's.
     pub denoise_steps: Option<usize>,
     /// The state and action widths the processing pads to, checked against the model's.
@@ -41,10 +43,12 @@ pub struct Source {
 
 impl Source {
     fn raw(dir: &Path, json: &ConfigJson, embodiment: Option<&str>) -> Result<Source> {
+        let (embodiments, active) = Sidecars::read_all(dir, embodiment)?;
         Ok(Source {
             groot: json.parse()?,
             backbone_dir: dir.to_path_buf(),
-            sidecars: Sidecars::read(dir, embodiment)?,
+            embodiments,
+            active,
             denoise_steps: None,
             widths: None,
             tokenizers: vec![dir.join("tokenizer.json")],
@@ -81,7 +85,7 @@ pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig,
             ),
         ));
     }
-    let sidecars = source.sidecars;
+    let sidecars = &source.embodiments[source.active];
     let tag = &sidecars.tag;
     let cameras: Vec<String> = sidecars.modality.video.modality_keys.clone();
     if cameras.is_empty() {
@@ -147,25 +151,62 @@ pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig,
             None
         }
     };
-    let horizon = sidecars.action_steps.min(model_config.horizon);
+    // The embodiments a step may switch to: those with as many cameras (the plan's image slots)
+    // and within the model's widths — and, under real-time chunking, with the opened one's chunk
+    // (the plan copies that many rows and columns of the previous chunk). Their weights stay
+    // resident, one table entry per slot.
+    let chunk_of = |e: &Sidecars| (e.action_steps.min(model_config.horizon), e.action_dim());
+    let (rtc_rows, rtc_cols) = chunk_of(&source.embodiments[source.active]);
+    let (mut switchable, mut excluded) = (Vec::new(), Vec::new());
+    for (i, e) in source.embodiments.into_iter().enumerate() {
+        let why = if e.modality.video.modality_keys.len() != cameras.len() {
+            Some(format!("it has {} cameras, the policy was opened with {}", e.modality.video.modality_keys.len(), cameras.len()))
+        } else if e.state_dim() > model_config.state_width || e.action_dim() > model_config.action_width {
+            Some(format!("its state {} / action {} exceed the model's widths", e.state_dim(), e.action_dim()))
+        } else if config.rtc.is_some() && chunk_of(&e) != (rtc_rows, rtc_cols) {
+            let (rows, cols) = chunk_of(&e);
+            Some(format!(
+                "real-time chunking is on, and its chunk ({rows} x {cols}) is not the opened embodiment's ({rtc_rows} x {rtc_cols})"
+            ))
+        } else {
+            None
+        };
+        match why {
+            Some(why) => excluded.push((e.tag, why)),
+            None => switchable.push((i == source.active, e)),
+        }
+    }
+    let active = switchable.iter().position(|(opened, _)| *opened).expect("the opened embodiment was checked above");
+    let mut embodiment_slots: Vec<usize> = Vec::new();
+    let embodiments: Vec<Embodiment> = switchable
+        .into_iter()
+        .map(|(_, sidecars)| {
+            let entry = embodiment_slots.iter().position(|&s| s == sidecars.slot).unwrap_or_else(|| {
+                embodiment_slots.push(sidecars.slot);
+                embodiment_slots.len() - 1
+            });
+            Embodiment { sidecars, entry }
+        })
+        .collect();
     let opts = BuildOptions {
         cameras: cameras.len(),
         max_frame_width: config.max_frame_width,
         max_frame_height: config.max_frame_height,
         slots,
         image,
-        slot: sidecars.slot,
+        embodiment_slots,
         rtc: config.rtc,
-        chunk_rows: horizon,
-        robot_action_dim: sidecars.action_dim(),
+        chunk_rows: rtc_rows,
+        robot_action_dim: rtc_cols,
     };
     let built = build(ckpt, &model_config, &opts, progress)?;
     let grid = image.target / image.patch;
+    let formalize = embodiments[active].sidecars.kwargs.formalize_language;
     let processing = GrootProcessing {
         tokenizer,
         missing_tokenizer,
         vocab: model_config.vocab,
-        formalize: kw.formalize_language,
+        formalize,
         images: cameras.len(),
         tokens_per_image,
         grid: (grid / 2, grid / 2),
@@ -175,14 +216,20 @@ pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig,
         normalized_state: vec![0.0; model_config.state_width],
         slots,
         action_width: model_config.action_width,
-        sidecars,
+        horizon: model_config.horizon,
+        embodiments,
+        active,
+        excluded,
     };
+    let embodiment = processing.embodiment();
     let info = ModelInfo {
         kind: ModelKind::GrootN17,
-        cameras,
-        state_dim,
-        horizon,
-        action_dim: processing.sidecars.action_dim(),
+        cameras: embodiment.cameras,
+        state_dim: embodiment.state_dim,
+        horizon: embodiment.horizon,
+        action_dim: embodiment.action_dim,
+        embodiment: Some(embodiment.tag),
+        embodiments: processing.embodiments.iter().map(|e| e.sidecars.tag.clone()).collect(),
         denoise_steps: model_config.denoise_steps,
         prompt_capacity: slots,
         parameters: model_config.parameter_count(),
@@ -236,10 +283,39 @@ pub struct GrootProcessing {
     normalized_state: Vec<f32>,
     slots: usize,
     action_width: usize,
+    /// The model's action rows (a chunk keeps at most this many).
+    horizon: usize,
+    /// The embodiments a step may switch to, and the one it uses.
+    embodiments: Vec<Embodiment>,
+    active: usize,
+    /// The checkpoint's other embodiments, with why a step cannot switch to them.
+    excluded: Vec<(String, String)>,
+}
+
+/// An embodiment a policy can switch to: its processing and its entry in the plan's tables of
+/// embodiment-specific weights (embodiments that share a checkpoint slot share the entry).
+struct Embodiment {
     sidecars: Sidecars,
+    entry: usize,
 }
 
 impl GrootProcessing {
+    fn sidecars(&self) -> &Sidecars {
+        &self.embodiments[self.active].sidecars
+    }
+
+    /// What the caller sees of the active embodiment.
+    fn embodiment(&self) -> EmbodimentInfo {
+        let s = self.sidecars();
+        EmbodimentInfo {
+            tag: s.tag.clone(),
+            cameras: s.modality.video.modality_keys.clone(),
+            state_dim: s.state_dim(),
+            action_dim: s.action_dim(),
+            horizon: s.action_steps.min(self.horizon),
+        }
+    }
+
     /// The prompt inputs of `ids`, whose image-pad runs are the images.
     fn prompt_inputs(&self, ids: Vec<i32>, image_pad: i32) -> Result<PromptInputs> {
         if ids.len() > self.slots {
@@ -307,12 +383,26 @@ impl Processing for GrootProcessing {
         backend.input_i32(i.mrope).copy_from_slice(&p.mrope);
         backend.input_i32(i.image_slots).copy_from_slice(&p.image_slots);
         backend.input_i32(i.vision_positions).copy_from_slice(&self.vision_positions);
-        self.sidecars.normalize_state(state, &mut self.normalized_state);
+        backend.input_i32(i.embodiment)[0] = self.embodiments[self.active].entry as i32;
+        self.embodiments[self.active].sidecars.normalize_state(state, &mut self.normalized_state);
         backend.input_f32(i.state).copy_from_slice(&self.normalized_state);
         Ok(p.len)
     }
 
     fn finish(&mut self, state: &[f32], output: &[f32], actions: &mut [f32]) {
-        self.sidecars.decode_actions(output, self.action_width, state, actions);
+        self.sidecars().decode_actions(output, self.action_width, state, actions);
+    }
+
+    fn set_embodiment(&mut self, tag: &str) -> Result<EmbodimentInfo> {
+        if let Some(i) = self.embodiments.iter().position(|e| e.sidecars.tag == tag) {
+            self.active = i;
+            return Ok(self.embodiment());
+        }
+        let known: Vec<&str> = self.embodiments.iter().map(|e| e.sidecars.tag.as_str()).collect();
+        let why = match self.excluded.iter().find(|(t, _)| t == tag) {
+            Some((_, why)) => format!("embodiment {tag:?} cannot be switched to: {why} (open the policy with it instead)"),
+            None => format!("unknown embodiment tag {tag:?}"),
+        };
+        Err(Error::invalid("embodiment", format!("{why}; this policy switches between {}", known.join(", "))))
     }
 }

@@ -1,7 +1,8 @@
 //! Random GR00T N1.7 checkpoints in the raw Hugging Face layout, so the runtime can be exercised
 //! without a download: `model.safetensors` (names and shapes from [`Config::expected`]),
-//! `config.json`, the sidecar files (one embodiment, `robot`, with relative end-effector and joint
-//! action groups and an absolute gripper), and a `tokenizer.json` (the tiny byte-level BPE of the
+//! `config.json`, the sidecar files (by default one embodiment, `robot`, with relative end-effector
+//! and joint action groups and an absolute gripper, and two cameras; see [`Options`]), and a
+//! `tokenizer.json` (the tiny byte-level BPE of the
 //! test fixture, with the Qwen-VL special tokens: valid for any vocabulary above 474 ids).
 //!
 //! Tiny has the test fixture's sizes (its backbone config is written beside it); Full has
@@ -22,9 +23,12 @@ const TOKENIZER_CONFIG: &[u8] = include_bytes!("../../../../tests/data/groot_n17
 const TINY_BACKBONE: &[u8] = include_bytes!("../../../../tests/data/groot_n17_tiny/backbone/config.json");
 pub const EMBODIMENT: &str = "robot";
 const STD: f32 = 0.02;
-/// State groups and action groups (name, width, action config) of the synthesized embodiment.
-const STATE_GROUPS: [(&str, usize); 2] = [("eef_pose", 9), ("joints", 6)];
-const ACTION_GROUPS: [(&str, usize, &str); 3] = [
+/// A state group (name, width) and an action group (name, width, action config).
+type StateGroup = (&'static str, usize);
+type ActionGroup = (&'static str, usize, &'static str);
+/// The groups of the first synthesized embodiment.
+const STATE_GROUPS: [StateGroup; 2] = [("eef_pose", 9), ("joints", 6)];
+const ACTION_GROUPS: [ActionGroup; 3] = [
     ("eef_pose", 9, r#"{"rep": "relative", "type": "eef", "format": "xyz+rot6d", "state_key": "eef_pose"}"#),
     ("joints", 6, r#"{"rep": "relative", "type": "non_eef", "format": "default", "state_key": "joints"}"#),
     ("gripper", 1, r#"{"rep": "absolute", "type": "non_eef", "format": "default"}"#),
@@ -123,11 +127,39 @@ fn init(name: &str) -> (f32, f32) {
     if gain { (1.0, STD) } else { (0.0, STD) }
 }
 
-/// Writes a random checkpoint directory at `out` (created if missing).
+/// What a synthesized checkpoint's sidecar files describe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// Cameras of every embodiment: `front`, `wrist`, then `camera_2`, ...
+    pub cameras: usize,
+    /// Embodiments with statistics: [`EMBODIMENT`] (slot 1) with end-effector and joint groups,
+    /// then `robot_2`, `robot_3`, ... (slots 2, 3, ...) with joint groups of other widths.
+    pub embodiments: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { cameras: 2, embodiments: 1 }
+    }
+}
+
+/// Writes a random checkpoint directory at `out` (created if missing) with the default
+/// [`Options`]: two cameras, one embodiment.
 pub fn synthesize(out: &Path, size: Size, seed: u64, progress: &dyn Fn(u64)) -> Result<()> {
+    synthesize_with(out, size, &Options::default(), seed, progress)
+}
+
+/// [`synthesize`] with the cameras and embodiments of `options`.
+pub fn synthesize_with(out: &Path, size: Size, options: &Options, seed: u64, progress: &dyn Fn(u64)) -> Result<()> {
+    let c = size.config();
+    if options.cameras == 0 {
+        return Err(Error::invalid("--cameras", "a GR00T checkpoint needs at least one camera"));
+    }
+    if !(1..=c.embodiments).contains(&options.embodiments) {
+        return Err(Error::invalid("--embodiments", format!("{}: 1 to the model's {} slots", options.embodiments, c.embodiments)));
+    }
     let io = |source| Error::Io { path: out.into(), source };
     std::fs::create_dir_all(out).map_err(io)?;
-    let c = size.config();
     let tensors: Vec<(String, Vec<usize>)> = c.expected().tensors().map(|(n, s)| (n.to_string(), s.to_vec())).collect();
     let dtype = if size == Size::Tiny { RandomDtype::F32 } else { RandomDtype::Bf16 };
     write_random_safetensors(&out.join("model.safetensors"), &tensors, dtype, seed, &init, progress)?;
@@ -164,13 +196,20 @@ pub fn synthesize(out: &Path, size: Size, seed: u64, progress: &dyn Fn(u64)) -> 
         std::fs::write(out.join(name), serde_json::to_string_pretty(value).expect("json")).map_err(io)
     };
     write_json("config.json", &config)?;
-    write_sidecars(c.horizon, seed, &write_json)?;
+    write_sidecars(c.horizon, c.embodiments, options, seed, &write_json)?;
     std::fs::write(out.join("tokenizer.json"), TOKENIZER_JSON).map_err(io)?;
     std::fs::write(out.join("tokenizer_config.json"), TOKENIZER_CONFIG).map_err(io)
 }
 
-/// processor_config.json, statistics.json and embodiment_id.json for one embodiment (slot 1).
-fn write_sidecars(horizon: usize, seed: u64, write_json: &dyn Fn(&str, &serde_json::Value) -> Result<()>) -> Result<()> {
+/// The sidecar files for `options`: per embodiment its groups (with their action configs), the
+/// modality config and statistics; every embodiment has the same cameras.
+fn write_sidecars(
+    horizon: usize,
+    slots: usize,
+    options: &Options,
+    seed: u64,
+    write_json: &dyn Fn(&str, &serde_json::Value) -> Result<()>,
+) -> Result<()> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed.wrapping_add(11));
     let mut stats = |width: usize, steps: Option<usize>| {
         let lo: Vec<f64> = (0..width).map(|_| rng.random_range(-2.0..-0.2)).collect();
@@ -185,31 +224,65 @@ fn write_sidecars(horizon: usize, seed: u64, write_json: &dyn Fn(&str, &serde_js
         serde_json::json!({"min": per_step(at(0.0)), "max": per_step(at(1.0)), "q01": per_step(at(0.05)), "q99": per_step(at(0.95)),
                            "mean": per_step(at(0.5)), "std": per_step(at(0.25))})
     };
-    let state: serde_json::Map<String, serde_json::Value> = STATE_GROUPS.iter().map(|&(k, w)| (k.to_string(), stats(w, None))).collect();
-    let action: serde_json::Map<String, serde_json::Value> =
-        ACTION_GROUPS.iter().map(|&(k, w, _)| (k.to_string(), stats(w, None))).collect();
-    let relative: serde_json::Map<String, serde_json::Value> = ACTION_GROUPS
-        .iter()
-        .filter(|(_, _, cfg)| cfg.contains("relative"))
-        .map(|&(k, w, _)| (k.to_string(), stats(w, Some(horizon))))
-        .collect();
-    write_json("statistics.json", &serde_json::json!({ EMBODIMENT: {"state": state, "action": action, "relative_action": relative} }))?;
-    let configs: Vec<serde_json::Value> =
-        ACTION_GROUPS.iter().map(|(_, _, cfg)| serde_json::from_str(cfg).expect("literal JSON")).collect();
-    let modality = serde_json::json!({
-        "video": {"modality_keys": ["front", "wrist"], "delta_indices": [0]},
-        "state": {"modality_keys": STATE_GROUPS.map(|g| g.0), "delta_indices": [0]},
-        "action": {"modality_keys": ACTION_GROUPS.map(|g| g.0), "delta_indices": (0..horizon).collect::<Vec<_>>(), "action_configs": configs},
-        "language": {"modality_keys": ["annotation.human.task_description"], "delta_indices": [0]},
-    });
+    let cameras: Vec<String> = (0..options.cameras).map(camera_name).collect();
+    let (mut all_stats, mut modalities, mut ids) = (serde_json::Map::new(), serde_json::Map::new(), serde_json::Map::new());
+    for k in 0..options.embodiments {
+        // The first embodiment has an end-effector; the others only joints, each of its own width.
+        let joints = 6 + k;
+        let (state_groups, action_groups): (Vec<StateGroup>, Vec<ActionGroup>) = if k == 0 {
+            (STATE_GROUPS.to_vec(), ACTION_GROUPS.to_vec())
+        } else {
+            (vec![("joints", joints)], vec![("joints", joints, ACTION_GROUPS[1].2), ACTION_GROUPS[2]])
+        };
+        let state: serde_json::Map<String, serde_json::Value> =
+            state_groups.iter().map(|&(g, w)| (g.to_string(), stats(w, None))).collect();
+        let action: serde_json::Map<String, serde_json::Value> =
+            action_groups.iter().map(|&(g, w, _)| (g.to_string(), stats(w, None))).collect();
+        let relative: serde_json::Map<String, serde_json::Value> = action_groups
+            .iter()
+            .filter(|(_, _, cfg)| cfg.contains("relative"))
+            .map(|&(g, w, _)| (g.to_string(), stats(w, Some(horizon))))
+            .collect();
+        let configs: Vec<serde_json::Value> =
+            action_groups.iter().map(|(_, _, cfg)| serde_json::from_str(cfg).expect("literal JSON")).collect();
+        let tag = embodiment_tag(k);
+        all_stats.insert(tag.clone(), serde_json::json!({"state": state, "action": action, "relative_action": relative}));
+        modalities.insert(
+            tag.clone(),
+            serde_json::json!({
+                "video": {"modality_keys": cameras, "delta_indices": [0]},
+                "state": {"modality_keys": state_groups.iter().map(|g| g.0).collect::<Vec<_>>(), "delta_indices": [0]},
+                "action": {"modality_keys": action_groups.iter().map(|g| g.0).collect::<Vec<_>>(),
+                           "delta_indices": (0..horizon).collect::<Vec<_>>(), "action_configs": configs},
+                "language": {"modality_keys": ["annotation.human.task_description"], "delta_indices": [0]},
+            }),
+        );
+        ids.insert(tag, serde_json::json!((1 + k) % slots));
+    }
+    ids.insert("new_embodiment".into(), serde_json::json!(10));
+    write_json("statistics.json", &serde_json::Value::Object(all_stats))?;
     let kwargs = serde_json::json!({
-        "modality_configs": { EMBODIMENT: modality },
+        "modality_configs": modalities,
         "use_percentiles": true, "use_relative_action": true, "clip_outliers": true, "formalize_language": true,
         "image_target_size": [256, 256], "image_crop_size": [230, 230], "use_albumentations": false, "letter_box_transform": false,
         "max_action_horizon": horizon,
     });
     write_json("processor_config.json", &serde_json::json!({"processor_kwargs": kwargs}))?;
-    write_json("embodiment_id.json", &serde_json::json!({ EMBODIMENT: 1, "new_embodiment": 10 }))
+    write_json("embodiment_id.json", &serde_json::Value::Object(ids))
+}
+
+/// The tag of synthesized embodiment `k`: [`EMBODIMENT`], then `robot_2`, `robot_3`, ...
+pub fn embodiment_tag(k: usize) -> String {
+    if k == 0 { EMBODIMENT.to_string() } else { format!("{EMBODIMENT}_{}", k + 1) }
+}
+
+/// Camera `i`'s name: `front`, `wrist`, then `camera_2`, ...
+fn camera_name(i: usize) -> String {
+    match i {
+        0 => "front".into(),
+        1 => "wrist".into(),
+        _ => format!("camera_{i}"),
+    }
 }
 
 #[cfg(test)]

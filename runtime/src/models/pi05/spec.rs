@@ -7,7 +7,7 @@ use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::config::PolicyConfig;
 use crate::error::{Error, Result};
-use crate::models::{ConfigJson, ModelConfig, ModelInfo, ModelKind, ModelSpec, Processing};
+use crate::models::{ConfigJson, EmbodimentInfo, ModelConfig, ModelInfo, ModelKind, ModelSpec, Processing};
 
 use super::norm::{FeatureStats, NormStats};
 use super::prompt::{PromptTokenizer, discretize_state, is_blank_task, raw_tokens};
@@ -117,6 +117,8 @@ pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig,
         prompt_capacity: capacity,
         parameters: model_config.parameter_count(),
         config: ModelConfig::Pi05(model_config),
+        embodiment: None,
+        embodiments: Vec::new(),
     };
     Ok(ModelSpec { plan: built.plan, weights: built.weights, io: built.io, processing: Box::new(processing), info })
 }
@@ -188,5 +190,9 @@ impl Processing for Pi05Processing {
     /// The plan unnormalizes the actions itself (folded into its last op).
     fn finish(&mut self, _state: &[f32], output: &[f32], actions: &mut [f32]) {
         actions.copy_from_slice(output);
+    }
+
+    fn set_embodiment(&mut self, tag: &str) -> Result<EmbodimentInfo> {
+        Err(Error::invalid("embodiment", format!("{tag:?} given, but Pi0.5 has no embodiments (a GR00T setting)")))
     }
 }
