@@ -137,6 +137,13 @@ enum FrtStatus
    * its last error are as the other call leaves them. Serialize the calls on a policy.
    */
   FRT_STATUS_BUSY = 9,
+  /**
+   * A step failed inside the backend (a device error, e.g. a failed CUDA launch or
+   * synchronization): the policy's state is unknown, so this step and every later step or
+   * prompt call on the policy returns this status, with the first failure in
+   * `frt_policy_last_error`. The const calls still work. Free the policy and open a new one.
+   */
+  FRT_STATUS_FAULTED = 10,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -936,7 +943,8 @@ FrtStatus frt_policy_info(const struct FrtPolicy *policy, struct FrtPolicyInfo *
  *
  * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` (not UTF-8,
  * empty or whitespace-only text);
- * `FRT_STATUS_TOKENIZER` (no tokenizer loaded, or it cannot encode the text); `FRT_STATUS_PANIC`.
+ * `FRT_STATUS_TOKENIZER` (no tokenizer loaded, or it cannot encode the text); `FRT_STATUS_FAULTED`
+ * (a step failed in the device before); `FRT_STATUS_PANIC`.
  * On failure the previous prompt stays in effect.
  *
  * Thread safety: not concurrently with any other call on `policy`; one that finds another call
@@ -952,8 +960,8 @@ FrtStatus frt_policy_set_prompt(struct FrtPolicy *policy, const char *text, size
  * step; for callers that tokenize themselves.
  *
  * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` (`len` is 0
- * or above the prompt capacity, or an id is outside the vocabulary); `FRT_STATUS_PANIC`. On
- * failure the previous prompt stays in effect.
+ * or above the prompt capacity, or an id is outside the vocabulary); `FRT_STATUS_FAULTED` (a step
+ * failed in the device before); `FRT_STATUS_PANIC`. On failure the previous prompt stays in effect.
  *
  * Thread safety: not concurrently with any other call on `policy`; one that finds another call
  * taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
@@ -1004,8 +1012,9 @@ FrtStatus frt_policy_set_embodiment(struct FrtPolicy *policy, const char *tag, s
  * `FRT_STATUS_INVALID_ARGUMENT` (a `struct_size` too small, wrong `cameras_len`, `state_len`,
  * `noise_len` or `actions_len`, no present frame, an unknown pixel format, a frame that is empty,
  * larger than the configured maximum, or whose `data_len` or `stride` does not cover its
- * geometry, a NaN or infinite state or noise value, no prompt set); `FRT_STATUS_BACKEND` (the
- * device failed); `FRT_STATUS_PANIC`.
+ * geometry, a NaN or infinite state or noise value, no prompt set); `FRT_STATUS_FAULTED` (the
+ * device failed during this or an earlier step: free the policy and open a new one);
+ * `FRT_STATUS_PANIC`.
  *
  * Thread safety: not concurrently with any other call on `policy`; one that finds another call
  * taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.

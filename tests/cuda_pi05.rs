@@ -17,6 +17,9 @@
 //!   bucket's prefix rows are recomputed;
 //! - `step_allocates_nothing_and_device_memory_is_constant`: ≥ 1000 steps with changing inputs,
 //!   zero heap allocations (counting allocator) and unchanged device memory;
+//! - `a_device_fault_marks_the_policy_unusable_and_a_new_one_works`: an injected failure of a
+//!   step's synchronization faults the policy (every later call refused at once), drop waits for
+//!   the in-flight graph and frees its memory, and a new policy in the same process steps as before;
 //! - `full_size_matches_lerobot`: with `FRT_FULL_PARITY_DIR` (made by tools/device/
 //!   full_parity.py): a random full-size checkpoint vs lerobot 0.6.1 f32 on the same weights and
 //!   inputs, cosine ≥ 0.99999 and relative L2 ≤ 5e-3, and a control copy with one weight 2 %
@@ -1665,6 +1668,81 @@ fn step_allocates_nothing_and_device_memory_is_constant() {
     // The counter works: an allocation while armed is seen.
     let (_, n) = counting_alloc::count(|| std::hint::black_box(vec![1u8; 64]));
     assert_eq!(n, 1);
+}
+
+/// A device failure during a step (injected: the graph is launched, then its synchronization
+/// reports an error while it may still run) marks the policy faulted: that step and every later
+/// step or prompt call returns `Error::Faulted` at once, without touching the device; dropping the
+/// policy waits for the in-flight graph and releases its device memory; a policy opened afresh in
+/// the same process steps as before.
+#[test]
+#[ignore = "needs a CUDA GPU: tools/device/checks/cuda_checks.sh tests"]
+fn a_device_fault_marks_the_policy_unusable_and_a_new_one_works() {
+    require_gpu("a_device_fault_marks_the_policy_unusable_and_a_new_one_works");
+    let dir = fixture_dir();
+    let frame: Vec<u8> = (0..224 * 224 * 3).map(|i| (i * 7 % 251) as u8).collect();
+    let cams = [Some(Frame::packed(&frame, 224, 224, PixelFormat::Rgb8)), None, None];
+    let step = |policy: &mut Policy, actions: &mut [f32]| {
+        let state = vec![0.2; policy.info().state_dim];
+        let noise: Vec<f32> = (0..policy.noise_len()).map(|i| (i % 13) as f32 / 6.0 - 1.0).collect();
+        policy.step(&Observation { cameras: &cams, state: &state, noise: Some(&noise) }, actions)
+    };
+    let mut policy = open(&dir, BackendKind::Cuda);
+    policy.set_prompt_tokens(&[2, 300, 301, 302]).unwrap();
+    let mut reference = vec![0.0; policy.actions_len()];
+    step(&mut policy, &mut reference).unwrap();
+    let memory_open = flashrt::cuda::used_device_memory().expect("the policy's context is current");
+    let policy_bytes = policy.info().memory_bytes;
+
+    policy.inject_fault();
+    let mut actions = vec![f32::NAN; policy.actions_len()];
+    let first = step(&mut policy, &mut actions).unwrap_err();
+    assert!(matches!(first, flashrt::Error::Faulted(_)) && first.to_string().contains("injected fault"), "{first}");
+    assert!(actions.iter().all(|a| a.is_nan()), "a faulted step writes no actions");
+    let started = std::time::Instant::now();
+    for _ in 0..3 {
+        assert_eq!(step(&mut policy, &mut actions).unwrap_err().to_string(), first.to_string());
+    }
+    assert_eq!(policy.set_prompt_tokens(&[2, 5]).unwrap_err().to_string(), first.to_string());
+    assert!(started.elapsed() < std::time::Duration::from_millis(100), "refusals must not wait on the device");
+    let started = std::time::Instant::now();
+    drop(policy);
+    let dropped_in = started.elapsed();
+    assert!(dropped_in < std::time::Duration::from_secs(10), "drop took {dropped_in:?}");
+
+    let mut policy = open(&dir, BackendKind::Cuda);
+    policy.set_prompt_tokens(&[2, 300, 301, 302]).unwrap();
+    step(&mut policy, &mut actions).unwrap();
+    let memory_reopened = flashrt::cuda::used_device_memory().unwrap();
+    let (cos, abs) = (cosine(&actions, &reference), max_abs(&actions, &reference));
+    eprintln!(
+        "fault: {first}; drop {dropped_in:?}; device memory {memory_open} -> {memory_reopened} bytes (policy {policy_bytes}); \
+         reopened vs before: cosine {cos:.7}, max-abs {abs:.2e}"
+    );
+    write_result(
+        "cuda_fault.json",
+        json!({
+            "check": "an injected device fault marks the policy faulted; drop releases it; a new policy steps as before",
+            "model": "pi05 tiny (tests/data/pi05_tiny)",
+            "device": policy.info().device,
+            "backend": "cuda",
+            "error": first.to_string(),
+            "drop_ms": dropped_in.as_secs_f64() * 1e3,
+            "device_memory_used_open": memory_open,
+            "device_memory_used_reopened": memory_reopened,
+            "policy_memory_bytes": policy_bytes,
+            "cosine": cos,
+            "max_abs": abs,
+            "commit": commit(),
+        }),
+    );
+    assert!(cos >= CUDA_TINY_COSINE && abs <= CUDA_TINY_MAX_ABS, "reopened policy: cosine {cos}, max-abs {abs}");
+    // The faulted policy's weights and arena were released: at most half of it may remain (the
+    // driver's own pools move a little between opens).
+    assert!(
+        memory_reopened < memory_open + policy_bytes / 2,
+        "device memory {memory_open} -> {memory_reopened}: the faulted policy leaked"
+    );
 }
 
 // ---- (c) full size vs lerobot f32 ---------------------------------------------------------------

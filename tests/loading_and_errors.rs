@@ -16,6 +16,12 @@ fn tiny() -> tempfile::TempDir {
     dir
 }
 
+fn micro() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    synthesize(dir.path(), SynthSize::Micro, 5, &|_| {}).unwrap();
+    dir
+}
+
 fn open(dir: &Path) -> flashrt::Result<Policy> {
     Policy::open(&PolicyConfig::new(dir))
 }
@@ -348,6 +354,106 @@ fn rewriting_the_checkpoint_under_an_open_policy_changes_nothing() {
     assert_eq!(step_once(&mut policy), before, "step after truncation");
     std::fs::write(&model, original.iter().map(|b| b ^ 0x55).collect::<Vec<u8>>()).unwrap();
     assert_eq!(step_once(&mut policy), before, "step after rewriting every byte");
+}
+
+/// The window `Policy::open` reads the weights in: the header has been read, then the file
+/// shrinks. Reading a tensor past the new end is a short read, reported by `reads_ok` naming the
+/// file and tensor, not a SIGBUS (as it would be through a memory mapping).
+#[test]
+fn a_checkpoint_truncated_after_its_header_was_read_gives_a_named_error() {
+    let dir = micro();
+    let model = dir.path().join("model.safetensors");
+    let ckpt = flashrt::checkpoint::Checkpoint::open(&model).unwrap();
+    let last = ckpt.names().max_by_key(|n| ckpt.get(n).unwrap().byte_len()).unwrap().to_string();
+    assert!(ckpt.get(&last).unwrap().to_f32().iter().any(|v| *v != 0.0));
+    ckpt.reads_ok().unwrap();
+    std::fs::OpenOptions::new().write(true).open(&model).unwrap().set_len(1000).unwrap();
+    let values = ckpt.get(&last).unwrap().to_f32();
+    assert!(values.iter().all(|v| *v == 0.0), "a failed read leaves zeros, never stale or foreign bytes");
+    let e = ckpt.reads_ok().unwrap_err().to_string();
+    assert!(e.contains("model.safetensors") && e.contains(&last) && e.contains("truncated"), "{e}");
+}
+
+/// A writer truncating `model.safetensors` while `Policy::open` runs, at 24 points in time: each
+/// open either finishes before the truncation or fails with an error naming the file; none
+/// crashes the process.
+#[test]
+fn truncating_the_checkpoint_during_open_never_crashes() {
+    let dir = micro();
+    let model = dir.path().join("model.safetensors");
+    let original = std::fs::read(&model).unwrap();
+    let mut config = PolicyConfig::new(dir.path());
+    config.threads = Some(1);
+    let mut refused = 0;
+    for k in 0..24u64 {
+        std::fs::write(&model, &original).unwrap();
+        let (model, half) = (model.clone(), original.len() as u64 / 2);
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_micros(k * 400));
+            std::fs::OpenOptions::new().write(true).open(&model).unwrap().set_len(half).unwrap();
+        });
+        match Policy::open(&config) {
+            Ok(_) => {}
+            Err(e @ (Error::Checkpoint { .. } | Error::Io { .. })) => {
+                assert!(e.to_string().contains("model.safetensors"), "{e}");
+                refused += 1;
+            }
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+        writer.join().unwrap();
+    }
+    assert!(refused > 0, "no open saw the truncation: the test did not test anything");
+}
+
+/// A step that fails inside the backend (injected: the CPU backend runs the step, then reports a
+/// device error) marks the policy faulted: that step and every later step or prompt call returns
+/// `Error::Faulted` with the first failure, the queries still answer, nothing panics, and a
+/// policy opened afresh from the same checkpoint steps exactly as before.
+#[test]
+fn a_device_fault_in_a_step_makes_the_policy_refuse_every_later_call() {
+    let dir = micro();
+    let mut config = PolicyConfig::new(dir.path());
+    config.threads = Some(1);
+    let mut policy = Policy::open(&config).unwrap();
+    policy.set_prompt("pick").unwrap();
+    let frame = vec![90u8; 56 * 56 * 3];
+    let cams = [Some(Frame::packed(&frame, 56, 56, PixelFormat::Rgb8)), None, None];
+    let state = vec![0.1; policy.info().state_dim];
+    let noise: Vec<f32> = (0..policy.noise_len()).map(|i| (i % 7) as f32 / 3.0 - 1.0).collect();
+    let obs = Observation { cameras: &cams, state: &state, noise: Some(&noise) };
+    let mut actions = vec![0.0; policy.actions_len()];
+    policy.step(&obs, &mut actions).unwrap();
+    let reference = actions.clone();
+
+    policy.inject_fault();
+    // Validation comes first: a bad observation is refused as always and does not reach the device.
+    let bad = policy.step(&Observation { state: &state[1..], ..obs }, &mut actions).unwrap_err();
+    assert!(matches!(bad, Error::InvalidArgument { .. }) && policy.fault().is_none(), "{bad}");
+    actions.fill(f32::NAN);
+    let first = policy.step(&obs, &mut actions).unwrap_err();
+    assert!(matches!(first, Error::Faulted(_)), "{first}");
+    let text = first.to_string();
+    assert!(text.contains("injected fault") && text.contains("open a new one"), "{text}");
+    assert!(policy.fault().is_some_and(|f| f.contains("injected fault")));
+    assert!(actions.iter().all(|a| a.is_nan()), "a faulted step writes no actions");
+
+    for (call, result) in [
+        ("step", policy.step(&obs, &mut actions).map(drop)),
+        ("step_continuing", policy.step_continuing(&obs, None, &mut actions).map(drop)),
+        ("set_prompt", policy.set_prompt("place")),
+        ("set_prompt_tokens", policy.set_prompt_tokens(&[2, 100])),
+    ] {
+        let e = result.expect_err(call);
+        assert_eq!(e.to_string(), text, "{call} repeats the first failure");
+    }
+    assert_eq!(policy.info().action_dim, 7, "queries still answer");
+    assert_eq!(policy.stats().summary().count, 1);
+    drop(policy);
+
+    let mut policy = Policy::open(&config).unwrap();
+    policy.set_prompt("pick").unwrap();
+    policy.step(&obs, &mut actions).unwrap();
+    assert_eq!(actions, reference, "a new policy steps as before the fault");
 }
 
 #[test]

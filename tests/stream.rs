@@ -31,9 +31,10 @@ struct Scripted {
     /// When set, each step waits for a token first (the test decides when a chunk is computed).
     gate: Option<mpsc::Receiver<()>>,
     delay: Duration,
-    /// Step numbers (0-based) that fail, and one that panics.
+    /// Step numbers (0-based) that fail, one that panics, and one from which the policy is faulted.
     fail: Vec<usize>,
     panic_at: Option<usize>,
+    fault_from: Option<usize>,
     steps: usize,
     continuations: mpsc::Sender<Option<Continuation>>,
 }
@@ -41,7 +42,19 @@ struct Scripted {
 impl Scripted {
     fn new(horizon: usize) -> (Scripted, mpsc::Receiver<Option<Continuation>>) {
         let (tx, rx) = mpsc::channel();
-        (Scripted { horizon, gate: None, delay: Duration::ZERO, fail: vec![], panic_at: None, steps: 0, continuations: tx }, rx)
+        (
+            Scripted {
+                horizon,
+                gate: None,
+                delay: Duration::ZERO,
+                fail: vec![],
+                panic_at: None,
+                fault_from: None,
+                steps: 0,
+                continuations: tx,
+            },
+            rx,
+        )
     }
 }
 
@@ -63,6 +76,9 @@ impl StreamPolicy for Scripted {
         }
         if self.fail.contains(&step) {
             return Err(Error::Backend(format!("scripted failure at step {step}")));
+        }
+        if self.fault_from.is_some_and(|from| step >= from) {
+            return Err(Error::Faulted(format!("scripted device failure at step {from}", from = self.fault_from.unwrap())));
         }
         let _ = self.continuations.send(continuation);
         for (i, row) in actions.chunks_mut(DIM).enumerate() {
@@ -256,6 +272,32 @@ fn policy_errors_are_reported_and_the_stop_rule_holds() {
         t += 1;
     }
     assert!(stream.stop().is_some(), "the policy survives errors");
+}
+
+/// A faulted policy fails every later step the same way: the stream stops at its first such
+/// error instead of retrying up to `max_consecutive_errors`, and hands the policy back.
+#[test]
+fn a_faulted_policy_stops_the_stream_at_once() {
+    let (mut policy, _c) = Scripted::new(6);
+    policy.fault_from = Some(1);
+    let config = StreamConfig { refill_at: Some(4), max_consecutive_errors: 50, ..StreamConfig::new() };
+    let mut stream = ActionStream::start(policy, &config).unwrap();
+    let mut out = [0.0; DIM];
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut t = 0;
+    while stream.stats().running {
+        assert!(Instant::now() < until, "{:?}", stream.stats());
+        push_tick(&mut stream, t);
+        stream.next_action(&mut out).unwrap();
+        t += 1;
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let s = stream.stats();
+    assert_eq!((s.chunks, s.errors), (1, 1), "{s:?}");
+    let error = stream.last_error().unwrap();
+    assert!(error.contains("scripted device failure at step 1") && error.contains("stream stops"), "{error}");
+    let policy = stream.stop().expect("a faulted policy is handed back (to be dropped by its owner)");
+    assert_eq!(policy.steps, 2, "no step after the fault");
 }
 
 /// A panic inside the policy is caught on the inference thread: reported, the stream stopped, no

@@ -36,4 +36,17 @@ mod debug_panic {
     pub extern "C" fn frt_debug_panic_next_call() {
         ARMED.set(true);
     }
+
+    /// Debug builds only: the next step of `policy` that passes validation fails as a device
+    /// failure would (`flashrt::Policy::inject_fault`), so the C tests can follow the policy into
+    /// `FRT_STATUS_FAULTED`. Returns `FRT_STATUS_NULL_ARGUMENT` for NULL, `FRT_STATUS_BUSY` while
+    /// another call holds the policy.
+    ///
+    /// # Safety
+    /// `policy` from `frt_policy_open` (not freed) or NULL.
+    #[unsafe(no_mangle)]
+    pub unsafe extern "C" fn frt_debug_fault_next_step(policy: *mut crate::FrtPolicy) -> crate::FrtStatus {
+        // SAFETY: the caller's promise.
+        unsafe { crate::policy::inject_fault(policy) }
+    }
 }

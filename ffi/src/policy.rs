@@ -351,7 +351,8 @@ unsafe fn write_info(policy: *const FrtPolicy, info: *mut FrtPolicyInfo) -> Resu
 ///
 /// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` (not UTF-8,
 /// empty or whitespace-only text);
-/// `FRT_STATUS_TOKENIZER` (no tokenizer loaded, or it cannot encode the text); `FRT_STATUS_PANIC`.
+/// `FRT_STATUS_TOKENIZER` (no tokenizer loaded, or it cannot encode the text); `FRT_STATUS_FAULTED`
+/// (a step failed in the device before); `FRT_STATUS_PANIC`.
 /// On failure the previous prompt stays in effect.
 ///
 /// Thread safety: not concurrently with any other call on `policy`; one that finds another call
@@ -382,8 +383,8 @@ pub unsafe extern "C" fn frt_policy_set_prompt(policy: *mut FrtPolicy, text: *co
 /// step; for callers that tokenize themselves.
 ///
 /// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` (`len` is 0
-/// or above the prompt capacity, or an id is outside the vocabulary); `FRT_STATUS_PANIC`. On
-/// failure the previous prompt stays in effect.
+/// or above the prompt capacity, or an id is outside the vocabulary); `FRT_STATUS_FAULTED` (a step
+/// failed in the device before); `FRT_STATUS_PANIC`. On failure the previous prompt stays in effect.
 ///
 /// Thread safety: not concurrently with any other call on `policy`; one that finds another call
 /// taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
@@ -460,8 +461,9 @@ pub unsafe extern "C" fn frt_policy_set_embodiment(policy: *mut FrtPolicy, tag: 
 /// `FRT_STATUS_INVALID_ARGUMENT` (a `struct_size` too small, wrong `cameras_len`, `state_len`,
 /// `noise_len` or `actions_len`, no present frame, an unknown pixel format, a frame that is empty,
 /// larger than the configured maximum, or whose `data_len` or `stride` does not cover its
-/// geometry, a NaN or infinite state or noise value, no prompt set); `FRT_STATUS_BACKEND` (the
-/// device failed); `FRT_STATUS_PANIC`.
+/// geometry, a NaN or infinite state or noise value, no prompt set); `FRT_STATUS_FAULTED` (the
+/// device failed during this or an earlier step: free the policy and open a new one);
+/// `FRT_STATUS_PANIC`.
 ///
 /// Thread safety: not concurrently with any other call on `policy`; one that finds another call
 /// taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
@@ -635,6 +637,18 @@ fn with_policy(policy: *mut FrtPolicy, body: impl FnOnce(&mut State) -> FrtStatu
         let state = unsafe { &mut *p.state.get() };
         let _scope = state.sink.enter();
         body(state)
+    })
+}
+
+/// Arms `flashrt::Policy::inject_fault` on `policy` (the debug hook `frt_debug_fault_next_step`).
+///
+/// # Safety
+/// `policy` from `frt_policy_open` (not freed) or NULL.
+#[cfg(debug_assertions)]
+pub(crate) unsafe fn inject_fault(policy: *mut FrtPolicy) -> FrtStatus {
+    with_policy(policy, |p| {
+        p.policy.inject_fault();
+        p.done(Ok(()))
     })
 }
 

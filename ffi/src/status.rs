@@ -37,12 +37,17 @@ pub enum FrtStatus {
     /// against the one-thread-at-a-time rule). This call did nothing: the policy, its outputs and
     /// its last error are as the other call leaves them. Serialize the calls on a policy.
     Busy = 9,
+    /// A step failed inside the backend (a device error, e.g. a failed CUDA launch or
+    /// synchronization): the policy's state is unknown, so this step and every later step or
+    /// prompt call on the policy returns this status, with the first failure in
+    /// `frt_policy_last_error`. The const calls still work. Free the policy and open a new one.
+    Faulted = 10,
 }
 
 impl FrtStatus {
     fn from_code(code: u32) -> Option<Self> {
         use FrtStatus::*;
-        [Ok, NullArgument, InvalidArgument, BufferTooSmall, Io, Checkpoint, Tokenizer, Backend, Panic, Busy]
+        [Ok, NullArgument, InvalidArgument, BufferTooSmall, Io, Checkpoint, Tokenizer, Backend, Panic, Busy, Faulted]
             .into_iter()
             .find(|s| *s as u32 == code)
     }
@@ -59,6 +64,7 @@ impl FrtStatus {
             FrtStatus::Backend => "the requested backend is unavailable",
             FrtStatus::Panic => "internal error: a panic was caught at the ABI boundary",
             FrtStatus::Busy => "the policy is in use by another thread (one thread at a time per policy)",
+            FrtStatus::Faulted => "the policy is unusable after a device failure; free it and open a new one",
         }
     }
 }
@@ -71,6 +77,7 @@ impl From<&flashrt::Error> for FrtStatus {
             flashrt::Error::Tokenizer(_) => FrtStatus::Tokenizer,
             flashrt::Error::InvalidArgument { .. } => FrtStatus::InvalidArgument,
             flashrt::Error::Backend(_) => FrtStatus::Backend,
+            flashrt::Error::Faulted(_) => FrtStatus::Faulted,
         }
     }
 }
@@ -247,7 +254,7 @@ mod tests {
     #[test]
     fn every_status_has_a_distinct_number_and_message() {
         let all: Vec<FrtStatus> = (0..100).filter_map(FrtStatus::from_code).collect();
-        assert_eq!(all.len(), 10);
+        assert_eq!(all.len(), 11);
         for (i, s) in all.iter().enumerate() {
             assert_eq!(*s as u32, i as u32, "numbers are dense and stable");
             assert!(!s.message().is_empty());

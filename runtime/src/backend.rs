@@ -40,6 +40,10 @@ pub trait Backend: Send {
     fn input_f32(&mut self, id: BufId) -> &mut [f32];
     /// Executes every op of the plan. Must not allocate.
     fn run(&mut self) -> Result<()>;
+    /// Fault injection, for tests of what follows a device failure: the next [`Backend::run`]
+    /// returns an error after starting its work, as a device that fails mid-step does (a GPU
+    /// backend launches the step and reports the failure in place of waiting for it).
+    fn fail_next_run(&mut self);
     /// Host view of an output buffer after [`Backend::run`].
     fn output_f32(&self, id: BufId) -> &[f32];
     /// How this backend runs the plan, for `explain()`: what it fused or launched differently

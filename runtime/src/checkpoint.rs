@@ -1,17 +1,26 @@
-//! Memory-mapped safetensors checkpoints: one file, or shards listed by
-//! `model.safetensors.index.json`. Tensors are looked up by their checkpoint names with an optional
-//! leading `model.` stripped, and converted to f32 on request (f32, bf16 and f16 are accepted, and
-//! f64, which lerobot's processor state files hold when dataset statistics were float64).
+//! Safetensors checkpoints: one file, or shards listed by `model.safetensors.index.json`. Tensors
+//! are looked up by their checkpoint names with an optional leading `model.` stripped, and
+//! converted to f32 on request (f32, bf16 and f16 are accepted, and f64, which lerobot's processor
+//! state files hold when dataset statistics were float64).
 //!
 //! Nothing here panics on a bad file: every failure names the file and the tensor.
+//!
+//! The files are read with positioned reads (`pread`), not memory-mapped: a file truncated while
+//! it is being read then gives a short read, which is an error naming the file and tensor, where
+//! a mapping would fault the process with SIGBUS. Conversions do not return that error one by one
+//! (they run inside the models' weight folding); the first failed read is kept and
+//! [`Checkpoint::reads_ok`] reports it, which `Policy::open` asks before it returns a policy. The
+//! backends own every value once they are built, and the files are closed with the checkpoint.
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use half::{bf16, f16};
-use memmap2::Mmap;
-use safetensors::{Dtype, SafeTensorError, SafeTensors};
+use safetensors::Dtype;
+use safetensors::tensor::Metadata;
 
 use crate::error::{Error, Result};
 
@@ -34,25 +43,92 @@ impl DType {
     }
 }
 
-/// A tensor inside a mapped file: its element type, shape and raw little-endian bytes.
-#[derive(Clone, Copy, Debug)]
+/// A tensor of a checkpoint file: its element type and shape, read on request.
+#[derive(Clone, Copy)]
 pub struct TensorRef<'a> {
     pub name: &'a str,
     pub dtype: DType,
     pub shape: &'a [usize],
-    pub bytes: &'a [u8],
+    ckpt: &'a Checkpoint,
+    entry: &'a Entry,
 }
+
+/// Bytes read per positioned read while converting (a bounded scratch buffer).
+const READ_CHUNK: usize = 1 << 20;
 
 impl TensorRef<'_> {
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
 
+    /// Size of the raw data in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.entry.end - self.entry.start
+    }
+
+    /// The raw little-endian bytes (zeros where a read failed; see [`Checkpoint::reads_ok`]).
+    pub fn read_bytes(&self) -> Vec<u8> {
+        let mut bytes = vec![0; self.byte_len()];
+        self.read_at(0, &mut bytes);
+        bytes
+    }
+
+    /// Reads `buf.len()` bytes from byte `offset` of the tensor's data. A short or failed read
+    /// (the file changed after its header was read) leaves zeros and is recorded.
+    fn read_at(&self, offset: usize, buf: &mut [u8]) {
+        let (path, file) = &self.ckpt.files[self.entry.file];
+        if let Err(e) = file.read_exact_at(buf, (self.entry.start + offset) as u64) {
+            buf.fill(0);
+            let _ = self.ckpt.read_failure.set(
+                Error::checkpoint(
+                    path,
+                    format!(
+                        "reading tensor {} ({} bytes at byte {}): {e} (was the file truncated or replaced while opening?)",
+                        self.name,
+                        buf.len(),
+                        self.entry.start + offset
+                    ),
+                )
+                .to_string(),
+            );
+        }
+    }
+
     /// Converts `count` elements starting at element `start` into `out` (f32).
     pub fn read_f32_into(&self, start: usize, out: &mut [f32]) {
         let size = self.dtype.size();
-        let bytes = &self.bytes[start * size..(start + out.len()) * size];
-        match self.dtype {
+        let mut bytes = vec![0u8; (out.len() * size).min(READ_CHUNK)];
+        let per_chunk = bytes.len() / size;
+        for (i, part) in out.chunks_mut(per_chunk.max(1)).enumerate() {
+            let bytes = &mut bytes[..part.len() * size];
+            self.read_at((start + i * per_chunk) * size, bytes);
+            self.dtype.convert(bytes, part);
+        }
+    }
+
+    /// All elements as f32. Large tensors convert on every core: a full-size checkpoint holds
+    /// 3.4 G values, and their conversion (with the reads and the page faults of the new vectors) is the bulk of open's host work.
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.numel()];
+        let threads = if out.len() < (1 << 22) { 1 } else { std::thread::available_parallelism().map_or(1, |n| n.get()).min(16) };
+        if threads == 1 {
+            self.read_f32_into(0, &mut out);
+            return out;
+        }
+        let per = out.len().div_ceil(threads);
+        std::thread::scope(|s| {
+            for (i, chunk) in out.chunks_mut(per).enumerate() {
+                s.spawn(move || self.read_f32_into(i * per, chunk));
+            }
+        });
+        out
+    }
+}
+
+impl DType {
+    /// Converts little-endian `bytes` of this type into `out` (one value per element).
+    pub fn convert(self, bytes: &[u8], out: &mut [f32]) {
+        match self {
             DType::F32 => {
                 for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
                     *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
@@ -75,42 +151,25 @@ impl TensorRef<'_> {
             }
         }
     }
-
-    /// All elements as f32. Large tensors convert on every core: a full-size checkpoint holds
-    /// 3.4 G values, and their conversion (with the page faults of the mapping and of the new
-    /// vectors) is the bulk of open's host work.
-    pub fn to_f32(&self) -> Vec<f32> {
-        let mut out = vec![0.0; self.numel()];
-        let threads = if out.len() < (1 << 22) { 1 } else { std::thread::available_parallelism().map_or(1, |n| n.get()).min(16) };
-        if threads == 1 {
-            self.read_f32_into(0, &mut out);
-            return out;
-        }
-        let per = out.len().div_ceil(threads);
-        std::thread::scope(|s| {
-            for (i, chunk) in out.chunks_mut(per).enumerate() {
-                s.spawn(move || self.read_f32_into(i * per, chunk));
-            }
-        });
-        out
-    }
 }
 
 struct Entry {
     file: usize,
     dtype: DType,
     shape: Vec<usize>,
-    /// Byte range inside the mapped file (header included in the offset).
+    /// Byte range inside the file (header included in the offset).
     start: usize,
     end: usize,
 }
 
-/// An opened checkpoint: the mapped files and an index of every tensor by normalized name.
+/// An opened checkpoint: the open files and an index of every tensor by normalized name.
 pub struct Checkpoint {
     /// The path the user gave (file or directory), for error messages.
     path: PathBuf,
-    files: Vec<(PathBuf, Mmap)>,
+    files: Vec<(PathBuf, File)>,
     tensors: BTreeMap<String, Entry>,
+    /// The first read that failed (see [`Checkpoint::reads_ok`]).
+    read_failure: OnceLock<String>,
 }
 
 /// lerobot fine-tunes save every key under `model.` (Pi0.5) or `_groot_model.` (GR00T, the
@@ -138,7 +197,7 @@ impl Checkpoint {
             vec![path.to_path_buf()]
         };
 
-        let mut ckpt = Checkpoint { path: path.to_path_buf(), files: Vec::new(), tensors: BTreeMap::new() };
+        let mut ckpt = Checkpoint { path: path.to_path_buf(), files: Vec::new(), tensors: BTreeMap::new(), read_failure: OnceLock::new() };
         for file in files {
             ckpt.add_file(file)?;
         }
@@ -146,23 +205,22 @@ impl Checkpoint {
     }
 
     fn add_file(&mut self, file: PathBuf) -> Result<()> {
-        let handle = File::open(&file).map_err(|source| Error::Io { path: file.clone(), source })?;
-        // SAFETY: the mapping is read only while `Policy::open` runs: the CPU backend copies every
-        // weight out of it and the CUDA backend uploads them, and the mapping is dropped before
-        // `open` returns (tests/loading_and_errors.rs rewrites the file under an open policy). A
-        // writer that truncates the file during `open` itself can still fault the process
-        // (SIGBUS): the README states that contract.
-        let map = unsafe { Mmap::map(&handle) }.map_err(|source| Error::Io { path: file.clone(), source })?;
-        let (header_len, metadata) = SafeTensors::read_metadata(&map[..]).map_err(|e| {
-            let why = match e {
-                SafeTensorError::MetadataIncompleteBuffer | SafeTensorError::TensorInvalidInfo => match diagnose_offsets(&map) {
-                    Some(tensors) => format!("tensor data does not fit the file ({} bytes; truncated?): {tensors}", map.len()),
-                    None => format!("file size {} does not match the tensor data its header describes (truncated?)", map.len()),
-                },
-                other => format!("not a readable safetensors file: {other}"),
-            };
-            Error::checkpoint(&file, why)
-        })?;
+        let io = |source| Error::Io { path: file.clone(), source };
+        let handle = File::open(&file).map_err(io)?;
+        let file_len = handle.metadata().map_err(io)?.len();
+        let (header_len, header) = read_header(&handle, file_len).map_err(|why| Error::checkpoint(&file, why))?;
+        let data_len = file_len.saturating_sub(8 + header_len as u64);
+        let metadata = match serde_json::from_slice::<Metadata>(&header) {
+            Ok(m) if m.data_len() as u64 == data_len => m,
+            parsed => {
+                let why = match (diagnose_offsets(&header, data_len), parsed) {
+                    (Some(tensors), _) => format!("tensor data does not fit the file ({file_len} bytes; truncated?): {tensors}"),
+                    (None, Err(e)) => format!("not a readable safetensors file: {e}"),
+                    (None, Ok(_)) => format!("file size {file_len} does not match the tensor data its header describes (truncated?)"),
+                };
+                return Err(Error::checkpoint(&file, why));
+            }
+        };
         let data_start = 8 + header_len;
         let file_index = self.files.len();
         let mut problems = Vec::new();
@@ -183,8 +241,8 @@ impl Checkpoint {
                 problems.push(format!("{name}: {} bytes for shape {:?} of {dtype:?}", end - begin, info.shape));
                 continue;
             }
-            if data_start + end > map.len() {
-                problems.push(format!("{name}: data ends at byte {} but the file has {} bytes (truncated?)", data_start + end, map.len()));
+            if (data_start + end) as u64 > file_len {
+                problems.push(format!("{name}: data ends at byte {} but the file has {file_len} bytes (truncated?)", data_start + end));
                 continue;
             }
             let key = normalize_name(&name).to_string();
@@ -200,8 +258,19 @@ impl Checkpoint {
         if !problems.is_empty() {
             return Err(Error::checkpoint(&file, problems.join("; ")));
         }
-        self.files.push((file, map));
+        self.files.push((file, handle));
         Ok(())
+    }
+
+    /// Whether every read so far returned what the headers promised; else an error naming the
+    /// file and tensor of the first that did not (the file shrank or changed after its header was
+    /// read). Conversions fill zeros where a read failed, so a caller that converted tensors must
+    /// ask this before trusting them.
+    pub fn reads_ok(&self) -> Result<()> {
+        match self.read_failure.get() {
+            None => Ok(()),
+            Some(why) => Err(Error::checkpoint(&self.path, why.clone())),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -221,7 +290,7 @@ impl Checkpoint {
 
     pub fn get(&self, name: &str) -> Option<TensorRef<'_>> {
         let (key, entry) = self.tensors.get_key_value(name)?;
-        Some(TensorRef { name: key, dtype: entry.dtype, shape: &entry.shape, bytes: &self.files[entry.file].1[entry.start..entry.end] })
+        Some(TensorRef { name: key, dtype: entry.dtype, shape: &entry.shape, ckpt: self, entry })
     }
 
     pub fn shape(&self, name: &str) -> Option<&[usize]> {
@@ -234,12 +303,26 @@ impl Checkpoint {
     }
 }
 
+/// Reads the length prefix and the JSON header of a safetensors file of `file_len` bytes.
+fn read_header(file: &File, file_len: u64) -> std::result::Result<(usize, Vec<u8>), String> {
+    let mut prefix = [0u8; 8];
+    file.read_exact_at(&mut prefix, 0).map_err(|e| format!("not a readable safetensors file: no 8-byte header length ({e})"))?;
+    let n = u64::from_le_bytes(prefix);
+    // The safetensors format's own limit on the header.
+    const MAX_HEADER: u64 = 100_000_000;
+    if n > MAX_HEADER || n > file_len.saturating_sub(8) {
+        return Err(format!("not a readable safetensors file: header length {n} exceeds the file ({file_len} bytes) or {MAX_HEADER}"));
+    }
+    let mut header = vec![0u8; n as usize];
+    file.read_exact_at(&mut header, 8).map_err(|e| format!("reading the {n}-byte header: {e}"))?;
+    Ok((n as usize, header))
+}
+
 /// Names the tensors whose byte ranges are inconsistent with their shape or run past the end of
-/// the file (the safetensors crate reports such errors without the tensor's name).
-fn diagnose_offsets(file: &[u8]) -> Option<String> {
-    let n = u64::from_le_bytes(file.get(..8)?.try_into().ok()?) as usize;
-    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(file.get(8..8usize.checked_add(n)?)?).ok()?;
-    let data_len = file.len() - 8 - n;
+/// the file's `data_len` data bytes (the safetensors crate reports such errors without the
+/// tensor's name).
+fn diagnose_offsets(header: &[u8], data_len: u64) -> Option<String> {
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
     let mut problems = Vec::new();
     for (name, info) in header.iter().filter(|(k, _)| *k != "__metadata__") {
         let offsets: Vec<u64> = info.get("data_offsets")?.as_array()?.iter().filter_map(|v| v.as_u64()).collect();
@@ -251,7 +334,7 @@ fn diagnose_offsets(file: &[u8]) -> Option<String> {
             _ => 1,
         };
         let &[begin, end] = offsets.as_slice() else { continue };
-        if end > data_len as u64 {
+        if end > data_len {
             problems.push(format!("{name}: data ends at byte {end} of a {data_len}-byte data section"));
         } else if end.checked_sub(begin) != Some(numel * elem) {
             problems.push(format!("{name}: byte range {begin}..{end} does not hold {numel} elements of {elem} bytes"));

@@ -25,6 +25,11 @@ pub enum Error {
     /// The requested backend cannot run here (no GPU, no driver, ...).
     #[error("backend: {0}")]
     Backend(String),
+    /// A step failed inside the backend (a device error): what it left in its buffers is
+    /// unknown, so the policy refuses every later call with this error. Drop it and open a new
+    /// one. Holds the first failure's text.
+    #[error("policy faulted and unusable: {0}; drop it and open a new one")]
+    Faulted(String),
 }
 
 impl Error {

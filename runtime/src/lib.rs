@@ -21,6 +21,7 @@ pub mod qwen_image;
 pub mod realtime;
 pub mod rtc;
 pub mod serve;
+pub mod soak;
 pub mod stats;
 pub mod stream;
 pub mod weights;

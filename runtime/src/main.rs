@@ -12,6 +12,7 @@ use flashrt::models::pi05::synth::{self, SynthSize};
 use flashrt::realtime::{self, RealtimeConfig};
 use flashrt::serve::mapping::{KeyMap, Mapping};
 use flashrt::serve::{self, ServeConfig, Server};
+use flashrt::soak::{self, SoakConfig};
 use flashrt::{BackendKind, Continuation, Observation, Policy, PolicyConfig, Result, RtcConfig, RtcSchedule};
 
 #[derive(Parser)]
@@ -101,6 +102,40 @@ enum Command {
         #[arg(long, default_value = "pick up the red block and put it in the bowl")]
         prompt: String,
         /// Append the result to this JSON file (a list), or create it.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Soak: step for a bounded number of steps or seconds on inputs that change every step
+    /// (frame sizes, formats, missing cameras, prompts) with bad observations mixed in, recording
+    /// RSS, open descriptors, device memory, latency and errors per window; or, with
+    /// `--open-close N`, open and drop the policy N times. Writes JSON (rewritten after every
+    /// window, so a stopped run leaves what it measured).
+    Soak {
+        #[command(flatten)]
+        open: OpenArgs,
+        #[arg(long, default_value_t = 1_000_000)]
+        steps: u64,
+        /// Stop after this many seconds even if steps remain.
+        #[arg(long, default_value_t = 3600.0)]
+        max_seconds: f64,
+        /// Steps per window (one sample of latency, memory and descriptors).
+        #[arg(long, default_value_t = 10_000)]
+        window: u64,
+        /// Every this many steps a bad observation (or blank prompt) that must be refused; 0: none.
+        #[arg(long, default_value_t = 10)]
+        bad_every: u64,
+        /// A new prompt (texts of 1 to ~40 tokens, in turn) every this many steps.
+        #[arg(long, default_value_t = 100)]
+        prompt_every: u64,
+        /// Instead of stepping: open, step once and drop the policy this many times.
+        #[arg(long)]
+        open_close: Option<u64>,
+        /// With --open-close: sample the process every this many cycles.
+        #[arg(long, default_value_t = 10)]
+        sample_every: u64,
+        #[arg(long, default_value = "soak")]
+        workload: String,
+        /// Write the JSON record here.
         #[arg(long)]
         out: Option<PathBuf>,
     },
@@ -311,6 +346,16 @@ fn main() -> ExitCode {
         Command::Serve { open, serve } => serve_command(&open, &serve),
         Command::BenchServe { open, iterations, warmup, views, size, prompt, out } => {
             bench_serve(&open, iterations, warmup, views, size, &prompt, out.as_deref())
+        }
+        Command::Soak { open, steps, max_seconds, window, bad_every, prompt_every, open_close, sample_every, workload, out } => {
+            let bound = Duration::from_secs_f64(max_seconds);
+            match open_close {
+                Some(cycles) => open_close_command(&open, cycles, sample_every, bound, &workload, out.as_deref()),
+                None => {
+                    let config = SoakConfig { steps, max_duration: bound, window, bad_every, prompt_every, seed: 0 };
+                    soak_command(&open, &config, &workload, out.as_deref())
+                }
+            }
         }
         Command::Inspect { open } => Policy::open(&open.config()).map(|p| inspect(&p)),
         Command::Synth { model, size, out, seed, cameras, embodiments } => synth_command(model, &out, size, seed, cameras, embodiments),
@@ -644,6 +689,118 @@ fn bench_serve(
         "date": bench::utc_now(),
     });
     print_and_append(result, out)
+}
+
+/// The fields every soak record shares (DESIGN.md §8 names), for `policy`.
+fn soak_record(policy: &Policy, workload: &str) -> serde_json::Value {
+    let info = policy.info();
+    serde_json::json!({
+        "workload": workload,
+        "model": info.model,
+        "device": info.device,
+        "backend": info.backend,
+        "precision": if info.backend == "cpu" { "f32" } else { "bf16" },
+        "cameras": info.cameras.len(),
+        "steps": info.denoise_steps,
+        "horizon": info.horizon,
+        "prompt_capacity": info.prompt_capacity,
+        "commit": env!("FLASHRT_GIT_COMMIT"),
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "date": bench::utc_now(),
+    })
+}
+
+/// Writes `record` (an object) with `fields` merged in to `out`, replacing the file.
+fn write_record(mut record: serde_json::Value, fields: serde_json::Value, out: Option<&Path>) -> Result<()> {
+    if let (Some(r), serde_json::Value::Object(f)) = (record.as_object_mut(), fields) {
+        r.extend(f);
+    }
+    match out {
+        Some(path) => std::fs::write(path, serde_json::to_string_pretty(&record).expect("json") + "\n")
+            .map_err(|source| flashrt::Error::Io { path: path.into(), source }),
+        None => Ok(()),
+    }
+}
+
+fn soak_command(open: &OpenArgs, config: &SoakConfig, workload: &str, out: Option<&Path>) -> Result<()> {
+    let mut policy = Policy::open(&open.config())?;
+    let record = soak_record(&policy, workload);
+    let fields = |r: &soak::SoakReport| {
+        let good: Vec<_> = r.windows.iter().filter(|w| w.good_steps > 0).collect();
+        serde_json::json!({
+            "iterations": r.steps,
+            // Of the windows: the median window's p50, the worst window's p99 and max.
+            "p50_ms": median(good.iter().map(|w| w.p50_ms)),
+            "p99_ms": good.iter().map(|w| w.p99_ms).fold(0.0, f64::max),
+            "max_ms": good.iter().map(|w| w.max_ms).fold(0.0, f64::max),
+            "bad_every": config.bad_every,
+            "prompt_every": config.prompt_every,
+            "window": config.window,
+            "report": r,
+        })
+    };
+    let report = soak::steps(&mut policy, config, |r| {
+        let w = r.windows.last().expect("called after a window");
+        println!(
+            "{:>9} steps {:>7.0} s | p50 {:.2} ms p99 {:.2} ms max {:.2} ms | RSS {:.1} MiB, {} fds{} | refused {} unexpected {}",
+            w.steps,
+            w.elapsed_s,
+            w.p50_ms,
+            w.p99_ms,
+            w.max_ms,
+            w.process.rss_mib,
+            w.process.open_fds,
+            w.process.device_mem_mib.map(|m| format!(", device {m:.0} MiB")).unwrap_or_default(),
+            w.refused,
+            w.unexpected
+        );
+        if let Err(e) = write_record(record.clone(), fields(r), out) {
+            log::warn!("{e}");
+        }
+    })?;
+    write_record(record, fields(&report), out)?;
+    println!(
+        "{} steps ({} good, {} bad refused, {} unexpected), stopped by {}",
+        report.steps, report.good_steps, report.refused, report.unexpected, report.stopped_by
+    );
+    match report.unexpected {
+        0 => Ok(()),
+        n => Err(flashrt::Error::Backend(format!("soak: {n} unexpected outcomes, e.g. {:?}", report.unexpected_examples))),
+    }
+}
+
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = values.collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn open_close_command(open: &OpenArgs, cycles: u64, every: u64, bound: Duration, workload: &str, out: Option<&Path>) -> Result<()> {
+    let mut config = open.config();
+    config.progress = false;
+    let record = soak_record(&Policy::open(&config)?, workload);
+    let fields = |r: &soak::OpenCloseReport| serde_json::json!({ "iterations": r.cycles, "sample_every": every, "report": r });
+    let report = soak::open_close(&config, cycles, every, bound, |r| {
+        let s = r.samples.last().expect("called after a sample");
+        println!(
+            "{:>6} cycles {:>6.0} s | open {:.1} ms | RSS {:.1} MiB, {} fds{}",
+            s.cycle + 1,
+            s.elapsed_s,
+            s.open_ms,
+            s.process.rss_mib,
+            s.process.open_fds,
+            s.process.device_mem_mib.map(|m| format!(", device {m:.0} MiB")).unwrap_or_default()
+        );
+        if let Err(e) = write_record(record.clone(), fields(r), out) {
+            log::warn!("{e}");
+        }
+    })?;
+    write_record(record, fields(&report), out)?;
+    println!("{} cycles, {} with different actions, stopped by {}", report.cycles, report.mismatched_actions, report.stopped_by);
+    match report.mismatched_actions {
+        0 => Ok(()),
+        n => Err(flashrt::Error::Backend(format!("open/close: {n} cycles returned different actions for the same inputs"))),
+    }
 }
 
 fn synth_command(model: Model, out: &Path, size: SynthSize, seed: u64, cameras: Option<usize>, embodiments: Option<usize>) -> Result<()> {

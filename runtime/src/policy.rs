@@ -78,6 +78,8 @@ pub struct Policy {
     deadline: Option<Duration>,
     /// A step has produced a chunk (that a continuation can continue).
     has_chunk: bool,
+    /// Why the policy is unusable: the first backend failure of a step (see [`Error::Faulted`]).
+    fault: Option<String>,
 }
 
 impl Policy {
@@ -128,7 +130,7 @@ impl Policy {
         let ModelSpec { plan, weights, io, processing, info } = kind.open(&ckpt, json.as_ref(), config, &|n| bar.inc(n as u64))?;
         bar.finish_and_clear();
         let backend: Box<dyn Backend> = if use_cuda {
-            crate::cuda::open(plan, weights, ckpt, config.device, config.kernel_cache_dir.clone())?
+            crate::cuda::open(plan, weights, Arc::clone(&ckpt), config.device, config.kernel_cache_dir.clone())?
         } else {
             let threads = match config.threads {
                 Some(n @ 1..=cpu::MAX_THREADS) => n,
@@ -137,6 +139,8 @@ impl Policy {
             };
             Box::new(CpuBackend::new(plan, weights, &ckpt, threads)?)
         };
+        // Every weight is in the backend now; refuse what a file that changed under us gave.
+        ckpt.reads_ok()?;
         log::info!("opened {} in {:.2?}", config.checkpoint.display(), started.elapsed());
 
         Ok(Policy {
@@ -149,6 +153,7 @@ impl Policy {
             stats: LatencyStats::new(),
             deadline: config.deadline,
             has_chunk: false,
+            fault: None,
         })
     }
 
@@ -218,6 +223,7 @@ impl Policy {
     /// Sets the task text (Pi0.5 appends the state to it in every step). A text that is empty or
     /// only whitespace is refused; one longer than the prompt capacity is truncated with a warning.
     pub fn set_prompt(&mut self, text: &str) -> Result<()> {
+        self.usable()?;
         self.processing.set_prompt(text)
     }
 
@@ -239,7 +245,37 @@ impl Policy {
     /// Sets the full prompt as token ids (Pi0.5: BOS, task, state and all); used as given in
     /// every step.
     pub fn set_prompt_tokens(&mut self, ids: &[i32]) -> Result<()> {
+        self.usable()?;
         self.processing.set_prompt_tokens(ids)
+    }
+
+    /// Why the policy is unusable, if a step failed inside its backend: every call that steps or
+    /// sets a prompt then returns [`Error::Faulted`] with this text. `None` while it works.
+    pub fn fault(&self) -> Option<&str> {
+        self.fault.as_deref()
+    }
+
+    /// Fault injection, for testing what a controller does when the device fails: the next step
+    /// that passes validation runs and then fails as a device error would (on a GPU: after
+    /// launching its graph), which marks the policy faulted like a real failure.
+    #[doc(hidden)]
+    pub fn inject_fault(&mut self) {
+        self.backend.fail_next_run();
+    }
+
+    /// Marks the policy unusable after `e`, a backend failure in a step.
+    fn faulted(&mut self, e: Error) -> Error {
+        let cause = e.to_string();
+        log::error!("step failed in the {} backend, the policy is unusable from now on: {cause}", self.backend.name());
+        self.fault = Some(cause.clone());
+        Error::Faulted(cause)
+    }
+
+    fn usable(&self) -> Result<()> {
+        match &self.fault {
+            None => Ok(()),
+            Some(cause) => Err(Error::Faulted(cause.clone())),
+        }
     }
 
     /// One control tick: `actions` receives `[horizon × action_dim]` row-major, unnormalized.
@@ -253,6 +289,7 @@ impl Policy {
     /// Needs a policy opened with `PolicyConfig::rtc`; `None` (or a previous chunk that is used
     /// up) samples an unguided chunk.
     pub fn step_continuing(&mut self, obs: &Observation, continuation: Option<Continuation>, actions: &mut [f32]) -> Result<StepInfo> {
+        self.usable()?;
         self.stage_continuation(continuation)?;
         self.step_with(obs, actions, |backend| backend.run())
     }
@@ -288,6 +325,7 @@ impl Policy {
 
     fn step_with(&mut self, obs: &Observation, actions: &mut [f32], run: impl FnOnce(&mut dyn Backend) -> Result<()>) -> Result<StepInfo> {
         let started = Instant::now();
+        self.usable()?;
         self.validate(obs, actions)?;
         let prompt_tokens = self.processing.stage(obs.state, self.backend.as_mut())?;
         self.io.stage_frames(obs.cameras, self.backend.as_mut());
@@ -298,7 +336,14 @@ impl Policy {
         }
 
         let run_started = Instant::now();
-        run(self.backend.as_mut())?;
+        match run(self.backend.as_mut()) {
+            Ok(()) => {}
+            // A request the backend cannot serve (a traced step of a captured graph): nothing ran.
+            Err(e @ Error::InvalidArgument { .. }) => return Err(e),
+            // The device failed mid-step: its buffers (and on a GPU its context) are in an unknown
+            // state, and nothing here can prove otherwise. Refuse from now on rather than guess.
+            Err(e) => return Err(self.faulted(e)),
+        }
         self.has_chunk = true;
         let backend_time = run_started.elapsed();
         self.processing.finish(obs.state, self.backend.output_f32(self.io.actions.buf), actions);

@@ -1,4 +1,4 @@
-//! Where each weight of a plan takes its values from: computed at load, or read from the mapped
+//! Where each weight of a plan takes its values from: computed at load, or read from the
 //! checkpoint when a backend converts it. Models describe their weights this way; backends read
 //! them without knowing which model made the plan.
 
@@ -12,7 +12,7 @@ pub enum WeightData {
     Checkpoint(String),
     /// The rows of checkpoint tensors stacked in order (`[Σ n_i, k]`, e.g. merged Q/K/V), each
     /// column scaled by `col_scale` (a folded `(1 + w)` norm weight) when given. Backends read
-    /// it from the mapped file when they convert it (`read_into`), so the 3.4 G values of a
+    /// it from the checkpoint file when they convert it (`read_into`), so the 3.4 G values of a
     /// full-size checkpoint are never all held in host memory as f32.
     Rows { tensors: Vec<String>, col_scale: Option<Vec<f32>> },
 }

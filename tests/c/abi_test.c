@@ -8,7 +8,7 @@
  * SCRATCH_DIR receives the broken checkpoints; GROOT_CHECKPOINT_DIR is the tiny GR00T N1.7
  * fixture (tests/data/groot_n17_tiny). Compiled with -DEXPECTED_MAJOR/MINOR/PATCH and
  * -DEXPECTED_VERSION from Cargo.toml, and -DFRT_PANIC_HOOK when the library is a debug build that
- * exports frt_debug_panic_next_call.
+ * exports the debug hooks frt_debug_panic_next_call and frt_debug_fault_next_step.
  */
 #define _POSIX_C_SOURCE 200809L /* mkdir, dup2 */
 #include <flashrt.h>
@@ -92,7 +92,7 @@ static void test_status_message(void) {
     char tiny[4] = {'x', 'x', 'x', 'x'};
     size_t n = 12345, need = 0;
     uint32_t s;
-    for (s = FRT_STATUS_OK; s <= FRT_STATUS_BUSY; s++) {
+    for (s = FRT_STATUS_OK; s <= FRT_STATUS_FAULTED; s++) {
         EXPECT_STATUS(frt_status_message(s, NULL, 0, &need), FRT_STATUS_OK);
         CHECK(need > 0);
         EXPECT_STATUS(frt_status_message(s, buf, sizeof buf, &n), FRT_STATUS_OK);
@@ -100,9 +100,10 @@ static void test_status_message(void) {
     }
     EXPECT_MENTIONS((frt_status_message(FRT_STATUS_PANIC, buf, sizeof buf, &n), buf), "panic");
     EXPECT_MENTIONS((frt_status_message(FRT_STATUS_BUSY, buf, sizeof buf, &n), buf), "another thread");
+    EXPECT_MENTIONS((frt_status_message(FRT_STATUS_FAULTED, buf, sizeof buf, &n), buf), "open a new one");
     /* Unknown number, NULL outputs, buffer too small (untouched). */
     n = 777;
-    EXPECT_STATUS(frt_status_message(FRT_STATUS_BUSY + 1, buf, sizeof buf, &n), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_STATUS(frt_status_message(FRT_STATUS_FAULTED + 1, buf, sizeof buf, &n), FRT_STATUS_INVALID_ARGUMENT);
     EXPECT_STATUS(frt_status_message(0xFFFFFFFFu, buf, sizeof buf, &n), FRT_STATUS_INVALID_ARGUMENT);
     CHECK(n == 777);
     EXPECT_STATUS(frt_status_message(FRT_STATUS_OK, buf, sizeof buf, NULL), FRT_STATUS_NULL_ARGUMENT);
@@ -849,6 +850,45 @@ static void test_panic_boundary(FrtPolicy *p) {
     EXPECT_STATUS(step(p, &t), FRT_STATUS_OK);
     printf("panic boundary: every export caught an injected panic\n");
 }
+
+/* Debug builds also export this hook (not in the header): the policy's next valid step fails as a
+ * device failure would. The policy is then faulted: that step and every later step or prompt call
+ * returns FRT_STATUS_FAULTED with the first failure as its last error; the const calls answer. */
+FrtStatus frt_debug_fault_next_step(FrtPolicy *policy);
+
+static void test_device_fault(void) {
+    FrtPolicyConfig c = base_config();
+    FrtPolicy *p = NULL;
+    FrtPolicyInfo info;
+    FrtLatencyStats stats;
+    static struct tick t;
+    const int32_t tokens[] = {2, 100};
+    EXPECT_STATUS(frt_debug_fault_next_step(NULL), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_STATUS(frt_policy_open(&c, &p), FRT_STATUS_OK);
+    if (p == NULL) return;
+    EXPECT_STATUS(frt_policy_set_prompt(p, "pick up the cube", 16), FRT_STATUS_OK);
+    reset_tick(&t);
+    EXPECT_STATUS(step(p, &t), FRT_STATUS_OK);
+    EXPECT_STATUS(frt_debug_fault_next_step(p), FRT_STATUS_OK);
+    reset_tick(&t);
+    EXPECT_STATUS(step(p, &t), FRT_STATUS_FAULTED);
+    CHECK(poisoned(&t)); /* outputs untouched */
+    EXPECT_MENTIONS(last_error(p), "injected fault");
+    EXPECT_MENTIONS(last_error(p), "open a new one");
+    EXPECT_STATUS(step(p, &t), FRT_STATUS_FAULTED);
+    EXPECT_STATUS(frt_policy_step_continuing(p, &t.obs, 0, 0, t.actions, 350, &t.info), FRT_STATUS_FAULTED);
+    EXPECT_STATUS(frt_policy_set_prompt(p, "place it", 8), FRT_STATUS_FAULTED);
+    EXPECT_STATUS(frt_policy_set_prompt_tokens(p, tokens, 2), FRT_STATUS_FAULTED);
+    EXPECT_MENTIONS(last_error(p), "injected fault");
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    EXPECT_STATUS(frt_policy_info(p, &info), FRT_STATUS_OK);
+    stats.struct_size = sizeof stats;
+    EXPECT_STATUS(frt_policy_stats(p, &stats), FRT_STATUS_OK);
+    CHECK(stats.count == 1);
+    frt_policy_free(p);
+    printf("device fault: the policy refuses every later call with FRT_STATUS_FAULTED\n");
+}
 #endif
 
 /* GR00T N1.7 (the tiny lerobot fixture) through the same calls: the embodiment chosen in the
@@ -957,6 +997,11 @@ int main(int argc, char **argv) {
     frt_policy_free(p);
     frt_policy_free(NULL);
     test_deadline();
+#ifdef FRT_PANIC_HOOK
+    test_device_fault();
+#else
+    printf("device fault: not tested (release library without the debug hook)\n");
+#endif
     test_groot(argv[4]);
     free(long_message);
 

@@ -18,6 +18,12 @@ tick) the phases are instead: inputs and the prompt until the first action; then
 of inputs while counting the actions that arrive (each must have --action-dim finite values); then
 until a health report shows the stream's counters. The count is reported for the caller to judge
 against the control rate.
+With --flood N (the flood test): inputs and the prompt until the first trajectory, then N
+messages (camera frames and joint states in turn) as fast as the writers take them, reading the
+node's trajectories meanwhile, then a second of ordinary inputs; reports how many trajectories
+arrived during the flood. --flood 0 floods until the process is killed (the vanishing peer: it
+prints "flooding" when it starts, and frames above 1500 bytes travel as fragments, so a kill can
+leave a message half sent).
 Prints one JSON line with the result; exits 0 on success, 1 on failure.
 
 Only ever run inside an isolated network namespace (the Rust test and ci.sh arrange that)."""
@@ -167,10 +173,45 @@ class Peer:
         print(json.dumps({"ok": True, "actions": counted, "window_s": a.window, "health": self.last_health}), flush=True)
         return 0
 
+    def flood_main(self):
+        a = self.args
+        deadline = time.monotonic() + a.timeout
+        if not self.run_until(deadline, lambda: self.good >= 1, prompt=True):
+            return self.fail("no trajectory before the flood")
+        before, sent, started = self.good, 0, time.monotonic()
+        frames = []
+        for i in range(len(self.cameras)):
+            enc, bpp = FORMATS[i % len(FORMATS)]
+            frames.append((enc, a.width * bpp, bytes((i * 31 + k) % 256 for k in range(a.width * bpp * a.height))))
+        print("flooding", flush=True)
+        writers = len(self.cameras) + 1
+        while a.flood == 0 or sent < a.flood:
+            which = sent % writers
+            if which < len(self.cameras):
+                enc, row, data = frames[which]
+                self.cameras[which].write(m.Image_(m.Header_(self.stamp(), f"camera_{which}"), a.height, a.width, enc, 0, row, data))
+            else:
+                pos = [0.1 * j for j in range(a.state_dim)]
+                self.joints.write(m.JointState_(m.Header_(self.stamp(), ""), [f"j{j}" for j in range(a.state_dim)], pos, [], []))
+            sent += 1
+            if sent % 200 == 0:
+                self.read()
+        seconds = time.monotonic() - started
+        self.read()
+        during = self.good - before
+        self.run_until(time.monotonic() + 1.0, lambda: False)
+        if self.bad:
+            return self.fail(f"malformed trajectories: {self.bad[:3]}")
+        print(json.dumps({"ok": True, "messages": sent, "seconds": seconds, "trajectories_during_flood": during,
+                          "trajectories_after": self.good - before - during, "health": self.last_health}), flush=True)
+        return 0
+
     def main(self):
         a = self.args
         if a.stream_actions:
             return self.stream_main()
+        if a.flood is not None:
+            return self.flood_main()
         deadline = time.monotonic() + a.timeout
         if not self.run_until(deadline, lambda: self.good >= a.min_trajectories, prompt=True):
             return self.fail(f"only {self.good} well-formed trajectories before the timeout")
@@ -227,6 +268,7 @@ def parse():
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--stream-actions", help="stream mode: the node's per-tick action topic")
     p.add_argument("--window", type=float, default=2.0, help="stream mode: seconds over which actions are counted")
+    p.add_argument("--flood", type=int, help="send this many input messages as fast as possible (0: until killed)")
     return p.parse_args()
 
 

@@ -9,7 +9,7 @@ mod pool;
 use std::ops::Range;
 
 use crate::backend::Backend;
-use crate::checkpoint::{Checkpoint, DType, TensorRef};
+use crate::checkpoint::{Checkpoint, DType};
 use crate::error::{Error, Result};
 use crate::image::{self, PixelFormat};
 use crate::plan::{Activation, BufId, BufType, FRAME_INFO_FIELDS, Op, Plan, RopeAxes, RopeSpec, Section, View, WeightId, WeightRole};
@@ -64,12 +64,14 @@ pub struct CpuBackend {
     bucket: Option<usize>,
     /// Working memory of the image ops that resample frames (`QwenImage::patches`).
     image_scratch: Vec<u8>,
+    /// [`Backend::fail_next_run`] was called.
+    fail_next_run: bool,
 }
 
 impl CpuBackend {
     /// `threads`: how many threads (this one included) split each GEMM and attention. Every
-    /// weight is copied out of `checkpoint` here: after `new` nothing reads its mapping, so the
-    /// file may be replaced or rewritten while the backend runs.
+    /// weight is read out of `checkpoint` here: after `new` nothing reads its files, so they may
+    /// be replaced or rewritten while the backend runs.
     pub fn new(plan: Plan, weights: Vec<WeightData>, checkpoint: &Checkpoint, threads: usize) -> Result<Self> {
         let buffers = plan
             .buffers
@@ -87,7 +89,7 @@ impl CpuBackend {
             .map(|(decl, data)| match (decl.role, data) {
                 (WeightRole::Embedding { vocab, width }, WeightData::Checkpoint(name)) => {
                     let t = checkpoint.get(&name).unwrap_or_else(|| unreachable!("embedding {name} checked at open"));
-                    Ok(Weight::Embedding { bytes: t.bytes.to_vec(), dtype: t.dtype, width, vocab })
+                    Ok(Weight::Embedding { bytes: t.read_bytes(), dtype: t.dtype, width, vocab })
                 }
                 (WeightRole::Matrix { n, k }, data) => Ok(Weight::Packed(PackedMatrix::pack(&data.into_vec(checkpoint), n, k))),
                 (WeightRole::MatrixStack { entries, n, k }, data) => {
@@ -158,6 +160,7 @@ impl CpuBackend {
             sections: plan.sections(),
             bucket: None,
             image_scratch: vec![0; image_scratch],
+            fail_next_run: false,
             plan,
         })
     }
@@ -387,11 +390,11 @@ impl CpuBackend {
             Op::Embed { tokens, table, scale, out } => {
                 let Buffer::F32(mut dst) = self.take(out.buf) else { unreachable!("embed output is f32") };
                 let Weight::Embedding { ref bytes, dtype, width, vocab } = self.weights[table.0] else { unreachable!("embed table") };
-                let tensor = TensorRef { name: "embedding", dtype, shape: &[], bytes };
+                let row_bytes = width * dtype.size();
                 for (r, &id) in self.i32(tokens).iter().enumerate().take(out.rows) {
                     let id = id.clamp(0, vocab as i32 - 1) as usize;
                     let row = &mut dst[out.offset + r * out.stride..][..width];
-                    tensor.read_f32_into(id * width, row);
+                    dtype.convert(&bytes[id * row_bytes..][..row_bytes], row);
                     row.iter_mut().for_each(|v| *v *= scale);
                 }
                 self.buffers[out.buf.0] = Buffer::F32(dst);
@@ -701,7 +704,14 @@ impl Backend for CpuBackend {
                 self.run_ops(range);
             }
         }
+        if std::mem::take(&mut self.fail_next_run) {
+            return Err(Error::Backend("injected fault (Backend::fail_next_run) after the step ran".into()));
+        }
         Ok(())
+    }
+
+    fn fail_next_run(&mut self) {
+        self.fail_next_run = true;
     }
 
     fn output_f32(&self, id: BufId) -> &[f32] {

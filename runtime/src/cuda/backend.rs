@@ -59,6 +59,8 @@ pub struct CudaBackend {
     /// Steps run so far, and where FRT_PROFILE asks the profile to go (taken when written).
     runs: usize,
     profile: Option<PathBuf>,
+    /// [`Backend::fail_next_run`] was called.
+    fail_next_run: bool,
     /// The lowered step, its streams and what enqueues it.
     launcher: Launcher,
     bufs: Vec<DeviceBuf>,
@@ -340,6 +342,7 @@ impl CudaBackend {
             graph: None,
             runs: 0,
             profile: None,
+            fail_next_run: false,
             launcher,
             bufs,
             host,
@@ -424,6 +427,10 @@ impl Backend for CudaBackend {
         // Host inputs are not touched while the graph runs: `&mut self` until the sync returns.
         let graph = self.graph.as_ref().expect("captured at open");
         graph.launch(self.launcher.stream.0)?;
+        if std::mem::take(&mut self.fail_next_run) {
+            // As a failing synchronize would: the graph may still be running (drop waits for it).
+            return Err(Error::Backend("step: injected fault (Backend::fail_next_run) after the graph launch".into()));
+        }
         self.launcher.synchronize("step")?;
         self.runs += 1;
         if self.runs == PROFILE_AFTER_RUNS {
@@ -435,13 +442,18 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
+    fn fail_next_run(&mut self) {
+        self.fail_next_run = true;
+    }
+
     fn output_f32(&self, id: BufId) -> &[f32] {
         self.host_buffer(id).as_slice()
     }
 
     fn run_traced(&mut self, _after_phase: &mut dyn FnMut(&str, &dyn Backend)) -> Result<()> {
-        Err(Error::Backend(
-            "a traced step stops between phases, which the CUDA backend's captured graph cannot; trace on the CPU backend".into(),
+        Err(Error::invalid(
+            "step_traced",
+            "a traced step stops between phases, which the CUDA backend's captured graph cannot; trace on the CPU backend",
         ))
     }
 

@@ -253,7 +253,7 @@ pub(super) fn upload_weights(
                     // SAFETY: the event was recorded after the previous copy out of this stage.
                     check("cuEventSynchronize", unsafe { result::event::synchronize(events[slot]) })?;
                 }
-                // Checkpoint-backed weights are read (and folded) from the mapping chunk by chunk.
+                // Checkpoint-backed weights are read (and folded) from the file chunk by chunk.
                 let values: &[f32] = match &data[w] {
                     WeightData::Dense(v) => &v[start..start + count],
                     lazy => {

@@ -13,7 +13,7 @@ impl Loader<'_> {
     /// A tensor's values as f32.
     pub fn get(&self, name: &str) -> Vec<f32> {
         let t = self.ckpt.get(name).unwrap_or_else(|| unreachable!("{name} checked at open"));
-        (self.progress)(t.bytes.len());
+        (self.progress)(t.byte_len());
         t.to_f32()
     }
 
@@ -26,7 +26,7 @@ impl Loader<'_> {
     pub fn rows(&self, names: &[String], col_scale: Option<Vec<f32>>) -> WeightData {
         for name in names {
             // Counted now: the bytes are read during the backend's upload right after the plan.
-            (self.progress)(self.ckpt.get(name).map_or(0, |t| t.bytes.len()));
+            (self.progress)(self.ckpt.get(name).map_or(0, |t| t.byte_len()));
         }
         WeightData::Rows { tensors: names.to_vec(), col_scale }
     }

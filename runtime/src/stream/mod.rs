@@ -23,7 +23,8 @@
 //! Errors of the policy on the inference thread are counted, the last one's text is kept
 //! ([`ActionStream::last_error`]), and the chunk is requested again at the next tick; after
 //! `max_consecutive_errors` failures in a row (or at once after a panic inside the policy, whose
-//! state is then unknown) the inference thread stops, the stream keeps answering with its
+//! state is then unknown, or a step that faulted the policy: [`Error::Faulted`]) the inference
+//! thread stops, the stream keeps answering with its
 //! fallback, and [`StreamStats::running`] turns false. Dropping the stream stops and joins the
 //! thread.
 
@@ -678,6 +679,12 @@ impl<P: StreamPolicy> Worker<P> {
                     shared.counters.chunks.fetch_add(1, Relaxed);
                     prev_obs_tick = Some(obs_tick);
                     failures_in_row = 0;
+                }
+                Err(e @ Error::Faulted(_)) => {
+                    // Every later step would fail the same way: stop now, as after a panic.
+                    self.fail(&format!("policy step failed, the stream stops: {e}"), &mut failures_in_row);
+                    shared.finished.store(request, Release);
+                    return;
                 }
                 Err(e) => self.fail(&format!("policy step failed: {e}"), &mut failures_in_row),
             }

@@ -3,7 +3,9 @@
 # benchmark). Binaries are built on the x86_64 build host by tools/device/checks/build_carry.sh into
 # .device-carry/ (gitignored); this script only runs them.
 #
-#   bash tools/device/checks/cuda_checks.sh tests        # 5a tiny parity, 5b every op, 5d no-alloc, prompt buckets, GR00T embodiment switch
+#   bash tools/device/checks/cuda_checks.sh tests        # 5a tiny parity, 5b every op, 5d no-alloc, prompt buckets, GR00T embodiment switch, device fault
+#   bash tools/device/checks/cuda_checks.sh soak         # flashrt soak on pi05-2v (SOAK_STEPS, SOAK_SECONDS), open/close x OPEN_CLOSE
+#   bash tools/device/checks/cuda_checks.sh soak-tiny    # flashrt soak on the tiny fixture (100,000 steps in ~2 minutes)
 #   bash tools/device/checks/cuda_checks.sh bench        # pi05-2v, cold then warm kernel cache
 #   bash tools/device/checks/cuda_checks.sh views        # 1 and 3 views
 #   bash tools/device/checks/cuda_checks.sh full         # lerobot f32 reference on the same weights, 5c
@@ -97,8 +99,23 @@ for phase in "$@"; do
     SECONDS=0
     case "$phase" in
     tests)
-        echo "== tests: every op vs CPU, tiny fixtures (Pi0.5, GR00T N1.7) vs CPU, RTC (both) vs lerobot, GR00T embodiment switch, prompt buckets, no allocation"
-        gpu_tests every_op_matches_cpu tiny_fixture_matches_cpu real_time_chunking_matches_lerobot groot_tiny_matches_cpu groot_real_time_chunking_matches_lerobot groot_embodiment_switch_matches_cpu prompt_buckets_match_the_whole_prompt step_allocates_nothing_and_device_memory_is_constant
+        echo "== tests: every op vs CPU, tiny fixtures (Pi0.5, GR00T N1.7) vs CPU, RTC (both) vs lerobot, GR00T embodiment switch, prompt buckets, no allocation, device fault"
+        gpu_tests every_op_matches_cpu tiny_fixture_matches_cpu real_time_chunking_matches_lerobot groot_tiny_matches_cpu groot_real_time_chunking_matches_lerobot groot_embodiment_switch_matches_cpu prompt_buckets_match_the_whole_prompt step_allocates_nothing_and_device_memory_is_constant a_device_fault_marks_the_policy_unusable_and_a_new_one_works
+        ;;
+    soak)
+        # Bounded to fit one device call (SOAK_SECONDS, default 420 s): pi05-2v at ~12 ms a step
+        # fits ~35,000 steps. The 100,000 steps in one process take ~21 minutes, longer than
+        # one call of this workplace's device tool: run with SOAK_SECONDS=1500 where a call may run
+        # that long. Then open and drop the tiny policy OPEN_CLOSE times in one process.
+        echo "== soak: pi05-2v CUDA steps on varying inputs with bad observations mixed in; open/close"
+        synth_full
+        XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" soak --checkpoint "$FULL" --backend cuda --cameras 2 --steps "${SOAK_STEPS:-100000}" --max-seconds "${SOAK_SECONDS:-420}" --window 5000 --workload soak-pi05-2v --out "$OUT/h200-cuda-soak.json"
+        XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" soak --checkpoint "$FRT_FIXTURE_DIR" --backend cuda --open-close "${OPEN_CLOSE:-100}" --sample-every 5 --max-seconds "${SOAK_SECONDS:-420}" --workload open-close-pi05-tiny --out "$OUT/h200-cuda-open-close.json"
+        ;;
+    soak-tiny)
+        # The soak's steps on the tiny fixture (~1 ms a step on the H200): 100,000 fit one call.
+        echo "== soak: tiny Pi0.5 CUDA steps on varying inputs with bad observations mixed in"
+        XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" soak --checkpoint "$FRT_FIXTURE_DIR" --backend cuda --steps "${SOAK_STEPS:-100000}" --max-seconds "${SOAK_SECONDS:-300}" --window 10000 --workload soak-pi05-tiny --out "$OUT/h200-cuda-soak-tiny.json"
         ;;
     bench)
         echo "== bench pi05-2v: cold kernel cache, then warm"
@@ -191,7 +208,7 @@ for phase in "$@"; do
         groot_bench_views 3 gr00t-3v
         ;;
     *)
-        echo "unknown phase $phase (tests | bench | views | full | groot-full | groot-bench | groot-views | ab | overlap | slots | buckets | settings | attention | profile | versus)"
+        echo "unknown phase $phase (tests | soak | soak-tiny | bench | views | full | groot-full | groot-bench | groot-views | ab | overlap | slots | buckets | settings | attention | profile | versus)"
         status=2
         ;;
     esac

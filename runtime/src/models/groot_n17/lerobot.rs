@@ -290,6 +290,7 @@ fn bounds(steps: &Path, state_file: Option<&PathBuf>, feature: &str) -> Result<B
             .ok_or_else(|| Error::checkpoint(file, format!("missing {feature}.{stat} (the step's statistics)")))
     };
     let (min, max) = (get("min")?, get("max")?);
+    ckpt.reads_ok()?;
     if min.len() != max.len() || min.iter().chain(&max).any(|v| !v.is_finite()) {
         return Err(Error::checkpoint(file, format!("{feature}.min / .max: {} and {} values, or not finite", min.len(), max.len())));
     }

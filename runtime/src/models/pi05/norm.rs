@@ -130,6 +130,7 @@ impl NormStats {
                 let t = ckpt.get(name).expect("listed name exists");
                 values.insert(name.to_string(), t.to_f32());
             }
+            ckpt.reads_ok()?;
         }
         let source = files.first().cloned();
         let feature = |feature: &str, mode: Mode| -> Result<Option<FeatureStats>> {
