@@ -41,6 +41,32 @@ impl DType {
             DType::BF16 | DType::F16 => 2,
         }
     }
+
+    /// Converts little-endian `bytes` of this type into `out` (one value per element).
+    pub fn convert(self, bytes: &[u8], out: &mut [f32]) {
+        match self {
+            DType::F32 => {
+                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            DType::F64 => {
+                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(8)) {
+                    *o = f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32;
+                }
+            }
+            DType::BF16 => {
+                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+                }
+            }
+            DType::F16 => {
+                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                }
+            }
+        }
+    }
 }
 
 /// A tensor of a checkpoint file: its element type and shape, read on request.
@@ -94,7 +120,7 @@ impl TensorRef<'_> {
         }
     }
 
-    /// Converts `count` elements starting at element `start` into `out` (f32).
+    /// Converts `out.len()` elements starting at element `start` into `out` (f32).
     pub fn read_f32_into(&self, start: usize, out: &mut [f32]) {
         let size = self.dtype.size();
         let mut bytes = vec![0u8; (out.len() * size).min(READ_CHUNK)];
@@ -107,7 +133,8 @@ impl TensorRef<'_> {
     }
 
     /// All elements as f32. Large tensors convert on every core: a full-size checkpoint holds
-    /// 3.4 G values, and their conversion (with the reads and the page faults of the new vectors) is the bulk of open's host work.
+    /// 3.4 G values, and their conversion (with the reads and the page faults of the new
+    /// vectors) is the bulk of open's host work.
     pub fn to_f32(&self) -> Vec<f32> {
         let mut out = vec![0.0; self.numel()];
         let threads = if out.len() < (1 << 22) { 1 } else { std::thread::available_parallelism().map_or(1, |n| n.get()).min(16) };
@@ -122,34 +149,6 @@ impl TensorRef<'_> {
             }
         });
         out
-    }
-}
-
-impl DType {
-    /// Converts little-endian `bytes` of this type into `out` (one value per element).
-    pub fn convert(self, bytes: &[u8], out: &mut [f32]) {
-        match self {
-            DType::F32 => {
-                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                }
-            }
-            DType::F64 => {
-                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(8)) {
-                    *o = f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32;
-                }
-            }
-            DType::BF16 => {
-                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                    *o = bf16::from_le_bytes([b[0], b[1]]).to_f32();
-                }
-            }
-            DType::F16 => {
-                for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                    *o = f16::from_le_bytes([b[0], b[1]]).to_f32();
-                }
-            }
-        }
     }
 }
 

@@ -216,8 +216,8 @@ impl Pixels {
 pub fn steps(policy: &mut Policy, config: &SoakConfig, mut on_window: impl FnMut(&SoakReport)) -> Result<SoakReport> {
     let info = policy.info();
     let cameras = info.cameras.len();
-    if cameras > MAX_CAMERAS {
-        return Err(Error::invalid("policy.cameras", format!("{cameras} camera slots: the soak varies at most {MAX_CAMERAS}")));
+    if !(1..=MAX_CAMERAS).contains(&cameras) {
+        return Err(Error::invalid("policy.cameras", format!("{cameras} camera slots: the soak varies 1 to {MAX_CAMERAS}")));
     }
     if info.state_dim == 0 {
         return Err(Error::invalid("policy.state_dim", "the soak's bad inputs need a state"));
