@@ -588,7 +588,7 @@ fn stats(shared: &Shared) -> StreamStats {
         latency_p50_us: c.latency_p50_us.load(Relaxed),
         latency_max_us: c.latency_max_us.load(Relaxed),
         errors: c.errors.load(Relaxed),
-        running: c.running.load(Relaxed),
+        running: c.running.load(Acquire),
         realtime: c.realtime.load(Relaxed),
     }
 }
@@ -602,8 +602,7 @@ impl<P: StreamPolicy> Worker<P> {
         let shared = Arc::clone(&self.shared);
         shared.counters.realtime.store(apply_realtime(rt), Relaxed);
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.serve()));
-        shared.counters.running.store(false, Relaxed);
-        match outcome {
+        let policy = match outcome {
             Ok(()) => Some(self.policy),
             Err(panic) => {
                 let what =
@@ -615,7 +614,10 @@ impl<P: StreamPolicy> Worker<P> {
                 // Its state is unknown: it is dropped here rather than handed back.
                 None
             }
-        }
+        };
+        // Last, and released: whoever sees `running` false also sees the error and count above.
+        shared.counters.running.store(false, Release);
+        policy
     }
 
     fn serve(&mut self) {
