@@ -594,6 +594,9 @@ fn switching_embodiments_matches_opening_with_each() {
     config.rtc = Some(RtcConfig { schedule: RtcSchedule::Ramp, ..RtcConfig::default() });
     let mut chunking = Policy::open(&config).unwrap();
     assert_eq!(chunking.info().embodiments, ["robot"]);
+    // One embodiment resident: its weights are read in place, nothing is selected per step.
+    let explained = chunking.explain();
+    assert!(explained.contains("embodiments: 1 resident (checkpoint slot 1)") && !explained.contains("select_weight"), "{explained}");
     let e = chunking.set_embodiment("robot_2").unwrap_err().to_string();
     assert!(e.contains("\"robot_2\" cannot be switched to: real-time chunking is on"), "{e}");
 

@@ -502,7 +502,14 @@ fn embodiment_weights(
     let positions_b3 = w3.iter().map(|(_, b)| (0..h * dw).map(|i| positions[i] + b[i % dw]).collect()).collect();
     let positions_b3 = selector.select(plan, add, "action_positions".into(), None, positions_b3);
     let values = selector.values;
-    plan.notes.push(format!(
+    if slots.len() == 1 {
+        plan.notes.push(format!(
+            "embodiments: 1 resident (checkpoint slot {}), its {:.2} M embodiment-specific values read in place (no selection)",
+            slots[0],
+            values as f64 / 1e6
+        ));
+    } else {
+        plan.notes.push(format!(
         "embodiments: {} resident (checkpoint slots {slots:?}), {:.2} M embodiment-specific values each, kept as a table of \
          all of them beside the copy the products read ({:.1} MiB in bf16); select_weight copies the active one's into that \
          copy at the start of every step ({:.1} MiB in bf16, {:.1} in f32)",
@@ -511,7 +518,8 @@ fn embodiment_weights(
         ((slots.len() + 1) * values * 2) as f64 / (1 << 20) as f64,
         (values * 2) as f64 / (1 << 20) as f64,
         (values * 4) as f64 / (1 << 20) as f64,
-    ));
+        ));
+    }
     EmbodimentWeights { state1, state2, action1, action2, time_bias, action3, positions_b3, decoder1, decoder2 }
 }
 
@@ -525,7 +533,8 @@ struct Selector {
 
 impl Selector {
     /// A weight named `name` (a `[n, k]` matrix, or a vector) rewritten each step with entry
-    /// `index[0]` of a table of `per_slot`.
+    /// `index[0]` of a table of `per_slot`; with one embodiment resident, that entry itself (there
+    /// is nothing to select, and copying it every step would cost bandwidth for nothing).
     fn select(
         &mut self,
         plan: &mut Plan,
@@ -540,6 +549,9 @@ impl Selector {
         };
         let len = per_slot[0].len();
         self.values += len;
+        if let [only] = &per_slot[..] {
+            return add(plan, name, role, WeightData::Dense(only.clone()));
+        }
         let table = add(plan, format!("{name}.table"), table_role, WeightData::Dense(per_slot.concat()));
         // Zero until the selection writes it, before any op reads it.
         let dst = add(plan, name, role, WeightData::Dense(vec![0.0; len]));
