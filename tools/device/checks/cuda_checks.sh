@@ -110,7 +110,7 @@ for phase in "$@"; do
         echo "== soak: pi05-2v CUDA steps on varying inputs with bad observations mixed in; open/close"
         synth_full
         XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" soak --checkpoint "$FULL" --backend cuda --cameras 2 --steps "${SOAK_STEPS:-100000}" --max-seconds "${SOAK_SECONDS:-420}" --window 5000 --workload soak-pi05-2v --out "$OUT/h200-cuda-soak.json"
-        XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" soak --checkpoint "$FRT_FIXTURE_DIR" --backend cuda --open-close "${OPEN_CLOSE:-100}" --sample-every 5 --max-seconds "${SOAK_SECONDS:-420}" --workload open-close-pi05-tiny --out "$OUT/h200-cuda-open-close.json"
+        XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" soak --checkpoint "$FRT_FIXTURE_DIR" --backend cuda --tokenizer "$PWD/tests/data/tokenizer/tokenizer.json" --open-close "${OPEN_CLOSE:-100}" --sample-every 5 --max-seconds "${SOAK_SECONDS:-420}" --workload open-close-pi05-tiny --out "$OUT/h200-cuda-open-close.json"
         ;;
     soak-tiny)
         # The soak's steps on the tiny fixture (~1 ms a step on the H200): 100,000 fit one call.
