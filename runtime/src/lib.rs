@@ -12,6 +12,7 @@ pub mod config;
 pub mod cpu;
 pub mod cuda;
 pub mod error;
+pub mod fp8;
 pub mod image;
 pub mod io;
 pub mod models;
