@@ -144,6 +144,12 @@ enum FrtStatus
    * `frt_policy_last_error`. The const calls still work. Free the policy and open a new one.
    */
   FRT_STATUS_FAULTED = 10,
+  /**
+   * FP8 was asked for and its calibration file is missing, unreadable or made for another
+   * checkpoint, plan or runtime version (the message names each field that differs):
+   * recalibrate (`flashrt calibrate`) for this checkpoint and these options.
+   */
+  FRT_STATUS_CALIBRATION = 11,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -497,6 +503,13 @@ typedef struct FrtPolicyConfig {
    * schedules only: ramp has no guidance and ignores it.
    */
   float rtc_max_guidance_weight;
+  /**
+   * With `FRT_PRECISION_FP8`: the calibration file (`flashrt calibrate`), NUL-terminated;
+   * NULL: `flashrt_fp8_calibration.json` beside the checkpoint. A missing file, or one made
+   * for another checkpoint, plan or runtime version, is refused with `FRT_STATUS_CALIBRATION`
+   * naming what differs.
+   */
+  const char *fp8_calibration;
 } FrtPolicyConfig;
 
 /**

@@ -128,6 +128,11 @@ pub struct FrtPolicyConfig {
     /// Real-time chunking: upper bound of the guidance weight (positive). Default 10. Pi0.5's
     /// schedules only: ramp has no guidance and ignores it.
     pub rtc_max_guidance_weight: f32,
+    /// With `FRT_PRECISION_FP8`: the calibration file (`flashrt calibrate`), NUL-terminated;
+    /// NULL: `flashrt_fp8_calibration.json` beside the checkpoint. A missing file, or one made
+    /// for another checkpoint, plan or runtime version, is refused with `FRT_STATUS_CALIBRATION`
+    /// naming what differs.
+    pub fp8_calibration: *const c_char,
 }
 
 /// Fills `*config` with the defaults; `config->struct_size` must be set first.
@@ -181,6 +186,7 @@ unsafe fn write_defaults(config: *mut FrtPolicyConfig) -> Result<(), Failure> {
         rtc_schedule: FrtRtcSchedule::Off as u32,
         rtc_execution_horizon: RtcConfig::default().execution_horizon,
         rtc_max_guidance_weight: RtcConfig::default().max_guidance_weight,
+        fp8_calibration: std::ptr::null(),
     };
     // SAFETY: the caller's struct is at least as large as ours (checked above).
     unsafe { config.write(defaults) };
@@ -242,6 +248,7 @@ pub(crate) unsafe fn read(config: *const FrtPolicyConfig) -> Result<PolicyConfig
     let mut out = PolicyConfig::new(checkpoint);
     out.tokenizer = path(c.tokenizer);
     out.kernel_cache_dir = path(c.kernel_cache_dir);
+    out.fp8_calibration = path(c.fp8_calibration);
     out.backend = match c.backend {
         0 => BackendKind::Auto,
         1 => BackendKind::Cpu,

@@ -42,12 +42,16 @@ pub enum FrtStatus {
     /// prompt call on the policy returns this status, with the first failure in
     /// `frt_policy_last_error`. The const calls still work. Free the policy and open a new one.
     Faulted = 10,
+    /// FP8 was asked for and its calibration file is missing, unreadable or made for another
+    /// checkpoint, plan or runtime version (the message names each field that differs):
+    /// recalibrate (`flashrt calibrate`) for this checkpoint and these options.
+    Calibration = 11,
 }
 
 impl FrtStatus {
     fn from_code(code: u32) -> Option<Self> {
         use FrtStatus::*;
-        [Ok, NullArgument, InvalidArgument, BufferTooSmall, Io, Checkpoint, Tokenizer, Backend, Panic, Busy, Faulted]
+        [Ok, NullArgument, InvalidArgument, BufferTooSmall, Io, Checkpoint, Tokenizer, Backend, Panic, Busy, Faulted, Calibration]
             .into_iter()
             .find(|s| *s as u32 == code)
     }
@@ -65,6 +69,7 @@ impl FrtStatus {
             FrtStatus::Panic => "internal error: a panic was caught at the ABI boundary",
             FrtStatus::Busy => "the policy is in use by another thread (one thread at a time per policy)",
             FrtStatus::Faulted => "the policy is unusable after a device failure; free it and open a new one",
+            FrtStatus::Calibration => "the FP8 calibration is missing, unreadable or made for another checkpoint or plan",
         }
     }
 }
@@ -78,6 +83,7 @@ impl From<&flashrt::Error> for FrtStatus {
             flashrt::Error::InvalidArgument { .. } => FrtStatus::InvalidArgument,
             flashrt::Error::Backend(_) => FrtStatus::Backend,
             flashrt::Error::Faulted(_) => FrtStatus::Faulted,
+            flashrt::Error::Calibration { .. } => FrtStatus::Calibration,
         }
     }
 }
@@ -254,7 +260,7 @@ mod tests {
     #[test]
     fn every_status_has_a_distinct_number_and_message() {
         let all: Vec<FrtStatus> = (0..100).filter_map(FrtStatus::from_code).collect();
-        assert_eq!(all.len(), 11);
+        assert_eq!(all.len(), 12);
         for (i, s) in all.iter().enumerate() {
             assert_eq!(*s as u32, i as u32, "numbers are dense and stable");
             assert!(!s.message().is_empty());

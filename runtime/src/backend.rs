@@ -2,7 +2,8 @@
 //! call that runs the whole plan. The CPU backend's host buffers are its arena; a GPU backend keeps
 //! pinned copies of the plan's `HostIo` buffers and moves them inside its captured graph.
 
-use crate::error::Result;
+use crate::calibration::ProductProbe;
+use crate::error::{Error, Result};
 use crate::plan::{BufId, Plan};
 
 /// Which backend executes the plan.
@@ -57,4 +58,10 @@ pub trait Backend: Send {
     /// may allocate. A backend that runs the plan as one captured graph cannot stop inside it and
     /// returns an error.
     fn run_traced(&mut self, after_phase: &mut dyn FnMut(&str, &dyn Backend)) -> Result<()>;
+    /// Installs (`Some`) or removes (`None`) the probe that records each product's input range
+    /// and FP8 error while calibrating, returning the one it replaces. Calibration runs on the
+    /// CPU backend, in f32; others refuse.
+    fn swap_product_probe(&mut self, _probe: Option<ProductProbe>) -> Result<Option<ProductProbe>> {
+        Err(Error::Backend(format!("the {} backend cannot calibrate: calibrate on the CPU backend (f32)", self.name())))
+    }
 }

@@ -161,6 +161,11 @@ struct Entry {
     end: usize,
 }
 
+/// The directory of a checkpoint path: the path itself, or a file's directory.
+pub fn directory_of(path: &Path) -> &Path {
+    if path.is_dir() { path } else { path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")) }
+}
+
 /// An opened checkpoint: the open files and an index of every tensor by normalized name.
 pub struct Checkpoint {
     /// The path the user gave (file or directory), for error messages.
@@ -279,7 +284,30 @@ impl Checkpoint {
     /// The directory beside the weights (config.json, statistics, tokenizer): the path itself, or
     /// the parent of a lone `.safetensors` file.
     pub fn dir(&self) -> &Path {
-        if self.path.is_dir() { &self.path } else { self.path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")) }
+        directory_of(&self.path)
+    }
+
+    /// SHA-256 over the weight files, each as its file name, its length and its bytes, in
+    /// order: what an FP8 calibration is keyed by, so a calibration is never used for other
+    /// weights (a file rewritten in place included). Reads every byte (about a second per 2 GB).
+    pub fn content_sha256(&self) -> Result<String> {
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        let mut chunk = vec![0u8; 8 << 20];
+        for (path, file) in &self.files {
+            let io = |source| Error::Io { path: path.clone(), source };
+            let len = file.metadata().map_err(io)?.len();
+            hash.update(path.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
+            hash.update(len.to_le_bytes());
+            let mut at = 0u64;
+            while at < len {
+                let part = &mut chunk[..(len - at).min(8 << 20) as usize];
+                file.read_exact_at(part, at).map_err(io)?;
+                hash.update(&*part);
+                at += part.len() as u64;
+            }
+        }
+        Ok(format!("{:x}", hash.finalize()))
     }
 
     /// Names of all tensors (with any `model.` prefix removed), sorted.

@@ -52,6 +52,10 @@ pub struct PolicyConfig {
     /// where the robot is in it ([`crate::Policy::step_continuing`]). Pi0.5 takes a guidance
     /// schedule, GR00T N1.7 the `ramp` schedule; each refuses the other's (`config.rtc.schedule`).
     pub rtc: Option<RtcConfig>,
+    /// With [`Precision::Fp8`]: the calibration file (`flashrt calibrate`); default:
+    /// [`crate::calibration::DEFAULT_FILE`] beside the checkpoint. One made for another
+    /// checkpoint, plan or runtime version is refused.
+    pub fp8_calibration: Option<PathBuf>,
 }
 
 impl PolicyConfig {
@@ -76,6 +80,7 @@ impl PolicyConfig {
             progress: false,
             threads: None,
             rtc: None,
+            fp8_calibration: None,
         }
     }
 }

@@ -25,6 +25,9 @@ pub enum Error {
     /// The requested backend cannot run here (no GPU, no driver, ...).
     #[error("backend: {0}")]
     Backend(String),
+    /// An FP8 calibration file is unusable or was made for another checkpoint or plan.
+    #[error("FP8 calibration {path}: {message}")]
+    Calibration { path: PathBuf, message: String },
     /// A step failed inside the backend (a device error): what it left in its buffers is
     /// unknown, so the policy refuses every later call with this error. Drop it and open a new
     /// one. Holds the first failure's text.

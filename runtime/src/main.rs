@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use flashrt::bench::{self, SyntheticInputs};
+use flashrt::calibration::{self, CalibrationSettings};
 use flashrt::image::{Frame, PixelFormat};
 use flashrt::models::groot_n17::synth as groot_synth;
 use flashrt::models::pi05::synth::{self, SynthSize};
@@ -13,7 +14,7 @@ use flashrt::realtime::{self, RealtimeConfig};
 use flashrt::serve::mapping::{KeyMap, Mapping};
 use flashrt::serve::{self, ServeConfig, Server};
 use flashrt::soak::{self, SoakConfig};
-use flashrt::{BackendKind, Continuation, Observation, Policy, PolicyConfig, Result, RtcConfig, RtcSchedule};
+use flashrt::{BackendKind, Continuation, Observation, Policy, PolicyConfig, Precision, Result, RtcConfig, RtcSchedule};
 
 #[derive(Parser)]
 #[command(name = "flashrt", version, about = "Real-time inference runtime for vision-language-action robot policies")]
@@ -139,6 +140,34 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// FP8 calibration: run the policy on the CPU in f32 over observations, measure each
+    /// product's input range and its error in FP8, and write the scales and the products that stay
+    /// in bf16 as JSON keyed by the checkpoint's content hash, the plan and this runtime's version
+    /// (open with `--precision fp8`). Give the options the deployment opens with (cameras, prompt
+    /// capacity, denoise steps, real-time chunking): a calibration is only used for that plan.
+    Calibrate {
+        #[command(flatten)]
+        open: OpenArgs,
+        /// Observations whose activation ranges are taken.
+        #[arg(long, default_value_t = CalibrationSettings::default().steps)]
+        steps: usize,
+        /// Of those, how many (the first) run again to measure each product's FP8 error.
+        #[arg(long, default_value_t = CalibrationSettings::default().measure_steps)]
+        measure_steps: usize,
+        /// Products whose FP8 output strays further from f32 (normalized MSE) stay in bf16.
+        #[arg(long, default_value_t = CalibrationSettings::default().max_product_nmse)]
+        max_product_nmse: f64,
+        /// Products with fewer input or output features stay in bf16.
+        #[arg(long, default_value_t = CalibrationSettings::default().min_product_features)]
+        min_product_features: usize,
+        /// Seed of the synthetic observations.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Write the calibration here (default: flashrt_fp8_calibration.json beside the checkpoint,
+        /// where an FP8 open looks for it).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Print sizes, parameter count, memory and the execution plan of a checkpoint.
     Inspect {
         #[command(flatten)]
@@ -182,6 +211,14 @@ enum Model {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum PrecisionArg {
+    Auto,
+    F32,
+    Bf16,
+    Fp8,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum Backend {
     Auto,
     Cpu,
@@ -217,6 +254,14 @@ struct OpenArgs {
     /// CPU backend: threads per step, this one included (default: the available parallelism).
     #[arg(long)]
     threads: Option<usize>,
+    /// auto: f32 on the CPU, bf16 on CUDA. fp8: e4m3 products with a calibration (`flashrt
+    /// calibrate`); on the CPU, an emulation of the GPU's FP8 numerics.
+    #[arg(long, value_enum, default_value_t = PrecisionArg::Auto)]
+    precision: PrecisionArg,
+    /// With --precision fp8: the calibration file (default: flashrt_fp8_calibration.json beside
+    /// the checkpoint).
+    #[arg(long)]
+    fp8_calibration: Option<PathBuf>,
     /// GR00T: the embodiment tag (default: the checkpoint's only one).
     #[arg(long)]
     embodiment: Option<String>,
@@ -313,6 +358,13 @@ impl OpenArgs {
         c.denoise_steps = self.denoise_steps;
         c.state_dim = self.state_dim;
         c.threads = self.threads;
+        c.precision = match self.precision {
+            PrecisionArg::Auto => Precision::Auto,
+            PrecisionArg::F32 => Precision::F32,
+            PrecisionArg::Bf16 => Precision::Bf16,
+            PrecisionArg::Fp8 => Precision::Fp8,
+        };
+        c.fp8_calibration = self.fp8_calibration.clone();
         c.embodiment = self.embodiment.clone();
         c.rtc = self.rtc.map(|schedule| RtcConfig {
             schedule,
@@ -357,6 +409,11 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Calibrate { open, steps, measure_steps, max_product_nmse, min_product_features, seed, out } => {
+            let settings =
+                CalibrationSettings { steps, measure_steps, max_product_nmse, min_product_features, observations: String::new() };
+            calibrate_command(&open, &settings, seed, out.as_deref())
+        }
         Command::Inspect { open } => Policy::open(&open.config()).map(|p| inspect(&p)),
         Command::Synth { model, size, out, seed, cameras, embodiments } => synth_command(model, &out, size, seed, cameras, embodiments),
         Command::Kernels { arch, out } => {
@@ -370,6 +427,30 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `flashrt calibrate`: the policy on the CPU in f32, calibrated and written as JSON.
+fn calibrate_command(open: &OpenArgs, settings: &CalibrationSettings, seed: u64, out: Option<&Path>) -> Result<()> {
+    let mut config = open.config();
+    if !matches!(open.backend, Backend::Auto | Backend::Cpu) || !matches!(open.precision, PrecisionArg::Auto | PrecisionArg::F32) {
+        return Err(flashrt::Error::invalid("--backend/--precision", "calibration runs on the CPU backend in f32; leave both unset"));
+    }
+    (config.backend, config.precision) = (BackendKind::Cpu, Precision::F32);
+    let mut policy = Policy::open(&config)?;
+    let started = Instant::now();
+    let result = calibration::calibrate_synthetic(&mut policy, settings, seed)?;
+    let path = calibration::file_for(out, &open.checkpoint);
+    result.save(&path)?;
+    let (fp8, bf16) = result.counts();
+    print!("{}", result.describe());
+    println!(
+        "calibrated {} steps ({} measured) in {:.1} s: {fp8} weights' products in FP8, {bf16} in bf16; wrote {}",
+        settings.steps,
+        settings.measure_steps,
+        started.elapsed().as_secs_f64(),
+        path.display()
+    );
+    Ok(())
 }
 
 fn demo(steps: usize, model: Model) -> Result<()> {

@@ -5,6 +5,7 @@
 //! plan and copies the action chunk out. After the first call it performs no heap allocation.
 //! The policy knows no model by name: [`crate::models`] picks the model and builds its spec.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 
 use crate::backend::{Backend, BackendKind, Precision};
+use crate::calibration::{self, Calibration, CalibrationKey, ProductProbe};
 use crate::checkpoint::Checkpoint;
 pub use crate::config::PolicyConfig;
 use crate::cpu::{self, CpuBackend};
@@ -80,6 +82,10 @@ pub struct Policy {
     has_chunk: bool,
     /// Why the policy is unusable: the first backend failure of a step (see [`Error::Faulted`]).
     fault: Option<String>,
+    /// The checkpoint path it was opened from (calibration keys on its contents).
+    checkpoint: PathBuf,
+    /// FP8: the calibration in use and where it was read from.
+    calibration: Option<(PathBuf, Calibration)>,
 }
 
 impl Policy {
@@ -109,7 +115,8 @@ impl Policy {
             },
         };
         match (use_cuda, config.precision) {
-            (_, Precision::Auto) | (false, Precision::F32) | (true, Precision::Bf16) => {}
+            (_, Precision::Auto) | (false, Precision::F32) | (true, Precision::Bf16) | (false, Precision::Fp8) => {}
+            (true, Precision::Fp8) => return Err(crate::cuda::fp8_refusal(config.device)),
             // A valid value this backend cannot compute in: a backend limit, not a bad argument.
             (true, p) => {
                 return Err(Error::Backend(format!(
@@ -129,6 +136,29 @@ impl Policy {
         );
         let ModelSpec { plan, weights, io, processing, info } = kind.open(&ckpt, json.as_ref(), config, &|n| bar.inc(n as u64))?;
         bar.finish_and_clear();
+        let calibration = match config.precision {
+            Precision::Fp8 => {
+                let path = calibration::file_for(config.fp8_calibration.as_deref(), &config.checkpoint);
+                let calibration = Calibration::load(&path).map_err(|e| match e {
+                    Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => Error::Calibration {
+                        path: path.clone(),
+                        message: "not found: FP8 needs activation scales measured on observations; make them with `flashrt \
+                                  calibrate --checkpoint ... --observations LOG` (or set config.fp8_calibration)"
+                            .into(),
+                    },
+                    e => e,
+                })?;
+                calibration.check(&path, &CalibrationKey::of(&ckpt, &plan, &info)?)?;
+                if calibration.synthetic {
+                    log::warn!(
+                        "{}: calibrated on synthetic observations; activations of real inputs outside their ranges clip",
+                        path.display()
+                    );
+                }
+                Some((path, calibration))
+            }
+            _ => None,
+        };
         let backend: Box<dyn Backend> = if use_cuda {
             crate::cuda::open(plan, weights, Arc::clone(&ckpt), config.device, config.kernel_cache_dir.clone())?
         } else {
@@ -137,7 +167,14 @@ impl Policy {
                 Some(n) => return Err(Error::invalid("config.threads", format!("{n} threads: must be 1 to {}", cpu::MAX_THREADS))),
                 None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(cpu::MAX_THREADS),
             };
-            Box::new(CpuBackend::new(plan, weights, &ckpt, threads)?)
+            let cpu = CpuBackend::new(plan, weights, &ckpt, threads)?;
+            match &calibration {
+                Some((path, c)) => {
+                    let scales = c.activation_scales(path, cpu.plan())?;
+                    Box::new(cpu.with_fp8(scales))
+                }
+                None => Box::new(cpu),
+            }
         };
         // Every weight is in the backend now; refuse what a file that changed under us gave.
         ckpt.reads_ok()?;
@@ -154,6 +191,8 @@ impl Policy {
             deadline: config.deadline,
             has_chunk: false,
             fault: None,
+            checkpoint: config.checkpoint.clone(),
+            calibration,
         })
     }
 
@@ -198,6 +237,26 @@ impl Policy {
         self.max_frame
     }
 
+    /// The checkpoint path the policy was opened from.
+    pub fn checkpoint_path(&self) -> &std::path::Path {
+        &self.checkpoint
+    }
+
+    /// What the model derived from its checkpoint (for calibration keys).
+    pub(crate) fn model(&self) -> &ModelInfo {
+        &self.model
+    }
+
+    /// See [`Backend::swap_product_probe`].
+    pub(crate) fn swap_product_probe(&mut self, probe: Option<ProductProbe>) -> Result<Option<ProductProbe>> {
+        self.backend.swap_product_probe(probe)
+    }
+
+    /// The FP8 calibration in use (opened with [`Precision::Fp8`]) and its file.
+    pub fn calibration(&self) -> Option<(&std::path::Path, &Calibration)> {
+        self.calibration.as_ref().map(|(path, c)| (path.as_path(), c))
+    }
+
     /// The execution plan (ops, buffers, FLOP count).
     pub fn plan(&self) -> &crate::plan::Plan {
         self.backend.plan()
@@ -210,8 +269,12 @@ impl Policy {
             Some(tag) => format!("embodiment: {tag} (set_embodiment switches between {})\n", self.model.embodiments.join(", ")),
             None => String::new(),
         };
+        let calibration = match &self.calibration {
+            Some((path, c)) => format!("calibration {}:\n{}", path.display(), c.describe()),
+            None => String::new(),
+        };
         format!(
-            "{}{embodiments}{}{} backend on {}:\n{}",
+            "{}{embodiments}{}{calibration}{} backend on {}:\n{}",
             self.backend.plan().explain(),
             self.io.describe(),
             self.backend.name(),

@@ -92,7 +92,7 @@ static void test_status_message(void) {
     char tiny[4] = {'x', 'x', 'x', 'x'};
     size_t n = 12345, need = 0;
     uint32_t s;
-    for (s = FRT_STATUS_OK; s <= FRT_STATUS_FAULTED; s++) {
+    for (s = FRT_STATUS_OK; s <= FRT_STATUS_CALIBRATION; s++) {
         EXPECT_STATUS(frt_status_message(s, NULL, 0, &need), FRT_STATUS_OK);
         CHECK(need > 0);
         EXPECT_STATUS(frt_status_message(s, buf, sizeof buf, &n), FRT_STATUS_OK);
@@ -101,9 +101,10 @@ static void test_status_message(void) {
     EXPECT_MENTIONS((frt_status_message(FRT_STATUS_PANIC, buf, sizeof buf, &n), buf), "panic");
     EXPECT_MENTIONS((frt_status_message(FRT_STATUS_BUSY, buf, sizeof buf, &n), buf), "another thread");
     EXPECT_MENTIONS((frt_status_message(FRT_STATUS_FAULTED, buf, sizeof buf, &n), buf), "open a new one");
+    EXPECT_MENTIONS((frt_status_message(FRT_STATUS_CALIBRATION, buf, sizeof buf, &n), buf), "calibration");
     /* Unknown number, NULL outputs, buffer too small (untouched). */
     n = 777;
-    EXPECT_STATUS(frt_status_message(FRT_STATUS_FAULTED + 1, buf, sizeof buf, &n), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_STATUS(frt_status_message(FRT_STATUS_CALIBRATION + 1, buf, sizeof buf, &n), FRT_STATUS_INVALID_ARGUMENT);
     EXPECT_STATUS(frt_status_message(0xFFFFFFFFu, buf, sizeof buf, &n), FRT_STATUS_INVALID_ARGUMENT);
     CHECK(n == 777);
     EXPECT_STATUS(frt_status_message(FRT_STATUS_OK, buf, sizeof buf, NULL), FRT_STATUS_NULL_ARGUMENT);
@@ -266,9 +267,18 @@ static void test_open_errors(void) {
     EXPECT_STATUS(try_open(&c), FRT_STATUS_INVALID_ARGUMENT);
     EXPECT_MENTIONS(thread_error(), "config.max_frame_height");
     c = base_config();
-    c.precision = FRT_PRECISION_FP8; /* a valid value the CPU backend cannot compute in */
+    c.precision = FRT_PRECISION_BF16; /* a valid value the CPU backend cannot compute in */
     EXPECT_STATUS(try_open(&c), FRT_STATUS_BACKEND);
     EXPECT_MENTIONS(thread_error(), "config.precision");
+    /* FP8 (emulated on the CPU) needs a calibration: without one, how to make it. */
+    c = base_config();
+    c.precision = FRT_PRECISION_FP8;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_CALIBRATION);
+    EXPECT_MENTIONS(thread_error(), "flashrt calibrate");
+    snprintf(path, sizeof path, "%s/no-calibration.json", scratch_dir);
+    c.fp8_calibration = path;
+    EXPECT_STATUS(try_open(&c), FRT_STATUS_CALIBRATION);
+    EXPECT_MENTIONS(thread_error(), "no-calibration.json");
     /* A state width other than the checkpoint's is refused, naming the checkpoint's. */
     c = base_config();
     c.state_dim = 5;

@@ -14,6 +14,7 @@ const KC: usize = 256;
 const MC: usize = 192;
 
 /// A `[n, k]` weight matrix stored as `ceil(n / NR)` panels of `[k][NR]` (rows past `n` are zero).
+#[derive(Clone)]
 pub struct PackedMatrix {
     pub n: usize,
     pub k: usize,
@@ -33,6 +34,16 @@ impl PackedMatrix {
             }
         }
         PackedMatrix { n, k, data }
+    }
+
+    /// The packed values (the padding of a partial last panel is zeros), for element-wise
+    /// rewrites such as FP8 rounding.
+    pub fn values_mut(&mut self) -> &mut [f32] {
+        &mut self.data
+    }
+
+    pub fn values(&self) -> &[f32] {
+        &self.data
     }
 
     pub fn bytes(&self) -> usize {

@@ -9,8 +9,10 @@ mod pool;
 use std::ops::Range;
 
 use crate::backend::Backend;
+use crate::calibration::ProductProbe;
 use crate::checkpoint::{Checkpoint, DType};
 use crate::error::{Error, Result};
+use crate::fp8;
 use crate::image::{self, PixelFormat};
 use crate::plan::{Activation, BufId, BufType, FRAME_INFO_FIELDS, Op, Plan, RopeAxes, RopeSpec, Section, View, WeightId, WeightRole};
 use crate::weights::WeightData;
@@ -66,6 +68,12 @@ pub struct CpuBackend {
     image_scratch: Vec<u8>,
     /// [`Backend::fail_next_run`] was called.
     fail_next_run: bool,
+    /// FP8 emulation ([`CpuBackend::with_fp8`]): the input scale of each weight's products that
+    /// run in FP8, by weight id (empty: none do), and the rounded copy of a product's input.
+    fp8_input_scales: Vec<Option<f32>>,
+    fp8_input: Vec<f32>,
+    /// Calibrating: what each product's inputs and FP8 error are ([`Backend::swap_product_probe`]).
+    probe: Option<ProductProbe>,
 }
 
 impl CpuBackend {
@@ -161,8 +169,62 @@ impl CpuBackend {
             bucket: None,
             image_scratch: vec![0; image_scratch],
             fail_next_run: false,
+            fp8_input_scales: Vec::new(),
+            fp8_input: Vec::new(),
+            probe: None,
             plan,
         })
+    }
+
+    /// Emulates the FP8 path of a GPU: the products of each weight with an input scale in
+    /// `input_scales` (by weight id) read their weight rounded through e4m3 with a per-tensor
+    /// scale and their input rounded with the given one, then accumulate in f32 as the FP8
+    /// tensor cores do. Every other op stays in f32. The reference for FP8 on the GPU, and a way
+    /// to see a calibration's effect on actions without one.
+    pub fn with_fp8(mut self, input_scales: Vec<Option<f32>>) -> Self {
+        let mut input_len = 0;
+        for op in &self.plan.ops {
+            if let Op::Gemm { a, w, .. } = *op
+                && input_scales[w.0].is_some()
+            {
+                input_len = input_len.max(a.rows * a.cols);
+            }
+        }
+        for (weight, scale) in self.weights.iter_mut().zip(&input_scales) {
+            if let (Weight::Packed(matrix), Some(_)) = (weight, scale) {
+                let values = matrix.values_mut();
+                let scale = fp8::scale_for(fp8::amax(values));
+                fp8::round_trip_all(values, scale);
+            }
+        }
+        self.fp8_input = vec![0.0; input_len];
+        self.fp8_input_scales = input_scales;
+        self
+    }
+
+    /// Calibrating: records the range of product `w`'s input `a` and, when measuring, adds the
+    /// error of the product computed in FP8 against f32 (one thread; calibration is not timed).
+    fn probe_product(&mut self, a: View, w: WeightId) {
+        let Some(probe) = self.probe.as_mut().filter(|p| p.recorded[w.0]) else { return };
+        let Weight::Packed(weight) = &self.weights[w.0] else { unreachable!("gemm weight is packed") };
+        let src = match &self.buffers[a.buf.0] {
+            Buffer::F32(v) => v.as_slice(),
+            _ => unreachable!("gemm input is f32"),
+        };
+        let mut input: Vec<f32> = (0..a.rows).flat_map(|r| src[a.offset + r * a.stride..][..a.cols].iter().copied()).collect();
+        probe.activation_amax[w.0] = probe.activation_amax[w.0].max(fp8::amax(&input));
+        let Some(scale) = probe.measure_scales.as_ref().and_then(|s| s[w.0]) else { return };
+        let layout = Strided { offset: 0, rows: a.rows, stride: a.cols };
+        let out_layout = Strided { offset: 0, rows: a.rows, stride: weight.n };
+        let mut exact = vec![0.0; a.rows * weight.n];
+        (self.gemm)(&input, layout, weight, &mut exact, out_layout, false);
+        let mut rounded = weight.clone();
+        fp8::round_trip_all(rounded.values_mut(), fp8::scale_for(probe.weight_amax[w.0]));
+        fp8::round_trip_all(&mut input, scale);
+        let mut fp8_out = vec![0.0; exact.len()];
+        (self.gemm)(&input, layout, &rounded, &mut fp8_out, out_layout, false);
+        probe.error[w.0] += exact.iter().zip(&fp8_out).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>();
+        probe.energy[w.0] += exact.iter().map(|&x| (x as f64).powi(2)).sum::<f64>();
     }
 
     /// How many threads share `rows` rows of `work` multiply-adds each: one below the size at
@@ -291,12 +353,27 @@ impl CpuBackend {
                 self.buffers[frames.0] = Buffer::U8(staged);
             }
             Op::Gemm { a, w, bias, out, accumulate } => {
+                if self.probe.is_some() {
+                    self.probe_product(a, w);
+                }
                 let gemm = self.gemm;
                 let parts = self.parts_for(a.rows, a.cols * out.cols);
+                // FP8 emulation: the product reads its input rounded through e4m3.
+                let mut rounded = std::mem::take(&mut self.fp8_input);
+                let input_scale = self.fp8_input_scales.get(w.0).copied().flatten();
+                if let Some(scale) = input_scale {
+                    let src = self.f32(a.buf);
+                    for (r, row) in rounded.chunks_exact_mut(a.cols).take(a.rows).enumerate() {
+                        row.copy_from_slice(&src[a.offset + r * a.stride..][..a.cols]);
+                        fp8::round_trip_all(row, scale);
+                    }
+                }
+                let a = if input_scale.is_some() { View { offset: 0, stride: a.cols, ..a } } else { a };
                 self.with_out(out.buf, |this, dst| {
                     let Weight::Packed(pw) = &this.weights[w.0] else { unreachable!("gemm weight is packed") };
                     debug_assert!(pw.k == a.cols && pw.n == out.cols, "gemm shapes");
-                    let (src, bias) = (this.f32(a.buf), bias.map(|b| this.vector(b)));
+                    let src = if input_scale.is_some() { &rounded[..] } else { this.f32(a.buf) };
+                    let bias = bias.map(|b| this.vector(b));
                     let blocks = row_blocks(0..a.rows, parts, MR);
                     let dst = Parts::new(dst, blocks[..parts].iter().map(|r| rows_span(out, r.clone())));
                     this.pool.run(parts, &|i| {
@@ -310,6 +387,7 @@ impl CpuBackend {
                         }
                     });
                 });
+                self.fp8_input = rounded;
             }
             Op::AddTable { x, table, table_rows } => {
                 self.with_out(x.buf, |this, dst| {
@@ -671,8 +749,16 @@ impl Backend for CpuBackend {
     }
 
     fn lowering(&self) -> String {
+        let fp8 = self.fp8_input_scales.iter().filter(|s| s.is_some()).count();
+        let emulation = if fp8 > 0 {
+            format!(
+                "  FP8 emulation: the products of {fp8} weights read e4m3-rounded weights and inputs (per-tensor scales), f32 accumulation\n"
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "  every op as the plan has it, in f32; GEMMs, attention and image patches split by rows over {} thread(s)\n",
+            "  every op as the plan has it, in f32; GEMMs, attention and image patches split by rows over {} thread(s)\n{emulation}",
             self.pool.threads()
         )
     }
@@ -721,6 +807,18 @@ impl Backend for CpuBackend {
     fn read_buffer(&self, name: &str) -> Option<Vec<f32>> {
         let id = self.plan.find_buffer(name)?;
         matches!(self.buffers[id.0], Buffer::F32(_)).then(|| self.f32(id).to_vec())
+    }
+
+    fn swap_product_probe(&mut self, probe: Option<ProductProbe>) -> Result<Option<ProductProbe>> {
+        let mut probe = probe;
+        if let Some(p) = probe.as_mut() {
+            for (id, weight) in self.weights.iter().enumerate() {
+                if let (Weight::Packed(matrix), true) = (weight, p.recorded[id]) {
+                    p.weight_amax[id] = fp8::amax(matrix.values());
+                }
+            }
+        }
+        Ok(std::mem::replace(&mut self.probe, probe))
     }
 
     fn run_traced(&mut self, after_phase: &mut dyn FnMut(&str, &dyn Backend)) -> Result<()> {
@@ -946,6 +1044,47 @@ mod tests {
             let base = if accumulate { 10. } else { 0. };
             let want = [10., 10., 10., base + 4., base + 5., base + 6., 10., 10., 10., base + 1., base + 2., base + 3.];
             assert_eq!(cpu.read_buffer("dst").unwrap(), want, "accumulate {accumulate}");
+        }
+    }
+
+    /// An FP8 product reads its weight rounded with the weight's own per-tensor scale and its
+    /// input (a column window of a wider buffer) rounded with the calibrated scale, and
+    /// accumulates in f32; a product without a scale stays f32, bit for bit.
+    #[test]
+    fn fp8_emulation_rounds_inputs_and_weights_of_the_chosen_products() {
+        use crate::plan::HostIo;
+        let (rows, k, n) = (5, 24, 7);
+        let mut plan = Plan::default();
+        let host = plan.host_buffer("a.host", BufType::F32, rows * (k + 3), HostIo::Input);
+        let a = View { buf: host, offset: 3, rows, cols: k, stride: k + 3 };
+        let (w8, w32) = (plan.weight("w8", WeightRole::Matrix { n, k }), plan.weight("w32", WeightRole::Matrix { n, k }));
+        let (out8, out32) = (plan.matrix("out8", rows, n), plan.matrix("out32", rows, n));
+        plan.push(Op::Gemm { a, w: w8, bias: None, out: out8, accumulate: false });
+        plan.push(Op::Gemm { a, w: w32, bias: None, out: out32, accumulate: false });
+        let weight: Vec<f32> = (0..n * k).map(|i| ((i * 29 % 41) as f32 - 20.0) / 37.0).collect();
+        let input: Vec<f32> = (0..rows * (k + 3)).map(|i| ((i * 13 % 31) as f32 - 15.0) / 3.0).collect();
+        let (_dir, ckpt) = unused_checkpoint();
+        let data = vec![WeightData::Dense(weight.clone()), WeightData::Dense(weight.clone())];
+        let input_scale = 0.021;
+        let mut cpu = CpuBackend::new(plan, data, &ckpt, 1).unwrap().with_fp8(vec![Some(input_scale), None]);
+        cpu.input_f32(host).copy_from_slice(&input);
+        cpu.run().unwrap();
+        let weight_scale = fp8::scale_for(fp8::amax(&weight));
+        let (got8, got32) = (cpu.read_buffer("out8").unwrap(), cpu.read_buffer("out32").unwrap());
+        for r in 0..rows {
+            let row = &input[3 + r * (k + 3)..][..k];
+            for c in 0..n {
+                let w = &weight[c * k..][..k];
+                let fp8: f64 = row
+                    .iter()
+                    .zip(w)
+                    .map(|(&x, &w)| fp8::round_trip(x, input_scale) as f64 * fp8::round_trip(w, weight_scale) as f64)
+                    .sum();
+                let f32: f64 = row.iter().zip(w).map(|(&x, &w)| x as f64 * w as f64).sum();
+                assert!((got8[r * n + c] as f64 - fp8).abs() < 1e-5, "fp8 product [{r}, {c}]: {} vs {fp8}", got8[r * n + c]);
+                assert!((got32[r * n + c] as f64 - f32).abs() < 1e-5, "f32 product [{r}, {c}]");
+                assert!((fp8 - f32).abs() > 1e-6 || f32.abs() < 1e-3, "rounding changes the product [{r}, {c}]");
+            }
         }
     }
 

@@ -41,6 +41,31 @@ pub fn probe(_ordinal: usize) -> Result<String, String> {
     Err("this build has no CUDA support (build flashrt with feature cuda-12 or cuda-13)".into())
 }
 
+/// Whether a GPU of compute capability `major.minor` has FP8 (e4m3) tensor cores: Ada (sm_89),
+/// Hopper (sm_90), Blackwell and Thor (sm_100, sm_110, sm_120); not Orin (sm_87) or older.
+pub fn has_fp8_tensor_cores(major: u32, minor: u32) -> bool {
+    (major, minor) >= (8, 9)
+}
+
+/// Why CUDA device `ordinal` does not open in FP8, with what to use instead.
+pub fn fp8_refusal(ordinal: usize) -> crate::Error {
+    #[cfg(feature = "cuda")]
+    let capability = device::Context::new(ordinal).and_then(|ctx| ctx.compute_capability());
+    #[cfg(not(feature = "cuda"))]
+    let capability: crate::Result<(u32, u32)> = Err(crate::Error::Backend(probe(ordinal).unwrap_err()));
+    match capability {
+        Ok((major, minor)) if !has_fp8_tensor_cores(major, minor) => crate::Error::Backend(format!(
+            "precision FP8 needs FP8 tensor cores (sm_89 or newer); CUDA device {ordinal} is sm_{major}{minor} (Jetson AGX Orin \
+             is sm_87): open it in bf16 (Precision::Bf16 or Auto)"
+        )),
+        Ok((major, minor)) => crate::Error::Backend(format!(
+            "precision FP8 on the CUDA backend is not in this release: CUDA device {ordinal} (sm_{major}{minor}) runs bf16 \
+             (Precision::Bf16 or Auto). FP8 calibration (`flashrt calibrate`) and its CPU emulation (CPU backend, FP8) are"
+        )),
+        Err(e) => e,
+    }
+}
+
 /// Bytes of device memory in use on the device of the calling thread's current context (as
 /// `cuMemGetInfo` reports: every process's allocations), or `None` without a current context.
 /// Tests use it to show that device memory stays constant across steps.

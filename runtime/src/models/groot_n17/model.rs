@@ -510,14 +510,14 @@ fn embodiment_weights(
         ));
     } else {
         plan.notes.push(format!(
-        "embodiments: {} resident (checkpoint slots {slots:?}), {:.2} M embodiment-specific values each, kept as a table of \
+            "embodiments: {} resident (checkpoint slots {slots:?}), {:.2} M embodiment-specific values each, kept as a table of \
          all of them beside the copy the products read ({:.1} MiB in bf16); select_weight copies the active one's into that \
          copy at the start of every step ({:.1} MiB in bf16, {:.1} in f32)",
-        slots.len(),
-        values as f64 / 1e6,
-        ((slots.len() + 1) * values * 2) as f64 / (1 << 20) as f64,
-        (values * 2) as f64 / (1 << 20) as f64,
-        (values * 4) as f64 / (1 << 20) as f64,
+            slots.len(),
+            values as f64 / 1e6,
+            ((slots.len() + 1) * values * 2) as f64 / (1 << 20) as f64,
+            (values * 2) as f64 / (1 << 20) as f64,
+            (values * 4) as f64 / (1 << 20) as f64,
         ));
     }
     EmbodimentWeights { state1, state2, action1, action2, time_bias, action3, positions_b3, decoder1, decoder2 }

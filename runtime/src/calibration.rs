@@ -1,0 +1,389 @@
+//! FP8 calibration: the static per-tensor scales of the FP8 products and the choice of which
+//! products stay in higher precision, measured on observations and cached as human-readable JSON.
+//!
+//! Calibrating runs the policy on the CPU backend in f32 (the model's own activations, on any
+//! machine, bit for bit the same on every one) over the given observations:
+//! 1. every step records the largest input magnitude of each candidate product (a GEMM over a
+//!    weight matrix, keyed by the weight's name: the action expert's products repeat every denoise
+//!    step and share one scale);
+//! 2. the first `measure_steps` observations then run again and each product is also computed as
+//!    the FP8 path computes it (input and weight rounded through e4m3 with their scales, f32
+//!    accumulation); a product whose output strays past `max_product_nmse` (normalized MSE against
+//!    its f32 output) stays in bf16, and the JSON says so and why.
+//!
+//! The result is keyed by the checkpoint's content hash, the plan (its shape fields and a hash of
+//! its whole description), the runtime version and the settings. A policy opened in FP8 refuses a
+//! calibration whose key does not match, naming each field that differs: a stale cache is never
+//! used silently.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::checkpoint::Checkpoint;
+use crate::error::{Error, Result};
+use crate::fp8;
+use crate::models::ModelInfo;
+use crate::plan::{Op, Plan, WeightId, WeightRole};
+use crate::policy::Policy;
+
+/// The `format` field of a calibration file.
+pub const FORMAT: &str = "flashrt-fp8-calibration";
+/// The layout version this runtime writes and reads.
+pub const VERSION: u32 = 1;
+/// The file `flashrt calibrate` writes beside the checkpoint, and an FP8 open reads by default.
+pub const DEFAULT_FILE: &str = "flashrt_fp8_calibration.json";
+
+/// How a calibration is made; part of what it records.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CalibrationSettings {
+    /// Observations whose activation ranges are taken.
+    pub steps: usize,
+    /// Of those, how many (the first) run again to measure each product's FP8 error.
+    pub measure_steps: usize,
+    /// A product whose FP8 output has a larger normalized MSE against f32 stays in bf16.
+    pub max_product_nmse: f64,
+    /// Products with fewer output or input features than this stay in bf16: too small for FP8
+    /// to save time, and FP8 GEMMs want both a multiple of 16.
+    pub min_product_features: usize,
+    /// Where the observations came from (a log's hash and name, or the synthetic generator).
+    pub observations: String,
+}
+
+impl Default for CalibrationSettings {
+    fn default() -> Self {
+        CalibrationSettings { steps: 8, measure_steps: 2, max_product_nmse: 5e-3, min_product_features: 256, observations: String::new() }
+    }
+}
+
+/// What a calibration is valid for. Every field must match the policy that uses it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CalibrationKey {
+    /// [`Checkpoint::content_sha256`]: the weight files, byte for byte.
+    pub checkpoint_sha256: String,
+    pub model: String,
+    pub embodiment: Option<String>,
+    pub cameras: usize,
+    pub prompt_capacity: usize,
+    pub denoise_steps: usize,
+    pub horizon: usize,
+    /// SHA-256 of the plan's full description (every op and shape): any other difference in the
+    /// plan (real-time chunking, prompt buckets) shows here.
+    pub plan_sha256: String,
+    pub runtime_version: String,
+}
+
+impl CalibrationKey {
+    /// The key of a policy with this checkpoint, plan and model.
+    pub fn of(checkpoint: &Checkpoint, plan: &Plan, model: &ModelInfo) -> Result<Self> {
+        Ok(CalibrationKey {
+            checkpoint_sha256: checkpoint.content_sha256()?,
+            model: model.kind.name().into(),
+            embodiment: model.embodiment.clone(),
+            cameras: model.cameras.len(),
+            prompt_capacity: model.prompt_capacity,
+            denoise_steps: model.denoise_steps,
+            horizon: model.horizon,
+            plan_sha256: format!("{:x}", Sha256::digest(plan.explain())),
+            runtime_version: env!("CARGO_PKG_VERSION").into(),
+        })
+    }
+
+    /// Each field where `self` differs from `other`, as `field: ours ≠ theirs`.
+    fn differences(&self, other: &CalibrationKey) -> Vec<String> {
+        let (ours, theirs) = (serde_json::to_value(self), serde_json::to_value(other));
+        let (Ok(serde_json::Value::Object(ours)), Ok(serde_json::Value::Object(theirs))) = (ours, theirs) else {
+            unreachable!("a key serializes to an object")
+        };
+        ours.iter()
+            .filter(|(field, value)| theirs.get(*field) != Some(value))
+            .map(|(field, value)| format!("{field}: {value} ≠ {}", theirs[field]))
+            .collect()
+    }
+}
+
+/// The precision a product runs in.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ProductPrecision {
+    Fp8,
+    Bf16,
+}
+
+/// One weight's products: their scales, error and precision.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ProductCalibration {
+    pub precision: ProductPrecision,
+    /// Why a product stays in bf16 (empty for FP8).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub why: String,
+    /// The weight's `[out features, in features]`.
+    pub shape: [usize; 2],
+    /// GEMMs of the plan that read this weight (each denoise step's, each prompt bucket's).
+    pub gemms: usize,
+    pub activation_amax: f32,
+    /// `activation_amax / 448`: inputs are quantized as `e4m3(x · (1 / scale))`.
+    pub activation_scale: f32,
+    pub weight_amax: f32,
+    pub weight_scale: f32,
+    /// The FP8 product's normalized MSE against f32 over the measured steps.
+    pub nmse: f64,
+}
+
+/// A calibration file's contents.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Calibration {
+    pub format: String,
+    pub version: u32,
+    pub key: CalibrationKey,
+    pub settings: CalibrationSettings,
+    /// The observations were synthetic: the scales fit random inputs, not a robot's.
+    pub synthetic: bool,
+    pub created: String,
+    /// Per weight name (the checkpoint's, or the runtime's name for a folded weight).
+    pub products: BTreeMap<String, ProductCalibration>,
+}
+
+impl Calibration {
+    /// Reads a calibration file, refusing another format or a newer version.
+    pub fn load(path: &Path) -> Result<Calibration> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io { path: path.into(), source })?;
+        let refuse = |message: String| Error::Calibration { path: path.into(), message };
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| refuse(format!("not JSON: {e}")))?;
+        match (value.get("format").and_then(|f| f.as_str()), value.get("version").and_then(|v| v.as_u64())) {
+            (Some(FORMAT), Some(v)) if v == VERSION as u64 => {}
+            (Some(FORMAT), v) => return Err(refuse(format!("version {v:?}; this runtime reads version {VERSION}: recalibrate"))),
+            (f, _) => return Err(refuse(format!("format {f:?} is not {FORMAT:?}"))),
+        }
+        serde_json::from_value(value).map_err(|e| refuse(format!("unreadable: {e}")))
+    }
+
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let text = serde_json::to_string_pretty(self).expect("a calibration serializes");
+        std::fs::write(path, text + "\n").map_err(|source| Error::Io { path: path.into(), source })
+    }
+
+    /// Refuses a calibration made for another checkpoint, plan or runtime, naming every field
+    /// that differs and how to make a matching one.
+    pub fn check(&self, path: &Path, key: &CalibrationKey) -> Result<()> {
+        let differences = self.key.differences(key);
+        if differences.is_empty() {
+            return Ok(());
+        }
+        Err(Error::Calibration {
+            path: path.into(),
+            message: format!(
+                "made for another policy ({}; calibration ≠ this policy): recalibrate with `flashrt calibrate` for this \
+                 checkpoint and these options",
+                differences.join(", ")
+            ),
+        })
+    }
+
+    /// The activation scale of each weight's products that run in FP8, by weight id of `plan`.
+    pub fn activation_scales(&self, path: &Path, plan: &Plan) -> Result<Vec<Option<f32>>> {
+        let mut scales = vec![None; plan.weights.len()];
+        for (name, product) in self.products.iter().filter(|(_, p)| p.precision == ProductPrecision::Fp8) {
+            let id = plan
+                .weights
+                .iter()
+                .position(|w| &w.name == name)
+                .ok_or_else(|| Error::Calibration { path: path.into(), message: format!("product {name} is not a weight of this plan") })?;
+            scales[id] = Some(product.activation_scale);
+        }
+        Ok(scales)
+    }
+
+    /// Products in FP8 and in bf16.
+    pub fn counts(&self) -> (usize, usize) {
+        let fp8 = self.products.values().filter(|p| p.precision == ProductPrecision::Fp8).count();
+        (fp8, self.products.len() - fp8)
+    }
+
+    /// One line per product kept in bf16 with why, then the FP8 count: for `explain()`.
+    pub fn describe(&self) -> String {
+        let (fp8, bf16) = self.counts();
+        let mut s = format!(
+            "fp8: {fp8} weights' products in e4m3 with static per-tensor scales, {bf16} in bf16; calibrated over {} steps of {}{}\n",
+            self.settings.steps,
+            self.settings.observations,
+            if self.synthetic {
+                " -- SYNTHETIC: the scales fit random inputs, not your robot's; calibrate on recorded observations"
+            } else {
+                ""
+            }
+        );
+        for (name, p) in self.products.iter().filter(|(_, p)| p.precision == ProductPrecision::Bf16) {
+            s += &format!("  bf16 {name}: {}\n", p.why);
+        }
+        s
+    }
+}
+
+/// What a backend records of each candidate product while calibrating, by weight id.
+#[derive(Clone, Debug)]
+pub struct ProductProbe {
+    /// Whether this weight's products are recorded.
+    pub recorded: Vec<bool>,
+    /// The largest input magnitude seen.
+    pub activation_amax: Vec<f32>,
+    /// The weight's largest magnitude (the backend fills it when the probe is installed).
+    pub weight_amax: Vec<f32>,
+    /// When set, each product with an input scale here is also computed in FP8 with it, and
+    /// `error` and `energy` accumulate `Σ (fp8 − f32)²` and `Σ f32²` over its outputs.
+    pub measure_scales: Option<Vec<Option<f32>>>,
+    pub error: Vec<f64>,
+    pub energy: Vec<f64>,
+}
+
+impl ProductProbe {
+    fn new(recorded: Vec<bool>) -> Self {
+        let n = recorded.len();
+        ProductProbe {
+            recorded,
+            activation_amax: vec![0.0; n],
+            weight_amax: vec![0.0; n],
+            measure_scales: None,
+            error: vec![0.0; n],
+            energy: vec![0.0; n],
+        }
+    }
+}
+
+/// For each weight id: `None` when no GEMM reads it as a matrix, else why its products stay in
+/// bf16 (empty for an FP8 candidate). A matrix an embodiment selection rewrites each step stays:
+/// its whole table would have to be FP8.
+fn product_exclusions(plan: &Plan, settings: &CalibrationSettings) -> Vec<Option<String>> {
+    let selected: Vec<WeightId> =
+        plan.ops.iter().filter_map(|op| if let Op::SelectWeight { dst, .. } = *op { Some(dst) } else { None }).collect();
+    let min = settings.min_product_features;
+    let mut why = vec![None; plan.weights.len()];
+    for op in &plan.ops {
+        let Op::Gemm { w, .. } = *op else { continue };
+        let WeightRole::Matrix { n, k } = plan.weights[w.0].role else { continue };
+        why[w.0] = Some(if selected.contains(&w) {
+            "selected per embodiment each step".into()
+        } else if n < min || k < min {
+            format!("[{n}, {k}]: fewer than {min} features, too small for FP8 to gain")
+        } else if n % 16 != 0 || k % 16 != 0 {
+            format!("[{n}, {k}]: FP8 GEMMs need multiples of 16")
+        } else {
+            String::new()
+        });
+    }
+    why
+}
+
+/// Calibrates `policy` (opened on the CPU backend in f32): `step(policy, i)` steps it on
+/// observation `i`, for `i` in `0..settings.steps` and then again in `0..settings.measure_steps`.
+/// `synthetic`: the observations are not the robot's (recorded in the file, and warned about).
+pub fn calibrate(
+    policy: &mut Policy,
+    settings: &CalibrationSettings,
+    synthetic: bool,
+    step: &mut dyn FnMut(&mut Policy, usize) -> Result<()>,
+) -> Result<Calibration> {
+    if settings.steps == 0 || settings.measure_steps > settings.steps {
+        return Err(Error::invalid(
+            "calibration steps",
+            format!(
+                "{} steps, {} measured: need at least one step and no more measured than taken",
+                settings.steps, settings.measure_steps
+            ),
+        ));
+    }
+    let key = {
+        let checkpoint = Checkpoint::open(policy.checkpoint_path())?;
+        CalibrationKey::of(&checkpoint, policy.plan(), policy.model())?
+    };
+    let excluded = product_exclusions(policy.plan(), settings);
+    policy.swap_product_probe(Some(ProductProbe::new(excluded.iter().map(Option::is_some).collect())))?;
+    let ranges = (0..settings.steps).try_for_each(|i| step(policy, i));
+    let mut probe = policy.swap_product_probe(None)?.expect("the probe installed above");
+    ranges?;
+
+    let candidates = excluded.iter().map(|why| why.as_deref() == Some(""));
+    probe.measure_scales = Some(candidates.zip(&probe.activation_amax).map(|(c, &amax)| c.then(|| fp8::scale_for(amax))).collect());
+    policy.swap_product_probe(Some(probe))?;
+    let measured = (0..settings.measure_steps).try_for_each(|i| step(policy, i));
+    let probe = policy.swap_product_probe(None)?.expect("the probe installed above");
+    measured?;
+
+    let plan = policy.plan();
+    let mut gemms = vec![0usize; plan.weights.len()];
+    for op in &plan.ops {
+        if let Op::Gemm { w, .. } = op {
+            gemms[w.0] += 1;
+        }
+    }
+    let mut products = BTreeMap::new();
+    for (id, decl) in plan.weights.iter().enumerate() {
+        let (WeightRole::Matrix { n, k }, Some(excluded)) = (decl.role, &excluded[id]) else { continue };
+        let nmse = if probe.energy[id] > 0.0 { probe.error[id] / probe.energy[id] } else { 0.0 };
+        let (activation_amax, weight_amax) = (probe.activation_amax[id], probe.weight_amax[id]);
+        let why = if !excluded.is_empty() {
+            excluded.clone()
+        } else if settings.measure_steps > 0 && nmse > settings.max_product_nmse {
+            format!("FP8 output nmse {nmse:.2e} over {:.0e}", settings.max_product_nmse)
+        } else {
+            String::new()
+        };
+        products.insert(
+            decl.name.clone(),
+            ProductCalibration {
+                precision: if why.is_empty() { ProductPrecision::Fp8 } else { ProductPrecision::Bf16 },
+                why,
+                shape: [n, k],
+                gemms: gemms[id],
+                activation_amax,
+                activation_scale: fp8::scale_for(activation_amax),
+                weight_amax,
+                weight_scale: fp8::scale_for(weight_amax),
+                nmse,
+            },
+        );
+    }
+    Ok(Calibration {
+        format: FORMAT.into(),
+        version: VERSION,
+        key,
+        settings: settings.clone(),
+        synthetic,
+        created: crate::bench::utc_now(),
+        products,
+    })
+}
+
+/// The calibration file of a policy: the configured one, else [`DEFAULT_FILE`] beside the
+/// checkpoint (`checkpoint`: its file or directory).
+pub fn file_for(configured: Option<&Path>, checkpoint: &Path) -> PathBuf {
+    configured.map_or_else(|| crate::checkpoint::directory_of(checkpoint).join(DEFAULT_FILE), Path::to_path_buf)
+}
+
+/// Tasks the synthetic observations cycle through.
+pub const SYNTHETIC_PROMPTS: [&str; 3] =
+    ["pick up the red block and put it in the bowl", "open the top drawer", "fold the towel in half and place it on the left"];
+
+/// What calibrating without the robot's own observations costs.
+pub const SYNTHETIC_WARNING: &str = "calibrating FP8 on SYNTHETIC observations (random frames and states): the activation \
+    scales fit random inputs, not your robot's; real activations outside these ranges clip and FP8 accuracy on the robot is \
+    unknown. Record the robot's observations (`flashrt record`, the ROS 2 node's record_observations parameter or \
+    frt_policy_record_start) and calibrate with them";
+
+/// [`calibrate`] on `settings.steps` synthetic observations (random frames on every camera,
+/// random states, [`SYNTHETIC_PROMPTS`] in turn), warning that they are not the robot's.
+pub fn calibrate_synthetic(policy: &mut Policy, settings: &CalibrationSettings, seed: u64) -> Result<Calibration> {
+    log::warn!("{SYNTHETIC_WARNING}");
+    let settings = CalibrationSettings {
+        observations: format!("synthetic: random 224x224 frames and states (seed {seed}), {} prompts", SYNTHETIC_PROMPTS.len()),
+        ..settings.clone()
+    };
+    let inputs = crate::bench::SyntheticInputs::new(policy, policy.info().cameras.len(), 224, 224, settings.steps, seed);
+    let mut actions = vec![0.0; policy.actions_len()];
+    calibrate(policy, &settings, true, &mut |policy, i| {
+        policy.set_prompt(SYNTHETIC_PROMPTS[i % SYNTHETIC_PROMPTS.len()])?;
+        inputs.step(policy, i, &mut actions).map(drop)
+    })
+}

@@ -1,0 +1,149 @@
+//! FP8 on the tiny Pi0.5 fixture: calibration (input ranges, the measured error of each product,
+//! the products kept in higher precision), the key that keeps a calibration to its own checkpoint
+//! and plan, and the CPU backend's emulation of the FP8 products.
+
+use std::path::Path;
+
+use flashrt::calibration::{self, Calibration, CalibrationSettings, ProductPrecision};
+use flashrt::{BackendKind, Error, Frame, Observation, PixelFormat, Policy, PolicyConfig, Precision};
+
+const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/pi05_tiny");
+const TOKENIZER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/tokenizer/tokenizer.json");
+
+/// A writable copy of the tiny fixture (a calibration is written beside it, a test rewrites it).
+fn fixture_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(FIXTURE).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap();
+        if !name.starts_with("golden") {
+            std::fs::copy(&path, dir.path().join(name)).unwrap();
+        }
+    }
+    dir
+}
+
+fn config(dir: &Path, precision: Precision) -> PolicyConfig {
+    let mut config = PolicyConfig::new(dir);
+    (config.backend, config.precision, config.threads) = (BackendKind::Cpu, precision, Some(2));
+    config.tokenizer = Some(TOKENIZER.into());
+    config
+}
+
+/// The tiny fixture's products are 32 to 1152 features wide: all but the smallest qualify.
+fn settings() -> CalibrationSettings {
+    CalibrationSettings { steps: 3, measure_steps: 1, min_product_features: 32, ..CalibrationSettings::default() }
+}
+
+fn calibrate(dir: &Path, settings: &CalibrationSettings) -> Calibration {
+    let mut policy = Policy::open(&config(dir, Precision::F32)).unwrap();
+    calibration::calibrate_synthetic(&mut policy, settings, 7).unwrap()
+}
+
+/// One step on fixed frames, state and noise.
+fn fixed_step(policy: &mut Policy) -> Vec<f32> {
+    let frame: Vec<u8> = (0..96 * 80 * 3).map(|i| (i * 37 % 251) as u8).collect();
+    let cameras = [Some(Frame::packed(&frame, 96, 80, PixelFormat::Rgb8)), None, Some(Frame::packed(&frame, 80, 96, PixelFormat::Rgb8))];
+    let state: Vec<f32> = (0..policy.info().state_dim).map(|i| (i as f32 * 0.37).sin()).collect();
+    let noise: Vec<f32> = (0..policy.noise_len()).map(|i| (i as f32 * 0.61).cos()).collect();
+    policy.set_prompt("stack the blocks").unwrap();
+    let mut actions = vec![f32::NAN; policy.actions_len()];
+    policy.step(&Observation { cameras: &cameras, state: &state, noise: Some(&noise) }, &mut actions).unwrap();
+    actions
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
+/// Calibration records every product's ranges with the scales FP8 uses, measures each one's FP8
+/// error, survives its JSON, and the FP8 emulation opened with it stays within its tier of f32
+/// while visibly rounding.
+#[test]
+fn calibration_scales_every_product_and_the_fp8_emulation_stays_close_to_f32() {
+    let dir = fixture_copy();
+    let calibration = calibrate(dir.path(), &settings());
+    assert!(calibration.synthetic);
+    let expected = ["vision.0.qkv", "lm.0.o_proj", "expert.1.down_proj", "projector"];
+    for name in expected {
+        let p = calibration.products.get(name).unwrap_or_else(|| panic!("{name} calibrated: {:?}", calibration.products.keys()));
+        assert_eq!(p.precision, ProductPrecision::Fp8, "{name}: {p:?}");
+        // The scales map each range onto e4m3's 448 exactly; FP8 rounding shows in the error.
+        assert!(p.activation_amax > 0.0 && p.activation_scale == p.activation_amax / 448.0, "{name}: {p:?}");
+        assert!(p.weight_amax > 0.0 && p.weight_scale == p.weight_amax / 448.0, "{name}: {p:?}");
+        assert!(p.nmse > 1e-5 && p.nmse < 5e-3, "{name}: FP8 nmse {}", p.nmse);
+    }
+    // The expert's products repeat in every denoise step (and prompt bucket): one scale.
+    assert!(calibration.products["expert.0.qkv"].gemms >= 10);
+
+    let path = dir.path().join(calibration::DEFAULT_FILE);
+    calibration.save(&path).unwrap();
+    assert_eq!(Calibration::load(&path).unwrap(), calibration, "the JSON keeps every value");
+
+    let exact = fixed_step(&mut Policy::open(&config(dir.path(), Precision::F32)).unwrap());
+    let mut fp8 = Policy::open(&config(dir.path(), Precision::Fp8)).unwrap();
+    assert!(fp8.explain().contains("FP8 emulation: the products of 21 weights"), "{}", fp8.explain());
+    let emulated = fixed_step(&mut fp8);
+    let (cos, max_diff) = (cosine(&exact, &emulated), exact.iter().zip(&emulated).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max));
+    eprintln!("FP8 emulation vs f32: cosine {cos:.6}, max abs difference {max_diff:e}");
+    assert!(cos >= 0.999, "FP8 emulation vs f32 cosine {cos}");
+    assert!(max_diff > 1e-4, "the FP8 emulation rounds (max difference {max_diff:e})");
+}
+
+/// A product whose FP8 error passes the bound stays in higher precision, by measurement, and says
+/// why; one too small stays as well. With no FP8 product left the emulation is f32 bit for bit.
+#[test]
+fn products_that_lose_too_much_in_fp8_stay_in_higher_precision() {
+    let dir = fixture_copy();
+    let strict = CalibrationSettings { max_product_nmse: 1e-9, min_product_features: 64, ..settings() };
+    let calibration = calibrate(dir.path(), &strict);
+    assert_eq!(calibration.counts().0, 0, "{}", calibration.describe());
+    let why = |name: &str| calibration.products[name].why.clone();
+    assert!(why("lm.0.o_proj").starts_with("FP8 output nmse"), "{}", why("lm.0.o_proj"));
+    assert!(why("action_in_proj").contains("fewer than 64 features"), "{}", why("action_in_proj"));
+    assert!(calibration.describe().contains("bf16 lm.0.o_proj: FP8 output nmse"), "{}", calibration.describe());
+    calibration.save(&dir.path().join(calibration::DEFAULT_FILE)).unwrap();
+    let exact = fixed_step(&mut Policy::open(&config(dir.path(), Precision::F32)).unwrap());
+    assert_eq!(fixed_step(&mut Policy::open(&config(dir.path(), Precision::Fp8)).unwrap()), exact);
+}
+
+/// A calibration is never used for another checkpoint, plan or format: the refusal names what
+/// differs and how to make one; without one, FP8 says how to calibrate.
+#[test]
+fn a_calibration_for_other_weights_or_another_plan_is_refused_by_name() {
+    let dir = fixture_copy();
+    let message = |config: &PolicyConfig| match Policy::open(config) {
+        Err(e @ Error::Calibration { .. }) => e.to_string(),
+        Err(e) => panic!("expected a calibration error, got {e}"),
+        Ok(_) => panic!("opened with an unusable calibration"),
+    };
+    let e = message(&config(dir.path(), Precision::Fp8));
+    assert!(e.contains(calibration::DEFAULT_FILE) && e.contains("not found") && e.contains("flashrt calibrate"), "{e}");
+
+    let path = dir.path().join(calibration::DEFAULT_FILE);
+    calibrate(dir.path(), &settings()).save(&path).unwrap();
+    let mut other_plan = config(dir.path(), Precision::Fp8);
+    other_plan.prompt_len = Some(48);
+    let e = message(&other_plan);
+    assert!(e.contains("prompt_capacity: 200 ≠ 48") && e.contains("plan_sha256"), "{e}");
+
+    // The same file elsewhere, named by config.fp8_calibration, for weights changed in place.
+    let kept = dir.path().join("kept.json");
+    std::fs::rename(&path, &kept).unwrap();
+    let weights = dir.path().join("model.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    *bytes.last_mut().unwrap() ^= 1;
+    std::fs::write(&weights, bytes).unwrap();
+    let mut changed = config(dir.path(), Precision::Fp8);
+    changed.fp8_calibration = Some(kept.clone());
+    let e = message(&changed);
+    assert!(e.contains("checkpoint_sha256") && !e.contains("prompt_capacity"), "{e}");
+
+    let text = std::fs::read_to_string(&kept).unwrap().replacen("\"version\": 1", "\"version\": 2", 1);
+    std::fs::write(&kept, text).unwrap();
+    assert!(message(&changed).contains("version Some(2); this runtime reads version 1"), "{}", message(&changed));
+    std::fs::write(&kept, "{\"format\": \"something else\"}").unwrap();
+    assert!(message(&changed).contains("is not \"flashrt-fp8-calibration\""), "{}", message(&changed));
+}
