@@ -129,17 +129,21 @@ fn a_calibration_for_other_weights_or_another_plan_is_refused_by_name() {
     let e = message(&other_plan);
     assert!(e.contains("prompt_capacity: 200 ≠ 48") && e.contains("plan_sha256"), "{e}");
 
-    // The same file elsewhere, named by config.fp8_calibration, for weights changed in place.
+    // Under another name (named by config.fp8_calibration; a calibration beside the checkpoint
+    // is never part of its hash, whatever its name) for statistics, then weights, changed in place.
     let kept = dir.path().join("kept.json");
     std::fs::rename(&path, &kept).unwrap();
-    let weights = dir.path().join("model.safetensors");
-    let mut bytes = std::fs::read(&weights).unwrap();
-    *bytes.last_mut().unwrap() ^= 1;
-    std::fs::write(&weights, bytes).unwrap();
     let mut changed = config(dir.path(), Precision::Fp8);
     changed.fp8_calibration = Some(kept.clone());
-    let e = message(&changed);
-    assert!(e.contains("checkpoint_sha256") && !e.contains("prompt_capacity"), "{e}");
+    Policy::open(&changed).expect("the calibration under another name");
+    for file in ["policy_postprocessor_step_0_unnormalizer_processor.safetensors", "model.safetensors"] {
+        let path = dir.path().join(file);
+        let mut bytes = std::fs::read(&path).unwrap();
+        *bytes.last_mut().unwrap() ^= 1;
+        std::fs::write(&path, bytes).unwrap();
+        let e = message(&changed);
+        assert!(e.contains("checkpoint_sha256") && !e.contains("prompt_capacity"), "{file}: {e}");
+    }
 
     let text = std::fs::read_to_string(&kept).unwrap().replacen("\"version\": 1", "\"version\": 2", 1);
     std::fs::write(&kept, text).unwrap();

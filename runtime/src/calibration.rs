@@ -58,10 +58,18 @@ impl Default for CalibrationSettings {
     }
 }
 
+/// Whether a file starting with `start` is a calibration (so not part of the checkpoint's hash,
+/// whatever its name: writing one beside the checkpoint changes nothing).
+fn is_calibration(start: &[u8]) -> bool {
+    let head = String::from_utf8_lossy(&start[..start.len().min(64)]);
+    head.trim_start().starts_with('{') && head.replace([' ', '\n'], "").contains(&format!("\"format\":\"{FORMAT}\""))
+}
+
 /// What a calibration is valid for. Every field must match the policy that uses it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct CalibrationKey {
-    /// [`Checkpoint::content_sha256`]: the weight files, byte for byte.
+    /// [`Checkpoint::content_sha256`]: the weight files and the statistics, config and
+    /// processor files beside them, byte for byte (calibration files left out).
     pub checkpoint_sha256: String,
     pub model: String,
     pub embodiment: Option<String>,
@@ -79,7 +87,7 @@ impl CalibrationKey {
     /// The key of a policy with this checkpoint, plan and model.
     pub fn of(checkpoint: &Checkpoint, plan: &Plan, model: &ModelInfo) -> Result<Self> {
         Ok(CalibrationKey {
-            checkpoint_sha256: checkpoint.content_sha256()?,
+            checkpoint_sha256: checkpoint.content_sha256(&|_, start| is_calibration(start))?,
             model: model.kind.name().into(),
             embodiment: model.embodiment.clone(),
             cameras: model.cameras.len(),

@@ -287,22 +287,44 @@ impl Checkpoint {
         directory_of(&self.path)
     }
 
-    /// SHA-256 over the weight files, each as its file name, its length and its bytes, in
-    /// order: what an FP8 calibration is keyed by, so a calibration is never used for other
-    /// weights (a file rewritten in place included). Reads every byte (about a second per 2 GB).
-    pub fn content_sha256(&self) -> Result<String> {
+    /// SHA-256 over the weight files and the `.json` / `.safetensors` files beside them
+    /// (config, normalization statistics, processor and tokenizer files), each as its file name,
+    /// length and bytes, in order; files `skip` names by path and first bytes are left out. What
+    /// an FP8 calibration is keyed by, so it is never used for other weights or statistics (a
+    /// file rewritten in place included). Reads every byte (about a second per 2 GB).
+    pub fn content_sha256(&self, skip: &dyn Fn(&Path, &[u8]) -> bool) -> Result<String> {
         use sha2::{Digest, Sha256};
+        fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+            move |source| Error::Io { path: path.to_path_buf(), source }
+        }
+        let mut files: Vec<PathBuf> = self.files.iter().map(|(path, _)| path.clone()).collect();
+        let dir = self.dir();
+        let mut sidecars = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+            let path = entry.map_err(io(dir))?.path();
+            let sidecar = matches!(path.extension().and_then(|e| e.to_str()), Some("json" | "safetensors"));
+            if sidecar && path.is_file() && !files.contains(&path) {
+                sidecars.push(path);
+            }
+        }
+        sidecars.sort();
+        files.extend(sidecars);
         let mut hash = Sha256::new();
         let mut chunk = vec![0u8; 8 << 20];
-        for (path, file) in &self.files {
-            let io = |source| Error::Io { path: path.clone(), source };
-            let len = file.metadata().map_err(io)?.len();
-            hash.update(path.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
-            hash.update(len.to_le_bytes());
+        for path in &files {
+            let file = File::open(path).map_err(io(path))?;
+            let len = file.metadata().map_err(io(path))?.len();
             let mut at = 0u64;
             while at < len {
                 let part = &mut chunk[..(len - at).min(8 << 20) as usize];
-                file.read_exact_at(part, at).map_err(io)?;
+                file.read_exact_at(part, at).map_err(io(path))?;
+                if at == 0 && skip(path, part) {
+                    break;
+                }
+                if at == 0 {
+                    hash.update(path.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
+                    hash.update(len.to_le_bytes());
+                }
                 hash.update(&*part);
                 at += part.len() as u64;
             }
