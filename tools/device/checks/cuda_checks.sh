@@ -5,6 +5,8 @@
 #
 #   bash tools/device/checks/cuda_checks.sh tests        # 5a tiny parity, 5b every op, 5d no-alloc, prompt buckets, GR00T embodiment switch, device fault
 #   bash tools/device/checks/cuda_checks.sh soak         # flashrt soak on pi05-2v (SOAK_STEPS, SOAK_SECONDS), open/close x OPEN_CLOSE
+#   bash tools/device/checks/cuda_checks.sh soak-start   # the 100,000-step pi05-2v soak, detached (longer than one call)
+#   bash tools/device/checks/cuda_checks.sh soak-wait    # wait up to SOAK_WAIT s for it; copy its record into $OUT
 #   bash tools/device/checks/cuda_checks.sh soak-tiny    # flashrt soak on the tiny fixture (100,000 steps in ~2 minutes)
 #   bash tools/device/checks/cuda_checks.sh bench        # pi05-2v, cold then warm kernel cache
 #   bash tools/device/checks/cuda_checks.sh views        # 1 and 3 views
@@ -111,6 +113,34 @@ for phase in "$@"; do
         synth_full
         XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" soak --checkpoint "$FULL" --backend cuda --cameras 2 --steps "${SOAK_STEPS:-100000}" --max-seconds "${SOAK_SECONDS:-420}" --window 5000 --workload soak-pi05-2v --out "$OUT/h200-cuda-soak.json"
         XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" soak --checkpoint "$FRT_FIXTURE_DIR" --backend cuda --tokenizer "$PWD/tests/data/tokenizer/tokenizer.json" --open-close "${OPEN_CLOSE:-100}" --sample-every 5 --max-seconds "${SOAK_SECONDS:-420}" --workload open-close-pi05-tiny --out "$OUT/h200-cuda-open-close.json"
+        ;;
+    soak-start)
+        # The issue's 100,000 pi05-2v steps in one process take ~20 minutes, longer than one call of
+        # this workplace's device tool: start the soak detached (setsid) with its record under
+        # SOAK_DIR (outside $OUT, kept while the machine stays held), then collect it with
+        # soak-wait in the next calls (each within the machine's idle release). The JSON is
+        # rewritten after every window, so a run cut short still reports what it measured.
+        echo "== soak-start: pi05-2v CUDA soak, detached, into ${SOAK_DIR:-/tmp/frt-soak}"
+        synth_full
+        mkdir -p "${SOAK_DIR:-/tmp/frt-soak}"
+        XDG_CACHE_HOME=/tmp/kcache setsid nohup "$BIN/flashrt" soak --checkpoint "$FULL" --backend cuda --cameras 2 --steps "${SOAK_STEPS:-100000}" --max-seconds "${SOAK_SECONDS:-1800}" --window 5000 --workload soak-pi05-2v --out "${SOAK_DIR:-/tmp/frt-soak}/h200-cuda-soak-pi05-2v.json" > "${SOAK_DIR:-/tmp/frt-soak}/soak.log" 2>&1 < /dev/null &
+        echo $! > "${SOAK_DIR:-/tmp/frt-soak}/pid"
+        sleep 60
+        tail -n 3 "${SOAK_DIR:-/tmp/frt-soak}/soak.log"
+        ;;
+    soak-wait)
+        # Waits up to SOAK_WAIT seconds (default 500) for the detached soak, then copies its
+        # record and log into $OUT (done or not: the record says how far it got).
+        dir="${SOAK_DIR:-/tmp/frt-soak}"
+        pid="$(cat "$dir/pid")"
+        echo "== soak-wait: pid $pid"
+        for _ in $(seq "${SOAK_WAIT:-500}"); do
+            kill -0 "$pid" 2> /dev/null || break
+            sleep 1
+        done
+        kill -0 "$pid" 2> /dev/null && echo "soak still running" || echo "soak finished"
+        cp "$dir/h200-cuda-soak-pi05-2v.json" "$dir/soak.log" "$OUT/" || status=1
+        tail -n 5 "$dir/soak.log"
         ;;
     soak-tiny)
         # The soak's steps on the tiny fixture (~1 ms a step on the H200): 100,000 fit one call.
