@@ -489,9 +489,10 @@ fn synthesize(model: Model, out: &Path, size: SynthSize, seed: u64, options: &gr
 fn inspect_summary(policy: &Policy) {
     let i = policy.info();
     println!(
-        "model {} | backend {} on {} | {} cameras | state {} -> actions {}x{} | {} denoise steps | {:.2} M parameters | {:.1} MiB",
+        "model {} | backend {} ({}) on {} | {} cameras | state {} -> actions {}x{} | {} denoise steps | {:.2} M parameters | {:.1} MiB",
         i.model,
         i.backend,
+        i.precision,
         i.device,
         i.cameras.len(),
         i.state_dim,
@@ -640,7 +641,7 @@ fn bench_command(
         "model": info.model,
         "device": info.device,
         "backend": info.backend,
-        "precision": if info.backend == "cpu" { "f32" } else { "bf16" },
+        "precision": info.precision,
         "views": views,
         "prompt_tokens": prompt_tokens,
         "prompt_capacity": info.prompt_capacity,
@@ -742,7 +743,7 @@ fn bench_serve(
         "model": o.info.model,
         "device": o.info.device,
         "backend": o.info.backend,
-        "precision": if o.info.backend == "cpu" { "f32" } else { "bf16" },
+        "precision": o.info.precision,
         "views": views,
         "image_size": size,
         "steps": o.info.denoise_steps,
@@ -780,7 +781,7 @@ fn soak_record(policy: &Policy, workload: &str) -> serde_json::Value {
         "model": info.model,
         "device": info.device,
         "backend": info.backend,
-        "precision": if info.backend == "cpu" { "f32" } else { "bf16" },
+        "precision": info.precision,
         "cameras": info.cameras.len(),
         "steps": info.denoise_steps,
         "horizon": info.horizon,

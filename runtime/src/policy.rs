@@ -51,6 +51,8 @@ pub struct StepInfo {
 pub struct PolicyInfo {
     pub model: &'static str,
     pub backend: &'static str,
+    /// What the products compute in: "f32" (CPU), "bf16" (CUDA), "fp8-emulated" (CPU, FP8).
+    pub precision: &'static str,
     pub device: String,
     pub cameras: Vec<String>,
     pub state_dim: usize,
@@ -201,6 +203,11 @@ impl Policy {
         PolicyInfo {
             model: m.kind.name(),
             backend: self.backend.name(),
+            precision: match (self.backend.name(), &self.calibration) {
+                ("cpu", None) => "f32",
+                ("cpu", Some(_)) => "fp8-emulated",
+                _ => "bf16",
+            },
             device: self.backend.device_name(),
             cameras: m.cameras.clone(),
             state_dim: m.state_dim,
