@@ -15,6 +15,7 @@ pub mod error;
 pub mod image;
 pub mod io;
 pub mod models;
+pub mod observation_log;
 pub mod plan;
 pub mod policy;
 pub mod qwen_image;
