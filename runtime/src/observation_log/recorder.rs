@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, bounded};
+use crossbeam_channel::{Receiver, Sender, TryRecvError, bounded};
 
 use super::{LogHeader, ObservationLogWriter};
 use crate::error::{Error, Result};
@@ -287,8 +287,11 @@ fn covered(f: &Frame) -> bool {
     needed.is_some_and(|n| n <= f.data.len())
 }
 
-/// How often an idle writer looks whether observations were dropped, to warn about it.
-const DROP_CHECK: Duration = Duration::from_millis(500);
+/// How often the writer looks for observations. It polls rather than sleeps on the channel, so
+/// that handing one over is a few atomic operations and never a wake-up: no system call on the
+/// stepping thread, and no thread handle that the channel's waker would allocate for a thread the
+/// library did not start (a C controller's).
+const POLL: Duration = Duration::from_millis(2);
 
 /// The writer thread: each buffer handed over, appended to `log` and handed back grown to the
 /// largest frames seen, until the recorder finishes. It logs the first drop.
@@ -297,10 +300,13 @@ fn write_all(mut log: ObservationLogWriter, to_write: &Receiver<Slot>, free: &Se
     let mut largest = vec![0; progress.largest.len()];
     let mut warned = false;
     loop {
-        let slot = match to_write.recv_timeout(DROP_CHECK) {
+        let slot = match to_write.try_recv() {
             Ok(slot) => Some(slot),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => break,
+            Err(TryRecvError::Empty) => {
+                std::thread::sleep(POLL);
+                None
+            }
+            Err(TryRecvError::Disconnected) => break,
         };
         if let Some(mut slot) = slot {
             if let Some(text) = slot.prompt.take() {
