@@ -3,6 +3,7 @@
 `flashrt synth --size micro --out target/fuzz-seed-micro`). Inputs follow each target's format:
 checkpoint: [slot, mode, bytes] (slot order as SLOTS in fuzz_targets/checkpoint.rs; mode 0
 replaces the file, 1 overwrites its start: safetensors files are seeded with their header only);
+(slot 16, an observation log, is encoded here from the format's description);
 ros2_msg: [message type, byte order, CDR payload] from ros2_bridge/tests/data/cdr_golden.json.
 The observation and c_abi targets decode their bytes field by field and start from a few
 hand-picked byte strings."""
@@ -63,6 +64,33 @@ write("checkpoint", "slot06-index", bytes([6, 0]) + json.dumps(shard).encode())
 q = lambda d: {"mean": [0.0] * d, "std": [1.0] * d, "q01": [-1.0] * d, "q99": [1.0] * d}
 write("checkpoint", "slot08-norm-stats", bytes([8, 0]) + json.dumps({"norm_stats": {"state": q(8), "actions": q(7)}}).encode())
 write("checkpoint", "slot00-remove", bytes([0, 2]))
+
+# Slot 16: an observation log (runtime/src/observation_log.rs), encoded here from the format's
+# description (postcard: varint integers, a byte for an Option's tag and for a u8, f32 little-endian;
+# each record a u32 little-endian length, then its bytes): 2 cameras, state 3, 3 records.
+def varint(n):
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+text = lambda s: varint(len(s.encode())) + s.encode()
+floats = lambda values: varint(len(values)) + b"".join(struct.pack("<f", v) for v in values)
+def frame(w, h, fmt, bpp):
+    return b"\x01" + varint(w) + varint(h) + bytes([fmt]) + varint(w * h * bpp) + bytes(i % 251 for i in range(w * h * bpp))
+log_header = b"FRTOBS\0\0" + varint(1) + text("pi05") + varint(2) + varint(3) + varint(1764000000) + text("seed")
+log = log_header
+for r, (prompt, cameras, noise) in enumerate([
+    ("pick up the cube", [frame(4, 3, 0, 3), frame(2, 2, 2, 4)], None),
+    (None, [frame(4, 3, 1, 3), b"\x00"], [0.5] * 6),
+    ("place it", [b"\x00", frame(1, 1, 0, 3)], None),
+]):
+    record = varint(20_000_000 * r) + (b"\x01" + text(prompt) if prompt else b"\x00") + varint(2) + b"".join(cameras)
+    record += floats([0.1 * r, -0.2, 0.3]) + (b"\x01" + floats(noise) if noise else b"\x00")
+    log += struct.pack("<I", len(record)) + record
+write("checkpoint", "slot16-0-replace", bytes([16, 0]) + log)
+write("checkpoint", "slot16-0-header", bytes([16, 1]) + log_header)
 
 golden = json.load(open("ros2_bridge/tests/data/cdr_golden.json"))["payload_hex"]
 kinds = {"Image": 0, "JointState": 1, "String": 2, "JointTrajectory": 3, "Float32MultiArray": 4}

@@ -109,7 +109,8 @@ enum FrtStatus
    */
   FRT_STATUS_BUFFER_TOO_SMALL = 3,
   /**
-   * A file could not be read (missing checkpoint or tokenizer file, permission denied, ...).
+   * A file could not be read or written (missing checkpoint or tokenizer file, permission
+   * denied, an observation log that cannot be created or written, ...).
    */
   FRT_STATUS_IO = 4,
   /**
@@ -1068,6 +1069,52 @@ FrtStatus frt_policy_step_continuing(struct FrtPolicy *policy,
                                      float *actions,
                                      size_t actions_len,
                                      struct FrtStepInfo *step_info);
+
+/**
+ * Starts recording every observation this policy steps on successfully — through
+ * `frt_policy_step`, `frt_policy_step_continuing` or an action stream over it — with the prompt in
+ * force, into an observation log at `path` (`path_len` bytes, no NUL needed), created or
+ * truncated. `flashrt run --observations PATH` replays the log; it serves FP8 calibration and
+ * regression tests on the robot's own data.
+ *
+ * The steps stay on the hot path's terms: each observation is copied into one of a few buffers
+ * reused from step to step and written by a thread of the library; when the disk falls behind,
+ * observations are dropped (counted and logged once) instead of delaying the step. A step
+ * allocates only when a camera's frame is larger than any it recorded before. A prompt set with
+ * `frt_policy_set_prompt_tokens` is not text: the records after it carry an empty prompt. After
+ * `frt_policy_set_embodiment` to an embodiment of another state width, observations are dropped:
+ * record each embodiment into its own log.
+ *
+ * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` (`path_len`
+ * is 0, or the policy is already recording: stop that first); `FRT_STATUS_IO` (the file cannot
+ * be created); `FRT_STATUS_PANIC`.
+ *
+ * Thread safety: not concurrently with any other call on `policy`; one that finds another call
+ * taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
+ *
+ * # Safety
+ * `policy` from `frt_policy_open` or NULL; `path` readable for `path_len` bytes or NULL.
+ */
+FrtStatus frt_policy_record_start(struct FrtPolicy *policy,
+                                  const char *path,
+                                  size_t path_len);
+
+/**
+ * Stops the recording `frt_policy_record_start` began: writes the observations still queued and
+ * closes the log (waits for the disk: not for the control loop). Logs how many observations were
+ * written and dropped. Without a recording, does nothing and returns `FRT_STATUS_OK`.
+ *
+ * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_IO` (writing the log failed:
+ * `frt_policy_last_error` names the file and the error; the log holds the records before it);
+ * `FRT_STATUS_PANIC`. `frt_policy_free` stops a recording too (and only logs such an error).
+ *
+ * Thread safety: not concurrently with any other call on `policy`; one that finds another call
+ * taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
+ *
+ * # Safety
+ * `policy` from `frt_policy_open` or NULL.
+ */
+FrtStatus frt_policy_record_stop(struct FrtPolicy *policy);
 
 /**
  * Copies the latency statistics of the steps so far into `*stats`.

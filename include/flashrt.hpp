@@ -210,6 +210,12 @@ public:
     }
     void reset_stats() { check(frt_policy_reset_stats(p_)); }
 
+    /// Records every observation stepped from now on, with its prompt, into an observation log at
+    /// `path` (`frt_policy_record_start`; `flashrt run --observations` replays it).
+    void record_start(std::string_view path) { check(frt_policy_record_start(p_, path.empty() ? "" : path.data(), path.size())); }
+    /// Writes what is queued and closes the log; throws Error if writing it failed.
+    void record_stop() { check(frt_policy_record_stop(p_)); }
+
     /// The execution plan as text.
     std::string explain() const {
         return detail::read_text([this](char *buf, size_t len, size_t *written) { return frt_policy_explain(p_, buf, len, written); });

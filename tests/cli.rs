@@ -183,3 +183,153 @@ fn synth_groot_with_cameras_and_embodiments() {
     let (ok, _, stderr) = flashrt(&["synth", "--model", "pi05", "--cameras", "2", "--out", path(&dir.path().join("pi05"))]);
     assert!(!ok && stderr.contains("GR00T N1.7 options"), "{stderr}");
 }
+
+/// Micro Pi0.5 (3 cameras, state 8) in `dir/micro`, tokenizer beside it.
+fn synth_micro(dir: &Path) -> std::path::PathBuf {
+    let ckpt = dir.join("micro");
+    flashrt::models::pi05::synth::synthesize(&ckpt, flashrt::models::pi05::synth::SynthSize::Micro, 3, &|_| {}).unwrap();
+    ckpt
+}
+
+/// `run --observations` steps every record of a log once (prompts and noise from the records),
+/// loops with more `--steps`, and refuses a log recorded for another policy or a damaged one by
+/// name.
+#[test]
+fn run_replays_an_observation_log() {
+    use flashrt::observation_log::{LogHeader, ObservationLogWriter};
+    use flashrt::{Frame, Observation, PixelFormat};
+
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = synth_micro(dir.path());
+    let log = dir.path().join("obs.frtobs");
+    let mut writer = ObservationLogWriter::create(&log, LogHeader::new("pi05", 3, 8, "cli test")).unwrap();
+    let frame: Vec<u8> = (0..40 * 30 * 3).map(|i| (i % 253) as u8).collect();
+    let noise = vec![0.1; 50 * 32];
+    for r in 0..3 {
+        let cameras = [
+            Some(Frame::packed(&frame, 40, 30, PixelFormat::Rgb8)),
+            None,
+            (r != 1).then(|| Frame::packed(&frame, 30, 40, PixelFormat::Bgr8)),
+        ];
+        let state: Vec<f32> = (0..8).map(|i| (i + r) as f32 / 10.0).collect();
+        let obs = Observation { cameras: &cameras, state: &state, noise: (r == 2).then_some(&noise[..]) };
+        writer.append(&obs, ["stack the cups", "open the drawer"][r / 2]).unwrap();
+    }
+    writer.finish().unwrap();
+
+    let (ok, stdout, stderr) = flashrt(&["run", "--checkpoint", path(&ckpt), "--observations", path(&log)]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("replayed 3 records of") && stdout.contains("(1 passes)") && stdout.contains("3 steps: p50"), "{stdout}");
+    let (ok, stdout, stderr) = flashrt(&["run", "--checkpoint", path(&ckpt), "--observations", path(&log), "--steps", "7"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("(3 passes)") && stdout.contains("7 steps: p50"), "{stdout}");
+
+    // Recorded for a Pi0.5 with 3 cameras and state 8: the GR00T fixture has 2 and 12.
+    let groot = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/groot_n17_tiny");
+    let (ok, _, stderr) = flashrt(&["run", "--checkpoint", path(&groot), "--observations", path(&log)]);
+    assert!(!ok);
+    for needle in
+        ["recorded for another policy", "model \"pi05\" (the policy is \"groot-n17\")", "3 cameras (the policy has 2)", "state width 8"]
+    {
+        assert!(stderr.contains(needle), "{needle:?} not in {stderr}");
+    }
+    // A log cut inside its last record: the records before it run, then the damage is named.
+    let bytes = std::fs::read(&log).unwrap();
+    std::fs::write(&log, &bytes[..bytes.len() - 100]).unwrap();
+    let (ok, _, stderr) = flashrt(&["run", "--checkpoint", path(&ckpt), "--observations", path(&log)]);
+    assert!(!ok && stderr.contains("obs.frtobs: record 2 is truncated"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // `--observation` (one safetensors file) and `--observations` exclude each other.
+    let (ok, _, stderr) = flashrt(&["run", "--checkpoint", path(&ckpt), "--observations", path(&log), "--observation", path(&log)]);
+    assert!(!ok && stderr.contains("cannot be used with"), "{stderr}");
+}
+
+/// `flashrt record` is `serve` that logs every observation it steps on: an openpi client's
+/// requests over loopback (frames, state, noise, a prompt change) come back from the log as
+/// sent; a refused request is not recorded; the log replays with `run --observations`.
+#[test]
+fn record_logs_what_the_server_steps_on() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    use flashrt::observation_log::ObservationLogReader;
+    use flashrt::serve::msgpack_numpy::{Reply, write_u8_array};
+    use tungstenite::Message;
+
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = synth_micro(dir.path());
+    let cameras = flashrt::Policy::open(&flashrt::PolicyConfig::new(&ckpt)).unwrap().info().cameras;
+    let log = dir.path().join("served.frtobs");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_flashrt"))
+        .args(["record", "--checkpoint", path(&ckpt), "--backend", "cpu", "--port", "0", "--max-requests", "4"])
+        .args(["--observations", path(&log), "--note", "loopback test"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let addr = first.strip_prefix("listening on ").unwrap_or_else(|| panic!("{first}"));
+    let (mut ws, _) = tungstenite::connect(addr).unwrap();
+    ws.read().unwrap(); // metadata
+
+    // Requests: 40x30 RGB frames (camera 1 left out of the second), a state, noise on the last,
+    // a new prompt from the third; then one with a short state, refused.
+    let frame = |r: usize| -> Vec<u8> { (0..40 * 30 * 3).map(|i| (i * 7 + r * 31) as u8).collect() };
+    let state = |r: usize| -> Vec<f32> { (0..8).map(|i| (i as f32 - r as f32) / 8.0).collect() };
+    let noise = vec![-0.25f32; 50 * 32];
+    let prompts = ["pick up the cube", "pick up the cube", "place it in the bowl"];
+    for r in 0..4 {
+        let (image, state) = (frame(r), state(r));
+        let mut array = Vec::new();
+        write_u8_array(&mut array, &image, &[30, 40, 3]);
+        let mut entries: Vec<(&str, Reply)> = vec![(cameras[0].as_str(), Reply::Raw(&array))];
+        if r != 1 {
+            entries.push((cameras[1].as_str(), Reply::Raw(&array)));
+        }
+        entries.push(("state", Reply::F32Array(if r == 3 { &state[..5] } else { &state }, vec![if r == 3 { 5 } else { 8 }])));
+        entries.push(("prompt", Reply::Str(prompts[r.min(2)])));
+        if r == 2 {
+            entries.push(("noise", Reply::F32Array(&noise, vec![50, 32])));
+        }
+        ws.send(Message::binary(Reply::Map(entries).encode())).unwrap();
+        let reply = ws.read().unwrap();
+        assert_eq!(reply.is_binary(), r < 3, "request {r}: {reply:?}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = server.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = server.kill();
+            panic!("flashrt record did not stop after --max-requests");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stdout: Vec<String> = lines.map_while(Result::ok).collect();
+    let stderr = std::io::read_to_string(server.stderr.take().unwrap()).unwrap();
+    assert!(status.success(), "{stderr}");
+    assert!(stdout.iter().any(|l| l.starts_with("recorded 3 observations to") && l.contains("(0 dropped")), "{stdout:?}");
+
+    let reader = ObservationLogReader::open(&log).unwrap();
+    let h = reader.header();
+    assert_eq!((h.model.as_str(), h.cameras, h.state_dim, h.note.as_str()), ("pi05", 3, 8, "loopback test"));
+    let records: Vec<_> = reader.map(Result::unwrap).collect();
+    assert_eq!(records.len(), 3, "the refused request is not recorded");
+    for (r, rec) in records.iter().enumerate() {
+        assert_eq!(rec.prompt, prompts[r]);
+        assert_eq!(rec.state, state(r));
+        assert_eq!(rec.noise, (r == 2).then(|| noise.clone()));
+        let image = frame(r);
+        for c in 0..3 {
+            let f = rec.cameras[c].as_ref().map(|f| (f.width, f.height, f.format, &f.data[..]));
+            let sent = (c == 0 || (c == 1 && r != 1)).then_some((40, 30, 0, &image[..]));
+            assert_eq!(f, sent, "record {r} camera {c}");
+        }
+    }
+    let (ok, stdout, stderr) = flashrt(&["run", "--checkpoint", path(&ckpt), "--observations", path(&log)]);
+    assert!(ok && stdout.contains("replayed 3 records"), "{stdout}\n{stderr}");
+}

@@ -5,6 +5,8 @@ use std::ffi::{CString, c_char};
 use std::fmt::{self, Write as _};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use flashrt::observation_log::Recorder;
+use flashrt::stream::StreamPolicy;
 use flashrt::{Continuation, Frame, Observation, PixelFormat, Policy};
 
 use crate::boundary::guard;
@@ -35,6 +37,11 @@ struct State {
     /// Made at open so the `const FrtPolicy*` calls read plain data only (safe concurrently).
     info: Info,
     explain: String,
+    /// The text of the last prompt set (`None` after `frt_policy_set_prompt_tokens`): a recording
+    /// started later begins with it.
+    prompt: Option<String>,
+    /// The observation log of `frt_policy_record_start`.
+    recording: Option<Recorder>,
 }
 
 struct Info {
@@ -267,7 +274,7 @@ unsafe fn open(config: *const FrtPolicyConfig, sink: Sink) -> Result<FrtPolicy, 
         let info = Info::new(&policy, (config.max_frame_width, config.max_frame_height));
         // Room for typical messages, so a failing step need not allocate for its text.
         let last_error = String::with_capacity(1024);
-        let state = State { explain: policy.explain(), policy, sink, last_error, info };
+        let state = State { explain: policy.explain(), policy, sink, last_error, info, prompt: None, recording: None };
         Ok(FrtPolicy { busy: AtomicBool::new(false), state: UnsafeCell::new(state) })
     })
 }
@@ -371,7 +378,7 @@ pub unsafe extern "C" fn frt_policy_set_prompt(policy: *mut FrtPolicy, text: *co
         let bytes = unsafe { std::slice::from_raw_parts(text.cast::<u8>(), len) };
         match std::str::from_utf8(bytes) {
             Ok(s) => {
-                let result = p.policy.set_prompt(s);
+                let result = p.set_prompt(s);
                 p.done(result)
             }
             Err(e) => p.fail(Failure::invalid("text", format_args!("not valid UTF-8 ({e})"))),
@@ -400,6 +407,12 @@ pub unsafe extern "C" fn frt_policy_set_prompt_tokens(policy: *mut FrtPolicy, to
         // SAFETY: len readable values (caller's promise).
         let ids = unsafe { std::slice::from_raw_parts(tokens, len) };
         let result = p.policy.set_prompt_tokens(ids);
+        if result.is_ok() {
+            p.prompt = None;
+            if let Some(r) = &mut p.recording {
+                r.set_prompt("");
+            }
+        }
         p.done(result)
     })
 }
@@ -513,6 +526,79 @@ pub unsafe extern "C" fn frt_policy_step_continuing(
     let continuation = Continuation { executed, inference_delay };
     // SAFETY: forwarded caller's promises.
     with_policy(policy, |p| unsafe { p.step(observation, Some(continuation), actions, actions_len, step_info) })
+}
+
+/// Starts recording every observation this policy steps on successfully — through
+/// `frt_policy_step`, `frt_policy_step_continuing` or an action stream over it — with the prompt in
+/// force, into an observation log at `path` (`path_len` bytes, no NUL needed), created or
+/// truncated. `flashrt run --observations PATH` replays the log; it serves FP8 calibration and
+/// regression tests on the robot's own data.
+///
+/// The steps stay on the hot path's terms: each observation is copied into one of a few buffers
+/// reused from step to step and written by a thread of the library; when the disk falls behind,
+/// observations are dropped (counted and logged once) instead of delaying the step. A step
+/// allocates only when a camera's frame is larger than any it recorded before. A prompt set with
+/// `frt_policy_set_prompt_tokens` is not text: the records after it carry an empty prompt. After
+/// `frt_policy_set_embodiment` to an embodiment of another state width, observations are dropped:
+/// record each embodiment into its own log.
+///
+/// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_INVALID_ARGUMENT` (`path_len`
+/// is 0, or the policy is already recording: stop that first); `FRT_STATUS_IO` (the file cannot
+/// be created); `FRT_STATUS_PANIC`.
+///
+/// Thread safety: not concurrently with any other call on `policy`; one that finds another call
+/// taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
+///
+/// # Safety
+/// `policy` from `frt_policy_open` or NULL; `path` readable for `path_len` bytes or NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn frt_policy_record_start(policy: *mut FrtPolicy, path: *const c_char, path_len: usize) -> FrtStatus {
+    with_policy(policy, |p| {
+        if path.is_null() {
+            return p.fail(Failure::null("path"));
+        }
+        if path_len == 0 {
+            return p.fail(Failure::invalid("path", "empty"));
+        }
+        if let Some(r) = &p.recording {
+            let message = format!("already recording to {}: call frt_policy_record_stop first", r.path().display());
+            return p.fail(Failure::invalid("path", message));
+        }
+        // SAFETY: path_len readable bytes (caller's promise). A Linux path is bytes, not UTF-8.
+        let bytes = unsafe { std::slice::from_raw_parts(path.cast::<u8>(), path_len) };
+        let path = std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(bytes));
+        match Recorder::for_policy(path, &p.policy, "") {
+            Ok(mut recorder) => {
+                if let Some(text) = &p.prompt {
+                    recorder.set_prompt(text);
+                }
+                p.recording = Some(recorder);
+                p.done(Ok(()))
+            }
+            Err(e) => p.done::<()>(Err(e)),
+        }
+    })
+}
+
+/// Stops the recording `frt_policy_record_start` began: writes the observations still queued and
+/// closes the log (waits for the disk: not for the control loop). Logs how many observations were
+/// written and dropped. Without a recording, does nothing and returns `FRT_STATUS_OK`.
+///
+/// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT`; `FRT_STATUS_IO` (writing the log failed:
+/// `frt_policy_last_error` names the file and the error; the log holds the records before it);
+/// `FRT_STATUS_PANIC`. `frt_policy_free` stops a recording too (and only logs such an error).
+///
+/// Thread safety: not concurrently with any other call on `policy`; one that finds another call
+/// taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
+///
+/// # Safety
+/// `policy` from `frt_policy_open` or NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn frt_policy_record_stop(policy: *mut FrtPolicy) -> FrtStatus {
+    with_policy(policy, |p| {
+        let result = p.recording.take().map(Recorder::finish).transpose();
+        p.done(result)
+    })
 }
 
 /// Copies the latency statistics of the steps so far into `*stats`.
@@ -656,13 +742,47 @@ pub(crate) unsafe fn inject_fault(policy: *mut FrtPolicy) -> FrtStatus {
 /// this is dropped, so every mutating call on the policy meanwhile returns `FRT_STATUS_BUSY`.
 pub(crate) struct Lent {
     busy: *const AtomicBool,
-    pub(crate) policy: *mut Policy,
+    state: *mut State,
 }
 
 impl Drop for Lent {
     fn drop(&mut self) {
         // SAFETY: the FrtPolicy outlives its stream (documented on frt_stream_create).
         unsafe { &*self.busy }.store(false, Ordering::Release);
+    }
+}
+
+/// What the stream's inference thread does with the policy (`StreamPolicy`, through the stream's
+/// wrapper): steps recorded and prompts followed as `frt_policy_step` and `frt_policy_set_prompt`
+/// do.
+impl Lent {
+    fn state(&mut self) -> &mut State {
+        // SAFETY: the FrtPolicy outlives its stream and its `busy` flag is held: nothing else
+        // reaches the state.
+        unsafe { &mut *self.state }
+    }
+
+    pub(crate) fn dims(&self) -> flashrt::stream::StreamDims {
+        // SAFETY: as in `state`.
+        unsafe { &*self.state }.policy.dims()
+    }
+
+    pub(crate) fn step_chunk(
+        &mut self,
+        obs: &Observation,
+        continuation: Option<Continuation>,
+        actions: &mut [f32],
+    ) -> flashrt::Result<flashrt::StepInfo> {
+        let s = self.state();
+        let info = s.policy.step_chunk(obs, continuation, actions)?;
+        if let Some(r) = &mut s.recording {
+            r.record(obs);
+        }
+        Ok(info)
+    }
+
+    pub(crate) fn set_prompt(&mut self, text: &str) -> flashrt::Result<()> {
+        self.state().set_prompt(text)
     }
 }
 
@@ -679,7 +799,7 @@ impl FrtPolicy {
             return Err(Failure { status: FrtStatus::Busy, message: "policy is in use by another call or stream".into() });
         }
         // SAFETY: `busy` is held: no mutating call reaches the state until the Lent is dropped.
-        Ok(Lent { busy: &p.busy, policy: &mut unsafe { &mut *p.state.get() }.policy })
+        Ok(Lent { busy: &p.busy, state: p.state.get() })
     }
 
     /// The state for a `const FrtPolicy*` call, which by contract runs concurrently with other
@@ -691,6 +811,16 @@ impl FrtPolicy {
 }
 
 impl State {
+    /// Sets the prompt; a recording follows it.
+    fn set_prompt(&mut self, text: &str) -> flashrt::Result<()> {
+        self.policy.set_prompt(text)?;
+        self.prompt = Some(text.to_owned());
+        if let Some(r) = &mut self.recording {
+            r.set_prompt(text);
+        }
+        Ok(())
+    }
+
     /// Records a failure as the last error. Reuses the buffer: a short message does not allocate.
     fn fail(&mut self, f: Failure) -> FrtStatus {
         self.record(f.status, format_args!("{}", f.message))
@@ -747,6 +877,9 @@ impl State {
         let obs = Observation { cameras: &frames[..self.info.camera_ptrs().len()], state, noise };
         match self.policy.step_continuing(&obs, continuation, actions) {
             Ok(s) => {
+                if let Some(r) = &mut self.recording {
+                    r.record(&obs);
+                }
                 if !step_info.is_null() {
                     // SAFETY: writable, at least our size (checked above).
                     unsafe {

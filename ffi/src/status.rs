@@ -20,7 +20,8 @@ pub enum FrtStatus {
     /// The caller's text buffer cannot hold the text and its NUL; the buffer is untouched and
     /// `*written` holds the text length (the size needed is that plus one for the NUL).
     BufferTooSmall = 3,
-    /// A file could not be read (missing checkpoint or tokenizer file, permission denied, ...).
+    /// A file could not be read or written (missing checkpoint or tokenizer file, permission
+    /// denied, an observation log that cannot be created or written, ...).
     Io = 4,
     /// The checkpoint (weights, config.json, normalization statistics) is unusable.
     Checkpoint = 5,
@@ -62,7 +63,7 @@ impl FrtStatus {
             FrtStatus::NullArgument => "a required pointer argument was NULL",
             FrtStatus::InvalidArgument => "an argument has an invalid value",
             FrtStatus::BufferTooSmall => "the text buffer is too small",
-            FrtStatus::Io => "a file could not be read",
+            FrtStatus::Io => "a file could not be read or written",
             FrtStatus::Checkpoint => "the checkpoint is unusable",
             FrtStatus::Tokenizer => "the tokenizer is missing or unusable",
             FrtStatus::Backend => "the requested backend is unavailable",

@@ -6,7 +6,7 @@ use std::fmt::{self, Write as _};
 use std::time::Duration;
 
 use flashrt::stream::{Continuation, StreamDims, StreamPolicy};
-use flashrt::{ActionStatus, ActionStream, Fallback, Frame, Observation, Policy, StepInfo, StreamConfig};
+use flashrt::{ActionStatus, ActionStream, Fallback, Frame, Observation, StepInfo, StreamConfig};
 
 use crate::boundary::guard;
 use crate::config::FRT_MAX_CAMERAS;
@@ -127,23 +127,15 @@ struct Borrowed(Lent);
 // the inference thread is the only user of the policy.
 unsafe impl Send for Borrowed {}
 
-impl Borrowed {
-    fn get(&mut self) -> &mut Policy {
-        // SAFETY: see the Send impl.
-        unsafe { &mut *self.0.policy }
-    }
-}
-
 impl StreamPolicy for Borrowed {
     fn dims(&self) -> StreamDims {
-        // SAFETY: see the Send impl.
-        unsafe { &*self.0.policy }.dims()
+        self.0.dims()
     }
     fn step_chunk(&mut self, obs: &Observation, continuation: Option<Continuation>, actions: &mut [f32]) -> flashrt::Result<StepInfo> {
-        self.get().step_chunk(obs, continuation, actions)
+        self.0.step_chunk(obs, continuation, actions)
     }
     fn set_prompt(&mut self, text: &str) -> flashrt::Result<()> {
-        self.get().set_prompt(text)
+        self.0.set_prompt(text)
     }
 }
 
@@ -263,8 +255,7 @@ unsafe fn create(policy: *mut FrtPolicy, config: *const FrtStreamConfig, out: *m
     };
     // SAFETY: a live FrtPolicy that outlives the stream (caller's promise).
     let lent = unsafe { FrtPolicy::lend(policy)? };
-    // SAFETY: lent to this call until the stream takes it.
-    let cameras = unsafe { &*lent.policy }.info().cameras.len();
+    let cameras = lent.dims().cameras;
     let stream = ActionStream::start(Borrowed(lent), &config)?;
     // SAFETY: non-NULL, writable (caller's promise).
     unsafe { *out = Box::into_raw(Box::new(FrtStream { stream, cameras, last_error: String::with_capacity(1024) })) };

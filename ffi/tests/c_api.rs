@@ -123,6 +123,48 @@ fn c_program_covers_every_function_and_error_path() {
     let (ckpt, tokenizer) = synthesized(tmp.path());
     let groot = common::repo().join("tests/data/groot_n17_tiny");
     run_checked(&exe, &[&ckpt, &tokenizer, &scratch, &groot]);
+    recorded_steps_read_back(&scratch.join("recorded.frtobs"));
+}
+
+/// The observation log `frt_policy_record_start` wrote during the C program's `test_steps`: its
+/// six successful steps, frames packed as the C program filled them (`fill_frames`).
+fn recorded_steps_read_back(path: &Path) {
+    use flashrt::observation_log::ObservationLogReader;
+    let (w, h) = (64, 48);
+    let value = |y: usize, x: usize, c: usize| ((y * 7 + x * 13 + c * 101) % 251) as u8;
+    let pixels = |order: [usize; 3], alpha: bool| -> Vec<u8> {
+        let mut out = Vec::new();
+        for y in 0..h {
+            for x in 0..w {
+                out.extend(order.map(|c| value(y, x, c)));
+                if alpha {
+                    out.push(255);
+                }
+            }
+        }
+        out
+    };
+    let (rgb, bgr, rgba) = (pixels([0, 1, 2], false), pixels([2, 1, 0], false), pixels([0, 1, 2], true));
+    let state: Vec<f32> = (0..8).map(|i| 0.1 * i as f32 - 0.2).collect();
+    let noise: Vec<f32> = (0..50 * 32).map(|i: i32| (i * 37 % 101 - 50) as f32 / 50.0).collect();
+
+    let reader = ObservationLogReader::open(path).unwrap();
+    let header = reader.header();
+    assert_eq!((header.model.as_str(), header.cameras, header.state_dim), ("pi05", 3, 8));
+    let records: Vec<_> = reader.map(Result::unwrap).collect();
+    assert_eq!(records.len(), 6, "six successful steps, the refused one not recorded");
+    for (r, rec) in records.iter().enumerate() {
+        assert_eq!(rec.prompt, if r < 5 { "pick up the cube" } else { "place it in the bowl" }, "record {r}");
+        let frames: Vec<_> = rec.cameras.iter().map(|c| c.as_ref().map(|f| (f.width, f.height, f.format, &f.data[..]))).collect();
+        let (first, second) = if r == 2 { ((1, &bgr), (2, &rgba)) } else { ((0, &rgb), (0, &rgb)) };
+        assert_eq!(frames, [Some((64, 48, first.0, &first.1[..])), Some((64, 48, second.0, &second.1[..])), None], "record {r}");
+        let mut expected_state = state.clone();
+        if r == 3 {
+            expected_state[0] = 0.9;
+        }
+        assert_eq!(rec.state, expected_state, "record {r}");
+        assert_eq!(rec.noise.as_deref(), (r != 4).then_some(&noise[..]), "record {r}");
+    }
 }
 
 #[test]

@@ -168,3 +168,55 @@ fn a_policy_lent_to_a_stream_is_busy_until_the_stream_is_freed() {
     // SAFETY: opened above, not used after this.
     unsafe { frt_policy_free(f.policy) };
 }
+
+/// A recording follows the policy into an action stream: the stream's steps are recorded with the
+/// prompt the stream set, and while lent the policy refuses record calls like any other (busy).
+#[test]
+fn a_recording_policy_lent_to_a_stream_records_the_streams_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = Fixture::open(dir.path());
+    let log = dir.path().join("stream.frtobs");
+    let log_path = log.to_str().unwrap();
+    assert_eq!(f.set_prompt("pick up the red block"), FrtStatus::Ok);
+    // SAFETY: every pointer outlives the call it is passed to; the policy is open.
+    unsafe {
+        assert_eq!(frt_policy_record_start(f.policy, log_path.as_ptr().cast(), log_path.len()), FrtStatus::Ok);
+        let mut config: FrtStreamConfig = std::mem::zeroed();
+        config.struct_size = size_of::<FrtStreamConfig>();
+        assert_eq!(frt_stream_config_default(&mut config), FrtStatus::Ok);
+        let mut stream = ptr::null_mut();
+        assert_eq!(frt_stream_create(f.policy, &config, &mut stream), FrtStatus::Ok);
+        assert_eq!(frt_policy_record_stop(f.policy), FrtStatus::Busy);
+        let task = "open the drawer";
+        assert_eq!(frt_stream_set_prompt(stream, task.as_ptr().cast(), task.len()), FrtStatus::Ok);
+        let observation = FrtObservation {
+            struct_size: size_of::<FrtObservation>(),
+            cameras: f.frames.as_ptr(),
+            cameras_len: f.frames.len(),
+            state: f.state.as_ptr(),
+            state_len: f.state.len(),
+            noise: ptr::null(),
+            noise_len: 0,
+        };
+        assert_eq!(frt_stream_push_observation(stream, &observation), FrtStatus::Ok);
+        // Control ticks until the first chunk has come (it is asked for by the first tick).
+        let mut tick: FrtActionTick = std::mem::zeroed();
+        tick.struct_size = size_of::<FrtActionTick>();
+        let mut action = vec![0.0f32; 7]; // the micro Pi0.5's action width
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while tick.chunk == 0 {
+            assert!(std::time::Instant::now() < deadline, "no chunk in 30 s");
+            assert_eq!(frt_stream_next_action(stream, action.as_mut_ptr(), action.len(), &mut tick), FrtStatus::Ok);
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        frt_stream_free(stream);
+        assert_eq!(frt_policy_record_stop(f.policy), FrtStatus::Ok, "{}", f.last_error());
+        frt_policy_free(f.policy);
+    }
+    let records: Vec<_> = flashrt::observation_log::ObservationLogReader::open(&log).unwrap().map(Result::unwrap).collect();
+    assert!(!records.is_empty());
+    for r in &records {
+        assert_eq!((r.prompt.as_str(), &r.state), ("open the drawer", &f.state));
+        assert!(r.cameras.iter().all(|c| c.as_ref().is_some_and(|c| c.data == vec![90u8; 56 * 56 * 3])));
+    }
+}

@@ -1,8 +1,10 @@
-//! The checkpoint loading path on mutated files: the input picks one file of a real checkpoint
-//! (the micro Pi0.5 with lerobot statistics; the same with openpi's norm_stats.json and a sharded
-//! index; the tiny GR00T N1.7 with its sidecars and Qwen tokenizer) and replaces it, overwrites
-//! its beginning (a safetensors header over the real data) or removes it. `Policy::open` must
-//! return Ok or Err: a panic, abort, hang or runaway allocation is a finding.
+//! The file parsers on mutated files: the input picks one file of a real checkpoint (the micro
+//! Pi0.5 with lerobot statistics; the same with openpi's norm_stats.json and a sharded index; the
+//! tiny GR00T N1.7 with its sidecars and Qwen tokenizer) or a real observation log, and replaces
+//! it, overwrites its beginning (a safetensors header over the real data) or removes it.
+//! `Policy::open` on the checkpoint, or reading every record of the log (`flashrt run
+//! --observations`, FP8 calibration), must return Ok or Err: a panic, abort, hang or runaway
+//! allocation is a finding.
 //!
 //! Input: `[slot, mode, bytes...]`.
 
@@ -11,7 +13,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use flashrt::Policy;
+use flashrt::observation_log::{LogHeader, ObservationLogReader, ObservationLogWriter};
+use flashrt::{Frame, Observation, PixelFormat, Policy};
 use flashrt_fuzz::{cpu_config, micro_pi05, scratch_dir};
 use libfuzzer_sys::fuzz_target;
 
@@ -34,7 +37,11 @@ const SLOTS: &[(&str, &str)] = &[
     ("groot", "statistics.json"),
     ("groot", "embodiment_id.json"),
     ("groot", "tokenizer.json"),
+    (LOG_DIR, "observations.frtobs"),
 ];
+
+/// The slot directory that holds an observation log, not a checkpoint.
+const LOG_DIR: &str = "log";
 
 struct Fixtures {
     root: PathBuf,
@@ -80,6 +87,8 @@ fn fixtures() -> &'static Fixtures {
         let groot = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/groot_n17_tiny");
         copy_dir(&groot, &root.join("groot"), &|name| name.starts_with("golden") || name == "README.md");
 
+        write_log(&root.join(LOG_DIR));
+
         let originals = SLOTS.iter().map(|(dir, file)| std::fs::read(root.join(dir).join(file)).unwrap()).collect();
         let f = Fixtures { root, originals };
         // The unchanged fixtures open: otherwise every input would only test the same refusal.
@@ -88,6 +97,7 @@ fn fixtures() -> &'static Fixtures {
                 panic!("the unchanged {dir} fixture does not open: {e}");
             }
         }
+        assert_eq!(read_log(&f.root.join(LOG_DIR).join("observations.frtobs")), Ok(3), "the unchanged log reads");
         f
     })
 }
@@ -110,6 +120,47 @@ fuzz_target!(|data: &[u8]| {
         _ => std::fs::remove_file(&path).unwrap(),
     }
     // Ok or Err are both fine: the loader must only never panic, abort or hang.
-    let _ = Policy::open(&cpu_config(&f.root.join(dir)));
+    if dir == LOG_DIR {
+        let _ = read_log(&path);
+    } else {
+        let _ = Policy::open(&cpu_config(&f.root.join(dir)));
+    }
     std::fs::write(&path, original).unwrap();
 });
+
+/// An observation log as `flashrt record` writes one: 3 cameras (one missing in a record, one
+/// with padded rows), state 8, a prompt change, noise on one record.
+fn write_log(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let header = LogHeader::new("pi05", 3, 8, "fuzz fixture");
+    let mut log = ObservationLogWriter::create(dir.join("observations.frtobs"), header).unwrap();
+    let pixels: Vec<u8> = (0..8 * 6 * 4).map(|i| (i * 7) as u8).collect();
+    let noise = [0.5f32; 12];
+    for r in 0..3 {
+        let cameras = [
+            Some(Frame::packed(&pixels[..6 * 6 * 3], 6, 6, PixelFormat::Rgb8)),
+            (r != 1).then(|| Frame { data: &pixels, width: 5, height: 6, stride: 8 * 4, format: PixelFormat::Rgba8 }),
+            Some(Frame::packed(&pixels[..4 * 3 * 3], 4, 3, PixelFormat::Bgr8)),
+        ];
+        let state = [r as f32; 8];
+        let obs = Observation { cameras: &cameras, state: &state, noise: (r == 2).then_some(&noise[..]) };
+        log.append(&obs, ["pick up the cube", "place it"][r / 2]).unwrap();
+    }
+    log.finish().unwrap();
+}
+
+/// Reads every record of the log at `path` as a replay does (frames and observation included);
+/// the number of records, or the first error's text.
+fn read_log(path: &Path) -> Result<usize, String> {
+    let reader = ObservationLogReader::open(path).map_err(|e| e.to_string())?;
+    let cameras = usize::from(reader.header().cameras);
+    let mut records = 0;
+    for record in reader {
+        let record = record.map_err(|e| e.to_string())?;
+        let frames = record.frames();
+        let obs = record.observation(&frames);
+        assert_eq!(obs.cameras.len(), cameras, "the reader checks every record against the header");
+        records += 1;
+    }
+    Ok(records)
+}

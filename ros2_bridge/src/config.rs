@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use flashrt::observation_log::Recorder;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
@@ -261,11 +262,22 @@ pub struct InputChecks {
     pub missing_camera: MissingCamera,
     /// Each kind of warning is logged at most once per interval (with a count of the suppressed).
     pub warn_interval_s: f64,
+    /// Record every observation the policy steps on, with its prompt, into this observation log
+    /// (`flashrt run --observations FILE` replays it); empty: off. Written by a thread of its own:
+    /// the inference thread neither blocks nor allocates for it, and drops an observation
+    /// (counted, logged once) when the disk falls behind.
+    pub record_observations: PathBuf,
 }
 
 impl Default for InputChecks {
     fn default() -> Self {
-        InputChecks { max_frame_age_s: 0.5, max_state_age_s: 0.5, missing_camera: MissingCamera::Skip, warn_interval_s: 5.0 }
+        InputChecks {
+            max_frame_age_s: 0.5,
+            max_state_age_s: 0.5,
+            missing_camera: MissingCamera::Skip,
+            warn_interval_s: 5.0,
+            record_observations: PathBuf::new(),
+        }
     }
 }
 
@@ -380,6 +392,9 @@ pub struct Cli {
     pub replan_period: Option<f64>,
     #[arg(long)]
     pub missing_camera: Option<MissingCamera>,
+    /// Record the observations stepped on into this observation log.
+    #[arg(long)]
+    pub record_observations: Option<PathBuf>,
     /// Reliability of the image subscriptions.
     #[arg(long)]
     pub image_qos: Option<Reliability>,
@@ -464,6 +479,7 @@ impl Config {
         set(&mut self.timing.control_rate_hz, &cli.control_rate);
         set(&mut self.timing.replan_period_s, &cli.replan_period);
         set(&mut self.inputs.missing_camera, &cli.missing_camera);
+        set(&mut self.inputs.record_observations, &cli.record_observations);
         if let Some(r) = cli.image_qos {
             self.qos.images.reliability = r;
         }
@@ -543,6 +559,20 @@ impl Config {
             return Err(invalid("joint_states.names", "a name appears twice"));
         }
         Ok(())
+    }
+
+    /// The observation log of `inputs.record_observations`, started for `policy` (with its initial
+    /// prompt, `policy.prompt`); `None` when the parameter is empty.
+    pub fn recorder(&self, policy: &flashrt::Policy) -> Result<Option<Recorder>, flashrt::Error> {
+        let path = &self.inputs.record_observations;
+        if path.as_os_str().is_empty() {
+            return Ok(None);
+        }
+        let mut recorder = Recorder::for_policy(path, policy, &format!("flashrt-ros2 node {}", self.node.name))?;
+        if let Some(text) = &self.policy.prompt {
+            recorder.set_prompt(text);
+        }
+        Ok(Some(recorder))
     }
 
     /// Checks against the opened policy: camera count, state and action widths.

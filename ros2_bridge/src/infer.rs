@@ -6,12 +6,14 @@
 //!
 //! On the steady path (prompt set, inputs valid) a tick does not allocate: the snapshot buffers,
 //! the camera array and the action buffer are sized at start, and `Policy::step` does not
-//! allocate after its first call. Allocation happens only off that path: when a new prompt is
+//! allocate after its first call, nor does handing the observation to the recorder
+//! (`inputs.record_observations`) once its buffers hold the cameras' frame sizes. Allocation happens only off that path: when a new prompt is
 //! tokenized, and when a rate-limited warning is formatted.
 
 use std::thread;
 use std::time::{Duration, Instant};
 
+use flashrt::observation_log::Recorder;
 use flashrt::{Continuation, Frame, Observation, Policy};
 
 use crate::config::{Config, MissingCamera};
@@ -226,6 +228,8 @@ pub struct Inference {
     actions: Vec<f32>,
     /// Set when the policy was opened with `policy.rtc`.
     rtc: Option<Rtc>,
+    /// `inputs.record_observations`: every observation stepped on.
+    recorder: Option<Recorder>,
 }
 
 impl Inference {
@@ -245,6 +249,7 @@ impl Inference {
             observer: Observer::new(config, info.cameras.len(), info.state_dim),
             actions: vec![0.0; policy.actions_len()],
             rtc,
+            recorder: config.recorder(&policy)?,
             policy,
         })
     }
@@ -257,14 +262,28 @@ impl Inference {
     /// in the health report and warned about (rate-limited).
     pub fn tick(&mut self, shared: &Shared, now: Instant) -> Tick {
         let stamp = Time::now();
-        let policy = &mut self.policy;
-        let masked = match self.observer.capture(shared, now, |text| policy.set_prompt(text)) {
+        let (policy, recorder) = (&mut self.policy, &mut self.recorder);
+        let set_prompt = |text: &str| {
+            policy.set_prompt(text)?;
+            if let Some(r) = recorder.as_mut() {
+                r.set_prompt(text);
+            }
+            Ok(())
+        };
+        let masked = match self.observer.capture(shared, now, set_prompt) {
             Ok(masked) => masked,
             Err(skip) => return Tick::Skipped(skip),
         };
         let continuation = self.rtc.as_ref().and_then(|rtc| rtc.continuation(now));
         let actions = &mut self.actions;
-        match self.observer.with_observation(|obs| policy.step_continuing(obs, continuation, actions)) {
+        let step = |obs: &Observation| {
+            let info = policy.step_continuing(obs, continuation, actions)?;
+            if let Some(r) = recorder {
+                r.record(obs);
+            }
+            Ok::<_, flashrt::Error>(info)
+        };
+        match self.observer.with_observation(step) {
             Ok(info) => {
                 shared.health.record_step(info.latency, info.deadline_missed, masked > 0);
                 if let Some(rtc) = &mut self.rtc {

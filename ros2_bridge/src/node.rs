@@ -20,6 +20,7 @@ use std::sync::{Arc, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use flashrt::observation_log::RecordingPolicy;
 use ros2_client::dds::rustdds::mio1::{Events, Interest, Poll, Token};
 use ros2_client::dds::rustdds::{DomainParticipantStatusListener, StatusEvented};
 use ros2_client::{Context, ContextOptions, Name, Node, NodeName, NodeOptions, Publisher, Subscription};
@@ -230,7 +231,9 @@ fn spawn_control(
     if let Some(text) = &config.policy.prompt {
         policy.set_prompt(text)?;
     }
-    let mut control = Control::start(policy, config)?;
+    // The stream's steps are recorded on its inference thread, as they are computed.
+    let recorder = config.recorder(&policy)?;
+    let mut control = Control::start(RecordingPolicy { policy, recorder }, config)?;
     let period = Duration::from_secs_f64(1.0 / config.stream_rate_hz());
     log::info!("stream mode: one action every {period:?}, the next chunk requested at {} actions left", control.stream().refill_at());
     let shared = Arc::clone(shared);

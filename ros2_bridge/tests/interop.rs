@@ -8,8 +8,9 @@
 //! counts the per-tick actions over a fixed window against the control rate. A fourth run floods
 //! the Pi0.5 node first (5,000 input messages as fast as the peer writes them, then a peer killed
 //! while it floods fragmented 128x128 frames) and checks that trajectories kept coming, that the
-//! node's memory stayed bounded, and that the ordinary peer run then passes in full. Each test has
-//! its own DDS domain, so they never see each other when they share a namespace (as under qemu).
+//! node's memory stayed bounded, and that the ordinary peer run then passes in full. Every run
+//! records its observations (`inputs.record_observations`), and the log is read back. Each test
+//! has its own DDS domain, so they never see each other when they share a namespace (as under qemu).
 //!
 //! Network traffic stays inside a network namespace that has only loopback: when this process is
 //! not already in one, the test re-runs itself under `unshare -n`. It never touches a real
@@ -26,6 +27,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const CHILD_ENV: &str = "FRT_INTEROP_IN_NETNS";
+/// The task the peer publishes on the prompt topic.
+const PEER_TASK: &str = "pick up the red cube";
 
 /// Skips (with a visible message) or, under FRT_REQUIRE_ALL=1, fails.
 fn missing(test: &str, what: &str) {
@@ -314,11 +317,13 @@ replan_period_s = 0.3
 max_frame_age_s = 1.0
 max_state_age_s = 1.0
 warn_interval_s = 1.0
+record_observations = "{recording}"
 "#,
         domain = case.domain,
         policy = case.policy,
         state_names = names("j", case.state_dim),
         joints = case.joints,
+        recording = dir.join("node.frtobs").display(),
     );
     let config_path = dir.join("node.toml");
     std::fs::write(&config_path, config).unwrap();
@@ -352,7 +357,7 @@ warn_interval_s = 1.0
         cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peer/peer.py"))
             .args(["--domain", &case.domain.to_string(), "--cameras"])
             .args(case.cameras.iter().map(|(_, resolved)| resolved))
-            .args(["--joint-states", "/robot/joint_states", "--prompt", "/robot/prompt"])
+            .args(["--joint-states", "/robot/joint_states", "--prompt", "/robot/prompt", "--task", PEER_TASK])
             .args(["--trajectory", "/robot/joint_trajectory", "--chunk", "/robot/action_chunk", "--health", "/robot/flashrt/health"])
             .arg("--joint-names")
             .args(&case.joints)
@@ -398,7 +403,20 @@ warn_interval_s = 1.0
         Some(hz) => check_stream(&report, hz, !runner.is_empty()),
         None => check_chunks(&report, &log, &tail),
     }
+    check_recording(&dir.join("node.frtobs"), case, &report);
     eprintln!("interop: {report}");
+}
+
+/// `inputs.record_observations`: the log the node finished when it stopped holds at least the
+/// steps of the peer's last health report (the node stepped on until SIGINT), each with every
+/// camera, the policy's state width and the peer's task.
+fn check_recording(path: &Path, case: &Case, report: &serde_json::Value) {
+    let reader = flashrt::observation_log::ObservationLogReader::open(path).unwrap();
+    assert_eq!((usize::from(reader.header().cameras), reader.header().state_dim as usize), (case.cameras.len(), case.state_dim));
+    let records: Vec<_> = reader.map(Result::unwrap).collect();
+    let steps = report["health"]["steps"].as_u64().unwrap();
+    assert!(steps > 0 && records.len() as u64 >= steps, "{} records, {steps} steps in the last health report", records.len());
+    assert!(records.iter().all(|r| r.prompt == PEER_TASK && r.cameras.iter().all(Option::is_some)), "{:?}", records[0].prompt);
 }
 
 /// Stream mode: one action per control tick reached the peer, and the health report shows the

@@ -1,7 +1,7 @@
 //! The two output modes without DDS: chunk mode with real-time chunking passes each step where
 //! the robot is in the previous chunk (seen through the health report's `rtc` counters), and
 //! stream mode's control thread publishes one action per tick from an action stream and reports
-//! the stream's counters.
+//! the stream's counters; both record what they step on with `inputs.record_observations`.
 
 mod common;
 
@@ -63,9 +63,49 @@ fn chunk_mode_with_rtc_continues_the_published_chunk() {
     assert!(report(&shared)["rtc"].is_null());
 }
 
+/// `inputs.record_observations` in chunk mode: every observation stepped on is in the log, with
+/// the prompt in force (the configured one, then the topic's); a skipped tick records nothing.
+#[test]
+fn chunk_mode_records_the_observations_it_steps_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(MissingCamera::Skip, Some("pick up the red cube"));
+    config.inputs.record_observations = dir.path().join("node.frtobs");
+    let (mut inference, shared) = open(&config);
+    let t0 = Instant::now();
+    for tick in 0..3u32 {
+        let now = t0 + Duration::from_millis(100 * tick as u64);
+        if tick == 2 {
+            *lock(&shared.prompt) = Some("place it in the bowl".into());
+        }
+        feed_all(&shared, &config, tick, now);
+        assert_eq!(inference.tick(&shared, now), Tick::Ran { masked: 0 });
+    }
+    // A stale joint state: skipped, not recorded.
+    assert!(matches!(inference.tick(&shared, t0 + Duration::from_secs(5)), Tick::Skipped(_)));
+    drop(inference); // finishes the log
+
+    let reader = flashrt::observation_log::ObservationLogReader::open(&config.inputs.record_observations).unwrap();
+    assert_eq!((reader.header().cameras, reader.header().state_dim), (3, STATE_DIM as u32));
+    let records: Vec<_> = reader.map(Result::unwrap).collect();
+    assert_eq!(records.len(), 3);
+    for (tick, rec) in records.iter().enumerate() {
+        assert_eq!(rec.prompt, if tick < 2 { "pick up the red cube" } else { "place it in the bowl" });
+        let state: Vec<f32> = good_state(tick as u32).position.iter().map(|&p| p as f32).collect();
+        assert_eq!(rec.state, state);
+        let img = image("rgb8", WIDTH, HEIGHT, tick as u32);
+        for camera in &rec.cameras {
+            let f = camera.as_ref().unwrap();
+            assert_eq!((f.width, f.height, f.format, &f.data), (WIDTH, HEIGHT, 0, &img.data));
+        }
+    }
+}
+
 #[test]
 fn stream_mode_publishes_one_action_per_tick_and_reports_the_stream() {
+    let dir = tempfile::tempdir().unwrap();
     let mut config = config(MissingCamera::Skip, None);
+    // The stream's chunks are recorded on its inference thread (checked at the end).
+    config.inputs.record_observations = dir.path().join("stream.frtobs");
     config.output.mode = OutputMode::Stream;
     config.stream.rate_hz = Some(50.0);
     config.stream.refill_at = Some(40);
@@ -75,7 +115,8 @@ fn stream_mode_publishes_one_action_per_tick_and_reports_the_stream() {
     config.check_policy(&policy.info()).unwrap();
     let (action_dim, horizon) = (policy.info().action_dim, policy.info().horizon);
     let shared = Shared::new(3, (64, 64), STATE_DIM, policy.actions_len(), OutputMode::Stream);
-    let mut control = Control::start(policy, &config).unwrap();
+    let recorder = config.recorder(&policy).unwrap();
+    let mut control = Control::start(flashrt::observation_log::RecordingPolicy { policy, recorder }, &config).unwrap();
 
     let mut published: Vec<Vec<f32>> = Vec::new();
     fn into(published: &mut Vec<Vec<f32>>) -> impl FnOnce(&[f32]) -> Result<(), String> + '_ {
@@ -120,4 +161,12 @@ fn stream_mode_publishes_one_action_per_tick_and_reports_the_stream() {
     assert!(r["latency_ms"]["max"].as_f64().unwrap() > 0.0, "{r}");
     assert_eq!(r["outputs"].as_object().unwrap().keys().collect::<Vec<_>>(), ["action", "health"]);
     assert!(r["skipped"]["no_prompt"].as_u64().unwrap() >= 1);
+
+    // Every chunk's observation, with the prompt the topic gave (stopping joins the stream's
+    // thread, which finishes the log; a chunk may have started meanwhile).
+    drop(control);
+    let records: Vec<_> =
+        flashrt::observation_log::ObservationLogReader::open(&config.inputs.record_observations).unwrap().map(Result::unwrap).collect();
+    assert!(records.len() as u64 >= stats.chunks, "{} records of {} chunks", records.len(), stats.chunks);
+    assert!(records.iter().all(|rec| rec.prompt == "pick up the red cube" && rec.cameras.iter().all(Option::is_some)));
 }

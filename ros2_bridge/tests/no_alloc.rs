@@ -1,5 +1,6 @@
 //! The inference thread's steady path does not touch the heap: a tick that snapshots fresh inputs,
-//! steps the policy and hands the chunk to the publisher allocates nothing after the first one.
+//! steps the policy, hands the observation to the recorder and the chunk to the publisher
+//! allocates nothing after the first one.
 //! (Receiving and publishing allocate inside ros2-client; that happens on the other threads.)
 //! Its own test binary, so that the counting allocator perturbs no other test.
 
@@ -19,7 +20,10 @@ fn steady_ticks_do_not_allocate() {
     let (_, counted) = counting_alloc::count_this_thread(|| std::hint::black_box(Box::new(1u8)));
     assert_eq!(counted, 1, "the counting allocator counts");
 
-    let config = config(MissingCamera::Skip, Some("pick up the red cube"));
+    // Recording on: the recorder's writer thread allocates, the inference thread does not.
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(MissingCamera::Skip, Some("pick up the red cube"));
+    config.inputs.record_observations = dir.path().join("obs.frtobs");
     let (mut inference, shared) = open(&config);
     // Inputs change every tick (sizes and formats too), as they would from real cameras.
     let frames: Vec<_> = (0..4).map(|s| [image("rgb8", WIDTH, HEIGHT, s), image("bgr8", 48, 40, s), image("rgba8", 64, 64, s)]).collect();

@@ -17,6 +17,7 @@ pub mod fp8;
 pub mod image;
 pub mod io;
 pub mod models;
+pub mod observation_log;
 pub mod plan;
 pub mod policy;
 pub mod qwen_image;

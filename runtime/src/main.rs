@@ -1,4 +1,5 @@
-//! `flashrt`: run, benchmark, inspect and synthesize Pi0.5 and GR00T N1.7 policies.
+//! `flashrt`: run, benchmark, inspect, serve and synthesize Pi0.5 and GR00T N1.7 policies; record
+//! and replay the observations a policy steps on.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -10,6 +11,7 @@ use flashrt::calibration::{self, CalibrationSettings};
 use flashrt::image::{Frame, PixelFormat};
 use flashrt::models::groot_n17::synth as groot_synth;
 use flashrt::models::pi05::synth::{self, SynthSize};
+use flashrt::observation_log::ObservationLogReader;
 use flashrt::realtime::{self, RealtimeConfig};
 use flashrt::serve::mapping::{KeyMap, Mapping};
 use flashrt::serve::{self, ServeConfig, Server};
@@ -38,18 +40,26 @@ enum Command {
         open: OpenArgs,
         #[command(flatten)]
         realtime: RealtimeArgs,
-        #[arg(long, default_value_t = 100)]
-        steps: usize,
+        /// Steps to run (default 100; with --observations, every record once, and a larger
+        /// number replays the log in a loop).
+        #[arg(long)]
+        steps: Option<usize>,
         /// Control rate in Hz (0: as fast as possible).
         #[arg(long, default_value_t = 0.0)]
         rate: f64,
-        /// Task text (Pi0.5 appends the state each step).
+        /// Task text (Pi0.5 appends the state each step); with --observations the records' own.
         #[arg(long, default_value = "pick up the red block and put it in the bowl")]
         prompt: String,
         /// Observation file (safetensors): `image.<slot>` u8 [H,W,3] RGB per present camera and
         /// `state` f32 [state_dim]. Default: random synthetic observations.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "observations")]
         observation: Option<PathBuf>,
+        /// Replay an observation log (`flashrt record`, `serve --record`, the ROS 2 node's
+        /// `inputs.record_observations`, `frt_policy_record_start`): every record in order, with
+        /// its prompt and noise. A log recorded for another model, camera count or state width is
+        /// refused.
+        #[arg(long, value_name = "FILE")]
+        observations: Option<PathBuf>,
     },
     /// Benchmark the whole step and write JSON (DESIGN.md §8 field names).
     Bench {
@@ -84,6 +94,26 @@ enum Command {
         open: OpenArgs,
         #[command(flatten)]
         serve: ServeArgs,
+        /// Record every observation the server steps on (with its prompt and noise) into this
+        /// observation log, created or truncated; `flashrt run --observations FILE` replays it.
+        #[arg(long, value_name = "FILE")]
+        record: Option<PathBuf>,
+    },
+    /// `serve --record`: serve the policy and record every observation it steps on into a log.
+    ///
+    /// The same server as `flashrt serve` (openpi websocket protocol, the same options), writing
+    /// every observation it steps on — the robot's own inputs, prompts and noise included — into
+    /// an observation log, for FP8 calibration and regression tests (`flashrt run --observations
+    /// FILE` replays it). SIGINT/SIGTERM or --max-requests stop it; the log is complete when it
+    /// exits.
+    Record {
+        #[command(flatten)]
+        open: OpenArgs,
+        #[command(flatten)]
+        serve: ServeArgs,
+        /// The observation log to write (created or truncated).
+        #[arg(long, value_name = "FILE")]
+        observations: PathBuf,
     },
     /// Measure what `serve` adds to a step: openpi requests over a loopback websocket against the
     /// same steps in-process, alternating; JSON as `bench` writes it.
@@ -321,6 +351,9 @@ struct ServeArgs {
     /// Stop after this many requests (for scripts and tests).
     #[arg(long)]
     max_requests: Option<u64>,
+    /// When recording: free text kept in the observation log's header (robot, site, task).
+    #[arg(long, default_value = "")]
+    note: String,
 }
 
 /// Real-time setup of the stepping thread, applied after open (see `flashrt::realtime`).
@@ -387,15 +420,23 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo { steps, model } => demo(steps, model),
-        Command::Run { open, realtime, steps, rate, prompt, observation } => Policy::open(&open.config()).and_then(|mut p| {
-            realtime.apply()?;
-            run(&mut p, steps, rate, &prompt, observation.as_deref(), open.continuation())
-        }),
+        Command::Run { open, realtime, steps, rate, prompt, observation, observations } => {
+            let inputs = match (&observation, &observations) {
+                (Some(path), _) => Inputs::File(path),
+                (_, Some(path)) => Inputs::Log(path),
+                (None, None) => Inputs::Synthetic,
+            };
+            Policy::open(&open.config()).and_then(|mut p| {
+                realtime.apply()?;
+                run(&mut p, steps, rate, &prompt, inputs, open.continuation())
+            })
+        }
         Command::Bench { open, realtime, iterations, warmup, views, prompt_tokens, prompt, workload, out } => {
             let prompt = BenchPrompt { tokens: prompt_tokens, text: prompt };
             bench_command(&open, &realtime, started, iterations, warmup, views, &prompt, &workload, out.as_deref())
         }
-        Command::Serve { open, serve } => serve_command(&open, &serve),
+        Command::Serve { open, serve, record } => serve_command(&open, &serve, record.as_deref()),
+        Command::Record { open, serve, observations } => serve_command(&open, &serve, Some(&observations)),
         Command::BenchServe { open, iterations, warmup, views, size, prompt, out } => {
             bench_serve(&open, iterations, warmup, views, size, &prompt, out.as_deref())
         }
@@ -459,7 +500,7 @@ fn demo(steps: usize, model: Model) -> Result<()> {
     synthesize(model, &dir, SynthSize::Tiny, 0, &groot_synth::Options::default(), &|_| {})?;
     let result = Policy::open(&PolicyConfig::new(&dir)).and_then(|mut policy| {
         inspect_summary(&policy);
-        run(&mut policy, steps, 50.0, "pick up the red block and put it in the bowl", None, None)
+        run(&mut policy, Some(steps), 50.0, "pick up the red block and put it in the bowl", Inputs::Synthetic, None)
     });
     let _ = std::fs::remove_dir_all(&dir);
     result
@@ -538,32 +579,57 @@ fn read_observation(path: &Path, cameras: usize) -> Result<FileObservation> {
     Ok(FileObservation { frames, state })
 }
 
+/// Where `run` takes its observations from.
+enum Inputs<'a> {
+    /// Random frames and states.
+    Synthetic,
+    /// One observation from a safetensors file, every step (see `Run::observation`).
+    File(&'a Path),
+    /// The records of an observation log, in order.
+    Log(&'a Path),
+}
+
 fn run(
     policy: &mut Policy,
-    steps: usize,
+    steps: Option<usize>,
     rate: f64,
     prompt: &str,
-    observation: Option<&Path>,
+    inputs: Inputs,
     continuation: Option<Continuation>,
 ) -> Result<()> {
-    policy.set_prompt(prompt)?;
     let period = (rate > 0.0).then(|| Duration::from_secs_f64(1.0 / rate));
     let cameras = policy.info().cameras.len();
-    let file = observation.map(|p| read_observation(p, cameras)).transpose()?;
+    let (file, mut replay) = match inputs {
+        Inputs::Synthetic => (None, None),
+        Inputs::File(path) => (Some(read_observation(path, cameras)?), None),
+        Inputs::Log(path) => (None, Some(Replay::open(path, policy)?)),
+    };
+    if replay.is_none() {
+        policy.set_prompt(prompt)?;
+    }
+    // A log runs once through unless told how many steps; anything else 100 steps.
+    let limit = steps.or(if replay.is_some() { None } else { Some(100) });
     let synthetic = SyntheticInputs::new(policy, cameras, 224, 224, 4, 1).continuing(continuation);
     let mut actions = vec![0.0; policy.actions_len()];
     let mut next = Instant::now();
-    for i in 0..steps {
-        match &file {
-            Some(obs) => {
+    let mut i = 0;
+    while limit.is_none_or(|n| i < n) {
+        match (&file, &mut replay) {
+            (Some(obs), _) => {
                 let frames: Vec<Option<Frame>> =
                     obs.frames.iter().map(|f| f.as_ref().map(|(d, w, h)| Frame::packed(d, *w, *h, PixelFormat::Rgb8))).collect();
                 policy.step_continuing(&Observation { cameras: &frames, state: &obs.state, noise: None }, continuation, &mut actions)?;
             }
-            None => {
+            (None, Some(replay)) => {
+                if !replay.step(policy, continuation, &mut actions, limit.is_some())? {
+                    break;
+                }
+            }
+            (None, None) => {
                 synthetic.step(policy, i, &mut actions)?;
             }
         }
+        i += 1;
         if let Some(p) = period {
             next += p;
             let now = Instant::now();
@@ -576,6 +642,9 @@ fn run(
     }
     let s = policy.stats().summary();
     println!("first action row: {:?}", &actions[..policy.info().action_dim]);
+    if let Some(r) = &replay {
+        println!("replayed {} records of {} ({} passes)", r.records, r.path.display(), r.passes);
+    }
     println!(
         "{} steps{}: p50 {:.2} ms  p90 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
         s.count,
@@ -586,6 +655,56 @@ fn run(
         s.max_ms
     );
     Ok(())
+}
+
+/// `run --observations`: the records of an observation log, read as they are stepped.
+struct Replay {
+    path: PathBuf,
+    reader: ObservationLogReader,
+    /// Index of the next record in the log.
+    index: u64,
+    /// Records in the log (known after the first pass).
+    records: u64,
+    /// Passes started through the log.
+    passes: u64,
+    /// The prompt the policy has from this log.
+    prompt: Option<String>,
+}
+
+impl Replay {
+    /// Opens the log and checks that `policy` can step its records.
+    fn open(path: &Path, policy: &Policy) -> Result<Replay> {
+        let reader = ObservationLogReader::open(path)?;
+        reader.check_policy(&policy.info())?;
+        Ok(Replay { path: path.into(), reader, index: 0, records: 0, passes: 1, prompt: None })
+    }
+
+    /// Steps `policy` on the next record (the first again at the end of the log when `wrap`);
+    /// `false` at the end of the log otherwise.
+    fn step(&mut self, policy: &mut Policy, continuation: Option<Continuation>, actions: &mut [f32], wrap: bool) -> Result<bool> {
+        let record = match self.reader.next() {
+            Some(record) => record?,
+            None if self.index == 0 => {
+                return Err(flashrt::Error::invalid(format!("observation log {}", self.path.display()), "it holds no records"));
+            }
+            None if !wrap => return Ok(false),
+            None => {
+                (self.reader, self.index, self.passes) = (ObservationLogReader::open(&self.path)?, 0, self.passes + 1);
+                return self.step(policy, continuation, actions, wrap);
+            }
+        };
+        // A record the policy refuses is named: the log's file and index, then the policy's words.
+        let at = |e: flashrt::Error| flashrt::Error::invalid(format!("{} record {}", self.path.display(), self.index), e.to_string());
+        if self.prompt.as_deref() != Some(&record.prompt) {
+            policy.set_prompt(&record.prompt).map_err(at)?;
+            self.prompt = Some(record.prompt.clone());
+        }
+        let frames = record.frames();
+        policy.step_continuing(&record.observation(&frames), continuation, actions).map_err(at)?;
+        self.index += 1;
+        self.records = self.records.max(self.index);
+        Ok(true)
+    }
 }
 
 /// The benchmark's prompt: random ids of a length, or a text.
@@ -693,7 +812,7 @@ fn append_json(path: &Path, result: serde_json::Value) -> Result<()> {
     std::fs::write(path, serde_json::to_string_pretty(&list).expect("json") + "\n").map_err(io)
 }
 
-fn serve_command(open: &OpenArgs, args: &ServeArgs) -> Result<()> {
+fn serve_command(open: &OpenArgs, args: &ServeArgs, record: Option<&Path>) -> Result<()> {
     let policy = Policy::open(&open.config())?;
     let info = policy.info();
     let keys = match &args.keys {
@@ -713,6 +832,8 @@ fn serve_command(open: &OpenArgs, args: &ServeArgs) -> Result<()> {
     config.max_array_bytes = args.max_array_bytes;
     config.default_prompt = args.prompt.clone();
     config.max_requests = args.max_requests;
+    config.record = record.map(Path::to_path_buf);
+    config.record_note = args.note.clone();
     let server = Server::bind(policy, mapping, config)?;
     serve::install_signal_handlers()?;
     let addr = server.local_addr()?;
@@ -724,6 +845,10 @@ fn serve_command(open: &OpenArgs, args: &ServeArgs) -> Result<()> {
         "served {} requests ({} refused with an error) on {} connections; {} handshakes refused",
         s.requests, s.errors, s.connections, s.refused
     );
+    if let Some(path) = record {
+        let r = s.recorded;
+        println!("recorded {} observations to {} ({} dropped: the disk fell behind)", r.written, path.display(), r.dropped);
+    }
     Ok(())
 }
 

@@ -5,7 +5,8 @@
  *   abi_test CHECKPOINT_DIR TOKENIZER_JSON SCRATCH_DIR GROOT_CHECKPOINT_DIR
  *
  * CHECKPOINT_DIR is a tiny Pi0.5 synthesized by flashrt::synth (3 cameras, state 8, action 7);
- * SCRATCH_DIR receives the broken checkpoints; GROOT_CHECKPOINT_DIR is the tiny GR00T N1.7
+ * SCRATCH_DIR receives the broken checkpoints and recorded.frtobs, the observation log of
+ * test_steps (ffi/tests/c_api.rs reads its records back); GROOT_CHECKPOINT_DIR is the tiny GR00T N1.7
  * fixture (tests/data/groot_n17_tiny). Compiled with -DEXPECTED_MAJOR/MINOR/PATCH and
  * -DEXPECTED_VERSION from Cargo.toml, and -DFRT_PANIC_HOOK when the library is a debug build that
  * exports the debug hooks frt_debug_panic_next_call and frt_debug_fault_next_step.
@@ -725,6 +726,44 @@ static int same_actions(const struct tick *a, const struct tick *b) {
     return memcmp(a->actions, b->actions, sizeof a->actions) == 0;
 }
 
+/* ---- recording the observations stepped on -------------------------------------------------- */
+
+static char recorded_path[1100];
+
+static void test_recording_errors(FrtPolicy *p) {
+    char path[1100];
+    EXPECT_STATUS(frt_policy_record_start(NULL, recorded_path, strlen(recorded_path)), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_STATUS(frt_policy_record_start(p, NULL, 5), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_MENTIONS(last_error(p), "path is NULL");
+    EXPECT_STATUS(frt_policy_record_start(p, recorded_path, 0), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(last_error(p), "path");
+    snprintf(path, sizeof path, "%s/no-such-dir/obs.frtobs", scratch_dir);
+    EXPECT_STATUS(frt_policy_record_start(p, path, strlen(path)), FRT_STATUS_IO);
+    EXPECT_MENTIONS(last_error(p), "no-such-dir/obs.frtobs");
+    EXPECT_STATUS(frt_policy_record_stop(NULL), FRT_STATUS_NULL_ARGUMENT);
+    /* One recording at a time: a second start is refused naming the first. */
+    snprintf(path, sizeof path, "%s/second.frtobs", scratch_dir);
+    EXPECT_STATUS(frt_policy_record_start(p, path, strlen(path)), FRT_STATUS_OK);
+    EXPECT_STATUS(frt_policy_record_start(p, path, strlen(path)), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(last_error(p), "already recording to");
+    EXPECT_STATUS(frt_policy_record_stop(p), FRT_STATUS_OK);
+}
+
+/* The log test_steps wrote: the magic, and at least the frames of its 6 records. */
+static void check_recorded_file(void) {
+    unsigned char magic[8] = {0};
+    long size;
+    FILE *f = fopen(recorded_path, "rb");
+    CHECK(f != NULL);
+    if (f == NULL) return;
+    CHECK(fread(magic, 1, sizeof magic, f) == sizeof magic);
+    CHECK(memcmp(magic, "FRTOBS\0\0", 8) == 0);
+    fseek(f, 0, SEEK_END);
+    size = ftell(f);
+    fclose(f);
+    CHECK(size > 6 * 2 * W * H * 3);
+}
+
 static void test_steps(FrtPolicy *p) {
     static struct tick a, b;
     FrtLatencyStats stats;
@@ -736,6 +775,10 @@ static void test_steps(FrtPolicy *p) {
     EXPECT_STATUS(step(p, &a), FRT_STATUS_INVALID_ARGUMENT);
     EXPECT_MENTIONS(last_error(p), "prompt");
     EXPECT_STATUS(frt_policy_set_prompt(p, "pick up the cube", 16), FRT_STATUS_OK);
+    /* The steps below are recorded (test_recording checks the calls, ffi/tests/c_api.rs the log's
+       records); the recording starts with the prompt already set. */
+    test_recording_errors(p);
+    EXPECT_STATUS(frt_policy_record_start(p, recorded_path, strlen(recorded_path)), FRT_STATUS_OK);
 
     reset_tick(&a);
     EXPECT_STATUS(step(p, &a), FRT_STATUS_OK);
@@ -764,6 +807,18 @@ static void test_steps(FrtPolicy *p) {
     b.obs.noise_len = 0;
     EXPECT_STATUS(step(p, &b), FRT_STATUS_OK);
     CHECK(!same_actions(&a, &b) && isfinite(b.actions[0]));
+
+    /* A refused step is not recorded; a new prompt is, with the step after it. */
+    reset_tick(&b);
+    b.state[2] = NAN;
+    EXPECT_STATUS(step(p, &b), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_STATUS(frt_policy_set_prompt(p, "place it in the bowl", 20), FRT_STATUS_OK);
+    reset_tick(&b);
+    EXPECT_STATUS(step(p, &b), FRT_STATUS_OK);
+    EXPECT_STATUS(frt_policy_record_stop(p), FRT_STATUS_OK);
+    EXPECT_STATUS(frt_policy_record_stop(p), FRT_STATUS_OK); /* nothing to stop: nothing done */
+    check_recorded_file();
+    EXPECT_STATUS(frt_policy_set_prompt(p, "pick up the cube", 16), FRT_STATUS_OK);
 
     memset(&stats, 0, sizeof stats);
     stats.struct_size = sizeof stats;
@@ -849,6 +904,8 @@ static void test_panic_boundary(FrtPolicy *p) {
     CHECK(poisoned(&t));
     EXPECT_PANIC(frt_policy_stats(p, &stats));
     EXPECT_PANIC(frt_policy_reset_stats(p));
+    EXPECT_PANIC(frt_policy_record_start(p, recorded_path, strlen(recorded_path)));
+    EXPECT_PANIC(frt_policy_record_stop(p));
     EXPECT_PANIC(frt_policy_explain(p, message, sizeof message, &n));
     EXPECT_PANIC(frt_policy_last_error(p, message, sizeof message, &n));
     frt_debug_panic_next_call();
@@ -981,6 +1038,7 @@ int main(int argc, char **argv) {
     checkpoint_dir = argv[1];
     tokenizer_path = argv[2];
     scratch_dir = argv[3];
+    snprintf(recorded_path, sizeof recorded_path, "%s/recorded.frtobs", scratch_dir);
     fill_frames();
 
     test_version();

@@ -173,6 +173,15 @@ int main(int argc, char **argv) {
     CHECK(stats.count >= 4 && stats.p50_ms > 0.0);  // the stream's steps count too
     policy.reset_stats();
     CHECK(policy.stats().count == 0);
+    // Recording (tests/c/abi_test.c reads a log back): a file that cannot be created throws
+    // naming it; stopping without a recording is nothing.
+    try {
+        policy.record_start("/nonexistent-dir/obs.frtobs");
+        CHECK(false);
+    } catch (const frt::Error &e) {
+        CHECK(e.status() == FRT_STATUS_IO && mentions(e.what(), "/nonexistent-dir/obs.frtobs"));
+    }
+    policy.record_stop();
 
     // Real-time chunking: the second chunk continues the first, so it differs from a fresh one.
     config.options.rtc_schedule = FRT_RTC_SCHEDULE_LINEAR;

@@ -50,7 +50,14 @@ pub fn overhead(config: &PolicyConfig, views: usize, size: usize, prompt: &str, 
     let requests: Vec<Bytes> = (0..VARIANTS)
         .map(|v| {
             let mut entries: Vec<(&str, Reply)> = Vec::new();
-            let arrays: Vec<Vec<u8>> = frames[v].iter().map(|f| u8_array(f, &[size, size, 3])).collect();
+            let arrays: Vec<Vec<u8>> = frames[v]
+                .iter()
+                .map(|f| {
+                    let mut array = Vec::with_capacity(f.len() + 64);
+                    mpn::write_u8_array(&mut array, f, &[size, size, 3]);
+                    array
+                })
+                .collect();
             for (c, a) in arrays.iter().enumerate() {
                 entries.push((&info.cameras[c], Reply::Raw(a)));
             }
@@ -100,25 +107,6 @@ pub fn overhead(config: &PolicyConfig, views: usize, size: usize, prompt: &str, 
     let (in_process, served, added) = result?;
     log::info!("bench server: {summary:?}");
     Ok(Overhead { in_process, served, added, request_bytes, info })
-}
-
-/// A uint8 numpy array as openpi_client packs it.
-fn u8_array(data: &[u8], shape: &[usize]) -> Vec<u8> {
-    use rmp::encode as enc;
-    let mut out = Vec::with_capacity(data.len() + 64);
-    let _ = enc::write_map_len(&mut out, 4);
-    let _ = enc::write_bin(&mut out, b"__ndarray__");
-    let _ = enc::write_bool(&mut out, true);
-    let _ = enc::write_bin(&mut out, b"data");
-    let _ = enc::write_bin(&mut out, data);
-    let _ = enc::write_bin(&mut out, b"dtype");
-    let _ = enc::write_str(&mut out, "|u1");
-    let _ = enc::write_bin(&mut out, b"shape");
-    let _ = enc::write_array_len(&mut out, shape.len() as u32);
-    for &d in shape {
-        let _ = enc::write_uint(&mut out, d as u64);
-    }
-    out
 }
 
 /// Sends one request and decodes the reply's actions as a client must; returns the server's

@@ -18,6 +18,10 @@
 //! Shutdown: [`install_signal_handlers`] (SIGINT, SIGTERM), [`Server::stopper`], or
 //! `max_requests`. The server then stops accepting, answers every request that has already
 //! arrived, closes each connection with code 1001 (going away) and returns.
+//!
+//! Recording ([`ServeConfig::record`], `flashrt serve --record` / `flashrt record`): every
+//! observation the policy steps on successfully is handed, under the same lock and so in step
+//! order, to a [`Recorder`], with the prompt of each request; a refused request records nothing.
 
 pub mod bench;
 pub mod mapping;
@@ -25,6 +29,7 @@ pub mod msgpack_numpy;
 
 use std::io::{ErrorKind, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -40,6 +45,7 @@ use self::mapping::{Limits, Mapping};
 use self::msgpack_numpy::Reply;
 use crate::error::{Error, Result};
 use crate::image::{Frame, PixelFormat};
+use crate::observation_log::{Recorder, RecorderStats};
 use crate::policy::{Observation, Policy};
 
 /// How the server listens and what it accepts.
@@ -59,6 +65,11 @@ pub struct ServeConfig {
     pub default_prompt: Option<String>,
     /// Stop after this many requests (answered or refused): for tests and benchmarks.
     pub max_requests: Option<u64>,
+    /// Record every observation stepped (prompt included) into this observation log
+    /// (`flashrt::observation_log`), created at bind.
+    pub record: Option<PathBuf>,
+    /// The log header's note.
+    pub record_note: String,
 }
 
 impl ServeConfig {
@@ -73,6 +84,8 @@ impl ServeConfig {
             max_array_bytes: 8 << 20,
             default_prompt: None,
             max_requests: None,
+            record: None,
+            record_note: String::new(),
         }
     }
 }
@@ -86,13 +99,18 @@ pub struct ServeSummary {
     pub errors: u64,
     /// Handshakes refused (bad API key, too many connections, not a websocket).
     pub refused: u64,
+    /// With [`ServeConfig::record`]: observations written to the log, and dropped because the
+    /// disk fell behind.
+    pub recorded: RecorderStats,
 }
 
-/// The policy, the prompt it has, and its action buffer: what one step needs under the lock.
+/// The policy, the prompt it has, its action buffer and the recording of what it steps on: what
+/// one step needs under the lock.
 struct Stepper {
     policy: Policy,
     prompt: Option<String>,
     actions: Vec<f32>,
+    recorder: Option<Recorder>,
 }
 
 struct Shared {
@@ -184,10 +202,11 @@ impl Server {
         ])
         .encode();
         let actions = vec![0.0; policy.actions_len()];
+        let recorder = config.record.as_ref().map(|path| Recorder::for_policy(path, &policy, &config.record_note)).transpose()?;
         Ok(Server {
             listener,
             shared: Arc::new(Shared {
-                stepper: Mutex::new(Stepper { policy, prompt: None, actions }),
+                stepper: Mutex::new(Stepper { policy, prompt: None, actions, recorder }),
                 mapping,
                 config,
                 metadata,
@@ -251,11 +270,13 @@ impl Server {
         for t in threads {
             let _ = t.join();
         }
+        let recorder = shared.stepper.lock().unwrap_or_else(|e| e.into_inner()).recorder.take();
         Ok(ServeSummary {
             connections: shared.connections.load(Ordering::Relaxed),
             requests: shared.requests.load(Ordering::Relaxed),
             errors: shared.errors.load(Ordering::Relaxed),
             refused: shared.refused.load(Ordering::Relaxed),
+            recorded: recorder.map(Recorder::finish).transpose()?.unwrap_or_default(),
         })
     }
 }
@@ -474,8 +495,14 @@ fn infer(shared: &Shared, bytes: &[u8], prev_total_ms: Option<f64>) -> Result<Ve
     if s.prompt.as_deref() != Some(prompt) {
         s.policy.set_prompt(prompt)?;
         s.prompt = Some(prompt.to_string());
+        if let Some(r) = &mut s.recorder {
+            r.set_prompt(prompt);
+        }
     }
     let step = s.policy.step(&obs, &mut s.actions)?;
+    if let Some(r) = &mut s.recorder {
+        r.record(&obs);
+    }
     let infer_ms = started.elapsed().as_secs_f64() * 1e3;
     let mut timing = vec![("infer_ms", Reply::F64(infer_ms))];
     if let Some(prev) = prev_total_ms {

@@ -351,6 +351,24 @@ pub fn write_f32_array(out: &mut Vec<u8>, data: &[f32], shape: &[usize]) {
     }
 }
 
+/// Writes a uint8 array as openpi_client packs it (an image, HWC or CHW), for clients.
+pub fn write_u8_array(out: &mut Vec<u8>, data: &[u8], shape: &[usize]) {
+    use rmp::encode as enc;
+    // Writing into a Vec cannot fail.
+    let _ = enc::write_map_len(out, 4);
+    let _ = enc::write_bin(out, b"__ndarray__");
+    let _ = enc::write_bool(out, true);
+    let _ = enc::write_bin(out, b"data");
+    let _ = enc::write_bin(out, data);
+    let _ = enc::write_bin(out, b"dtype");
+    let _ = enc::write_str(out, "|u1");
+    let _ = enc::write_bin(out, b"shape");
+    let _ = enc::write_array_len(out, shape.len() as u32);
+    for &d in shape {
+        let _ = enc::write_uint(out, d as u64);
+    }
+}
+
 /// A reply value: what the server sends back (actions, timings, metadata).
 pub enum Reply<'a> {
     Nil,
