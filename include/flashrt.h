@@ -1100,6 +1100,41 @@ FrtStatus frt_policy_record_start(struct FrtPolicy *policy,
                                   size_t path_len);
 
 /**
+ * FP8 calibration of this policy's plan, as `flashrt calibrate` makes it: steps the policy over
+ * the first `steps` observations (0: 8) of the observation log at `observations`
+ * (`observations_len` bytes, no NUL needed; recorded with `frt_policy_record_start`, `flashrt
+ * record` or the ROS 2 node), measures each product's input range and FP8 error, and writes the
+ * calibration JSON to `out` (`out_len` bytes; NULL: `flashrt_fp8_calibration.json` beside the
+ * checkpoint, where an FP8 open looks for it). With `observations` NULL it calibrates on
+ * synthetic observations and logs a warning: the scales then fit random inputs, not the robot's.
+ *
+ * Open the policy on the CPU backend in f32 with the options the deployment opens with (cameras,
+ * prompt capacity, denoise steps, real-time chunking): the calibration is only accepted by a
+ * policy with the same plan and checkpoint. Takes seconds (tiny models) to many minutes (full
+ * size on the CPU): not for the control loop. Afterwards the policy's prompt is the text it had
+ * (after `frt_policy_set_prompt_tokens`, the last calibration prompt: set it again); the
+ * calibration's steps count in its latency statistics.
+ *
+ * Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT` (`policy`); `FRT_STATUS_INVALID_ARGUMENT`
+ * (an empty log, a record without prompt text, an empty path); `FRT_STATUS_BACKEND` (the
+ * policy is not on the CPU backend in f32); `FRT_STATUS_IO` (the log is unreadable, damaged or
+ * recorded for another policy, or `out` cannot be written); `FRT_STATUS_PANIC`.
+ *
+ * Thread safety: not concurrently with any other call on `policy`; one that finds another call
+ * taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
+ *
+ * # Safety
+ * `policy` from `frt_policy_open` or NULL; `observations` and `out` readable for their lengths
+ * or NULL.
+ */
+FrtStatus frt_policy_calibrate(struct FrtPolicy *policy,
+                               const char *observations,
+                               size_t observations_len,
+                               uint32_t steps,
+                               const char *out,
+                               size_t out_len);
+
+/**
  * Stops the recording `frt_policy_record_start` began: writes the observations still queued and
  * closes the log (waits for the disk: not for the control loop). Logs how many observations were
  * written and dropped. Without a recording, does nothing and returns `FRT_STATUS_OK`.

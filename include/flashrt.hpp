@@ -215,6 +215,13 @@ public:
     void record_start(std::string_view path) { check(frt_policy_record_start(p_, path.empty() ? "" : path.data(), path.size())); }
     /// Writes what is queued and closes the log; throws Error if writing it failed.
     void record_stop() { check(frt_policy_record_stop(p_)); }
+    /// FP8 calibration of this policy's plan (`frt_policy_calibrate`) over the first `steps`
+    /// observations of a recorded log (empty: synthetic observations, with a warning), written to
+    /// `out` (empty: beside the checkpoint). The policy must be on the CPU backend in f32.
+    void calibrate(std::string_view observations, uint32_t steps = 0, std::string_view out = {}) {
+        check(frt_policy_calibrate(p_, observations.empty() ? nullptr : observations.data(), observations.size(), steps,
+                                   out.empty() ? nullptr : out.data(), out.size()));
+    }
 
     /// The execution plan as text.
     std::string explain() const {

@@ -220,6 +220,37 @@ fn run_replays_an_observation_log() {
     let (ok, stdout, stderr) = flashrt(&["run", "--checkpoint", path(&ckpt), "--observations", path(&log)]);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("replayed 3 records of") && stdout.contains("(1 passes)") && stdout.contains("3 steps: p50"), "{stdout}");
+    // FP8 calibrated on the log (fewer records than the default 8 steps: all of them, said so)
+    // and replayed with it on the CPU's FP8 emulation.
+    let calibration = dir.path().join("cal.json");
+    let (ok, stdout, stderr) = flashrt(&[
+        "calibrate",
+        "--checkpoint",
+        path(&ckpt),
+        "--observations",
+        path(&log),
+        "--min-product-features",
+        "16",
+        "--out",
+        path(&calibration),
+    ]);
+    assert!(ok && stderr.contains("holds 3 observations: calibrating on those, not 8") && !stderr.contains("SYNTHETIC"), "{stderr}");
+    assert!(stdout.contains("calibrated 3 steps (2 measured)"), "{stdout}");
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&calibration).unwrap()).unwrap();
+    assert_eq!(json["synthetic"], false);
+    assert!(json["settings"]["observations"].as_str().unwrap().starts_with("log obs.frtobs (sha256 "), "{json}");
+    let tokens_only = dir.path().join("tokens.frtobs");
+    let mut writer = ObservationLogWriter::create(&tokens_only, LogHeader::new("pi05", 3, 8, "prompted by token ids")).unwrap();
+    let state = [0.0; 8];
+    writer.append(&Observation { cameras: &[None, None, None], state: &state, noise: None }, "").unwrap();
+    writer.finish().unwrap();
+    let (ok, _, stderr) = flashrt(&["calibrate", "--checkpoint", path(&ckpt), "--observations", path(&tokens_only)]);
+    assert!(!ok && stderr.contains("record 0 has no prompt text"), "{stderr}");
+    let fp8 =
+        ["run", "--checkpoint", path(&ckpt), "--observations", path(&log), "--precision", "fp8", "--fp8-calibration", path(&calibration)];
+    let (ok, stdout, stderr) = flashrt(&fp8);
+    assert!(ok && stdout.contains("replayed 3 records of"), "{stdout}\n{stderr}");
+
     let (ok, stdout, stderr) = flashrt(&["run", "--checkpoint", path(&ckpt), "--observations", path(&log), "--steps", "7"]);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("(3 passes)") && stdout.contains("7 steps: p50"), "{stdout}");

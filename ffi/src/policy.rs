@@ -564,9 +564,8 @@ pub unsafe extern "C" fn frt_policy_record_start(policy: *mut FrtPolicy, path: *
             let message = format!("already recording to {}: call frt_policy_record_stop first", r.path().display());
             return p.fail(Failure::invalid("path", message));
         }
-        // SAFETY: path_len readable bytes (caller's promise). A Linux path is bytes, not UTF-8.
-        let bytes = unsafe { std::slice::from_raw_parts(path.cast::<u8>(), path_len) };
-        let path = std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(bytes));
+        // SAFETY: path_len readable bytes (caller's promise).
+        let path = unsafe { path_arg(path, path_len) };
         match Recorder::for_policy(path, &p.policy, "") {
             Ok(mut recorder) => {
                 if let Some(text) = &p.prompt {
@@ -577,6 +576,80 @@ pub unsafe extern "C" fn frt_policy_record_start(policy: *mut FrtPolicy, path: *
             }
             Err(e) => p.done::<()>(Err(e)),
         }
+    })
+}
+
+/// A path passed as `len` bytes (no NUL needed; a Linux path is bytes, not UTF-8).
+///
+/// # Safety
+/// `bytes` non-NULL and readable for `len` bytes.
+unsafe fn path_arg<'a>(bytes: *const c_char, len: usize) -> &'a std::path::Path {
+    // SAFETY: the caller's promise.
+    let bytes = unsafe { std::slice::from_raw_parts(bytes.cast::<u8>(), len) };
+    std::path::Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(bytes))
+}
+
+/// FP8 calibration of this policy's plan, as `flashrt calibrate` makes it: steps the policy over
+/// the first `steps` observations (0: 8) of the observation log at `observations`
+/// (`observations_len` bytes, no NUL needed; recorded with `frt_policy_record_start`, `flashrt
+/// record` or the ROS 2 node), measures each product's input range and FP8 error, and writes the
+/// calibration JSON to `out` (`out_len` bytes; NULL: `flashrt_fp8_calibration.json` beside the
+/// checkpoint, where an FP8 open looks for it). With `observations` NULL it calibrates on
+/// synthetic observations and logs a warning: the scales then fit random inputs, not the robot's.
+///
+/// Open the policy on the CPU backend in f32 with the options the deployment opens with (cameras,
+/// prompt capacity, denoise steps, real-time chunking): the calibration is only accepted by a
+/// policy with the same plan and checkpoint. Takes seconds (tiny models) to many minutes (full
+/// size on the CPU): not for the control loop. Afterwards the policy's prompt is the text it had
+/// (after `frt_policy_set_prompt_tokens`, the last calibration prompt: set it again); the
+/// calibration's steps count in its latency statistics.
+///
+/// Returns `FRT_STATUS_OK`; `FRT_STATUS_NULL_ARGUMENT` (`policy`); `FRT_STATUS_INVALID_ARGUMENT`
+/// (an empty log, a record without prompt text, an empty path); `FRT_STATUS_BACKEND` (the
+/// policy is not on the CPU backend in f32); `FRT_STATUS_IO` (the log is unreadable, damaged or
+/// recorded for another policy, or `out` cannot be written); `FRT_STATUS_PANIC`.
+///
+/// Thread safety: not concurrently with any other call on `policy`; one that finds another call
+/// taking `FrtPolicy*` running on it returns `FRT_STATUS_BUSY` and does nothing.
+///
+/// # Safety
+/// `policy` from `frt_policy_open` or NULL; `observations` and `out` readable for their lengths
+/// or NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn frt_policy_calibrate(
+    policy: *mut FrtPolicy,
+    observations: *const c_char,
+    observations_len: usize,
+    steps: u32,
+    out: *const c_char,
+    out_len: usize,
+) -> FrtStatus {
+    with_policy(policy, |p| {
+        for (name, ptr, len) in [("observations", observations, observations_len), ("out", out, out_len)] {
+            if !ptr.is_null() && len == 0 {
+                return p.fail(Failure::invalid(name, "empty"));
+            }
+        }
+        let defaults = flashrt::calibration::CalibrationSettings::default();
+        let settings =
+            flashrt::calibration::CalibrationSettings { steps: if steps == 0 { defaults.steps } else { steps as usize }, ..defaults };
+        // SAFETY: readable for their lengths when non-NULL (caller's promise).
+        let (log, out) = unsafe {
+            ((!observations.is_null()).then(|| path_arg(observations, observations_len)), (!out.is_null()).then(|| path_arg(out, out_len)))
+        };
+        let result = match log {
+            Some(log) => flashrt::calibration::calibrate_log(&mut p.policy, &settings, log),
+            None => flashrt::calibration::calibrate_synthetic(&mut p.policy, &settings, 0),
+        };
+        let restored = match &p.prompt {
+            Some(text) => p.policy.set_prompt(text),
+            None => Ok(()),
+        };
+        let written = result.and_then(|c| {
+            restored?;
+            c.save(&flashrt::calibration::file_for(out, p.policy.checkpoint_path()))
+        });
+        p.done(written)
     })
 }
 

@@ -293,6 +293,14 @@ pub fn calibrate(
     synthetic: bool,
     step: &mut dyn FnMut(&mut Policy, usize) -> Result<()>,
 ) -> Result<Calibration> {
+    if policy.info().precision != "f32" {
+        return Err(Error::Backend(format!(
+            "calibration runs on the CPU backend in f32; this policy computes in {} on {}: open one with backend CPU and precision \
+             Auto or F32",
+            policy.info().precision,
+            policy.info().backend
+        )));
+    }
     if settings.steps == 0 || settings.measure_steps > settings.steps {
         return Err(Error::invalid(
             "calibration steps",
@@ -393,5 +401,47 @@ pub fn calibrate_synthetic(policy: &mut Policy, settings: &CalibrationSettings, 
     calibrate(policy, &settings, true, &mut |policy, i| {
         policy.set_prompt(SYNTHETIC_PROMPTS[i % SYNTHETIC_PROMPTS.len()])?;
         inputs.step(policy, i, &mut actions).map(drop)
+    })
+}
+
+/// [`calibrate`] on the first `settings.steps` observations of a recorded log (all of them when
+/// it holds fewer, with a warning), each with its prompt and, where recorded, its noise. A log
+/// recorded for another model, camera count or state width is refused.
+pub fn calibrate_log(policy: &mut Policy, settings: &CalibrationSettings, log: &Path) -> Result<Calibration> {
+    use crate::observation_log::{ObservationLogReader, RecordedObservation};
+    let reader = ObservationLogReader::open(log)?;
+    reader.check_policy(&policy.info())?;
+    let records: Vec<RecordedObservation> = reader.take(settings.steps).collect::<Result<_>>()?;
+    let field = || format!("observations {}", log.display());
+    if records.is_empty() {
+        return Err(Error::invalid(field(), "the log holds no observations"));
+    }
+    if let Some(i) = records.iter().position(|r| r.prompt.trim().is_empty()) {
+        return Err(Error::invalid(
+            field(),
+            format!("record {i} has no prompt text (recorded after a prompt given as token ids): calibration needs the task text"),
+        ));
+    }
+    if records.len() < settings.steps {
+        log::warn!("{} holds {} observations: calibrating on those, not {}", log.display(), records.len(), settings.steps);
+    }
+    let bytes = std::fs::read(log).map_err(|source| Error::Io { path: log.into(), source })?;
+    let steps = records.len();
+    let settings = CalibrationSettings {
+        steps,
+        measure_steps: settings.measure_steps.min(steps),
+        observations: format!(
+            "log {} (sha256 {:x}): its first {steps} observations",
+            log.file_name().map_or_else(|| log.display().to_string(), |n| n.to_string_lossy().into_owned()),
+            Sha256::digest(&bytes)
+        ),
+        ..settings.clone()
+    };
+    let mut actions = vec![0.0; policy.actions_len()];
+    calibrate(policy, &settings, false, &mut |policy, i| {
+        let record = &records[i];
+        policy.set_prompt(&record.prompt)?;
+        let frames = record.frames();
+        policy.step(&record.observation(&frames), &mut actions).map(drop)
     })
 }

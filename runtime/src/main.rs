@@ -190,6 +190,11 @@ enum Command {
         /// Products with fewer input or output features stay in bf16.
         #[arg(long, default_value_t = CalibrationSettings::default().min_product_features)]
         min_product_features: usize,
+        /// A recorded observation log (`flashrt record`, `serve --record`, the ROS 2 node's
+        /// `inputs.record_observations`, `frt_policy_record_start`): the robot's own inputs.
+        /// Without it: synthetic observations, with a warning that the scales fit random inputs.
+        #[arg(long)]
+        observations: Option<PathBuf>,
         /// Seed of the synthetic observations.
         #[arg(long, default_value_t = 0)]
         seed: u64,
@@ -450,10 +455,10 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Calibrate { open, steps, measure_steps, max_product_nmse, min_product_features, seed, out } => {
+        Command::Calibrate { open, steps, measure_steps, max_product_nmse, min_product_features, observations, seed, out } => {
             let settings =
                 CalibrationSettings { steps, measure_steps, max_product_nmse, min_product_features, observations: String::new() };
-            calibrate_command(&open, &settings, seed, out.as_deref())
+            calibrate_command(&open, &settings, observations.as_deref(), seed, out.as_deref())
         }
         Command::Inspect { open } => Policy::open(&open.config()).map(|p| inspect(&p)),
         Command::Synth { model, size, out, seed, cameras, embodiments } => synth_command(model, &out, size, seed, cameras, embodiments),
@@ -471,7 +476,7 @@ fn main() -> ExitCode {
 }
 
 /// `flashrt calibrate`: the policy on the CPU in f32, calibrated and written as JSON.
-fn calibrate_command(open: &OpenArgs, settings: &CalibrationSettings, seed: u64, out: Option<&Path>) -> Result<()> {
+fn calibrate_command(open: &OpenArgs, settings: &CalibrationSettings, log: Option<&Path>, seed: u64, out: Option<&Path>) -> Result<()> {
     let mut config = open.config();
     if !matches!(open.backend, Backend::Auto | Backend::Cpu) || !matches!(open.precision, PrecisionArg::Auto | PrecisionArg::F32) {
         return Err(flashrt::Error::invalid("--backend/--precision", "calibration runs on the CPU backend in f32; leave both unset"));
@@ -479,15 +484,18 @@ fn calibrate_command(open: &OpenArgs, settings: &CalibrationSettings, seed: u64,
     (config.backend, config.precision) = (BackendKind::Cpu, Precision::F32);
     let mut policy = Policy::open(&config)?;
     let started = Instant::now();
-    let result = calibration::calibrate_synthetic(&mut policy, settings, seed)?;
+    let result = match log {
+        Some(log) => calibration::calibrate_log(&mut policy, settings, log)?,
+        None => calibration::calibrate_synthetic(&mut policy, settings, seed)?,
+    };
     let path = calibration::file_for(out, &open.checkpoint);
     result.save(&path)?;
     let (fp8, bf16) = result.counts();
     print!("{}", result.describe());
     println!(
         "calibrated {} steps ({} measured) in {:.1} s: {fp8} weights' products in FP8, {bf16} in bf16; wrote {}",
-        settings.steps,
-        settings.measure_steps,
+        result.settings.steps,
+        result.settings.measure_steps,
         started.elapsed().as_secs_f64(),
         path.display()
     );

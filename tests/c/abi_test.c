@@ -764,6 +764,31 @@ static void check_recorded_file(void) {
     CHECK(size > 6 * 2 * W * H * 3);
 }
 
+/* FP8 calibration on the log test_steps recorded; a policy opened in FP8 with it (the CPU
+   backend's emulation) steps, and cannot be calibrated itself (not f32). */
+static void test_calibration(FrtPolicy *p) {
+    char out[1100];
+    FrtPolicyConfig c = base_config();
+    FrtPolicy *fp8 = NULL;
+    static struct tick t;
+    snprintf(out, sizeof out, "%s/calibration.json", scratch_dir);
+    EXPECT_STATUS(frt_policy_calibrate(NULL, recorded_path, strlen(recorded_path), 1, out, strlen(out)), FRT_STATUS_NULL_ARGUMENT);
+    EXPECT_STATUS(frt_policy_calibrate(p, recorded_path, 0, 1, out, strlen(out)), FRT_STATUS_INVALID_ARGUMENT);
+    EXPECT_MENTIONS(last_error(p), "observations");
+    EXPECT_STATUS(frt_policy_calibrate(p, recorded_path, strlen(recorded_path), 2, out, strlen(out)), FRT_STATUS_OK);
+    c.precision = FRT_PRECISION_FP8;
+    c.fp8_calibration = out;
+    EXPECT_STATUS(frt_policy_open(&c, &fp8), FRT_STATUS_OK);
+    if (fp8 == NULL) return;
+    EXPECT_STATUS(frt_policy_calibrate(fp8, recorded_path, strlen(recorded_path), 1, NULL, 0), FRT_STATUS_BACKEND);
+    EXPECT_MENTIONS(last_error(fp8), "f32");
+    EXPECT_STATUS(frt_policy_set_prompt(fp8, "pick up the cube", 16), FRT_STATUS_OK);
+    reset_tick(&t);
+    EXPECT_STATUS(step(fp8, &t), FRT_STATUS_OK);
+    CHECK(isfinite(t.actions[0]) && t.actions[0] != -12345.0f);
+    frt_policy_free(fp8);
+}
+
 static void test_steps(FrtPolicy *p) {
     static struct tick a, b;
     FrtLatencyStats stats;
@@ -819,6 +844,7 @@ static void test_steps(FrtPolicy *p) {
     EXPECT_STATUS(frt_policy_record_stop(p), FRT_STATUS_OK); /* nothing to stop: nothing done */
     check_recorded_file();
     EXPECT_STATUS(frt_policy_set_prompt(p, "pick up the cube", 16), FRT_STATUS_OK);
+    test_calibration(p);
 
     memset(&stats, 0, sizeof stats);
     stats.struct_size = sizeof stats;

@@ -182,6 +182,13 @@ int main(int argc, char **argv) {
         CHECK(e.status() == FRT_STATUS_IO && mentions(e.what(), "/nonexistent-dir/obs.frtobs"));
     }
     policy.record_stop();
+    // Calibration: a log that does not exist throws naming it.
+    try {
+        policy.calibrate("/nonexistent-dir/obs.frtobs", 1);
+        CHECK(false);
+    } catch (const frt::Error &e) {
+        CHECK(e.status() == FRT_STATUS_IO && mentions(e.what(), "/nonexistent-dir/obs.frtobs"));
+    }
 
     // Real-time chunking: the second chunk continues the first, so it differs from a fresh one.
     config.options.rtc_schedule = FRT_RTC_SCHEDULE_LINEAR;
