@@ -109,3 +109,19 @@ pub fn write_kernels(arch: &str, out: &std::path::Path) -> crate::Result<Vec<std
         Err(crate::Error::Backend(probe(0).unwrap_err()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// FP8 tensor cores from Ada (sm_89) on; Orin (sm_87) has none, and the board profiles agree.
+    #[test]
+    fn fp8_tensor_cores_from_sm89_on_and_the_boards_agree() {
+        assert!(!super::has_fp8_tensor_cores(8, 7) && !super::has_fp8_tensor_cores(8, 6));
+        for (major, minor) in [(8, 9), (9, 0), (10, 0), (11, 0), (12, 0)] {
+            assert!(super::has_fp8_tensor_cores(major, minor), "sm_{major}{minor}");
+        }
+        for (major, minor) in [(8, 7), (11, 0)] {
+            let board = crate::board::BoardProfile::for_compute_capability(major, minor).expect("a Jetson board");
+            assert_eq!(board.fp8_tensor_cores, super::has_fp8_tensor_cores(major, minor), "{}", board.name);
+        }
+    }
+}
