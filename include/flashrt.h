@@ -1101,7 +1101,8 @@ FrtStatus frt_policy_record_start(struct FrtPolicy *policy,
 
 /**
  * FP8 calibration of this policy's plan, as `flashrt calibrate` makes it: steps the policy over
- * the first `steps` observations (0: 8) of the observation log at `observations`
+ * the first `steps` observations (0: 8; the first two of them measured again for each product's
+ * FP8 error) of the observation log at `observations`
  * (`observations_len` bytes, no NUL needed; recorded with `frt_policy_record_start`, `flashrt
  * record` or the ROS 2 node), measures each product's input range and FP8 error, and writes the
  * calibration JSON to `out` (`out_len` bytes; NULL: `flashrt_fp8_calibration.json` beside the

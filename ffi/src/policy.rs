@@ -590,7 +590,8 @@ unsafe fn path_arg<'a>(bytes: *const c_char, len: usize) -> &'a std::path::Path 
 }
 
 /// FP8 calibration of this policy's plan, as `flashrt calibrate` makes it: steps the policy over
-/// the first `steps` observations (0: 8) of the observation log at `observations`
+/// the first `steps` observations (0: 8; the first two of them measured again for each product's
+/// FP8 error) of the observation log at `observations`
 /// (`observations_len` bytes, no NUL needed; recorded with `frt_policy_record_start`, `flashrt
 /// record` or the ROS 2 node), measures each product's input range and FP8 error, and writes the
 /// calibration JSON to `out` (`out_len` bytes; NULL: `flashrt_fp8_calibration.json` beside the
@@ -631,8 +632,9 @@ pub unsafe extern "C" fn frt_policy_calibrate(
             }
         }
         let defaults = flashrt::calibration::CalibrationSettings::default();
-        let settings =
-            flashrt::calibration::CalibrationSettings { steps: if steps == 0 { defaults.steps } else { steps as usize }, ..defaults };
+        let steps = if steps == 0 { defaults.steps } else { steps as usize };
+        let measure_steps = defaults.measure_steps.min(steps);
+        let settings = flashrt::calibration::CalibrationSettings { steps, measure_steps, ..defaults };
         // SAFETY: readable for their lengths when non-NULL (caller's promise).
         let (log, out) = unsafe {
             ((!observations.is_null()).then(|| path_arg(observations, observations_len)), (!out.is_null()).then(|| path_arg(out, out_len)))

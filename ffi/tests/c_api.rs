@@ -49,6 +49,10 @@ fn run_checked(program: &Path, args: &[&Path]) {
                 "--quiet",
                 // Deep enough that the suppressions' frames (the tokenizer's statics) are seen.
                 "--num-callers=80",
+                // Valgrind runs one thread at a time; without fair scheduling the stepping thread
+                // can keep the lock for whole steps and starve the observation recorder's writer,
+                // whose queue then drops observations the test expects in the log.
+                "--fair-sched=yes",
             ]);
             v.arg(format!("--suppressions={}", common::repo().join("ffi/tests/valgrind.supp").display()));
             v.arg(program);
