@@ -334,34 +334,30 @@ pub fn leaf<'a>(value: &ValueRef<'a>, field: &str, max_array_bytes: usize) -> Re
 
 /// Writes `{b"__ndarray__": True, b"data": .., b"dtype": "<f4", b"shape": [..]}` for f32 data.
 pub fn write_f32_array(out: &mut Vec<u8>, data: &[f32], shape: &[usize]) {
-    use rmp::encode as enc;
-    // Writing into a Vec cannot fail.
-    let _ = enc::write_map_len(out, 4);
-    let _ = enc::write_bin(out, b"__ndarray__");
-    let _ = enc::write_bool(out, true);
-    let _ = enc::write_bin(out, b"data");
-    let _ = enc::write_bin_len(out, (data.len() * 4) as u32);
-    out.extend(data.iter().flat_map(|v| v.to_le_bytes()));
-    let _ = enc::write_bin(out, b"dtype");
-    let _ = enc::write_str(out, "<f4");
-    let _ = enc::write_bin(out, b"shape");
-    let _ = enc::write_array_len(out, shape.len() as u32);
-    for &d in shape {
-        let _ = enc::write_uint(out, d as u64);
-    }
+    write_array(out, "<f4", shape, |out| {
+        let _ = rmp::encode::write_bin_len(out, (data.len() * 4) as u32);
+        out.extend(data.iter().flat_map(|v| v.to_le_bytes()));
+    });
 }
 
 /// Writes a uint8 array as openpi_client packs it (an image, HWC or CHW), for clients.
 pub fn write_u8_array(out: &mut Vec<u8>, data: &[u8], shape: &[usize]) {
+    write_array(out, "|u1", shape, |out| {
+        let _ = rmp::encode::write_bin(out, data);
+    });
+}
+
+/// The ndarray map of msgpack_numpy with `write_data` writing the `data` value (a bin).
+fn write_array(out: &mut Vec<u8>, dtype: &str, shape: &[usize], write_data: impl FnOnce(&mut Vec<u8>)) {
     use rmp::encode as enc;
     // Writing into a Vec cannot fail.
     let _ = enc::write_map_len(out, 4);
     let _ = enc::write_bin(out, b"__ndarray__");
     let _ = enc::write_bool(out, true);
     let _ = enc::write_bin(out, b"data");
-    let _ = enc::write_bin(out, data);
+    write_data(out);
     let _ = enc::write_bin(out, b"dtype");
-    let _ = enc::write_str(out, "|u1");
+    let _ = enc::write_str(out, dtype);
     let _ = enc::write_bin(out, b"shape");
     let _ = enc::write_array_len(out, shape.len() as u32);
     for &d in shape {
