@@ -98,7 +98,7 @@ pub struct Image {
     pub step: u32,
     /// `uint8[]`: encoded as a byte string (same wire bytes as a sequence of octets) so that a
     /// camera frame is copied in one piece rather than visited byte by byte.
-    #[serde(with = "octets")]
+    #[serde(with = "flashrt::byte_string")]
     pub data: Vec<u8>,
 }
 ros_message!(Image, "sensor_msgs", "Image");
@@ -171,39 +171,6 @@ pub struct JointTrajectory {
     pub points: Vec<JointTrajectoryPoint>,
 }
 ros_message!(JointTrajectory, "trajectory_msgs", "JointTrajectory");
-
-/// `uint8[]` through serde's byte-string methods, which the CDR (de)serializer implements as a
-/// 4-byte length followed by the raw bytes: the wire format of a sequence of octets.
-mod octets {
-    use serde::de::{Deserializer, Error, Visitor};
-    use serde::ser::Serializer;
-
-    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_bytes(bytes)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        d.deserialize_byte_buf(OctetsVisitor)
-    }
-
-    struct OctetsVisitor;
-
-    impl<'de> Visitor<'de> for OctetsVisitor {
-        type Value = Vec<u8>;
-
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a sequence of octets")
-        }
-
-        fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
-            Ok(v.to_vec())
-        }
-
-        fn visit_byte_buf<E: Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
-            Ok(v)
-        }
-    }
-}
 
 /// CDR strings, decoded strictly. On the wire a string is a 4-byte length that counts a NUL
 /// terminator, then the bytes and the NUL: the same layout as a sequence of octets, which is how

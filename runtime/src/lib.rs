@@ -7,6 +7,7 @@
 pub mod backend;
 pub mod bench;
 pub mod board;
+pub mod byte_string;
 pub mod calibration;
 pub mod checkpoint;
 pub mod config;

@@ -86,7 +86,7 @@ pub struct RecordedFrame {
     /// A [`PixelFormat`] code.
     pub format: u8,
     /// `height` rows of `width` × bytes per pixel.
-    #[serde(with = "bytes")]
+    #[serde(with = "crate::byte_string")]
     pub data: Vec<u8>,
 }
 
@@ -153,43 +153,8 @@ struct FrameRef<'a> {
     width: u32,
     height: u32,
     format: u8,
-    #[serde(serialize_with = "bytes::serialize")]
+    #[serde(serialize_with = "crate::byte_string::serialize")]
     data: &'a [u8],
-}
-
-/// Frame bytes as one length-prefixed run (postcard writes a byte string exactly as a sequence of
-/// `u8`, but copies it in one piece, and reads it back checked against the bytes left).
-mod bytes {
-    use serde::de::{Deserializer, Error, SeqAccess, Visitor};
-    use serde::ser::Serializer;
-
-    pub fn serialize<S: Serializer>(data: &[u8], s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_bytes(data)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
-        struct Bytes;
-        impl<'de> Visitor<'de> for Bytes {
-            type Value = Vec<u8>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("frame bytes")
-            }
-            fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
-                Ok(v.to_vec())
-            }
-            fn visit_byte_buf<E: Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
-                Ok(v)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
-                let mut out = Vec::new();
-                while let Some(b) = seq.next_element()? {
-                    out.push(b);
-                }
-                Ok(out)
-            }
-        }
-        d.deserialize_byte_buf(Bytes)
-    }
 }
 
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
