@@ -7,7 +7,7 @@
 #    needed.
 # 2. `flashrt` type-checks with the cuda-12 flavour (cudarc cuda-12060, JetPack 6). The cuda-13
 #    flavour (cudarc cuda-13000, the default: JetPack 7, the H200) is built by the workspace tests.
-# 3. Every kernel compiles with NVRTC: sm_87, sm_90 and sm_90a with NVRTC 12.6; sm_87, sm_90, sm_90a and sm_110
+# 3. Every kernel compiles with NVRTC: sm_87, sm_89, sm_90 and sm_90a with NVRTC 12.6; sm_87, sm_89, sm_90, sm_90a and sm_110
 #    with NVRTC 13.0 (kernels/tests/nvrtc_compile.rs), plus the crate's unit tests.
 #
 # Options (tools/test.sh passes both when it runs the Jetson cross-builds):
@@ -60,15 +60,15 @@ if [ "$reuse" = 1 ]; then
     LD_LIBRARY_PATH="$cu13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$exe" --include-ignored --nocapture > "$log" 2>&1 &
     cu13_pid=$!
 else
-    echo "== NVRTC 13.0: every kernel for sm_87, sm_90, sm_90a, sm_110"
+    echo "== NVRTC 13.0: every kernel for sm_87, sm_89, sm_90, sm_90a, sm_110"
     LD_LIBRARY_PATH="$cu13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" cargo test --locked -p flashrt-kernels -- --include-ignored --nocapture
 fi
-echo "== NVRTC 12.6: every kernel for sm_87, sm_90, sm_90a"
+echo "== NVRTC 12.6: every kernel for sm_87, sm_89, sm_90, sm_90a"
 LD_LIBRARY_PATH="$cu12${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "${cu12_test[@]}" -- --include-ignored --nocapture
 if [ "$reuse" = 1 ]; then
     cu13_status=0
     wait "$cu13_pid" || cu13_status=$?
-    echo "== NVRTC 13.0: every kernel for sm_87, sm_90, sm_90a, sm_110 (ran beside the 12.6 test)"
+    echo "== NVRTC 13.0: every kernel for sm_87, sm_89, sm_90, sm_90a, sm_110 (ran beside the 12.6 test)"
     cat "$log"
     [ "$cu13_status" = 0 ] || { echo "kernels/ci.sh: the NVRTC 13.0 test failed (status $cu13_status)" >&2; exit 1; }
 fi

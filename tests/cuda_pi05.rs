@@ -36,13 +36,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use flashrt::backend::Backend;
+use flashrt::calibration::{self, CalibrationSettings};
 use flashrt::checkpoint::Checkpoint;
 use flashrt::cpu::CpuBackend;
 use flashrt::cuda::{CudaBackend, CudaOptions};
+use flashrt::fp8::{self, ProductScales};
 use flashrt::image::{Frame, PixelFormat};
 use flashrt::plan::{Activation, BufId, BufType, HostIo, Op, Plan, RopeAxes, View, WeightId, WeightRole};
 use flashrt::weights::WeightData;
-use flashrt::{BackendKind, Continuation, Observation, Policy, PolicyConfig, RtcConfig, RtcSchedule};
+use flashrt::{BackendKind, Continuation, Observation, Policy, PolicyConfig, Precision, RtcConfig, RtcSchedule};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
@@ -57,9 +59,9 @@ mod counting_alloc;
 mod tolerance;
 
 use tolerance::{
-    CUDA_BUCKET_MAX_ABS, CUDA_FULL_COSINE, CUDA_FULL_REL_L2, CUDA_GROOT_FULL_COSINE, CUDA_GROOT_FULL_REL_L2, CUDA_GROOT_SWITCH_COSINE,
-    CUDA_GROOT_SWITCH_REL_L2, CUDA_GROOT_TINY_COSINE, CUDA_GROOT_TINY_MAX_ABS, CUDA_TINY_COSINE, CUDA_TINY_MAX_ABS, OP_NMSE_BF16,
-    OP_NMSE_F32, cosine, max_abs, nmse, rel_l2,
+    CUDA_BUCKET_MAX_ABS, CUDA_FP8_TINY_COSINE, CUDA_FULL_COSINE, CUDA_FULL_REL_L2, CUDA_GROOT_FULL_COSINE, CUDA_GROOT_FULL_REL_L2,
+    CUDA_GROOT_SWITCH_COSINE, CUDA_GROOT_SWITCH_REL_L2, CUDA_GROOT_TINY_COSINE, CUDA_GROOT_TINY_MAX_ABS, CUDA_TINY_COSINE,
+    CUDA_TINY_MAX_ABS, OP_NMSE_BF16, OP_NMSE_F32, cosine, max_abs, nmse, rel_l2,
 };
 
 // ---- helpers ----------------------------------------------------------------------------------
@@ -197,10 +199,14 @@ impl Case {
     }
 
     /// Runs the plan on both backends; returns (buffer, nmse, bound of its tier) per compared
-    /// buffer.
-    fn run(&self, ckpt: &Arc<Checkpoint>) -> Vec<(String, f64, f64)> {
-        let mut cpu: Box<dyn Backend> = Box::new(CpuBackend::new(self.plan.clone(), self.weight_data(), ckpt, 1).expect("CPU backend"));
-        let gpu = CudaBackend::new(self.plan.clone(), self.weight_data(), ckpt.clone(), &CudaOptions::default());
+    /// buffer. `fp8` (by weight id) runs those products in FP8 on the GPU, whatever their rows,
+    /// and, with `cpu_emulates_fp8`, in the CPU's FP8 emulation.
+    fn run(&self, ckpt: &Arc<Checkpoint>, fp8: &[Option<ProductScales>], cpu_emulates_fp8: bool) -> Vec<(String, f64, f64)> {
+        let cpu = CpuBackend::new(self.plan.clone(), self.weight_data(), ckpt, 1).expect("CPU backend");
+        let mut cpu: Box<dyn Backend> =
+            if cpu_emulates_fp8 { Box::new(cpu.with_fp8(fp8.iter().map(|s| s.map(|s| s.activation)).collect())) } else { Box::new(cpu) };
+        let options = CudaOptions { fp8_scales: fp8.to_vec(), fp8_min_rows: Some(1), ..CudaOptions::default() };
+        let gpu = CudaBackend::new(self.plan.clone(), self.weight_data(), ckpt.clone(), &options);
         let gpu = gpu.unwrap_or_else(|e| panic!("{}: CUDA backend: {e}", self.name));
         // A buffer is an f32 path when the device holds it in f32 and every op writing it reads
         // only f32 paths (host inputs, weights, i32/u8 buffers included) and is not a product:
@@ -268,6 +274,42 @@ fn gemm_case(seed: u64) -> Case {
     c.check(act);
     c.consume(act);
     c
+}
+
+/// The products of [`gemm_case`] (f32 output accumulated with bias, bf16 output with bias, the
+/// GELU epilogue) and one reading the f32 residual, in FP8: N and K multiples of 16, each
+/// product's scales from its weight's and input's ranges (the f32 input's with room to grow).
+fn fp8_gemm_case(seed: u64) -> (Case, Vec<Option<ProductScales>>) {
+    let mut c = Case::new(String::new(), seed);
+    let (m, k, n) = (c.rng.random_range(1..300), c.rng.random_range(1..40) * 16, c.rng.random_range(1..50) * 16);
+    c.name = format!("fp8 gemm (+ gelu, f32 input) {m}x{k}x{n}");
+    let a = c.input("a", m, k);
+    let w = c.matrix_weight(n, k);
+    let bias_data = c.normal(n, 0.5);
+    let bias = c.vector_weight(bias_data);
+    let acc = c.input("acc", m, n);
+    c.plan.push(Op::Gemm { a, w, bias: Some(bias), out: acc, accumulate: true });
+    c.check(acc);
+    let act = c.plan.matrix("act", m, n);
+    c.plan.push(Op::Gemm { a, w, bias: Some(bias), out: act, accumulate: false });
+    c.plan.push(Op::Activation { x: act, kind: Activation::GeluTanh });
+    c.check(act);
+    c.consume(act);
+    let w_residual = c.matrix_weight(16, n);
+    let out = c.plan.matrix("from_residual", m, 16);
+    c.plan.push(Op::Gemm { a: acc, w: w_residual, bias: None, out, accumulate: false });
+    c.check(out);
+    let amax = |c: &Case, id: BufId| match &c.inputs.iter().find(|(b, _)| *b == id).unwrap().1 {
+        Input::F32(v) => fp8::amax(v),
+        _ => unreachable!("f32 inputs"),
+    };
+    let host = |name: &str| c.plan.find_buffer(&format!("{name}.host")).unwrap();
+    let mut scales = vec![None; c.plan.weights.len()];
+    for (weight, activation_amax) in [(w, amax(&c, host("a"))), (w_residual, 4.0 * amax(&c, host("acc")))] {
+        let weight_amax = fp8::amax(&c.weights[weight.0]);
+        scales[weight.0] = Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(weight_amax) });
+    }
+    (c, scales)
 }
 
 fn norm_case(seed: u64, kind: usize) -> Case {
@@ -1002,19 +1044,22 @@ fn select_weight_case(seed: u64) -> Case {
     c
 }
 
+/// A one-tensor checkpoint for the plans whose weights are all dense.
+fn dummy_checkpoint(dir: &Path) -> Arc<Checkpoint> {
+    let path = dir.join("dummy.safetensors");
+    let bytes = 0f32.to_le_bytes();
+    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1], &bytes).unwrap();
+    safetensors::serialize_to_file([("dummy", view)], None, &path).unwrap();
+    Arc::new(Checkpoint::open(&path).unwrap())
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: tools/device/checks/cuda_checks.sh tests"]
 fn every_op_matches_cpu() {
     require_gpu("every_op_matches_cpu");
     let tmp = tempfile::tempdir().unwrap();
     // Ops that need no checkpoint share a dummy one.
-    let dummy = {
-        let path = tmp.path().join("dummy.safetensors");
-        let bytes = 0f32.to_le_bytes();
-        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1], &bytes).unwrap();
-        safetensors::serialize_to_file([("dummy", view)], None, &path).unwrap();
-        Arc::new(Checkpoint::open(&path).unwrap())
-    };
+    let dummy = dummy_checkpoint(tmp.path());
     let mut results = Vec::new();
     let (mut failures, mut worst_bf16, mut worst_f32) = (0, 0f64, 0f64);
     for seed in 0..3u64 {
@@ -1049,7 +1094,7 @@ fn every_op_matches_cpu() {
             cases.push((qwen_image_case(3), dummy.clone()));
         }
         for (case, ckpt) in &cases {
-            for (buffer, err, bound) in case.run(ckpt) {
+            for (buffer, err, bound) in case.run(ckpt, &[], false) {
                 let (pass, bf16) = (err <= bound, bound == OP_NMSE_BF16);
                 eprintln!(
                     "{:4} {:70} {buffer:24} {} nmse {err:.3e}",
@@ -1079,6 +1124,45 @@ fn every_op_matches_cpu() {
         }),
     );
     assert_eq!(failures, 0, "{failures} buffers past their tier's bound (see the table above)");
+}
+
+/// FP8 products (e4m3 weights, inputs quantized on the device with their scales, cuBLASLt's FP8
+/// product with f32 accumulation) against the CPU's FP8 emulation of the same products: within
+/// the bf16 tier, as the inputs are bf16-exact and both sides round the same e4m3 codes. The same
+/// GPU results against the CPU in f32 are an FP8 error away (> 10× that tier): the products did
+/// run in e4m3.
+#[test]
+#[ignore = "needs a CUDA GPU: tools/device/checks/cuda_checks.sh tests"]
+fn fp8_products_match_the_cpu_emulation() {
+    require_gpu("fp8_products_match_the_cpu_emulation");
+    let tmp = tempfile::tempdir().unwrap();
+    let dummy = dummy_checkpoint(tmp.path());
+    let (mut results, mut failures) = (Vec::new(), 0);
+    for seed in 0..3u64 {
+        let (case, scales) = fp8_gemm_case(seed);
+        let emulated = case.run(&dummy, &scales, true);
+        let exact = case.run(&dummy, &scales, false);
+        for ((buffer, err, _), (_, f32_err, _)) in emulated.iter().zip(&exact) {
+            let pass = *err <= OP_NMSE_BF16 && *f32_err > 10.0 * OP_NMSE_BF16;
+            failures += !pass as usize;
+            eprintln!(
+                "{:4} {:50} {buffer:24} nmse {err:.3e} vs the FP8 emulation, {f32_err:.3e} vs f32",
+                if pass { "ok" } else { "FAIL" },
+                case.name
+            );
+            results.push(json!({"case": case.name, "buffer": buffer, "nmse_vs_emulation": err, "nmse_vs_f32": f32_err, "pass": pass}));
+        }
+    }
+    write_result(
+        "cuda_fp8_ops.json",
+        json!({
+            "check": "FP8 products (cuBLASLt e4m3, device quantization) vs the CPU FP8 emulation and vs f32",
+            "bound": format!("nmse <= {OP_NMSE_BF16:e} vs the emulation, > {:e} vs f32", 10.0 * OP_NMSE_BF16),
+            "commit": commit(),
+            "results": results
+        }),
+    );
+    assert_eq!(failures, 0, "{failures} FP8 buffers off (see the table above)");
 }
 
 // ---- (a) tiny fixture: CUDA vs CPU --------------------------------------------------------------
@@ -1313,6 +1397,105 @@ fn tiny_fixture_matches_cpu() {
         }),
     );
     assert!(pass, "tiny fixture parity failed (see above)");
+}
+
+/// The tiny Pi0.5 opened in FP8 on the GPU with a synthetic calibration (every calibrated product
+/// in e4m3: any row count, no streamed MLP, so the GPU's FP8 products are exactly the CPU
+/// emulation's) against the CPU's FP8 emulation and f32, over the prompts and the missing camera
+/// of `tiny_fixture_matches_cpu`; its actions differ from the bf16 graph's (FP8 ran), and its
+/// steps allocate nothing. The GPU quantizes bf16 activations, the CPU f32 ones: an input within
+/// half a bf16 step of an e4m3 rounding midpoint rounds the other way, so the bound is the FP8
+/// tier's (tests/fp8.rs), not bf16's.
+#[test]
+#[ignore = "needs a CUDA GPU: tools/device/checks/cuda_checks.sh tests"]
+fn tiny_fixture_fp8_matches_cpu_emulation() {
+    require_gpu("tiny_fixture_fp8_matches_cpu_emulation");
+    let dir = fixture_dir();
+    let tmp = tempfile::tempdir().unwrap();
+    let calibration_path = tmp.path().join("fp8.json");
+    let config = |backend, precision| {
+        let mut config = PolicyConfig::new(&dir);
+        (config.backend, config.precision, config.threads) = (backend, precision, Some(4));
+        config.tokenizer = Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tokenizer/tokenizer.json"));
+        config.fp8_calibration = Some(calibration_path.clone());
+        Policy::open(&config).unwrap_or_else(|e| panic!("{backend:?} {precision:?}: {e}"))
+    };
+    let mut cpu = config(BackendKind::Cpu, Precision::F32);
+    let settings = CalibrationSettings { steps: 3, measure_steps: 1, min_product_features: 32, ..CalibrationSettings::default() };
+    let calibration = calibration::calibrate_synthetic(&mut cpu, &settings, 7).unwrap();
+    calibration.save(&calibration_path).unwrap();
+    let fp8_weights = calibration.counts().0;
+    let mut emulated = config(BackendKind::Cpu, Precision::Fp8);
+    // SAFETY: no other thread reads the environment (cuda_checks.sh runs these tests on one
+    // thread); the backend reads both settings at open only, and they are cleared right after.
+    unsafe {
+        std::env::set_var("FRT_FP8_MIN_ROWS", "1");
+        std::env::set_var("FRT_NO_FUSED_MLP", "1");
+    }
+    let mut gpu = config(BackendKind::Cuda, Precision::Fp8);
+    unsafe {
+        std::env::remove_var("FRT_FP8_MIN_ROWS");
+        std::env::remove_var("FRT_NO_FUSED_MLP");
+    }
+    let mut bf16 = config(BackendKind::Cuda, Precision::Auto);
+    assert_eq!(gpu.info().precision, "fp8");
+    let explain = gpu.explain();
+    assert!(explain.contains(&format!("fp8: {fp8_weights} weights' products as cuBLASLt e4m3 products")), "{explain}");
+
+    let golden = Golden::load(&dir);
+    let (base_shape, base) = golden.raw("input.image.base_0_rgb");
+    let (wrist_shape, wrist) = golden.raw("input.image.left_wrist_0_rgb");
+    let noise = golden.f32("input.noise");
+    let state = vec![0.5; gpu.info().state_dim];
+    let (mut results, mut pass) = (Vec::new(), true);
+    for (p, wrist_only) in [("a", false), ("b", false), ("a", true)] {
+        let base_frame = Frame::packed(&base, base_shape[1], base_shape[0], PixelFormat::Rgb8);
+        let cameras =
+            [(!wrist_only).then_some(base_frame), Some(Frame::packed(&wrist, wrist_shape[1], wrist_shape[0], PixelFormat::Rgb8)), None];
+        let mut outs = Vec::new();
+        for policy in [&mut gpu, &mut emulated, &mut cpu, &mut bf16] {
+            policy.set_prompt_tokens(&golden.tokens(p)).unwrap();
+            let mut actions = vec![0.0; policy.actions_len()];
+            policy.step(&Observation { cameras: &cameras, state: &state, noise: Some(&noise) }, &mut actions).unwrap();
+            outs.push(actions);
+        }
+        let (vs_emulation, vs_f32) = (cosine(&outs[0], &outs[1]), cosine(&outs[0], &outs[2]));
+        let from_bf16 = max_abs(&outs[0], &outs[3]);
+        let ok = vs_emulation >= CUDA_FP8_TINY_COSINE && vs_f32 >= CUDA_FP8_TINY_COSINE && from_bf16 > 1e-4;
+        pass &= ok;
+        eprintln!(
+            "prompt {p}{}: FP8 actions cosine {vs_emulation:.6} vs the CPU emulation, {vs_f32:.6} vs f32 (emulation vs f32 {:.6}); max-abs {from_bf16:.3e} from bf16 {}",
+            if wrist_only { " (wrist camera only)" } else { "" },
+            cosine(&outs[1], &outs[2]),
+            if ok { "ok" } else { "FAIL" }
+        );
+        results.push(json!({"prompt": p, "wrist_only": wrist_only, "cosine_vs_emulation": vs_emulation, "cosine_vs_f32": vs_f32, "max_abs_from_bf16": from_bf16, "pass": ok}));
+    }
+    drop((cpu, emulated, bf16));
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let frames = NoAllocFrames::new(&mut rng);
+    let states: Vec<Vec<f32>> = (0..5).map(|_| (0..state.len()).map(|_| rng.random_range(-2.0..2.0)).collect()).collect();
+    let prompts = [golden.tokens("a"), golden.tokens("b")];
+    let no_alloc = assert_steps_allocate_nothing(
+        &mut gpu,
+        "pi05 tiny fp8",
+        200,
+        |p, k| p.set_prompt_tokens(&prompts[k % 2]).unwrap(),
+        |i| (frames.cameras(i, false), &states[i % states.len()]),
+    );
+    write_result(
+        "cuda_fp8_tiny_parity.json",
+        json!({
+            "check": "tiny fixture, CUDA FP8 (every calibrated product) vs the CPU FP8 emulation and f32 (actions)",
+            "device": gpu.info().device,
+            "fp8_weights": fp8_weights,
+            "bound": format!("cosine >= {CUDA_FP8_TINY_COSINE} against both; max-abs from the bf16 graph > 1e-4"),
+            "results": results,
+            "no_alloc": no_alloc,
+            "commit": commit(),
+        }),
+    );
+    assert!(pass, "tiny FP8 parity failed (see above)");
 }
 
 /// Real-time chunking inside the graph: for each case of golden_rtc.safetensors (lerobot's

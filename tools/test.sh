@@ -38,7 +38,7 @@ if [ "${FRT_REQUIRE_ALL:-0}" = 1 ] || command -v aarch64-linux-gnu-gcc > /dev/nu
 fi
 kernels_args=(--reuse-workspace-build)
 [ "$jetson" = 0 ] || kernels_args+=(--cuda-12-built-elsewhere)
-timed "CUDA: both cudarc flavours build, every kernel compiles with NVRTC for sm_87/sm_90/sm_90a/sm_110" bash kernels/ci.sh "${kernels_args[@]}"
+timed "CUDA: both cudarc flavours build, every kernel compiles with NVRTC for sm_87/sm_89/sm_90/sm_90a/sm_110" bash kernels/ci.sh "${kernels_args[@]}"
 # The README's main job, from the dev-profile CLI the tests built (a release build of the host
 # would be a third full compile; the release profile is built and its demo run by the Jetson step).
 timed "README main job (flashrt demo)" target/debug/flashrt demo --steps 20

@@ -17,7 +17,7 @@ pub struct Source {
 /// Included by every source as `common.cuh` (handed to NVRTC as an in-memory header).
 pub const COMMON_HEADER: &str = include_str!("../cuda/common.cuh");
 
-pub const SOURCES: [Source; 8] = [
+pub const SOURCES: [Source; 9] = [
     Source { name: "norm", code: include_str!("../cuda/norm.cu") },
     Source { name: "elementwise", code: include_str!("../cuda/elementwise.cu") },
     Source { name: "sequence", code: include_str!("../cuda/sequence.cu") },
@@ -26,6 +26,7 @@ pub const SOURCES: [Source; 8] = [
     Source { name: "attention_heads", code: include_str!("../cuda/attention_heads.cu") },
     Source { name: "image", code: include_str!("../cuda/image.cu") },
     Source { name: "mlp", code: include_str!("../cuda/mlp.cu") },
+    Source { name: "fp8", code: include_str!("../cuda/fp8.cu") },
 ];
 
 /// A compiled module for one architecture.

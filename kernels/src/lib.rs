@@ -25,7 +25,9 @@ pub use compile::{
 pub use launch::attention::{AttentionArgs, AttentionSplit, HeadsAttentionArgs};
 pub use launch::elementwise::{QwenImageArgs, QwenImageSizes};
 pub use launch::sequence::{MAX_PROMPT_BUCKETS, MultiAxis, RopeArgs};
-pub use launch::{DevPtr, Dtype, HEADS_ATTENTION, Kernels, Mat, ROW_PRODUCT_MAX, has_wgmma, heads_attention_max_keys, kernel_names};
+pub use launch::{
+    DevPtr, Dtype, HEADS_ATTENTION, Kernels, Mat, ROW_PRODUCT_MAX, has_fp8, has_wgmma, heads_attention_max_keys, kernel_names,
+};
 
 pub type Result<T, E = KernelError> = std::result::Result<T, E>;
 

@@ -1,6 +1,7 @@
 //! Every kernel compiles with NVRTC for the architectures FlashRT ships to: sm_87 (Jetson Orin),
-//! sm_90 and sm_90a (H100/H200: the runtime compiles for sm_90a, whose wgmma the attention uses;
-//! sm_90 with `FRT_NO_WGMMA=1`) and, with CUDA 13, sm_110 (Jetson Thor). No GPU needed: NVRTC alone (from
+//! sm_89 (Ada workstation GPUs, the first with FP8 tensor cores), sm_90 and sm_90a (H100/H200: the
+//! runtime compiles for sm_90a, whose wgmma the attention uses; sm_90 with `FRT_NO_WGMMA=1`) and,
+//! with CUDA 13, sm_110 (Jetson Thor). No GPU needed: NVRTC alone (from
 //! PyPI in CI, see kernels/ci.sh) produces the cubins. The test is `#[ignore]`d, so that a plain
 //! `cargo test` without NVRTC lists it as ignored instead of passing it unrun; kernels/ci.sh puts
 //! NVRTC on the library path and runs it with `--include-ignored`, and then a missing NVRTC fails.
@@ -9,7 +10,7 @@ use flashrt_kernels::{SOURCES, kernel_names, load_or_compile, nvrtc_available, n
 
 /// The architectures this build's CUDA flavour must cover (NVRTC 12.6 predates sm_110).
 fn targets() -> &'static [&'static str] {
-    if cfg!(feature = "cuda-13") { &["sm_87", "sm_90", "sm_90a", "sm_110"] } else { &["sm_87", "sm_90", "sm_90a"] }
+    if cfg!(feature = "cuda-13") { &["sm_87", "sm_89", "sm_90", "sm_90a", "sm_110"] } else { &["sm_87", "sm_89", "sm_90", "sm_90a"] }
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

@@ -24,7 +24,7 @@ use sha2::{Digest, Sha256};
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::fp8;
+use crate::fp8::{self, ProductScales};
 use crate::models::ModelInfo;
 use crate::plan::{Op, Plan, WeightId, WeightRole};
 use crate::policy::Policy;
@@ -190,8 +190,8 @@ impl Calibration {
         })
     }
 
-    /// The activation scale of each weight's products that run in FP8, by weight id of `plan`.
-    pub fn activation_scales(&self, path: &Path, plan: &Plan) -> Result<Vec<Option<f32>>> {
+    /// The scales of each weight's products that run in FP8, by weight id of `plan`.
+    pub fn product_scales(&self, path: &Path, plan: &Plan) -> Result<Vec<Option<ProductScales>>> {
         let mut scales = vec![None; plan.weights.len()];
         for (name, product) in self.products.iter().filter(|(_, p)| p.precision == ProductPrecision::Fp8) {
             let id = plan
@@ -199,7 +199,7 @@ impl Calibration {
                 .iter()
                 .position(|w| &w.name == name)
                 .ok_or_else(|| Error::Calibration { path: path.into(), message: format!("product {name} is not a weight of this plan") })?;
-            scales[id] = Some(product.activation_scale);
+            scales[id] = Some(ProductScales { activation: product.activation_scale, weight: product.weight_scale });
         }
         Ok(scales)
     }

@@ -42,6 +42,15 @@ pub fn round_trip_all(values: &mut [f32], scale: f32) {
     values.iter_mut().for_each(|x| *x = decode(encode(*x * inverse)) * scale);
 }
 
+/// The per-tensor scales of one weight's FP8 products, from its calibration: the weight's codes
+/// are `e4m3(w / weight)`, each input's `e4m3(x / activation)`, and the product is
+/// `weight · activation · Σ codes × codes`, accumulated in f32.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ProductScales {
+    pub activation: f32,
+    pub weight: f32,
+}
+
 /// The largest magnitude in `values` (NaNs are skipped; 0 for none).
 pub fn amax(values: &[f32]) -> f32 {
     values.iter().fold(0.0f32, |m, x| m.max(x.abs()))

@@ -51,7 +51,9 @@ pub struct StepInfo {
 pub struct PolicyInfo {
     pub model: &'static str,
     pub backend: &'static str,
-    /// What the products compute in: "f32" (CPU), "bf16" (CUDA), "fp8-emulated" (CPU, FP8).
+    /// What the products compute in: "f32" (CPU), "bf16" (CUDA), "fp8-emulated" (CPU, FP8),
+    /// "fp8" (CUDA: the calibrated products that qualify in e4m3, the rest in bf16; `explain()`
+    /// lists which).
     pub precision: &'static str,
     pub device: String,
     pub cameras: Vec<String>,
@@ -118,7 +120,7 @@ impl Policy {
         };
         match (use_cuda, config.precision) {
             (_, Precision::Auto) | (false, Precision::F32) | (true, Precision::Bf16) | (false, Precision::Fp8) => {}
-            (true, Precision::Fp8) => return Err(crate::cuda::fp8_refusal(config.device)),
+            (true, Precision::Fp8) => crate::cuda::fp8_support(config.device)?,
             // A valid value this backend cannot compute in: a backend limit, not a bad argument.
             (true, p) => {
                 return Err(Error::Backend(format!(
@@ -161,8 +163,12 @@ impl Policy {
             }
             _ => None,
         };
+        let fp8_scales = match &calibration {
+            Some((path, c)) => c.product_scales(path, &plan)?,
+            None => Vec::new(),
+        };
         let backend: Box<dyn Backend> = if use_cuda {
-            crate::cuda::open(plan, weights, Arc::clone(&ckpt), config.device, config.kernel_cache_dir.clone())?
+            crate::cuda::open(plan, weights, Arc::clone(&ckpt), config.device, config.kernel_cache_dir.clone(), fp8_scales)?
         } else {
             let threads = match config.threads {
                 Some(n @ 1..=cpu::MAX_THREADS) => n,
@@ -170,12 +176,10 @@ impl Policy {
                 None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(cpu::MAX_THREADS),
             };
             let cpu = CpuBackend::new(plan, weights, &ckpt, threads)?;
-            match &calibration {
-                Some((path, c)) => {
-                    let scales = c.activation_scales(path, cpu.plan())?;
-                    Box::new(cpu.with_fp8(scales))
-                }
-                None => Box::new(cpu),
+            if fp8_scales.is_empty() {
+                Box::new(cpu)
+            } else {
+                Box::new(cpu.with_fp8(fp8_scales.iter().map(|s| s.map(|s| s.activation)).collect()))
             }
         };
         // Every weight is in the backend now; refuse what a file that changed under us gave.
@@ -206,7 +210,8 @@ impl Policy {
             precision: match (self.backend.name(), &self.calibration) {
                 ("cpu", None) => "f32",
                 ("cpu", Some(_)) => "fp8-emulated",
-                _ => "bf16",
+                (_, None) => "bf16",
+                (_, Some(_)) => "fp8",
             },
             device: self.backend.device_name(),
             cameras: m.cameras.clone(),

@@ -26,6 +26,9 @@ pub const OP_NMSE_F32: f64 = 1e-10;
 /// max-abs 5.7e-3 to 6.3e-3, bench/results/h200-cuda-parity-tiny-vs-cpu.json).
 pub const CUDA_TINY_COSINE: f64 = 0.99999;
 pub const CUDA_TINY_MAX_ABS: f32 = 1e-2;
+/// Tiny fixture, CUDA FP8 (every calibrated product in e4m3) against the CPU's FP8 emulation and
+/// its f32: the FP8 tier of the emulation against f32 (tests/fp8.rs; not yet measured on a GPU).
+pub const CUDA_FP8_TINY_COSINE: f64 = 0.999;
 /// GR00T N1.7's tiny fixture, CUDA bf16 (its general paths) against the CPU's f32 and lerobot's
 /// f32: bf16 through 4 ViT blocks, 4 LLM layers, 2 VL blocks and 4 × 4 DiT blocks (measured:
 /// cosine 0.999988 to 0.999997, max-abs 1.1e-2 to 1.6e-2 on actions up to ~3,

@@ -1,6 +1,6 @@
-//! Launchers of the element-wise and input kernels (elementwise.cu, image.cu): copies, the
-//! host-input copy, table adds, GELU and GeGLU, the affine output, the token embedding and the
-//! image patches.
+//! Launchers of the element-wise and input kernels (elementwise.cu, image.cu, fp8.cu): copies, the
+//! FP8 quantization of product inputs, the host-input copy, table adds, GELU and GeGLU, the affine
+//! output, the token embedding and the image patches.
 
 use super::*;
 
@@ -22,6 +22,36 @@ impl Kernels {
             Arg::I(i32_of(dst.cols, "copy")?),
         ];
         // SAFETY: matches `copy_*` in elementwise.cu; memory validity is the caller's contract.
+        unsafe { self.launch(&name, grid, 256, stream, args) }
+    }
+
+    /// `dst = e4m3(src · inverse_scale)` (round to nearest even, saturating to ±448): the input
+    /// of an FP8 product, whose per-tensor scale is `1 / inverse_scale`. `dst`'s width, stride
+    /// and address must be multiples of 4 (four values per thread, one 4-byte store).
+    ///
+    /// # Safety
+    /// Both matrices must lie in live device memory of this context.
+    pub unsafe fn quantize_e4m3(&self, dst: Mat, src: Mat, inverse_scale: f32, stream: CUstream) -> Result<()> {
+        const NAME: &str = "quantize_e4m3";
+        Self::same_shape(NAME, &dst, &src)?;
+        if dst.dtype != Dtype::E4m3 || src.dtype == Dtype::E4m3 {
+            return Err(shape_error(NAME, format!("{:?} into {:?}: needs f32 or bf16 into e4m3", src.dtype, dst.dtype)));
+        }
+        if dst.cols % 4 != 0 || dst.stride % 4 != 0 || dst.ptr % 4 != 0 {
+            return Err(shape_error(NAME, format!("e4m3 {dst:?}: width, stride and address must be multiples of 4")));
+        }
+        let name = format!("{NAME}_{}", src.dtype.suffix());
+        let grid = Self::elementwise_grid(dst.rows, dst.cols / 4, &name)?;
+        let args = [
+            Arg::P(dst.ptr),
+            Arg::I(i32_of(dst.stride, &name)?),
+            Arg::P(src.ptr),
+            Arg::I(i32_of(src.stride, &name)?),
+            Arg::I(dst.rows as i32),
+            Arg::I(i32_of(dst.cols, &name)?),
+            Arg::F(inverse_scale),
+        ];
+        // SAFETY: matches `quantize_e4m3_*` in fp8.cu; memory validity is the caller's contract.
         unsafe { self.launch(&name, grid, 256, stream, args) }
     }
 

@@ -18,11 +18,13 @@ pub mod sequence;
 /// A device address (`CUdeviceptr`).
 pub type DevPtr = u64;
 
-/// Element type of an activation buffer on the device.
+/// Element type of an activation buffer on the device. `E4m3` (FP8, one byte) is only the
+/// operand of an FP8 product: written by [`Kernels::quantize_e4m3`], read by cuBLASLt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Dtype {
     F32,
     Bf16,
+    E4m3,
 }
 
 impl Dtype {
@@ -30,6 +32,7 @@ impl Dtype {
         match self {
             Dtype::F32 => 4,
             Dtype::Bf16 => 2,
+            Dtype::E4m3 => 1,
         }
     }
 
@@ -37,6 +40,7 @@ impl Dtype {
         match self {
             Dtype::F32 => "f32",
             Dtype::Bf16 => "bf16",
+            Dtype::E4m3 => "e4m3",
         }
     }
 }
@@ -179,6 +183,12 @@ pub fn has_wgmma(arch: &str) -> bool {
     arch == "sm_90a"
 }
 
+/// Whether modules compiled for `arch` hold the FP8 kernels (fp8.cu): sm_89 on, the GPUs with FP8
+/// tensor cores and the e4m3 conversion instruction.
+pub fn has_fp8(arch: &str) -> bool {
+    crate::compile::arch_number(arch).is_some_and(|n| n >= 89)
+}
+
 /// Every kernel the launchers use in modules compiled for `arch`, as the macros in `cuda/*.cu`
 /// instantiate them.
 pub fn kernel_names(arch: &str) -> Vec<String> {
@@ -199,6 +209,9 @@ pub fn kernel_names(arch: &str) -> Vec<String> {
     }
     if has_wgmma(arch) {
         names.extend(["mlp_stream_wgmma".to_string(), "retile_weight".to_string()]);
+    }
+    if has_fp8(arch) {
+        names.extend(types.map(|t| format!("quantize_e4m3_{t}")));
     }
     names
 }

@@ -12,6 +12,8 @@ pub(super) enum Elem {
     Bf16,
     I32,
     U8,
+    /// FP8 weights (the products [`super::fp8`] chooses) and their quantized inputs.
+    E4m3,
 }
 
 impl Elem {
@@ -19,7 +21,7 @@ impl Elem {
         match self {
             Elem::F32 | Elem::I32 => 4,
             Elem::Bf16 => 2,
-            Elem::U8 => 1,
+            Elem::U8 | Elem::E4m3 => 1,
         }
     }
 
@@ -27,6 +29,7 @@ impl Elem {
         match self {
             Elem::F32 => Some(Dtype::F32),
             Elem::Bf16 => Some(Dtype::Bf16),
+            Elem::E4m3 => Some(Dtype::E4m3),
             Elem::I32 | Elem::U8 => None,
         }
     }
@@ -37,6 +40,7 @@ impl From<Dtype> for Elem {
         match d {
             Dtype::F32 => Elem::F32,
             Dtype::Bf16 => Elem::Bf16,
+            Dtype::E4m3 => Elem::E4m3,
         }
     }
 }
@@ -117,6 +121,8 @@ pub(super) struct Scratch {
     pub(super) probs: DevPtr,
     /// bf16 copy of an f32 GEMM input.
     pub(super) shadow: DevPtr,
+    /// e4m3 copy of an FP8 product's input.
+    pub(super) fp8_input: DevPtr,
     /// Split partial outputs (f32) and (max, sum) pairs of the fused attention.
     pub(super) attention_o: DevPtr,
     pub(super) attention_ml: DevPtr,
@@ -130,6 +136,7 @@ pub(super) struct Scratch {
 pub(super) struct ScratchSizes {
     pub(super) scores: usize,
     pub(super) shadow: usize,
+    pub(super) fp8_input: usize,
     pub(super) attention_o: usize,
     pub(super) attention_ml: usize,
 }

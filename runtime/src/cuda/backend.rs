@@ -28,14 +28,16 @@
 //! whatever the configured maximum frame size.
 
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
-use flashrt_kernels::{DevPtr, Kernels, MAX_PROMPT_BUCKETS, QwenImageSizes};
+use flashrt_kernels::{DevPtr, Kernels, MAX_PROMPT_BUCKETS, QwenImageSizes, has_fp8};
 
 use super::arena::{DeviceBuf, Elem, Layout, Scratch, ScratchSizes, copied_input, element_types};
 use super::device::{BlasLt, Context, DeviceMemory, Event, Graph, Pinned, Stream, check};
+use super::fp8::{FP8_MIN_ROWS, Fp8Products};
 use super::fusion::{AttentionLowering, Fusions};
 use super::gemm::WORKSPACE_BYTES;
 use super::graph::Launcher;
@@ -46,6 +48,7 @@ use super::weights::{Selections, retile_mlp_weights, upload_weights};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
+use crate::fp8::ProductScales;
 use crate::plan::{BufId, HostIo, Op, Plan, RopeSpec};
 use crate::weights::WeightData;
 
@@ -73,6 +76,8 @@ pub struct CudaBackend {
     tiled_weights: Option<DeviceMemory>,
     /// What `Op::SelectWeight` copies (see [`Selections`]).
     selections: Option<DeviceMemory>,
+    /// The FP8 products' scales (see [`Fp8Products::upload_scales`]).
+    fp8_scales: Option<DeviceMemory>,
     /// Declared last: dropped after every resource that lives in the context.
     ctx: Context,
 }
@@ -101,8 +106,8 @@ impl CudaBackend {
         let board = crate::board::BoardProfile::for_compute_capability(major, minor);
         if let Some(board) = board {
             log::info!("board profile {} ({}): {:?} precision", board.name, board.description, board.precision);
-            if board.precision != crate::backend::Precision::Bf16 {
-                log::info!("the CUDA backend computes in bf16; {:?} weights are not implemented yet", board.precision);
+            if board.precision == crate::backend::Precision::Fp8 && opts.fp8_scales.is_empty() {
+                log::info!("the board profile suggests FP8: calibrate (`flashrt calibrate`) and open with precision FP8");
             }
         }
         let cache = opts.kernel_cache_dir.clone().or_else(flashrt_kernels::default_cache_dir);
@@ -136,6 +141,10 @@ impl CudaBackend {
             Fusions::run(&plan, &elems, &op_lanes, switches, kernels.has_fused_attention(), multiprocessors, |rows, width, hidden| {
                 kernels.mlp_stream_splits(rows, width, hidden, multiprocessors).is_some()
             });
+        let fp8 = Fp8Products::choose(&plan, &opts.fp8_scales, &fusions.mlps, opts.fp8_min_rows.unwrap_or(FP8_MIN_ROWS));
+        if !opts.fp8_scales.is_empty() && !has_fp8(&arch) {
+            return Err(Error::Backend(format!("FP8 products need sm_89 or newer; {device_name} is {arch}")));
+        }
         let mut sizes = [ScratchSizes::default(); LANES];
         for (i, (op, &lane)) in plan.ops.iter().zip(&op_lanes).enumerate() {
             let size = &mut sizes[lane];
@@ -148,6 +157,7 @@ impl CudaBackend {
                     AttentionLowering::Heads => {}
                     AttentionLowering::Products => size.scores = size.scores.max(heads * (q.rows / groups) * (k.rows / groups)),
                 },
+                Op::Gemm { a, w, .. } if fp8.chosen.contains_key(&w.0) => size.fp8_input = size.fp8_input.max(a.rows * a.cols),
                 Op::Gemm { a, .. } if elems[a.buf.0] == Elem::F32 => size.shadow = size.shadow.max(a.rows * a.cols),
                 Op::Positions { positions, .. } => positions_bufs.push(positions),
                 _ => {}
@@ -155,13 +165,14 @@ impl CudaBackend {
         }
         // A second stream with no ops gets no scratch (only the cuBLASLt workspace is unsized).
         let used_lanes = op_lanes.iter().max().map_or(1, |l| l + 1);
-        let scratch_at: Vec<[usize; 7]> = sizes[..used_lanes]
+        let scratch_at: Vec<[usize; 8]> = sizes[..used_lanes]
             .iter()
             .map(|size| {
                 [
                     layout.take(size.scores * 4),
                     layout.take(size.scores * 2),
                     layout.take(size.shadow * 2),
+                    layout.take(size.fp8_input),
                     layout.take(size.attention_o * 4),
                     layout.take(size.attention_ml * 4),
                     layout.take(WORKSPACE_BYTES),
@@ -215,10 +226,11 @@ impl CudaBackend {
                 scores: at(o[0]),
                 probs: at(o[1]),
                 shadow: at(o[2]),
-                attention_o: at(o[3]),
-                attention_ml: at(o[4]),
-                workspace: at(o[5]),
-                grid_barrier: at(o[6]),
+                fp8_input: at(o[3]),
+                attention_o: at(o[4]),
+                attention_ml: at(o[5]),
+                workspace: at(o[6]),
+                grid_barrier: at(o[7]),
             })
             .collect();
         let rope: Vec<(RopeSpec, (DevPtr, DevPtr))> = specs.iter().zip(&table_at).map(|(s, t)| (*s, (at(t[0]), at(t[1])))).collect();
@@ -268,7 +280,10 @@ impl CudaBackend {
             check("uploading the host-input table", unsafe { result::memcpy_htod_sync(host_inputs.0, &input_table) })?;
         }
 
-        let uploaded = upload_weights(&plan, weights, &checkpoint, &elems, stream.0)?;
+        let uploaded = upload_weights(&plan, weights, &checkpoint, &elems, &fp8.chosen, stream.0)?;
+        let (fp8_scales, scales_at) = fp8.upload_scales()?;
+        let fp8_products: HashMap<usize, (ProductScales, DevPtr)> =
+            fp8.chosen.iter().map(|(&w, &scales)| (w, (scales, scales_at[&w]))).collect();
         let (tiled_memory, tiled) = retile_mlp_weights(&kernels, &plan, &fusions.mlps, &uploaded.ptrs, stream.0)?;
         let selections = Selections::upload(&plan, &uploaded)?;
         if let Some(board) = board {
@@ -294,6 +309,7 @@ impl CudaBackend {
             op_index: 0,
             early_after_products: switches.early_launch,
             tiled: &tiled,
+            fp8: &fp8_products,
             selections: &selections,
             steps: Vec::new(),
             step_lanes: Vec::new(),
@@ -330,9 +346,10 @@ impl CudaBackend {
             ctx: ctx.ctx,
         };
         let lowering = format!(
-            "  switches: {}\n{}  ops on the second stream: {}\n  launches: {}\n",
+            "  switches: {}\n{}{}  ops on the second stream: {}\n  launches: {}\n",
             switches.describe(),
             fusions.describe(),
+            if opts.fp8_scales.is_empty() { String::new() } else { fp8.describe() },
             op_lanes.iter().filter(|&&l| l != 0).count(),
             launcher.launch_counts()
         );
@@ -350,6 +367,7 @@ impl CudaBackend {
             weights: uploaded.memory,
             tiled_weights: tiled_memory,
             selections: selections.memory,
+            fp8_scales,
             ctx,
             plan,
         };
@@ -374,9 +392,10 @@ impl CudaBackend {
         Ok(backend)
     }
 
-    /// Device memory of the weights, tiled copies and the selection pieces included.
+    /// Device memory of the weights, tiled copies, the selection pieces and the FP8 scales included.
     fn weight_bytes(&self) -> usize {
-        self.weights.bytes + [&self.tiled_weights, &self.selections].iter().map(|m| m.as_ref().map_or(0, |m| m.bytes)).sum::<usize>()
+        let extra = [&self.tiled_weights, &self.selections, &self.fp8_scales];
+        self.weights.bytes + extra.iter().map(|m| m.as_ref().map_or(0, |m| m.bytes)).sum::<usize>()
     }
 
     fn host_buffer(&self, id: BufId) -> &Pinned {
@@ -474,7 +493,7 @@ impl Backend for CudaBackend {
                     result::memcpy_dtoh_sync(&mut raw, b.ptr).ok()?;
                     Some(raw.into_iter().map(|v| half::bf16::from_bits(v).to_f32()).collect())
                 }
-                Elem::I32 | Elem::U8 => None,
+                Elem::I32 | Elem::U8 | Elem::E4m3 => None,
             }
         }
     }

@@ -41,6 +41,9 @@ pub struct MatmulSpec {
     pub bias: Option<DevPtr>,
     /// GELU (tanh approximation, cuBLASLt's) applied to the result, after the bias.
     pub gelu: bool,
+    /// An FP8 product (A and B in e4m3): the device address of A's per-tensor scale, followed by
+    /// B's (two f32). The bias is then bf16 whatever D's type (cuBLASLt's FP8 bias type).
+    pub scales: Option<DevPtr>,
 }
 
 impl MatmulSpec {
@@ -68,6 +71,7 @@ fn data_type(d: Dtype) -> sys::cudaDataType {
     match d {
         Dtype::F32 => sys::cudaDataType::CUDA_R_32F,
         Dtype::Bf16 => sys::cudaDataType::CUDA_R_16BF,
+        Dtype::E4m3 => sys::cudaDataType::CUDA_R_8F_E4M3,
     }
 }
 
@@ -121,6 +125,18 @@ impl Matmul {
             }
             if let Some(bias) = spec.bias.as_ref() {
                 set_desc(sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias as *const u64 as *const c_void, 8)?;
+            }
+            if let Some(scales) = spec.scales {
+                use sys::cublasLtMatmulDescAttributes_t::*;
+                let (a_scale, b_scale) = (scales, scales + 4);
+                set_desc(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale as *const u64 as *const c_void, 8)?;
+                set_desc(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale as *const u64 as *const c_void, 8)?;
+                // Full f32 accumulation, as the calibration measured and the CPU emulation computes
+                // (Hopper's fast mode keeps fewer accumulator bits inside the tensor core).
+                let fast_accumulation: i8 = 0;
+                set_desc(CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accumulation as *const i8 as *const c_void, 1)?;
+                let bias_type = sys::cudaDataType::CUDA_R_16BF as i32;
+                set_desc(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type as *const i32 as *const c_void, 4)?;
             }
             for (i, op) in [spec.a, spec.b, spec.d].iter().enumerate() {
                 let layout = lt::create_matrix_layout(data_type(op.dtype), op.rows as u64, op.cols as u64, op.ld as i64)
@@ -199,7 +215,8 @@ impl Matmul {
     pub fn label(&self) -> String {
         let s = &self.spec;
         let k = if s.a.transpose { s.a.rows } else { s.a.cols };
-        format!("{}x{} (k {k}, batch {}){}", s.d.cols, s.d.rows, s.batch, if s.gelu { " + gelu" } else { "" })
+        let fp8 = if s.scales.is_some() { " fp8" } else { "" };
+        format!("{}x{} (k {k}, batch {}){fp8}{}", s.d.cols, s.d.rows, s.batch, if s.gelu { " + gelu" } else { "" })
     }
 
     /// Everything the speed of an algorithm depends on (shapes, types, layouts, alignments,
@@ -207,7 +224,7 @@ impl Matmul {
     pub fn shape_key(&self) -> String {
         let s = &self.spec;
         let norm = |o: Operand| Operand { ptr: alignment(&o) as u64, ..o };
-        format!("{:?}", MatmulSpec { a: norm(s.a), b: norm(s.b), d: norm(s.d), bias: s.bias.map(|_| 0), ..*s })
+        format!("{:?}", MatmulSpec { a: norm(s.a), b: norm(s.b), d: norm(s.d), bias: s.bias.map(|_| 0), scales: s.scales.map(|_| 0), ..*s })
     }
 
     /// Enqueues the product on `stream`.

@@ -144,6 +144,7 @@ impl Launcher {
             match *step {
                 Step::Gemm { matmul, workspace } => return self.matmuls[matmul].launch(self.lt.0, workspace, s).map_err(Error::Backend),
                 Step::Copy { dst, src } => k.copy(dst, src, s),
+                Step::QuantizeE4m3 { dst, src, inverse_scale } => k.quantize_e4m3(dst, src, inverse_scale, s),
                 Step::QwenImagePatches(ref args) => k.qwen_image_patches(args, s),
                 Step::ScatterRows { dst, src, index, accumulate } => k.scatter_rows(dst, src, index, accumulate, s),
                 Step::CopyHostInputs { pieces, count } => k.copy_host_inputs(pieces, count, s),

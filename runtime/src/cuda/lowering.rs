@@ -15,6 +15,7 @@ use super::gemm::{Matmul, MatmulSpec, Operand};
 use super::steps::{RopeRows, Schedule, Step};
 use super::weights::{SELECTION_PIECE_BYTES, Selections};
 use crate::error::{Error, Result};
+use crate::fp8::ProductScales;
 use crate::plan::{Accesses, Activation, BufId, Op, Plan, RopeAxes, RopeSpec, Section, Span, View, WeightId, WeightRole, sections_of};
 use crate::qwen_image::Filter;
 
@@ -58,6 +59,8 @@ pub(super) struct Lowering<'a> {
     pub(super) early_after_products: bool,
     /// The streamed MLPs' weights as that kernel reads them, by weight index.
     pub(super) tiled: &'a HashMap<usize, DevPtr>,
+    /// The FP8 products' weights: their scales and where the pair is on the device.
+    pub(super) fp8: &'a HashMap<usize, (ProductScales, DevPtr)>,
     pub(super) selections: &'a Selections,
     pub(super) steps: Vec<Step>,
     /// For each step: its lane, and what the plan ops it came from read and write.
@@ -295,6 +298,8 @@ impl Lowering<'_> {
     pub(super) fn step_boundary(&self, i: usize) -> Result<Option<Step>> {
         let plan = self.plan;
         let in_phase = |j: usize| j < plan.ops.len() && plan.phase_starting_at(j).is_none();
+        // The row kernels read a bf16 weight: an FP8 product's exists only in e4m3.
+        let bf16_product = |w: &WeightId| !self.fp8.contains_key(&w.0);
         let narrow_weight = |w: WeightId| match plan.weights[w.0].role {
             WeightRole::Matrix { n, k } => Some((n, k)),
             _ => None,
@@ -305,7 +310,7 @@ impl Lowering<'_> {
                 Op::AdaRmsNorm { x: nx, out, modulation: norm, eps },
                 Op::Gemm { a, w, bias, out: acc, accumulate },
                 ..,
-            ] if nx == x && a == out && in_phase(i + 1) && in_phase(i + 2) && acc.cols <= ROW_PRODUCT_MAX => {
+            ] if nx == x && a == out && in_phase(i + 1) && in_phase(i + 2) && acc.cols <= ROW_PRODUCT_MAX && bf16_product(w) => {
                 let (x_mat, y_mat, out_mat, acc_mat) = (self.mat(*x)?, self.mat(*y)?, self.mat(*out)?, self.mat(*acc)?);
                 // (A narrow product is never a fused MLP's, whose weights may exist only tiled.)
                 let (gate, norm, w_ptr) = (self.weight(*modulation, Elem::F32), self.weight(*norm, Elem::F32), self.weight(*w, Elem::Bf16));
@@ -324,7 +329,9 @@ impl Lowering<'_> {
                     accumulate: *accumulate,
                 }))
             }
-            [Op::Gemm { a, w, bias, out: x, accumulate: false }, norm, ..] if in_phase(i + 1) && a.cols <= ROW_PRODUCT_MAX => {
+            [Op::Gemm { a, w, bias, out: x, accumulate: false }, norm, ..]
+                if in_phase(i + 1) && a.cols <= ROW_PRODUCT_MAX && bf16_product(w) =>
+            {
                 let (nx, out, modulation, eps) = match *norm {
                     Op::AdaRmsNorm { x: nx, out, modulation, eps } => (nx, out, Some(self.weight(modulation, Elem::F32)), eps),
                     Op::RmsNorm { x: nx, out, weight: None, eps } => (nx, out, None, eps),
@@ -533,21 +540,29 @@ impl Lowering<'_> {
             return Err(self.error(format!("GEMM {}x{} · [{n}, {k}]ᵀ into {}x{}", a.rows, a.cols, out.rows, out.cols)));
         }
         let mut a_mat = self.mat(a)?;
-        if a_mat.dtype == Dtype::F32 {
+        let fp8 = self.fp8.get(&w.0).copied();
+        if let Some((scales, _)) = fp8 {
+            // The input in e4m3 with its calibrated scale (from f32 or bf16 alike).
+            let quantized = Mat { ptr: self.scratch().fp8_input, rows: a.rows, cols: a.cols, stride: a.cols, dtype: Dtype::E4m3 };
+            self.steps.push(Step::QuantizeE4m3 { dst: quantized, src: a_mat, inverse_scale: 1.0 / scales.activation });
+            a_mat = quantized;
+        } else if a_mat.dtype == Dtype::F32 {
             let shadow = Mat { ptr: self.scratch().shadow, rows: a.rows, cols: a.cols, stride: a.cols, dtype: Dtype::Bf16 };
             self.steps.push(Step::Copy { dst: shadow, src: a_mat });
             a_mat = shadow;
         }
         let d = self.mat(out)?;
+        let (w_elem, bias_elem) = if fp8.is_some() { (Elem::E4m3, Elem::Bf16) } else { (Elem::Bf16, Elem::from(d.dtype)) };
         let spec = MatmulSpec {
-            a: Operand { ptr: self.weight(w, Elem::Bf16), dtype: Dtype::Bf16, rows: k, cols: n, ld: k, transpose: true, batch_stride: 0 },
-            b: Operand { ptr: a_mat.ptr, dtype: Dtype::Bf16, rows: k, cols: a.rows, ld: a_mat.stride, transpose: false, batch_stride: 0 },
+            a: Operand { ptr: self.weight(w, w_elem), dtype: a_mat.dtype, rows: k, cols: n, ld: k, transpose: true, batch_stride: 0 },
+            b: Operand { ptr: a_mat.ptr, dtype: a_mat.dtype, rows: k, cols: a.rows, ld: a_mat.stride, transpose: false, batch_stride: 0 },
             d: Operand { ptr: d.ptr, dtype: d.dtype, rows: n, cols: out.rows, ld: d.stride, transpose: false, batch_stride: 0 },
             batch: 1,
             alpha: 1.0,
             beta: if accumulate { 1.0 } else { 0.0 },
-            bias: bias.map(|b| self.weight(b, Elem::from(d.dtype))),
+            bias: bias.map(|b| self.weight(b, bias_elem)),
             gelu,
+            scales: fp8.map(|(_, at)| at),
         };
         self.matmul(spec)
     }
@@ -668,6 +683,7 @@ impl Lowering<'_> {
                     beta: 0.0,
                     bias: None,
                     gelu: false,
+                    scales: None,
                 })?;
             }
             let key_valid = key_valid.map(|b| self.ptr(b) + (g * keys * 4) as u64);
@@ -708,6 +724,7 @@ impl Lowering<'_> {
                     beta: 0.0,
                     bias: None,
                     gelu: false,
+                    scales: None,
                 })?;
             }
         }

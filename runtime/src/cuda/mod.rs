@@ -8,6 +8,8 @@ mod backend;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
+mod fp8;
+#[cfg(feature = "cuda")]
 mod fusion;
 #[cfg(feature = "cuda")]
 mod gemm;
@@ -47,22 +49,18 @@ pub fn has_fp8_tensor_cores(major: u32, minor: u32) -> bool {
     (major, minor) >= (8, 9)
 }
 
-/// Why CUDA device `ordinal` does not open in FP8, with what to use instead.
-pub fn fp8_refusal(ordinal: usize) -> crate::Error {
+/// Whether CUDA device `ordinal` can run FP8 products; if not, why, with what to use instead.
+pub fn fp8_support(ordinal: usize) -> crate::Result<()> {
     #[cfg(feature = "cuda")]
     let capability = device::Context::new(ordinal).and_then(|ctx| ctx.compute_capability());
     #[cfg(not(feature = "cuda"))]
     let capability: crate::Result<(u32, u32)> = Err(crate::Error::Backend(probe(ordinal).unwrap_err()));
-    match capability {
-        Ok((major, minor)) if !has_fp8_tensor_cores(major, minor) => crate::Error::Backend(format!(
+    match capability? {
+        (major, minor) if !has_fp8_tensor_cores(major, minor) => Err(crate::Error::Backend(format!(
             "precision FP8 needs FP8 tensor cores (sm_89 or newer); CUDA device {ordinal} is sm_{major}{minor} (Jetson AGX Orin \
              is sm_87): open it in bf16 (Precision::Bf16 or Auto)"
-        )),
-        Ok((major, minor)) => crate::Error::Backend(format!(
-            "precision FP8 on the CUDA backend is not in this release: CUDA device {ordinal} (sm_{major}{minor}) runs bf16 \
-             (Precision::Bf16 or Auto). FP8 calibration (`flashrt calibrate`) and its CPU emulation (CPU backend, FP8) are"
-        )),
-        Err(e) => e,
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -75,22 +73,28 @@ pub fn used_device_memory() -> Option<usize> {
     Some(total - free)
 }
 
-/// Opens the CUDA backend for `plan`.
+/// Opens the CUDA backend for `plan`, in bf16, with the products `fp8_scales` names (by weight
+/// id, from a calibration) in FP8 where they qualify (see `FRT_FP8_MIN_ROWS`).
 pub fn open(
     plan: crate::plan::Plan,
     weights: Vec<crate::weights::WeightData>,
     checkpoint: std::sync::Arc<crate::checkpoint::Checkpoint>,
     device: usize,
     kernel_cache_dir: Option<std::path::PathBuf>,
+    fp8_scales: Vec<Option<crate::fp8::ProductScales>>,
 ) -> crate::Result<Box<dyn crate::backend::Backend>> {
     #[cfg(feature = "cuda")]
     {
-        let opts = CudaOptions { device, kernel_cache_dir, switches: Switches::from_env() };
+        let fp8_min_rows = match std::env::var("FRT_FP8_MIN_ROWS") {
+            Ok(v) => Some(v.parse().map_err(|_| crate::Error::invalid("FRT_FP8_MIN_ROWS", format!("{v:?}: expected a row count")))?),
+            Err(_) => None,
+        };
+        let opts = CudaOptions { device, kernel_cache_dir, switches: Switches::from_env(), fp8_scales, fp8_min_rows };
         Ok(Box::new(CudaBackend::new(plan, weights, checkpoint, &opts)?))
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (plan, weights, checkpoint, kernel_cache_dir);
+        let _ = (plan, weights, checkpoint, kernel_cache_dir, fp8_scales);
         Err(crate::Error::Backend(probe(device).unwrap_err()))
     }
 }

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use crate::fp8::ProductScales;
+
 /// Open-time options of the CUDA backend.
 #[derive(Clone, Debug, Default)]
 pub struct CudaOptions {
@@ -10,6 +12,11 @@ pub struct CudaOptions {
     /// Kernel cache directory; default `$XDG_CACHE_HOME/flashrt/kernels`.
     pub kernel_cache_dir: Option<PathBuf>,
     pub switches: Switches,
+    /// FP8: the calibrated scales of each weight's products (by weight id; `None` keeps a weight
+    /// in bf16), from `Calibration::product_scales`. Empty: everything in bf16.
+    pub fp8_scales: Vec<Option<ProductScales>>,
+    /// Fewest rows an FP8 product needs (`FRT_FP8_MIN_ROWS`; default [`super::fp8::FP8_MIN_ROWS`]).
+    pub fp8_min_rows: Option<usize>,
 }
 
 /// The backend's optimisations, each of which can be switched off without changing what a step

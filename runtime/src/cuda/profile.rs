@@ -151,6 +151,7 @@ impl Launcher {
         match step {
             Step::Gemm { matmul, .. } => format!("cublaslt {}", self.matmuls[*matmul].label()),
             Step::Copy { .. } => "copy".into(),
+            Step::QuantizeE4m3 { .. } => "quantize_e4m3".into(),
             Step::ScatterRows { .. } => "scatter_rows".into(),
             Step::QwenImagePatches(_) => "qwen_image_patches".into(),
             Step::ImagePatches { .. } => "image_patches".into(),

@@ -23,6 +23,12 @@ pub(super) enum Step {
         dst: Mat,
         src: Mat,
     },
+    /// An FP8 product's input in e4m3: `dst = e4m3(src · inverse_scale)`.
+    QuantizeE4m3 {
+        dst: Mat,
+        src: Mat,
+        inverse_scale: f32,
+    },
     QwenImagePatches(QwenImageArgs),
     ScatterRows {
         dst: Mat,

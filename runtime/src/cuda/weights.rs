@@ -1,4 +1,4 @@
-//! The weights on the device: converted (bf16 or f32, by use) and uploaded once at open through
+//! The weights on the device: converted (bf16, f32 or e4m3, by use) and uploaded once at open through
 //! pinned staging, and the streamed MLPs' weights retiled for their kernel.
 
 use std::collections::HashMap;
@@ -11,6 +11,7 @@ use super::arena::{Elem, Layout};
 use super::device::{DeviceMemory, Pinned, check};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
+use crate::fp8::ProductScales;
 use crate::plan::{Op, Plan, WeightId, WeightRole};
 use crate::weights::WeightData;
 
@@ -74,15 +75,17 @@ impl Selections {
 }
 
 /// Which element type each use of a weight needs: GEMM matrices and the embedding in bf16,
-/// biases in the type of their GEMM's output, every other vector in f32.
-pub(super) fn weight_uses(plan: &Plan, elems: &[Elem]) -> Vec<(usize, Elem)> {
+/// biases in the type of their GEMM's output, every other vector in f32. The matrices of FP8
+/// products (`fp8`, by weight index) are e4m3 instead, their biases bf16 (cuBLASLt's FP8 bias).
+pub(super) fn weight_uses(plan: &Plan, elems: &[Elem], fp8: &HashMap<usize, ProductScales>) -> Vec<(usize, Elem)> {
     let mut uses = Vec::new();
     for op in &plan.ops {
         match *op {
             Op::Gemm { w, bias, out, .. } => {
-                uses.push((w.0, Elem::Bf16));
+                let in_fp8 = fp8.contains_key(&w.0);
+                uses.push((w.0, if in_fp8 { Elem::E4m3 } else { Elem::Bf16 }));
                 if let Some(b) = bias {
-                    uses.push((b.0, elems[out.buf.0]));
+                    uses.push((b.0, if in_fp8 { Elem::Bf16 } else { elems[out.buf.0] }));
                 }
             }
             Op::Embed { table, .. } => uses.push((table.0, Elem::Bf16)),
@@ -212,15 +215,17 @@ pub(super) fn retile_mlp_weights(
     Ok((copies, tiled))
 }
 
-/// Converts and uploads every used weight through two alternating pinned staging buffers.
+/// Converts and uploads every used weight through two alternating pinned staging buffers (the
+/// FP8 products' matrices in e4m3 with their calibrated scales, `fp8`).
 pub(super) fn upload_weights(
     plan: &Plan,
     data: Vec<WeightData>,
     ckpt: &Checkpoint,
     elems: &[Elem],
+    fp8: &HashMap<usize, ProductScales>,
     stream: sys::CUstream,
 ) -> Result<UploadedWeights> {
-    let uses = weight_uses(plan, elems);
+    let uses = weight_uses(plan, elems, fp8);
     let numel = |w: usize| match plan.weights[w].role {
         WeightRole::Matrix { n, k } => n * k,
         WeightRole::MatrixStack { entries, n, k } => entries * n * k,
@@ -275,6 +280,16 @@ pub(super) fn upload_weights(
                             // SAFETY: disjoint ranges inside the stage (count ≤ its capacity).
                             let o = unsafe { std::slice::from_raw_parts_mut(out.at(r.start), r.len()) };
                             o.iter_mut().zip(&values[r]).for_each(|(o, v)| *o = half::bf16::from_f32(*v).to_bits());
+                        });
+                    }
+                    Elem::E4m3 => {
+                        // As the CPU emulation rounds the weight: e4m3(w · (1 / scale)).
+                        let inverse = 1.0 / fp8[&w].weight;
+                        let out = SyncSlice(stage.as_mut_slice::<u8>().as_mut_ptr());
+                        parallel_ranges(count, |r| {
+                            // SAFETY: disjoint ranges inside the stage (count ≤ its capacity).
+                            let o = unsafe { std::slice::from_raw_parts_mut(out.at(r.start), r.len()) };
+                            o.iter_mut().zip(&values[r]).for_each(|(o, v)| *o = crate::fp8::encode(v * inverse));
                         });
                     }
                     _ => stage.as_mut_slice::<f32>()[..count].copy_from_slice(values),

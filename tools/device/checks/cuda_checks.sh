@@ -101,8 +101,8 @@ for phase in "$@"; do
     SECONDS=0
     case "$phase" in
     tests)
-        echo "== tests: every op vs CPU, tiny fixtures (Pi0.5, GR00T N1.7) vs CPU, RTC (both) vs lerobot, GR00T embodiment switch, prompt buckets, no allocation, device fault"
-        gpu_tests every_op_matches_cpu tiny_fixture_matches_cpu real_time_chunking_matches_lerobot groot_tiny_matches_cpu groot_real_time_chunking_matches_lerobot groot_embodiment_switch_matches_cpu prompt_buckets_match_the_whole_prompt step_allocates_nothing_and_device_memory_is_constant a_device_fault_marks_the_policy_unusable_and_a_new_one_works
+        echo "== tests: every op vs CPU, FP8 products vs the CPU emulation, tiny fixtures (Pi0.5 bf16 and FP8, GR00T N1.7) vs CPU, RTC (both) vs lerobot, GR00T embodiment switch, prompt buckets, no allocation, device fault"
+        gpu_tests every_op_matches_cpu fp8_products_match_the_cpu_emulation tiny_fixture_matches_cpu tiny_fixture_fp8_matches_cpu_emulation real_time_chunking_matches_lerobot groot_tiny_matches_cpu groot_real_time_chunking_matches_lerobot groot_embodiment_switch_matches_cpu prompt_buckets_match_the_whole_prompt step_allocates_nothing_and_device_memory_is_constant a_device_fault_marks_the_policy_unusable_and_a_new_one_works
         ;;
     soak)
         # Bounded to fit one device call (SOAK_SECONDS, default 420 s): pi05-2v at ~12 ms a step
