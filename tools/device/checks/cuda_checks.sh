@@ -11,6 +11,7 @@
 #   bash tools/device/checks/cuda_checks.sh bench        # pi05-2v, cold then warm kernel cache
 #   bash tools/device/checks/cuda_checks.sh views        # 1 and 3 views
 #   bash tools/device/checks/cuda_checks.sh full         # lerobot f32 reference on the same weights, 5c
+#   bash tools/device/checks/cuda_checks.sh fp8          # pi05-2v calibrated here (synthetic), bf16 vs FP8 alternating, FP8 profile
 #   bash tools/device/checks/cuda_checks.sh groot-full   # GR00T N1.7 full size: lerobot f32 on the same weights vs CUDA,
 #                                                 # then lerobot's bf16-autocast step timed (the side-by-side baseline)
 #   bash tools/device/checks/cuda_checks.sh groot-bench  # gr00t-2v (cold and warm kernel cache, per-phase profile)
@@ -224,6 +225,21 @@ for phase in "$@"; do
         PYTHONPATH=/tmp/site HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 \
             run python3 tools/device/checks/groot_full_parity.py --ckpt "$GROOT_FULL" --timing-json "$OUT/lerobot_groot_bf16.json"
         FRT_GROOT_FULL_DIR="$GROOT_FULL" gpu_tests groot_full_size_matches_lerobot
+        ;;
+    fp8)
+        # FP8 against bf16 on pi05-2v in one call: the full-size synthesized checkpoint calibrated
+        # here on the CPU (synthetic observations: 2 steps, 1 measured), then bf16 and FP8 benches
+        # alternating twice (the same machine state for both), then FP8's per-phase profile.
+        echo "== fp8: pi05-2v calibrated on this CPU (synthetic), then bf16 and FP8 alternating"
+        synth_full
+        cal=/tmp/flashrt_full_fp8.json
+        [ -f "$cal" ] || run "$BIN/flashrt" calibrate --checkpoint "$FULL" --cameras 2 --steps 2 --measure-steps 1 --threads 16 --out "$cal"
+        cp "$cal" "$OUT/fp8-calibration-pi05-full-synthetic.json" || status=1
+        for _ in 1 2; do
+            bench 2 pi05-2v-bf16
+            bench 2 pi05-2v-fp8 --precision fp8 --fp8-calibration "$cal"
+        done
+        FRT_PROFILE="$OUT/profile_fp8_2v.json" bench 2 pi05-2v-fp8-profiled --precision fp8 --fp8-calibration "$cal"
         ;;
     groot-bench)
         echo "== bench gr00t-2v: cold kernel cache, then warm with the per-phase profile"
