@@ -11,6 +11,7 @@
 #   bash tools/device/checks/cuda_checks.sh bench        # pi05-2v, cold then warm kernel cache
 #   bash tools/device/checks/cuda_checks.sh views        # 1 and 3 views
 #   bash tools/device/checks/cuda_checks.sh full         # lerobot f32 reference on the same weights, 5c
+#   bash tools/device/checks/cuda_checks.sh fp8-tests    # the FP8 tests of `tests` alone
 #   bash tools/device/checks/cuda_checks.sh fp8          # pi05-2v calibrated here (synthetic), bf16 vs FP8 alternating, FP8 profile
 #   bash tools/device/checks/cuda_checks.sh groot-full   # GR00T N1.7 full size: lerobot f32 on the same weights vs CUDA,
 #                                                 # then lerobot's bf16-autocast step timed (the side-by-side baseline)
@@ -104,6 +105,10 @@ for phase in "$@"; do
     tests)
         echo "== tests: every op vs CPU, FP8 products vs the CPU emulation, tiny fixtures (Pi0.5 bf16 and FP8, GR00T N1.7) vs CPU, RTC (both) vs lerobot, GR00T embodiment switch, prompt buckets, no allocation, device fault"
         gpu_tests every_op_matches_cpu fp8_products_match_the_cpu_emulation tiny_fixture_matches_cpu tiny_fixture_fp8_matches_cpu_emulation real_time_chunking_matches_lerobot groot_tiny_matches_cpu groot_real_time_chunking_matches_lerobot groot_embodiment_switch_matches_cpu prompt_buckets_match_the_whole_prompt step_allocates_nothing_and_device_memory_is_constant a_device_fault_marks_the_policy_unusable_and_a_new_one_works
+        ;;
+    fp8-tests)
+        echo "== fp8-tests: FP8 products vs the CPU emulation, the tiny fixture in FP8"
+        gpu_tests fp8_products_match_the_cpu_emulation tiny_fixture_fp8_matches_cpu_emulation
         ;;
     soak)
         # Bounded to fit one device call (SOAK_SECONDS, default 420 s): pi05-2v at ~12 ms a step
