@@ -148,8 +148,13 @@ impl Case {
     /// A host-written f32 input copied into an internal buffer (whose element type the backend
     /// then chooses from its uses, as in the real plan).
     fn input(&mut self, name: &str, rows: usize, cols: usize) -> View {
-        let host = self.plan.host_buffer(format!("{name}.host"), BufType::F32, rows * cols, HostIo::Input);
         let data = self.normal(rows * cols, 1.0);
+        self.input_of(name, rows, cols, data)
+    }
+
+    /// [`Case::input`] holding `data`.
+    fn input_of(&mut self, name: &str, rows: usize, cols: usize, data: Vec<f32>) -> View {
+        let host = self.plan.host_buffer(format!("{name}.host"), BufType::F32, rows * cols, HostIo::Input);
         self.inputs.push((host, Input::F32(data)));
         let src = View { buf: host, offset: 0, rows, cols, stride: cols };
         let dst = self.plan.matrix(name, rows, cols);
@@ -310,6 +315,38 @@ fn fp8_gemm_case(seed: u64) -> (Case, Vec<Option<ProductScales>>) {
         scales[weight.0] = Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(weight_amax) });
     }
     (c, scales)
+}
+
+/// The device's e4m3 quantization code for code: the 5,017 inputs of PyTorch's table
+/// (tests/data/fp8/e4m3_torch.safetensors: ties, their neighbours, subnormals, values past
+/// ±448), read in f32, through an FP8 product with the weight 448 · I and unit scales into an f32
+/// residual of zeros, whose output is then exactly 448 times each input's decoded code (the CPU
+/// emulation's codes are PyTorch's, `fp8::tests`).
+fn fp8_codes_case() -> (Case, Vec<Option<ProductScales>>) {
+    const K: usize = 64;
+    let table = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/fp8/e4m3_torch.safetensors")).unwrap();
+    let table = SafeTensors::deserialize(&table).unwrap();
+    let mut inputs: Vec<f32> = table
+        .tensor("inputs")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .map(|x| if x.is_nan() { 0.0 } else { x })
+        .collect();
+    let rows = inputs.len().div_ceil(K);
+    inputs.resize(rows * K, 0.0);
+    let mut c = Case::new(format!("fp8 codes: {} inputs of PyTorch's e4m3 table", rows * K), 0);
+    let host = c.plan.host_buffer("x.host", BufType::F32, rows * K, HostIo::Input);
+    c.inputs.push((host, Input::F32(inputs)));
+    let x = View { buf: host, offset: 0, rows, cols: K, stride: K };
+    // 448 · I: its range maps onto e4m3's with scale 1, as the CPU emulation derives it.
+    c.weights.push((0..K * K).map(|i| if i / K == i % K { fp8::E4M3_MAX } else { 0.0 }).collect());
+    let identity = c.plan.weight("identity", WeightRole::Matrix { n: K, k: K });
+    let out = c.input_of("out", rows, K, vec![0.0; rows * K]);
+    c.plan.push(Op::Gemm { a: x, w: identity, bias: None, out, accumulate: true });
+    c.check(out);
+    (c, vec![Some(ProductScales { activation: 1.0, weight: 1.0 })])
 }
 
 fn norm_case(seed: u64, kind: usize) -> Case {
@@ -1127,8 +1164,9 @@ fn every_op_matches_cpu() {
 }
 
 /// FP8 products (e4m3 weights, inputs quantized on the device with their scales, cuBLASLt's FP8
-/// product with f32 accumulation) against the CPU's FP8 emulation of the same products: within
-/// the bf16 tier, as the inputs are bf16-exact and both sides round the same e4m3 codes. The same
+/// product with f32 accumulation) against the CPU's FP8 emulation of the same products: first
+/// every code of PyTorch's e4m3 table exactly ([`fp8_codes_case`]), then random products within
+/// the bf16 tier, as their inputs are bf16-exact and both sides round the same e4m3 codes. The same
 /// GPU results against the CPU in f32 are an FP8 error away (> 10× that tier): the products did
 /// run in e4m3.
 #[test]
@@ -1137,7 +1175,11 @@ fn fp8_products_match_the_cpu_emulation() {
     require_gpu("fp8_products_match_the_cpu_emulation");
     let tmp = tempfile::tempdir().unwrap();
     let dummy = dummy_checkpoint(tmp.path());
-    let (mut results, mut failures) = (Vec::new(), 0);
+    let (codes_case, unit_scales) = fp8_codes_case();
+    let [(_, codes_err, _)] = codes_case.run(&dummy, &unit_scales, true)[..] else { unreachable!("one compared buffer") };
+    eprintln!("e4m3 codes of PyTorch's table through the FP8 product with 448 · I: nmse {codes_err:e} (0: every code equal)");
+    let (mut results, mut failures) = (vec![json!({"case": codes_case.name, "nmse_vs_emulation": codes_err, "pass": codes_err == 0.0})], 0);
+    failures += (codes_err != 0.0) as usize;
     for seed in 0..3u64 {
         let (case, scales) = fp8_gemm_case(seed);
         let emulated = case.run(&dummy, &scales, true);
