@@ -24,6 +24,10 @@ use crate::plan::{Op, Plan, WeightRole};
 /// 50-action-token products) the quantizing launch costs about what the product would save.
 pub const FP8_MIN_ROWS: usize = 128;
 
+/// Bytes from one device scale to the next: cuBLASLt checks the scale pointers' alignment when a
+/// product launches, and 4-byte aligned ones were refused (CUBLAS_STATUS_NOT_SUPPORTED on the H100).
+pub(super) const SCALE_STRIDE: u64 = 16;
+
 /// The products the backend runs in FP8 and the calibrated ones it keeps in bf16.
 #[derive(Debug, Default)]
 pub(super) struct Fp8Products {
@@ -85,19 +89,23 @@ impl Fp8Products {
         s
     }
 
-    /// The chosen products' scales on the device, (weight, input) per weight, and where each
-    /// weight's pair is.
+    /// The chosen products' scales on the device and where each weight's are: the weight's at
+    /// that address, the input's [`SCALE_STRIDE`] bytes on, each scale 16-byte aligned.
     pub(super) fn upload_scales(&self) -> Result<(Option<DeviceMemory>, HashMap<usize, DevPtr>)> {
         if self.chosen.is_empty() {
             return Ok((None, HashMap::new()));
         }
         let mut order: Vec<(&usize, &ProductScales)> = self.chosen.iter().collect();
         order.sort_unstable_by_key(|(w, _)| **w);
-        let values: Vec<f32> = order.iter().flat_map(|(_, s)| [s.weight, s.activation]).collect();
+        let per_scale = SCALE_STRIDE as usize / 4;
+        let mut values = vec![0f32; order.len() * 2 * per_scale];
+        for (i, (_, s)) in order.iter().enumerate() {
+            (values[2 * i * per_scale], values[(2 * i + 1) * per_scale]) = (s.weight, s.activation);
+        }
         let memory = DeviceMemory::new(values.len() * 4, "FP8 scales")?;
         // SAFETY: the allocation was sized for the values.
         check("uploading the FP8 scales", unsafe { result::memcpy_htod_sync(memory.ptr, &values) })?;
-        let at = order.iter().enumerate().map(|(i, (w, _))| (**w, memory.ptr + (i * 8) as u64)).collect();
+        let at = order.iter().enumerate().map(|(i, (w, _))| (**w, memory.ptr + 2 * i as u64 * SCALE_STRIDE)).collect();
         Ok((Some(memory), at))
     }
 }

@@ -41,8 +41,9 @@ pub struct MatmulSpec {
     pub bias: Option<DevPtr>,
     /// GELU (tanh approximation, cuBLASLt's) applied to the result, after the bias.
     pub gelu: bool,
-    /// An FP8 product (A and B in e4m3): the device address of A's per-tensor scale, followed by
-    /// B's (two f32). The bias is then bf16 whatever D's type (cuBLASLt's FP8 bias type).
+    /// An FP8 product (A and B in e4m3): the device address of A's per-tensor scale (f32), with
+    /// B's `super::fp8::SCALE_STRIDE` bytes on. A bias is then bf16 whatever D's type (cuBLASLt's
+    /// FP8 bias type).
     pub scales: Option<DevPtr>,
 }
 
@@ -128,15 +129,17 @@ impl Matmul {
             }
             if let Some(scales) = spec.scales {
                 use sys::cublasLtMatmulDescAttributes_t::*;
-                let (a_scale, b_scale) = (scales, scales + 4);
+                let (a_scale, b_scale) = (scales, scales + super::fp8::SCALE_STRIDE);
                 set_desc(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale as *const u64 as *const c_void, 8)?;
                 set_desc(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale as *const u64 as *const c_void, 8)?;
                 // Full f32 accumulation, as the calibration measured and the CPU emulation computes
                 // (Hopper's fast mode keeps fewer accumulator bits inside the tensor core).
                 let fast_accumulation: i8 = 0;
                 set_desc(CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accumulation as *const i8 as *const c_void, 1)?;
-                let bias_type = sys::cudaDataType::CUDA_R_16BF as i32;
-                set_desc(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type as *const i32 as *const c_void, 4)?;
+                if spec.bias.is_some() {
+                    let bias_type = sys::cudaDataType::CUDA_R_16BF as i32;
+                    set_desc(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type as *const i32 as *const c_void, 4)?;
+                }
             }
             for (i, op) in [spec.a, spec.b, spec.d].iter().enumerate() {
                 let layout = lt::create_matrix_layout(data_type(op.dtype), op.rows as u64, op.cols as u64, op.ld as i64)
