@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Coverage-guided fuzzing (libFuzzer through cargo-fuzz) of every parser and boundary: builds the
+# Coverage-guided fuzzing (libFuzzer, a cargo-fuzz crate) of every parser and boundary: builds the
 # targets in fuzz/ and runs each for FRT_FUZZ_SECONDS (default 30) from its committed seed
 # corpus. Fails on any crash, panic, timeout or out-of-memory; the failing input is left under
 # target/fuzz-artifacts/<target>/ (reproduce: the printed command with that file as argument).
 #
-# Toolchain: stable Rust and cargo-fuzz 0.13.1, installed under target/fuzz-tools by this script.
+# Toolchain: stable Rust. The targets build with plain cargo and the flags `cargo fuzz build`
+# (cargo-fuzz 0.13.1) passes, so CI does not compile cargo-fuzz itself (~30 s of a clean run);
+# `cargo fuzz run <target>` works on this crate as well.
 # Sanitizer: none by default (the coverage instrumentation needs only stable flags); with
-# FRT_FUZZ_SANITIZER=address cargo-fuzz passes -Zsanitizer=address, which stable 1.95 accepts
+# FRT_FUZZ_SANITIZER=address the build adds -Zsanitizer=address, which stable 1.95 accepts
 # under RUSTC_BOOTSTRAP=1 (set below; its ASan runtime ships with the toolchain, no -Zbuild-std:
 # checked on a probe target that reads out of bounds). Slower; for long runs.
 # Missing tools (a C++ compiler for libFuzzer) skip with a message, or fail under FRT_REQUIRE_ALL=1.
@@ -36,20 +38,30 @@ command -v c++ > /dev/null || missing "no C++ compiler (libFuzzer is C++; instal
 # Outside the workspace, so the workspace's fmt check does not see it.
 timed "cargo fmt --check (fuzz crate)" cargo fmt --manifest-path fuzz/Cargo.toml --check
 
-tools="$PWD/target/fuzz-tools"
-if [ ! -x "$tools/bin/cargo-fuzz" ]; then
-  timed "install cargo-fuzz 0.13.1 under target/fuzz-tools" \
-    cargo install -q cargo-fuzz --locked --version 0.13.1 --root "$tools"
-fi
-export PATH="$tools/bin:$PATH" RUSTC_BOOTSTRAP=1
-# The fuzz build has its own target directory (every crate is instrumented); 16 codegen units
-# and the fuzz crate's release profile (opt-level 2, no debug info) keep it cheap.
+export RUSTC_BOOTSTRAP=1
+# The build `cargo fuzz build --sanitizer $sanitizer --codegen-units 16` runs, with cargo-fuzz
+# 0.13.1's defaults: SanitizerCoverage with inline 8-bit counters, PC table, compare tracing and
+# stack depth for libFuzzer, branch folding off, `--cfg fuzzing`, debug assertions; --target keeps
+# them off build scripts and proc macros; a caller's RUSTFLAGS come last, as cargo fuzz appends
+# them. One difference: cargo fuzz also turns on line tables (profile.release.debug), which this
+# build leaves off as the fuzz crate's profile says (debug = 0): ~13% of the build's CPU time, and
+# a panic still names its file and line. The fuzz build has its own target directory (every crate
+# is instrumented); 16 codegen units and the fuzz crate's release profile (opt-level 2) keep it
+# cheap.
+rustflags=(-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4
+  -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table
+  -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing
+  -Cllvm-args=-simplifycfg-branch-fold-threshold=0 -Cllvm-args=-sanitizer-coverage-stack-depth
+  -Cdebug-assertions -Ccodegen-units=16)
+[ "$sanitizer" = none ] || rustflags+=("-Zsanitizer=$sanitizer")
+host="$(rustc -vV | sed -n 's/^host: //p')"
 out="$PWD/target/fuzz"
-one=()
-[ ${#targets[@]} != 1 ] || one=("${targets[0]}") # cargo fuzz builds one target or all
+bins=()
+for t in "${targets[@]}"; do bins+=(--bin "$t"); done
 timed "build ${targets[*]} (sanitizer: $sanitizer)" \
-  cargo fuzz build --sanitizer "$sanitizer" --codegen-units 16 --target-dir "$out" "${one[@]}"
-bin="$out/x86_64-unknown-linux-gnu/release"
+  env RUSTFLAGS="${rustflags[*]} ${RUSTFLAGS:-}" cargo build --locked --manifest-path fuzz/Cargo.toml \
+  --target "$host" --release --target-dir "$out" "${bins[@]}"
+bin="$out/$host/release"
 
 # One fuzzer is one process on one core: FRT_FUZZ_JOBS (default: the core count) run side by side,
 # each for its whole budget, so the targets get the same time as one after the other in less wall

@@ -8,10 +8,13 @@
 # Components that do not exist in this checkout (ffi/, ros2_bridge/, examples/cpp_controller/) are
 # left out and listed as such in the manifest.
 #
-# Usage: jetson/build.sh --board orin|thor [--out DIR] [--no-install]
+# Usage: jetson/build.sh --board orin|thor [--out DIR] [--no-install] [--print-cargo-args]
 #   --board       which profile of jetson/boards/ to build for (picks cudarc's CUDA flavour)
 #   --out         where the tarball goes (default target/jetson)
 #   --no-install  fail instead of installing a missing toolchain with apt
+#   --print-cargo-args  print the board's packages and features (`-p ... --no-default-features
+#                 --features ...`) and exit: jetson/ci.sh builds its tests with them, so that
+#                 build and this one share every compiled crate
 #
 # The toolchain is Debian's rustc-web 1.96 with its aarch64 std (libstd-rust-web-dev:arm64) and
 # gcc-aarch64-linux-gnu: rustup's toolchain has no aarch64 std here, and the two cannot be mixed in
@@ -22,12 +25,14 @@ set -euo pipefail
 board=""
 out=""
 install_missing=1
+print_cargo_args=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --board) board="${2:-}"; shift 2 ;;
     --out) out="${2:-}"; shift 2 ;;
     --no-install) install_missing=0; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --print-cargo-args) print_cargo_args=1; shift ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -49,6 +54,43 @@ field() { sed -n "s/^$1 = \"\(.*\)\"/\1/p" "$profile"; }
 feature="$(field cargo_feature)"
 cudarc_feature="$(field cudarc_feature)"
 ros2_distro="$(field ros2_distro)"
+
+# --- packages and features -------------------------------------------------------------------
+# One cargo invocation for every package, so cargo unifies their features once and the runtime and
+# its dependencies compile once (separate invocations rebuild them for each feature set).
+# Each package gets its own `cuda-12`/`cuda-13` feature with the defaults off (the default is
+# cuda-13, and cudarc cannot hold two flavours). A crate without these features that depends on
+# flashrt's defaults would pull in cuda-13 anyway: check_flavour catches that before building.
+cargo_packages=()
+flavour_features=()
+components=()
+add() { # package manifest
+  cargo_packages+=(-p "$1")
+  components+=("$1")
+  if grep -q "^$feature = " "$2"; then
+    flavour_features+=("$1/$feature")
+  fi
+}
+add flashrt "$root/runtime/Cargo.toml"
+have_ffi=0
+if [ -f "$root/ffi/Cargo.toml" ]; then
+  have_ffi=1
+  add flashrt-ffi "$root/ffi/Cargo.toml"
+fi
+have_ros2=0
+if [ -f "$root/ros2_bridge/Cargo.toml" ]; then
+  have_ros2=1
+  add flashrt-ros2 "$root/ros2_bridge/Cargo.toml"
+  # The distribution is a default feature of the node; with the defaults off, name it.
+  if grep -q "^$ros2_distro = " "$root/ros2_bridge/Cargo.toml"; then
+    flavour_features+=("flashrt-ros2/$ros2_distro")
+  fi
+fi
+features=(--no-default-features --features "$(IFS=,; echo "${flavour_features[*]}")")
+if [ "$print_cargo_args" = 1 ]; then
+  echo "${cargo_packages[*]} ${features[*]}"
+  exit 0
+fi
 
 # --- toolchain -----------------------------------------------------------------------------------
 toolchain_packages=(rustc-web cargo-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu g++-aarch64-linux-gnu
@@ -73,9 +115,6 @@ cargo=("${cargo_aarch64[@]}")
 say "$("${cargo[0]}" --version), $($RUSTC --version); target dir $CARGO_TARGET_DIR"
 
 # --- cargo builds --------------------------------------------------------------------------------
-# Each package gets its own `cuda-12`/`cuda-13` feature with the defaults off (the default is
-# cuda-13, and cudarc cannot hold two flavours). A crate without these features that depends on
-# flashrt's defaults would pull in cuda-13 anyway: check_flavour catches that before building.
 # Fails unless the cudarc that `cargo tree` resolves for these arguments has exactly this board's
 # flavour; prints "none" when the package does not use cudarc at all.
 check_flavour() {
@@ -104,34 +143,6 @@ check_flavour() {
 }
 
 release="$CARGO_TARGET_DIR/$triple/release"
-# One cargo invocation for every package, so cargo unifies their features once and the runtime and
-# its dependencies compile once (separate invocations rebuild them for each feature set).
-cargo_packages=()
-flavour_features=()
-components=()
-add() { # package manifest
-  cargo_packages+=(-p "$1")
-  components+=("$1")
-  if grep -q "^$feature = " "$2"; then
-    flavour_features+=("$1/$feature")
-  fi
-}
-add flashrt "$root/runtime/Cargo.toml"
-have_ffi=0
-if [ -f "$root/ffi/Cargo.toml" ]; then
-  have_ffi=1
-  add flashrt-ffi "$root/ffi/Cargo.toml"
-fi
-have_ros2=0
-if [ -f "$root/ros2_bridge/Cargo.toml" ]; then
-  have_ros2=1
-  add flashrt-ros2 "$root/ros2_bridge/Cargo.toml"
-  # The distribution is a default feature of the node; with the defaults off, name it.
-  if grep -q "^$ros2_distro = " "$root/ros2_bridge/Cargo.toml"; then
-    flavour_features+=("flashrt-ros2/$ros2_distro")
-  fi
-fi
-features=(--no-default-features --features "$(IFS=,; echo "${flavour_features[*]}")")
 # Checked before building: resolving the graph takes a second, a wrong build many minutes.
 flavour="$(check_flavour "${cargo_packages[@]}" "${features[@]}")"
 say "cargo build --release ${cargo_packages[*]} ${features[*]} --lib --bins  (cudarc flavour: $flavour)"

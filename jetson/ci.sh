@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # What CI runs for the Jetson builds (called from .ci/run through tools/test.sh):
-#   1. jetson/build.sh for Orin (cuda-12060) and Thor (cuda-13000); the second reuses every
-#      dependency of the first from the shared target dir, only the flashrt crates rebuild. Each
-#      build checks glibc <= 2.35 and that libflashrt.so exports only the frt_* C API;
-#   2. one release build of every aarch64 test binary below (the Thor package's features, so its
-#      compiled dependencies are reused); under qemu-aarch64-static, the runtime's CPU tests: golden
+#   1. jetson/build.sh for Orin (cuda-12060) and Thor (cuda-13000). Each build checks glibc <= 2.35
+#      and that libflashrt.so exports only the frt_* C API. Between the two, one release build of
+#      every aarch64 test binary below with the Thor package's packages and features (build.sh
+#      --print-cargo-args): it reuses every dependency the Orin build compiled (only the flashrt
+#      crates differ) and compiles the Thor flavour of the runtime, C ABI and node beside their
+#      unit tests, so the Thor build then finds every crate compiled and only packs;
+#   2. under qemu-aarch64-static, the runtime's CPU tests: golden
 #      parity (every parity test but the 77-run perturbation test), the unit tests of the runtime,
 #      the C ABI and the ROS 2 node, the loading/error tests and the zero-allocation test
 #      (tests/no_alloc_pi05.rs, 30 steps: every combination of its schedule);
@@ -69,7 +71,6 @@ fetch_qemu10() {
 
 out="$root/target/jetson"
 timed "cross-build orin (JetPack 6, cuda-12060)" jetson/build.sh --board orin --out "$out"
-timed "cross-build thor (JetPack 7, cuda-13000)" jetson/build.sh --board thor --out "$out"
 
 # Same environment as build.sh (which installed the toolchain above).
 # shellcheck source=jetson/cross-env.sh
@@ -79,17 +80,21 @@ test_cargo=("${cargo_aarch64[@]}" test --locked --release --target aarch64-unkno
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)"
 stage="$CARGO_TARGET_DIR/stage"
 
-# Every test binary that runs under qemu, from one cargo call over the three packages with their
-# default features, which are the Thor package's: the runtime and its dependencies are shared with
-# that build and compile once (a call per package resolves other features and rebuilds the runtime
-# for each). The binaries run directly under qemu; `test_exe SRC` names the one built from SRC.
-# (`--test no_alloc` also builds the ROS 2 node's test of that name, which runs natively only.)
+# Every test binary that runs under qemu, from one cargo call with the Thor package's packages and
+# features exactly (build.sh --print-cargo-args): the runtime, C ABI and node libraries and binaries
+# it compiles are the Thor build's, which then compiles nothing (with the packages' default
+# features instead, the same flavour, cargo counts `default` as another feature set and compiles
+# the three crates and their binaries again: ~115 s of CPU). The binaries run directly under qemu;
+# `test_exe SRC` names the one built from SRC. (`--test no_alloc` also builds the ROS 2 node's
+# test of that name, which runs natively only.)
 test_sources="$CARGO_TARGET_DIR/test-binaries.tsv"
 build_tests() {
-  local packages=(-p flashrt) targets=(--lib --test golden_pi05 --test no_alloc_pi05 --test loading_and_errors)
-  [ -f ffi/Cargo.toml ] && packages+=(-p flashrt-ffi) && targets+=(--test no_alloc)
-  [ -f ros2_bridge/Cargo.toml ] && packages+=(-p flashrt-ros2) && targets+=(--test interop)
-  "${test_cargo[@]}" "${packages[@]}" "${targets[@]}" --no-run --message-format=json-render-diagnostics |
+  local args thor targets=(--lib --test golden_pi05 --test no_alloc_pi05 --test loading_and_errors)
+  args="$(jetson/build.sh --board thor --print-cargo-args)"
+  read -r -a thor <<< "$args"
+  [ ! -f ffi/Cargo.toml ] || targets+=(--test no_alloc)
+  [ ! -f ros2_bridge/Cargo.toml ] || targets+=(--test interop)
+  "${test_cargo[@]}" "${thor[@]}" "${targets[@]}" --no-run --message-format=json-render-diagnostics |
     python3 -c '
 import json, os, sys
 root = sys.argv[1]
@@ -117,7 +122,8 @@ qemu_test() { # source, test arguments...
 # after the other: run beside a build or another test, two threads on an over-committed core wait
 # for each other at every op (one CI run: 12 steps took 332 s beside the builds). Only the golden
 # perturbation test (77 more model runs) is --full only.
-timed "build every test that runs under qemu (runtime, C ABI, ROS 2 node)" build_tests
+timed "build every test that runs under qemu (runtime, C ABI, ROS 2 node; the Thor flavour)" build_tests
+timed "cross-build thor (JetPack 7, cuda-13000)" jetson/build.sh --board thor --out "$out"
 timed "qemu: golden parity with lerobot" qemu_test tests/golden_pi05.rs --skip perturb
 unit_tests() {
   qemu_test runtime/src/lib.rs
