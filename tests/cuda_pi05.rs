@@ -255,51 +255,46 @@ impl Case {
     }
 }
 
-fn gemm_case(seed: u64) -> Case {
-    let mut c = Case::new(String::new(), seed);
-    let (m, k, n) = (c.rng.random_range(1..300), c.rng.random_range(1..160) * 4, c.rng.random_range(1..100) * 8);
-    c.name = format!("gemm (+ gelu) {m}x{k}x{n}");
+/// `a` (`m × k`) times one `n × k` weight with bias three ways: into an f32 residual that
+/// accumulates, into a bf16 output (kept bf16 by its consumer), and into a bf16 output with the
+/// tanh GELU over it (SigLIP's fc1: cuBLASLt's GELU epilogue on CUDA). Returns the weight and the
+/// residual.
+fn push_gemm_products(c: &mut Case, m: usize, k: usize, n: usize) -> (WeightId, View) {
     let a = c.input("a", m, k);
     let w = c.matrix_weight(n, k);
     let bias_data = c.normal(n, 0.5);
     let bias = c.vector_weight(bias_data);
-    // f32 output accumulated onto itself, with bias.
     let acc = c.input("acc", m, n);
     c.plan.push(Op::Gemm { a, w, bias: Some(bias), out: acc, accumulate: true });
     c.check(acc);
-    // bf16 output with bias (kept bf16 by its consumer), and no bias.
     let out = c.plan.matrix("out", m, n);
     c.plan.push(Op::Gemm { a, w, bias: Some(bias), out, accumulate: false });
     c.check(out);
     c.consume(out);
-    // bf16 output with bias, then GELU over it (SigLIP's fc1): cuBLASLt's GELU epilogue on CUDA.
     let act = c.plan.matrix("act", m, n);
     c.plan.push(Op::Gemm { a, w, bias: Some(bias), out: act, accumulate: false });
     c.plan.push(Op::Activation { x: act, kind: Activation::GeluTanh });
     c.check(act);
     c.consume(act);
+    (w, acc)
+}
+
+fn gemm_case(seed: u64) -> Case {
+    let mut c = Case::new(String::new(), seed);
+    let (m, k, n) = (c.rng.random_range(1..300), c.rng.random_range(1..160) * 4, c.rng.random_range(1..100) * 8);
+    c.name = format!("gemm (+ gelu) {m}x{k}x{n}");
+    push_gemm_products(&mut c, m, k, n);
     c
 }
 
-/// The products of [`gemm_case`] (f32 output accumulated with bias, bf16 output with bias, the
-/// GELU epilogue) and one reading the f32 residual, in FP8: N and K multiples of 16, each
-/// product's scales from its weight's and input's ranges (the f32 input's with room to grow).
+/// The products of [`push_gemm_products`] and one reading the f32 residual, in FP8: N and K
+/// multiples of 16, each product's scales from its weight's and input's ranges (the f32 input's
+/// with room to grow).
 fn fp8_gemm_case(seed: u64) -> (Case, Vec<Option<ProductScales>>) {
     let mut c = Case::new(String::new(), seed);
     let (m, k, n) = (c.rng.random_range(1..300), c.rng.random_range(1..40) * 16, c.rng.random_range(1..50) * 16);
     c.name = format!("fp8 gemm (+ gelu, f32 input) {m}x{k}x{n}");
-    let a = c.input("a", m, k);
-    let w = c.matrix_weight(n, k);
-    let bias_data = c.normal(n, 0.5);
-    let bias = c.vector_weight(bias_data);
-    let acc = c.input("acc", m, n);
-    c.plan.push(Op::Gemm { a, w, bias: Some(bias), out: acc, accumulate: true });
-    c.check(acc);
-    let act = c.plan.matrix("act", m, n);
-    c.plan.push(Op::Gemm { a, w, bias: Some(bias), out: act, accumulate: false });
-    c.plan.push(Op::Activation { x: act, kind: Activation::GeluTanh });
-    c.check(act);
-    c.consume(act);
+    let (w, acc) = push_gemm_products(&mut c, m, k, n);
     let w_residual = c.matrix_weight(16, n);
     let out = c.plan.matrix("from_residual", m, 16);
     c.plan.push(Op::Gemm { a: acc, w: w_residual, bias: None, out, accumulate: false });
