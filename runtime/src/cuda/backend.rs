@@ -103,6 +103,9 @@ impl CudaBackend {
         let (major, minor) = ctx.compute_capability()?;
         let switches = opts.switches;
         let arch = flashrt_kernels::device_arch(major, minor, switches.wgmma);
+        if !opts.fp8_scales.is_empty() && !has_fp8(&arch) {
+            return Err(Error::Backend(format!("FP8 products need sm_89 or newer; {device_name} is {arch}")));
+        }
         let board = crate::board::BoardProfile::for_compute_capability(major, minor);
         if let Some(board) = board {
             log::info!("board profile {} ({}): {:?} precision", board.name, board.description, board.precision);
@@ -142,9 +145,6 @@ impl CudaBackend {
                 kernels.mlp_stream_splits(rows, width, hidden, multiprocessors).is_some()
             });
         let fp8 = Fp8Products::choose(&plan, &opts.fp8_scales, &fusions.mlps, opts.fp8_min_rows.unwrap_or(FP8_MIN_ROWS));
-        if !opts.fp8_scales.is_empty() && !has_fp8(&arch) {
-            return Err(Error::Backend(format!("FP8 products need sm_89 or newer; {device_name} is {arch}")));
-        }
         let mut sizes = [ScratchSizes::default(); LANES];
         for (i, (op, &lane)) in plan.ops.iter().zip(&op_lanes).enumerate() {
             let size = &mut sizes[lane];
