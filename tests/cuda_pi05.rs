@@ -208,8 +208,7 @@ impl Case {
     /// and, with `cpu_emulates_fp8`, in the CPU's FP8 emulation.
     fn run(&self, ckpt: &Arc<Checkpoint>, fp8: &[Option<ProductScales>], cpu_emulates_fp8: bool) -> Vec<(String, f64, f64)> {
         let cpu = CpuBackend::new(self.plan.clone(), self.weight_data(), ckpt, 1).expect("CPU backend");
-        let mut cpu: Box<dyn Backend> =
-            if cpu_emulates_fp8 { Box::new(cpu.with_fp8(fp8.iter().map(|s| s.map(|s| s.activation)).collect())) } else { Box::new(cpu) };
+        let mut cpu: Box<dyn Backend> = if cpu_emulates_fp8 { Box::new(cpu.with_fp8(fp8)) } else { Box::new(cpu) };
         let options = CudaOptions { fp8_scales: fp8.to_vec(), fp8_min_rows: Some(1), ..CudaOptions::default() };
         let gpu = CudaBackend::new(self.plan.clone(), self.weight_data(), ckpt.clone(), &options);
         let gpu = gpu.unwrap_or_else(|e| panic!("{}: CUDA backend: {e}", self.name));

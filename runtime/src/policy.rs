@@ -176,11 +176,7 @@ impl Policy {
                 None => std::thread::available_parallelism().map_or(1, |n| n.get()).min(cpu::MAX_THREADS),
             };
             let cpu = CpuBackend::new(plan, weights, &ckpt, threads)?;
-            if fp8_scales.is_empty() {
-                Box::new(cpu)
-            } else {
-                Box::new(cpu.with_fp8(fp8_scales.iter().map(|s| s.map(|s| s.activation)).collect()))
-            }
+            if fp8_scales.is_empty() { Box::new(cpu) } else { Box::new(cpu.with_fp8(&fp8_scales)) }
         };
         // Every weight is in the backend now; refuse what a file that changed under us gave.
         ckpt.reads_ok()?;

@@ -12,7 +12,7 @@ use crate::backend::Backend;
 use crate::calibration::ProductProbe;
 use crate::checkpoint::{Checkpoint, DType};
 use crate::error::{Error, Result};
-use crate::fp8;
+use crate::fp8::{self, ProductScales};
 use crate::image::{self, PixelFormat};
 use crate::plan::{Activation, BufId, BufType, FRAME_INFO_FIELDS, Op, Plan, RopeAxes, RopeSpec, Section, View, WeightId, WeightRole};
 use crate::weights::WeightData;
@@ -176,29 +176,27 @@ impl CpuBackend {
         })
     }
 
-    /// Emulates the FP8 path of a GPU: the products of each weight with an input scale in
-    /// `input_scales` (by weight id) read their weight rounded through e4m3 with a per-tensor
-    /// scale and their input rounded with the given one, then accumulate in f32 as the FP8
-    /// tensor cores do. Every other op stays in f32. The reference for FP8 on the GPU, and a way
-    /// to see a calibration's effect on actions without one.
-    pub fn with_fp8(mut self, input_scales: Vec<Option<f32>>) -> Self {
+    /// Emulates the FP8 path of a GPU: the products of each weight with scales in `scales` (by
+    /// weight id) read their weight rounded through e4m3 with its per-tensor weight scale and
+    /// their input rounded with the activation scale, then accumulate in f32 as the FP8 tensor
+    /// cores do. Every other op stays in f32. The reference for FP8 on the GPU (which takes the
+    /// same scales), and a way to see a calibration's effect on actions without one.
+    pub fn with_fp8(mut self, scales: &[Option<ProductScales>]) -> Self {
         let mut input_len = 0;
         for op in &self.plan.ops {
             if let Op::Gemm { a, w, .. } = *op
-                && input_scales[w.0].is_some()
+                && scales[w.0].is_some()
             {
                 input_len = input_len.max(a.rows * a.cols);
             }
         }
-        for (weight, scale) in self.weights.iter_mut().zip(&input_scales) {
-            if let (Weight::Packed(matrix), Some(_)) = (weight, scale) {
-                let values = matrix.values_mut();
-                let scale = fp8::scale_for(fp8::amax(values));
-                fp8::round_trip_all(values, scale);
+        for (weight, scales) in self.weights.iter_mut().zip(scales) {
+            if let (Weight::Packed(matrix), Some(scales)) = (weight, scales) {
+                fp8::round_trip_all(matrix.values_mut(), scales.weight);
             }
         }
         self.fp8_input = vec![0.0; input_len];
-        self.fp8_input_scales = input_scales;
+        self.fp8_input_scales = scales.iter().map(|s| s.map(|s| s.activation)).collect();
         self
     }
 
@@ -1065,11 +1063,12 @@ mod tests {
         let input: Vec<f32> = (0..rows * (k + 3)).map(|i| ((i * 13 % 31) as f32 - 15.0) / 3.0).collect();
         let (_dir, ckpt) = unused_checkpoint();
         let data = vec![WeightData::Dense(weight.clone()), WeightData::Dense(weight.clone())];
-        let input_scale = 0.021;
-        let mut cpu = CpuBackend::new(plan, data, &ckpt, 1).unwrap().with_fp8(vec![Some(input_scale), None]);
+        // A weight scale other than the one its range gives: the emulation must take the one given.
+        let (input_scale, weight_scale) = (0.021, 1.5 * fp8::scale_for(fp8::amax(&weight)));
+        let scales = [Some(ProductScales { activation: input_scale, weight: weight_scale }), None];
+        let mut cpu = CpuBackend::new(plan, data, &ckpt, 1).unwrap().with_fp8(&scales);
         cpu.input_f32(host).copy_from_slice(&input);
         cpu.run().unwrap();
-        let weight_scale = fp8::scale_for(fp8::amax(&weight));
         let (got8, got32) = (cpu.read_buffer("out8").unwrap(), cpu.read_buffer("out32").unwrap());
         for r in 0..rows {
             let row = &input[3 + r * (k + 3)..][..k];
