@@ -250,6 +250,26 @@ fn run_replays_an_observation_log() {
         ["run", "--checkpoint", path(&ckpt), "--observations", path(&log), "--precision", "fp8", "--fp8-calibration", path(&calibration)];
     let (ok, stdout, stderr) = flashrt(&fp8);
     assert!(ok && stdout.contains("replayed 3 records of"), "{stdout}\n{stderr}");
+    // The FP8 emulation against f32 on the log's records (its prompts and noise): within the
+    // bounds given, and a bound it misses fails by name.
+    let record = dir.path().join("compare.json");
+    let compare = |bound: &str| {
+        let mut args = vec!["compare", "--checkpoint", path(&ckpt), "--observations", path(&log), "--out", path(&record)];
+        args.extend(["--precision", "fp8", "--fp8-calibration", path(&calibration), "--min-mean-cosine", "0.99", "--min-cosine", bound]);
+        flashrt(&args)
+    };
+    let (ok, stdout, stderr) = compare("0.99");
+    assert!(ok && stdout.contains("cpu fp8-emulated against cpu f32: 3 observations: cosine mean 0.99"), "{stdout}\n{stderr}");
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&record).unwrap()).unwrap();
+    let observations = json["observations"].as_array().unwrap();
+    let cameras: Vec<_> = observations.iter().map(|o| o["cameras"].as_u64().unwrap()).collect();
+    assert_eq!(
+        (cameras, &json["pass"], &observations[2]["prompt"]),
+        (vec![2, 1, 2], &serde_json::json!(true), &serde_json::json!("open the drawer"))
+    );
+    assert!(json["worst_rel_l2"].as_f64().unwrap() > 0.0, "FP8 rounds: {json}");
+    let (ok, _, stderr) = compare("1");
+    assert!(!ok && stderr.contains("compare: missed worst cosine 0.99") && stderr.contains("(bound 1)"), "{stderr}");
 
     let (ok, stdout, stderr) = flashrt(&["run", "--checkpoint", path(&ckpt), "--observations", path(&log), "--steps", "7"]);
     assert!(ok, "{stderr}");

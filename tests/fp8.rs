@@ -4,7 +4,8 @@
 
 use std::path::Path;
 
-use flashrt::calibration::{self, Calibration, CalibrationSettings, ProductPrecision};
+use flashrt::calibration::{self, Calibration, CalibrationSettings, ProductPrecision, SYNTHETIC_PROMPTS};
+use flashrt::compare;
 use flashrt::{BackendKind, Error, Frame, Observation, PixelFormat, Policy, PolicyConfig, Precision};
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/pi05_tiny");
@@ -150,4 +151,31 @@ fn a_calibration_for_other_weights_or_another_plan_is_refused_by_name() {
     assert!(message(&changed).contains("version Some(2); this runtime reads version 1"), "{}", message(&changed));
     std::fs::write(&kept, "{\"format\": \"something else\"}").unwrap();
     assert!(message(&changed).contains("is not \"flashrt-fp8-calibration\""), "{}", message(&changed));
+}
+
+/// `compare` steps both builds on the same observations and noise: f32 against itself is the
+/// same chunk bit for bit on every observation (1 to 3 cameras, three prompts), and the FP8
+/// emulation against f32 stays within its tier while differing.
+#[test]
+fn compare_steps_both_builds_on_the_same_observations_and_noise() {
+    let dir = fixture_copy();
+    calibrate(dir.path(), &settings()).save(&dir.path().join(calibration::DEFAULT_FILE)).unwrap();
+    let mut f32_policy = Policy::open(&config(dir.path(), Precision::F32)).unwrap();
+    let mut again = Policy::open(&config(dir.path(), Precision::F32)).unwrap();
+    let records = compare::synthetic_observations(&f32_policy, 4, 3);
+    // One step on drawn noise moves this policy's noise generator past the other's: the
+    // comparison must give both the same noise.
+    let frames = records[0].frames();
+    again.set_prompt("stack the blocks").unwrap();
+    again.step(&records[0].observation(&frames), &mut vec![0.0; again.actions_len()]).unwrap();
+    let same = compare::compare(&mut again, &mut f32_policy, &records, 5).unwrap();
+    let seen: Vec<_> = same.observations.iter().map(|o| (o.cameras, o.prompt.as_str())).collect();
+    assert_eq!(seen, [(1, SYNTHETIC_PROMPTS[0]), (2, SYNTHETIC_PROMPTS[1]), (3, SYNTHETIC_PROMPTS[2]), (1, SYNTHETIC_PROMPTS[0])]);
+    assert!(same.observations.iter().all(|o| o.max_abs == 0.0 && o.rel_l2 == 0.0), "{}", same.summary());
+
+    let mut fp8 = Policy::open(&config(dir.path(), Precision::Fp8)).unwrap();
+    let c = compare::compare(&mut fp8, &mut f32_policy, &records, 5).unwrap();
+    eprintln!("FP8 emulation vs f32: {}", c.summary());
+    assert!(c.worst_cosine >= 0.999 && c.worst_rel_l2 < 5e-2, "{}", c.summary());
+    assert!(c.observations.iter().all(|o| o.max_abs > 1e-5), "every chunk differs: {}", c.summary());
 }

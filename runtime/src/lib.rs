@@ -10,6 +10,7 @@ pub mod board;
 pub mod byte_string;
 pub mod calibration;
 pub mod checkpoint;
+pub mod compare;
 pub mod config;
 pub mod cpu;
 pub mod cuda;

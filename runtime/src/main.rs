@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use flashrt::bench::{self, SyntheticInputs};
 use flashrt::calibration::{self, CalibrationSettings};
+use flashrt::compare;
 use flashrt::image::{Frame, PixelFormat};
 use flashrt::models::groot_n17::synth as groot_synth;
 use flashrt::models::pi05::synth::{self, SynthSize};
@@ -203,6 +204,46 @@ enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Step this build of a checkpoint (its --backend and --precision, e.g. cuda and fp8) and a
+    /// reference build of the same checkpoint (--reference-backend, --reference-precision) on
+    /// the same observations with the same noise, and measure how far this one's actions are from
+    /// the reference's (cosine, relative L2, max |Δ| per observation; mean and worst). Exits with
+    /// an error when a given bound is missed: a regression test on the robot's own recordings.
+    Compare {
+        #[command(flatten)]
+        open: OpenArgs,
+        /// The reference's backend (default: this build's).
+        #[arg(long, value_enum)]
+        reference_backend: Option<Backend>,
+        /// The reference's precision (auto: f32 on the CPU, bf16 on CUDA).
+        #[arg(long, value_enum, default_value_t = PrecisionArg::Auto)]
+        reference_precision: PrecisionArg,
+        /// A recorded observation log (its records in order, each with its prompt and noise).
+        /// Without it: synthetic observations (random frames on 1, 2, … of the cameras in turn,
+        /// random states, three prompts in turn).
+        #[arg(long, value_name = "FILE")]
+        observations: Option<PathBuf>,
+        /// Observations to compare (default: 32 synthetic, or every record of a log).
+        #[arg(long)]
+        count: Option<usize>,
+        /// Seed of the synthetic observations and of the noise of those without recorded noise.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Fail unless the mean cosine is at least this.
+        #[arg(long)]
+        min_mean_cosine: Option<f64>,
+        /// Fail unless every observation's cosine is at least this.
+        #[arg(long)]
+        min_cosine: Option<f64>,
+        /// Fail unless every observation's relative L2 distance is at most this.
+        #[arg(long)]
+        max_rel_l2: Option<f64>,
+        #[arg(long, default_value = "compare")]
+        workload: String,
+        /// Write the JSON record here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Print sizes, parameter count, memory and the execution plan of a checkpoint.
     Inspect {
         #[command(flatten)]
@@ -260,7 +301,7 @@ enum Backend {
     Cuda,
 }
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 struct OpenArgs {
     /// Checkpoint directory (lerobot layout) or .safetensors file.
     #[arg(long)]
@@ -460,6 +501,23 @@ fn main() -> ExitCode {
                 CalibrationSettings { steps, measure_steps, max_product_nmse, min_product_features, observations: String::new() };
             calibrate_command(&open, &settings, observations.as_deref(), seed, out.as_deref())
         }
+        Command::Compare {
+            open,
+            reference_backend,
+            reference_precision,
+            observations,
+            count,
+            seed,
+            min_mean_cosine,
+            min_cosine,
+            max_rel_l2,
+            workload,
+            out,
+        } => {
+            let reference = ReferenceArgs { backend: reference_backend, precision: reference_precision };
+            let bounds = CompareBounds { min_mean_cosine, min_cosine, max_rel_l2 };
+            compare_command(&open, &reference, observations.as_deref(), count, seed, &bounds, &workload, out.as_deref())
+        }
         Command::Inspect { open } => Policy::open(&open.config()).map(|p| inspect(&p)),
         Command::Synth { model, size, out, seed, cameras, embodiments } => synth_command(model, &out, size, seed, cameras, embodiments),
         Command::Kernels { arch, out } => {
@@ -500,6 +558,99 @@ fn calibrate_command(open: &OpenArgs, settings: &CalibrationSettings, log: Optio
         path.display()
     );
     Ok(())
+}
+
+/// The reference build of `flashrt compare`.
+struct ReferenceArgs {
+    backend: Option<Backend>,
+    precision: PrecisionArg,
+}
+
+/// What `flashrt compare` must meet (unset: not checked).
+#[derive(serde::Serialize)]
+struct CompareBounds {
+    min_mean_cosine: Option<f64>,
+    min_cosine: Option<f64>,
+    max_rel_l2: Option<f64>,
+}
+
+impl CompareBounds {
+    /// The bounds `c` misses, in words (a NaN misses every bound).
+    fn missed(&self, c: &compare::Comparison) -> Vec<String> {
+        let mut missed = Vec::new();
+        let mut check = |bound: Option<f64>, value: f64, ok: fn(f64, f64) -> bool, what: &str| {
+            if let Some(bound) = bound
+                && !ok(value, bound)
+            {
+                missed.push(format!("{what} {value:.6} (bound {bound})"));
+            }
+        };
+        check(self.min_mean_cosine, c.mean_cosine, |v, b| v >= b, "mean cosine");
+        check(self.min_cosine, c.worst_cosine, |v, b| v >= b, "worst cosine");
+        check(self.max_rel_l2, c.worst_rel_l2, |v, b| v <= b, "worst rel-L2");
+        missed
+    }
+}
+
+/// `flashrt compare`: this build and the reference on the same observations and noise.
+#[allow(clippy::too_many_arguments)] // the command's own options, one to one
+fn compare_command(
+    open: &OpenArgs,
+    reference: &ReferenceArgs,
+    log: Option<&Path>,
+    count: Option<usize>,
+    seed: u64,
+    bounds: &CompareBounds,
+    workload: &str,
+    out: Option<&Path>,
+) -> Result<()> {
+    let mut candidate = Policy::open(&open.config())?;
+    let reference_open = OpenArgs { backend: reference.backend.unwrap_or(open.backend), precision: reference.precision, ..open.clone() };
+    let mut reference = Policy::open(&reference_open.config())?;
+    let records = match log {
+        Some(log) => compare::log_observations(&candidate, log, count)?,
+        None => compare::synthetic_observations(&candidate, count.unwrap_or(32), seed),
+    };
+    let result = compare::compare(&mut candidate, &mut reference, &records, seed)?;
+    println!(
+        "{} {} against {} {}: {}",
+        candidate.info().backend,
+        candidate.info().precision,
+        reference.info().backend,
+        reference.info().precision,
+        result.summary()
+    );
+    let side = |p: &Policy| {
+        let info = p.info();
+        serde_json::json!({ "backend": info.backend, "precision": info.precision, "device": info.device })
+    };
+    let missed = bounds.missed(&result);
+    let observations = match log {
+        Some(log) => format!("log {}", log.display()),
+        None => format!(
+            "synthetic (seed {seed}): random 224x224 frames on 1..{} cameras in turn, random states, 3 prompts",
+            candidate.info().cameras.len()
+        ),
+    };
+    let record = serde_json::json!({
+        "workload": workload,
+        "model": candidate.info().model,
+        "device": candidate.info().device,
+        "cameras": candidate.info().cameras.len(),
+        "candidate": side(&candidate),
+        "reference": side(&reference),
+        "observations": observations,
+        "bounds": bounds,
+        "pass": missed.is_empty(),
+        "commit": env!("FLASHRT_GIT_COMMIT"),
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "date": bench::utc_now(),
+    });
+    write_record(record, serde_json::to_value(&result).expect("json"), out)?;
+    match missed.as_slice() {
+        [] => Ok(()),
+        _ => Err(flashrt::Error::Backend(format!("compare: missed {}", missed.join(", ")))),
+    }
 }
 
 fn demo(steps: usize, model: Model) -> Result<()> {
