@@ -38,10 +38,13 @@ impl ActionsDistance {
             let (x, y) = (x as f64, y as f64);
             (dot, aa, bb) = (dot + x * y, aa + x * x, bb + y * y);
             diff += (x - y) * (x - y);
-            max_abs = max_abs.max((x - y).abs());
+            let d = (x - y).abs();
+            if d.is_nan() || d > max_abs {
+                max_abs = d; // NaN-sticky: f64::max would drop a NaN
+            }
         }
         // Two zero chunks are the same chunk; a NaN anywhere makes every measure NaN.
-        let cosine = if aa == 0.0 && bb == 0.0 { 1.0 } else { dot / (aa.sqrt() * bb.sqrt()) };
+        let cosine = if aa == 0.0 && bb == 0.0 { 1.0 } else { dot / (aa * bb).sqrt() };
         let rel_l2 = if bb == 0.0 { diff.sqrt() } else { (diff / bb).sqrt() };
         ActionsDistance {
             observation,
@@ -68,25 +71,13 @@ pub struct Comparison {
 impl Comparison {
     fn of(observations: Vec<ActionsDistance>) -> Comparison {
         let n = observations.len().max(1) as f64;
-        let over = |f: fn(&ActionsDistance) -> f64| observations.iter().map(f);
-        // NaN-propagating folds: a chunk with a NaN must not hide behind f64::min/max.
-        let worst = |values: Vec<f64>, pick: fn(f64, f64) -> bool| {
-            values.into_iter().reduce(|w, v| {
-                if v.is_nan() || w.is_nan() {
-                    f64::NAN
-                } else if pick(v, w) {
-                    v
-                } else {
-                    w
-                }
-            })
-        };
+        let all = |f: fn(&ActionsDistance) -> f64| observations.iter().map(f);
         Comparison {
-            mean_cosine: over(|d| d.cosine).sum::<f64>() / n,
-            worst_cosine: worst(over(|d| d.cosine).collect(), |v, w| v < w).unwrap_or(f64::NAN),
-            mean_rel_l2: over(|d| d.rel_l2).sum::<f64>() / n,
-            worst_rel_l2: worst(over(|d| d.rel_l2).collect(), |v, w| v > w).unwrap_or(f64::NAN),
-            max_abs: worst(over(|d| d.max_abs).collect(), |v, w| v > w).unwrap_or(f64::NAN),
+            mean_cosine: all(|d| d.cosine).sum::<f64>() / n,
+            worst_cosine: worst(all(|d| d.cosine), |v, w| v < w),
+            mean_rel_l2: all(|d| d.rel_l2).sum::<f64>() / n,
+            worst_rel_l2: worst(all(|d| d.rel_l2), |v, w| v > w),
+            max_abs: worst(all(|d| d.max_abs), |v, w| v > w),
             observations,
         }
     }
@@ -103,6 +94,22 @@ impl Comparison {
             self.max_abs
         )
     }
+}
+
+/// The worst of `values` by `worse(v, than)`; NaN when any is NaN (f64::min and max would hide
+/// a chunk with a NaN) or there are none.
+fn worst(values: impl Iterator<Item = f64>, worse: fn(f64, f64) -> bool) -> f64 {
+    values
+        .reduce(|w, v| {
+            if v.is_nan() || w.is_nan() {
+                f64::NAN
+            } else if worse(v, w) {
+                v
+            } else {
+                w
+            }
+        })
+        .unwrap_or(f64::NAN)
 }
 
 /// Steps `candidate` and `reference` on each record with the same noise (the record's, else
@@ -186,4 +193,29 @@ pub fn log_observations(policy: &Policy, log: &Path, count: Option<usize>) -> Re
         return Err(Error::invalid(format!("observations {}", log.display()), "the log holds no observations"));
     }
     Ok(records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(cameras: usize) -> RecordedObservation {
+        let frame = RecordedFrame { width: 1, height: 1, format: PixelFormat::Rgb8 as u8, data: vec![0; 3] };
+        RecordedObservation { time_ns: 0, prompt: "p".into(), cameras: vec![Some(frame); cameras], state: vec![], noise: None }
+    }
+
+    #[test]
+    fn distances_and_their_worst_and_a_nan_is_never_hidden() {
+        let same = ActionsDistance::of(0, &record(2), &[1.0, 2.0], &[1.0, 2.0]);
+        assert_eq!((same.cosine, same.rel_l2, same.max_abs, same.cameras), (1.0, 0.0, 0.0, 2));
+        let scaled = ActionsDistance::of(1, &record(1), &[2.0, 0.0], &[1.0, 0.0]);
+        assert_eq!((scaled.cosine, scaled.rel_l2, scaled.max_abs), (1.0, 1.0, 1.0));
+        let turned = ActionsDistance::of(2, &record(1), &[0.0, 1.0], &[1.0, 0.0]);
+        assert_eq!((turned.cosine, turned.rel_l2), (0.0, 2f64.sqrt()));
+        let c = Comparison::of(vec![same.clone(), scaled, turned]);
+        assert_eq!((c.worst_cosine, c.worst_rel_l2, c.max_abs, c.mean_cosine), (0.0, 2f64.sqrt(), 1.0, 2.0 / 3.0));
+        let nan = ActionsDistance::of(3, &record(1), &[f32::NAN, 0.0], &[1.0, 0.0]);
+        let c = Comparison::of(vec![same, nan]);
+        assert!(c.worst_cosine.is_nan() && c.worst_rel_l2.is_nan() && c.max_abs.is_nan() && c.mean_cosine.is_nan(), "{}", c.summary());
+    }
 }
