@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compiles every nvcc-built device bench in tools/device (and each of its variants) on a machine
+# Compiles every nvcc-built device bench and probe in tools/device (and each bench's variants) on a machine
 # without a GPU or a CUDA toolkit: nvcc 13.0, NVVM, the runtime, CRT and CCCL headers and cuBLAS
 # (for cublasLt.h) come from their PyPI wheels into target/cuda13-wheels (~550 MB, once). Compile
 # only (-c): the benches run on the GPU machine. Catches what NVRTC cannot, i.e. host code.
@@ -48,4 +48,5 @@ for flags in "" "-DPHASES" "-DBF16_ACT" "-DPHASES -DFLAGS" "-DPHASES -DMLP" "-DP
     # shellcheck disable=SC2086
     build expert_stream_bench -gencode arch=compute_90a,code=sm_90a $flags tools/device/benches/expert_stream_bench.cu
 done
-echo "every device bench compiles"
+build fp8_gemm_probe -arch=sm_90 tools/device/probes/fp8_gemm_probe.cu
+echo "every device bench and probe compiles"
