@@ -201,7 +201,7 @@ impl CpuBackend {
     }
 
     /// Calibrating: records the range of product `w`'s input `a` and, when measuring, adds the
-    /// error of the product computed in FP8 against f32 (one thread; calibration is not timed).
+    /// error of the product computed in FP8 against f32.
     fn probe_product(&mut self, a: View, w: WeightId) {
         let Some(probe) = self.probe.as_mut().filter(|p| p.recorded[w.0]) else { return };
         let Weight::Packed(weight) = &self.weights[w.0] else { unreachable!("gemm weight is packed") };
@@ -212,17 +212,39 @@ impl CpuBackend {
         let mut input: Vec<f32> = (0..a.rows).flat_map(|r| src[a.offset + r * a.stride..][..a.cols].iter().copied()).collect();
         probe.activation_amax[w.0] = probe.activation_amax[w.0].max(fp8::amax(&input));
         let Some(scale) = probe.measure_scales.as_ref().and_then(|s| s[w.0]) else { return };
-        let layout = Strided { offset: 0, rows: a.rows, stride: a.cols };
-        let out_layout = Strided { offset: 0, rows: a.rows, stride: weight.n };
+        let weight_scale = fp8::scale_for(probe.weight_amax[w.0]);
+        // Both products on every thread, as the step's own: on a many-core machine a measured
+        // step would otherwise take tens of plain ones.
+        let a = View { offset: 0, stride: a.cols, ..a };
+        let out = View { cols: weight.n, stride: weight.n, ..a };
         let mut exact = vec![0.0; a.rows * weight.n];
-        (self.gemm)(&input, layout, weight, &mut exact, out_layout, false);
+        self.product(&input, a, weight, &mut exact, out, false, None);
         let mut rounded = weight.clone();
-        fp8::round_trip_all(rounded.values_mut(), fp8::scale_for(probe.weight_amax[w.0]));
+        fp8::round_trip_all(rounded.values_mut(), weight_scale);
         fp8::round_trip_all(&mut input, scale);
         let mut fp8_out = vec![0.0; exact.len()];
-        (self.gemm)(&input, layout, &rounded, &mut fp8_out, out_layout, false);
+        self.product(&input, a, &rounded, &mut fp8_out, out, false, None);
+        let probe = self.probe.as_mut().expect("checked above");
         probe.error[w.0] += exact.iter().zip(&fp8_out).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>();
         probe.energy[w.0] += exact.iter().map(|&x| (x as f64).powi(2)).sum::<f64>();
+    }
+
+    /// `dst[out] (+)= src[a] · wᵀ (+ bias)`, the rows split over the pool's threads.
+    #[allow(clippy::too_many_arguments)] // one product's operands
+    fn product(&self, src: &[f32], a: View, w: &PackedMatrix, dst: &mut [f32], out: View, accumulate: bool, bias: Option<&[f32]>) {
+        let (gemm, parts) = (self.gemm, self.parts_for(a.rows, a.cols * out.cols));
+        let blocks = row_blocks(0..a.rows, parts, MR);
+        let dst = Parts::new(dst, blocks[..parts].iter().map(|r| rows_span(out, r.clone())));
+        self.pool.run(parts, &|i| {
+            let rows = blocks[i].clone();
+            let part = dst.take(i);
+            let local = View { offset: 0, rows: rows.len(), ..out };
+            let a_rows = Strided { offset: a.offset + rows.start * a.stride, rows: rows.len(), stride: a.stride };
+            gemm(src, a_rows, w, part, Strided { offset: 0, rows: rows.len(), stride: out.stride }, accumulate);
+            if let Some(b) = bias {
+                for_rows(part, local, |row| row.iter_mut().zip(b).for_each(|(o, b)| *o += b));
+            }
+        });
     }
 
     /// How many threads share `rows` rows of `work` multiply-adds each: one below the size at
@@ -354,8 +376,6 @@ impl CpuBackend {
                 if self.probe.is_some() {
                     self.probe_product(a, w);
                 }
-                let gemm = self.gemm;
-                let parts = self.parts_for(a.rows, a.cols * out.cols);
                 // FP8 emulation: the product reads its input rounded through e4m3.
                 let mut rounded = std::mem::take(&mut self.fp8_input);
                 let input_scale = self.fp8_input_scales.get(w.0).copied().flatten();
@@ -371,19 +391,7 @@ impl CpuBackend {
                     let Weight::Packed(pw) = &this.weights[w.0] else { unreachable!("gemm weight is packed") };
                     debug_assert!(pw.k == a.cols && pw.n == out.cols, "gemm shapes");
                     let src = if input_scale.is_some() { &rounded[..] } else { this.f32(a.buf) };
-                    let bias = bias.map(|b| this.vector(b));
-                    let blocks = row_blocks(0..a.rows, parts, MR);
-                    let dst = Parts::new(dst, blocks[..parts].iter().map(|r| rows_span(out, r.clone())));
-                    this.pool.run(parts, &|i| {
-                        let rows = blocks[i].clone();
-                        let part = dst.take(i);
-                        let local = View { offset: 0, rows: rows.len(), ..out };
-                        let a_rows = Strided { offset: a.offset + rows.start * a.stride, rows: rows.len(), stride: a.stride };
-                        gemm(src, a_rows, pw, part, Strided { offset: 0, rows: rows.len(), stride: out.stride }, accumulate);
-                        if let Some(b) = bias {
-                            for_rows(part, local, |row| row.iter_mut().zip(b).for_each(|(o, b)| *o += b));
-                        }
-                    });
+                    this.product(src, a, pw, dst, out, accumulate, bias.map(|b| this.vector(b)));
                 });
                 self.fp8_input = rounded;
             }
