@@ -220,13 +220,23 @@ impl CpuBackend {
         let mut exact = vec![0.0; a.rows * weight.n];
         self.product(&input, a, weight, &mut exact, out, false, None);
         let mut rounded = weight.clone();
-        fp8::round_trip_all(rounded.values_mut(), weight_scale);
-        fp8::round_trip_all(&mut input, scale);
+        self.round_trip(rounded.values_mut(), weight_scale);
+        self.round_trip(&mut input, scale);
         let mut fp8_out = vec![0.0; exact.len()];
         self.product(&input, a, &rounded, &mut fp8_out, out, false, None);
         let probe = self.probe.as_mut().expect("checked above");
         probe.error[w.0] += exact.iter().zip(&fp8_out).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>();
         probe.energy[w.0] += exact.iter().map(|&x| (x as f64).powi(2)).sum::<f64>();
+    }
+
+    /// [`fp8::round_trip_all`] split over the pool's threads (calibration rounds whole weights).
+    fn round_trip(&self, values: &mut [f32], scale: f32) {
+        const MIN_PART: usize = 1 << 16;
+        let parts = (values.len() / MIN_PART).clamp(1, self.pool.threads());
+        let chunk = values.len().div_ceil(parts);
+        let len = values.len();
+        let values = Parts::new(values, (0..parts).map(|i| i * chunk..((i + 1) * chunk).min(len)));
+        self.pool.run(parts, &|i| fp8::round_trip_all(values.take(i), scale));
     }
 
     /// `dst[out] (+)= src[a] · wᵀ (+ bias)`, the rows split over the pool's threads.
