@@ -24,9 +24,12 @@ use crate::plan::{Op, Plan, WeightRole};
 /// 50-action-token products) the quantizing launch costs about what the product would save.
 pub const FP8_MIN_ROWS: usize = 128;
 
-/// Bytes from one device scale to the next: cuBLASLt checks the scale pointers' alignment when a
-/// product launches, and 4-byte aligned ones were refused (CUBLAS_STATUS_NOT_SUPPORTED on the H100).
+/// Bytes from one device scale to the next. cuBLASLt checks the scale pointers' alignment when a
+/// product launches: tools/device/probes/fp8_gemm_probe.cu found a B scale 4 bytes after the A
+/// scale refused (CUBLAS_STATUS_NOT_SUPPORTED, cuBLASLt 13.1 on an H100) in every configuration,
+/// and 16-byte aligned ones accepted in all.
 pub(super) const SCALE_STRIDE: u64 = 16;
+const _: () = assert!(SCALE_STRIDE % 16 == 0, "cuBLASLt wants 16-byte aligned FP8 scale pointers");
 
 /// The products the backend runs in FP8 and the calibrated ones it keeps in bf16.
 #[derive(Debug, Default)]
