@@ -175,6 +175,11 @@ fn compare_steps_both_builds_on_the_same_observations_and_noise() {
 
     let mut fp8 = Policy::open(&config(dir.path(), Precision::Fp8)).unwrap();
     let c = compare::compare(&mut fp8, &mut f32_policy, &records, 5).unwrap();
+    // Two policies that take other observations are refused, naming both.
+    let groot = Path::new(FIXTURE).with_file_name("groot_n17_tiny");
+    let mut other = Policy::open(&PolicyConfig { backend: BackendKind::Cpu, ..PolicyConfig::new(&groot) }).unwrap();
+    let e = compare::compare(&mut other, &mut f32_policy, &records, 5).unwrap_err().to_string();
+    assert!(e.contains("the policies differ: groot-n17 with 2 cameras") && e.contains("against pi05 with 3 cameras"), "{e}");
     eprintln!("FP8 emulation vs f32: {}", c.summary());
     assert!(c.worst_cosine >= 0.999 && c.worst_rel_l2 < 5e-2, "{}", c.summary());
     assert!(c.observations.iter().all(|o| o.max_abs > 1e-5), "every chunk differs: {}", c.summary());

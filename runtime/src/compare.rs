@@ -116,24 +116,12 @@ fn worst(values: impl Iterator<Item = f64>, worse: fn(f64, f64) -> bool) -> f64 
 /// drawn from `seed`) and measures how far the candidate's actions are from the reference's.
 /// The two policies must take the same observations (model, cameras, state width).
 pub fn compare(candidate: &mut Policy, reference: &mut Policy, records: &[RecordedObservation], seed: u64) -> Result<Comparison> {
-    let (info_a, info_b) = (candidate.info(), reference.info());
-    if (info_a.model, info_a.cameras.len(), info_a.state_dim, candidate.actions_len())
-        != (info_b.model, info_b.cameras.len(), info_b.state_dim, reference.actions_len())
-    {
-        return Err(Error::invalid(
-            "compare",
-            format!(
-                "the policies differ: {} with {} cameras, state {}, {} actions against {} with {} cameras, state {}, {} actions",
-                info_a.model,
-                info_a.cameras.len(),
-                info_a.state_dim,
-                candidate.actions_len(),
-                info_b.model,
-                info_b.cameras.len(),
-                info_b.state_dim,
-                reference.actions_len()
-            ),
-        ));
+    let takes = |p: &Policy| {
+        let info = p.info();
+        format!("{} with {} cameras, state {}, {} actions", info.model, info.cameras.len(), info.state_dim, p.actions_len())
+    };
+    if takes(candidate) != takes(reference) {
+        return Err(Error::invalid("compare", format!("the policies differ: {} against {}", takes(candidate), takes(reference))));
     }
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut noise = vec![0.0f32; candidate.noise_len()];
