@@ -233,9 +233,8 @@ impl CpuBackend {
     fn round_trip(&self, values: &mut [f32], scale: f32) {
         const MIN_PART: usize = 1 << 16;
         let parts = (values.len() / MIN_PART).clamp(1, self.pool.threads());
-        let chunk = values.len().div_ceil(parts);
-        let len = values.len();
-        let values = Parts::new(values, (0..parts).map(|i| i * chunk..((i + 1) * chunk).min(len)));
+        let blocks = row_blocks(0..values.len(), parts, 1);
+        let values = Parts::new(values, blocks[..parts].iter().cloned());
         self.pool.run(parts, &|i| fp8::round_trip_all(values.take(i), scale));
     }
 
