@@ -268,6 +268,7 @@ fn run_replays_an_observation_log() {
         (vec![2, 1, 2], &serde_json::json!(true), &serde_json::json!("open the drawer"))
     );
     assert!(json["worst_rel_l2"].as_f64().unwrap() > 0.0, "FP8 rounds: {json}");
+    assert!(json["observations_from"].as_str().unwrap().starts_with("log ") && json["precision"] == "fp8-emulated", "{json}");
     let (ok, _, stderr) = compare("1");
     assert!(!ok && stderr.contains("compare: missed worst cosine 0.99") && stderr.contains("(bound 1)"), "{stderr}");
 

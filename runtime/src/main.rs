@@ -632,21 +632,15 @@ fn compare_command(
             candidate.info().cameras.len()
         ),
     };
-    let record = serde_json::json!({
-        "workload": workload,
-        "model": candidate.info().model,
-        "device": candidate.info().device,
-        "cameras": candidate.info().cameras.len(),
-        "candidate": side(&candidate),
-        "reference": side(&reference),
-        "observations": observations,
-        "bounds": bounds,
-        "pass": missed.is_empty(),
-        "commit": env!("FLASHRT_GIT_COMMIT"),
-        "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "date": bench::utc_now(),
-    });
-    write_record(record, serde_json::to_value(&result).expect("json"), out)?;
+    let mut fields = serde_json::to_value(&result).expect("json");
+    fields.as_object_mut().expect("a struct serializes to an object").extend([
+        ("candidate".to_string(), side(&candidate)),
+        ("reference".to_string(), side(&reference)),
+        ("observations_from".to_string(), observations.into()),
+        ("bounds".to_string(), serde_json::to_value(bounds).expect("json")),
+        ("pass".to_string(), missed.is_empty().into()),
+    ]);
+    write_record(policy_record(&candidate, workload), fields, out)?;
     match missed.as_slice() {
         [] => Ok(()),
         _ => Err(flashrt::Error::Backend(format!("compare: missed {}", missed.join(", ")))),
@@ -1057,8 +1051,8 @@ fn bench_serve(
     print_and_append(result, out)
 }
 
-/// The fields every soak record shares (DESIGN.md §8 names), for `policy`.
-fn soak_record(policy: &Policy, workload: &str) -> serde_json::Value {
+/// The fields every soak and compare record shares (DESIGN.md §8 names), for `policy`.
+fn policy_record(policy: &Policy, workload: &str) -> serde_json::Value {
     let info = policy.info();
     serde_json::json!({
         "workload": workload,
@@ -1090,7 +1084,7 @@ fn write_record(mut record: serde_json::Value, fields: serde_json::Value, out: O
 
 fn soak_command(open: &OpenArgs, config: &SoakConfig, workload: &str, out: Option<&Path>) -> Result<()> {
     let mut policy = Policy::open(&open.config())?;
-    let record = soak_record(&policy, workload);
+    let record = policy_record(&policy, workload);
     let fields = |r: &soak::SoakReport| {
         let good: Vec<_> = r.windows.iter().filter(|w| w.good_steps > 0).collect();
         serde_json::json!({
@@ -1144,7 +1138,7 @@ fn median(values: impl Iterator<Item = f64>) -> f64 {
 fn open_close_command(open: &OpenArgs, cycles: u64, every: u64, bound: Duration, workload: &str, out: Option<&Path>) -> Result<()> {
     let mut config = open.config();
     config.progress = false;
-    let record = soak_record(&Policy::open(&config)?, workload);
+    let record = policy_record(&Policy::open(&config)?, workload);
     let fields = |r: &soak::OpenCloseReport| serde_json::json!({ "iterations": r.cycles, "sample_every": every, "report": r });
     let report = soak::open_close(&config, cycles, every, bound, |r| {
         let s = r.samples.last().expect("called after a sample");
