@@ -44,11 +44,7 @@ GROOT_FULL=/tmp/groot_full
 LOG="$OUT/device.log"
 exec > >(tee -a "$LOG") 2>&1
 
-# cuBLASLt and NVRTC: the toolkit's and/or the Python wheels' copies (cudarc loads them by name).
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-    $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cublas", "cuda_nvrtc")))' 2>/dev/null); do
-    [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-done
+source tools/device/checks/cuda_libs.sh
 export FRT_COMMIT="$(cat "$BIN/COMMIT")" FRT_RESULTS_DIR="$OUT" FRT_FIXTURE_DIR="$PWD/tests/data/pi05_tiny"
 export RUST_LOG="${RUST_LOG:-info}" RUST_BACKTRACE=1
 echo "== commit $FRT_COMMIT; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"

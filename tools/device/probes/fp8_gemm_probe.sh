@@ -8,12 +8,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../../.."
 OUT="${OUT:-/tmp/flashrt_device_out}"
 mkdir -p "$OUT"
-# The same library search as tools/device/checks/cuda_checks.sh, so the probe links what the
-# runtime loads.
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-    $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, s, "lib") for p in nvidia.__path__ for s in ("cu13", "cublas", "cuda_nvrtc")))' 2>/dev/null); do
-    [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-done
+# The runtime's library search, so the probe links the cuBLASLt the runtime loads.
+source tools/device/checks/cuda_libs.sh
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 {
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
