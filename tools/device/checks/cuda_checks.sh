@@ -126,7 +126,7 @@ for phase in "$@"; do
         echo "== soak-start: pi05-2v CUDA soak, detached, into ${SOAK_DIR:-/tmp/frt-soak}"
         synth_full
         mkdir -p "${SOAK_DIR:-/tmp/frt-soak}"
-        XDG_CACHE_HOME=/tmp/kcache setsid nohup "$BIN/flashrt" soak --checkpoint "$FULL" --backend cuda --cameras 2 --steps "${SOAK_STEPS:-100000}" --max-seconds "${SOAK_SECONDS:-1800}" --window 5000 --workload soak-pi05-2v --out "${SOAK_DIR:-/tmp/frt-soak}/h200-cuda-soak-pi05-2v.json" > "${SOAK_DIR:-/tmp/frt-soak}/soak.log" 2>&1 < /dev/null &
+        XDG_CACHE_HOME=/tmp/kcache setsid nohup "$BIN/flashrt" soak --checkpoint "$FULL" --backend cuda --cameras 2 --steps "${SOAK_STEPS:-100000}" --max-seconds "${SOAK_SECONDS:-1800}" --window 5000 --workload soak-pi05-2v --out "${SOAK_DIR:-/tmp/frt-soak}/cuda-soak-pi05-2v.json" > "${SOAK_DIR:-/tmp/frt-soak}/soak.log" 2>&1 < /dev/null &
         echo $! > "${SOAK_DIR:-/tmp/frt-soak}/pid"
         sleep 60
         tail -n 3 "${SOAK_DIR:-/tmp/frt-soak}/soak.log"
@@ -142,7 +142,7 @@ for phase in "$@"; do
             sleep 1
         done
         kill -0 "$pid" 2> /dev/null && echo "soak still running" || echo "soak finished"
-        cp "$dir/h200-cuda-soak-pi05-2v.json" "$dir/soak.log" "$OUT/" || status=1
+        cp "$dir/cuda-soak-pi05-2v.json" "$dir/soak.log" "$OUT/" || status=1
         tail -n 5 "$dir/soak.log"
         ;;
     soak-tiny)
