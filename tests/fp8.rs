@@ -4,8 +4,9 @@
 
 use std::path::Path;
 
-use flashrt::calibration::{self, Calibration, CalibrationSettings, ProductPrecision, SYNTHETIC_PROMPTS};
+use flashrt::calibration::{self, Calibration, CalibrationSettings, ProductPrecision};
 use flashrt::compare;
+use flashrt::synthetic::PROMPTS as SYNTHETIC_PROMPTS;
 use flashrt::{BackendKind, Error, Frame, Observation, PixelFormat, Policy, PolicyConfig, Precision};
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/pi05_tiny");
@@ -162,7 +163,7 @@ fn compare_steps_both_builds_on_the_same_observations_and_noise() {
     calibrate(dir.path(), &settings()).save(&dir.path().join(calibration::DEFAULT_FILE)).unwrap();
     let mut f32_policy = Policy::open(&config(dir.path(), Precision::F32)).unwrap();
     let mut again = Policy::open(&config(dir.path(), Precision::F32)).unwrap();
-    let records = compare::synthetic_observations(&f32_policy, 4, 3);
+    let records = flashrt::synthetic::observations(&f32_policy, 4, 3);
     // One step on drawn noise moves this policy's noise generator past the other's: the
     // comparison must give both the same noise.
     let frames = records[0].frames();
@@ -170,7 +171,7 @@ fn compare_steps_both_builds_on_the_same_observations_and_noise() {
     again.step(&records[0].observation(&frames), &mut vec![0.0; again.actions_len()]).unwrap();
     let same = compare::compare(&mut again, &mut f32_policy, &records, 5).unwrap();
     let seen: Vec<_> = same.observations.iter().map(|o| (o.cameras, o.prompt.as_str())).collect();
-    assert_eq!(seen, [(1, SYNTHETIC_PROMPTS[0]), (2, SYNTHETIC_PROMPTS[1]), (3, SYNTHETIC_PROMPTS[2]), (1, SYNTHETIC_PROMPTS[0])]);
+    assert_eq!(seen, [(3, SYNTHETIC_PROMPTS[0]), (2, SYNTHETIC_PROMPTS[1]), (1, SYNTHETIC_PROMPTS[2]), (3, SYNTHETIC_PROMPTS[0])]);
     assert!(same.observations.iter().all(|o| o.max_abs == 0.0 && o.rel_l2 == 0.0), "{}", same.summary());
 
     let mut fp8 = Policy::open(&config(dir.path(), Precision::Fp8)).unwrap();

@@ -378,30 +378,27 @@ pub fn file_for(configured: Option<&Path>, checkpoint: &Path) -> PathBuf {
     configured.map_or_else(|| crate::checkpoint::directory_of(checkpoint).join(DEFAULT_FILE), Path::to_path_buf)
 }
 
-/// Tasks the synthetic observations cycle through.
-pub const SYNTHETIC_PROMPTS: [&str; 3] =
-    ["pick up the red block and put it in the bowl", "open the top drawer", "fold the towel in half and place it on the left"];
-
 /// What calibrating without the robot's own observations costs.
 pub const SYNTHETIC_WARNING: &str = "calibrating FP8 on SYNTHETIC observations (random frames and states): the activation \
     scales fit random inputs, not your robot's; real activations outside these ranges clip and FP8 accuracy on the robot is \
     unknown. Record the robot's observations (`flashrt record`, the ROS 2 node's record_observations parameter or \
     frt_policy_record_start) and calibrate with them";
 
-/// [`calibrate`] on `settings.steps` synthetic observations (random frames on every camera,
-/// random states, [`SYNTHETIC_PROMPTS`] in turn), warning that they are not the robot's.
+/// [`calibrate`] on `settings.steps` synthetic observations ([`crate::synthetic`]: random frames
+/// on all, then fewer, of the cameras, random states, three prompts in turn), warning that they
+/// are not the robot's.
 pub fn calibrate_synthetic(policy: &mut Policy, settings: &CalibrationSettings, seed: u64) -> Result<Calibration> {
     log::warn!("{SYNTHETIC_WARNING}");
     let settings = CalibrationSettings {
-        observations: format!("synthetic: random 224x224 frames and states (seed {seed}), {} prompts", SYNTHETIC_PROMPTS.len()),
+        observations: format!(
+            "synthetic: random 224x224 frames on {} down to 1 cameras in turn, random states (seed {seed}), {} prompts",
+            policy.info().cameras.len(),
+            crate::synthetic::PROMPTS.len()
+        ),
         ..settings.clone()
     };
-    let inputs = crate::bench::SyntheticInputs::new(policy, policy.info().cameras.len(), 224, 224, settings.steps, seed);
-    let mut actions = vec![0.0; policy.actions_len()];
-    calibrate(policy, &settings, true, &mut |policy, i| {
-        policy.set_prompt(SYNTHETIC_PROMPTS[i % SYNTHETIC_PROMPTS.len()])?;
-        inputs.step(policy, i, &mut actions).map(drop)
-    })
+    let records = crate::synthetic::observations(policy, settings.steps, seed);
+    calibrate_records(policy, &settings, true, &records)
 }
 
 /// [`calibrate`] on the first `settings.steps` observations of a recorded log (all of them when
@@ -437,8 +434,18 @@ pub fn calibrate_log(policy: &mut Policy, settings: &CalibrationSettings, log: &
         ),
         ..settings.clone()
     };
+    calibrate_records(policy, &settings, false, &records)
+}
+
+/// [`calibrate`] on `records` in order, each with its prompt and, where it has one, its noise.
+fn calibrate_records(
+    policy: &mut Policy,
+    settings: &CalibrationSettings,
+    synthetic: bool,
+    records: &[crate::observation_log::RecordedObservation],
+) -> Result<Calibration> {
     let mut actions = vec![0.0; policy.actions_len()];
-    calibrate(policy, &settings, false, &mut |policy, i| {
+    calibrate(policy, settings, synthetic, &mut |policy, i| {
         let record = &records[i];
         policy.set_prompt(&record.prompt)?;
         let frames = record.frames();

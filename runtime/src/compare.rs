@@ -5,15 +5,13 @@
 
 use std::path::Path;
 
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
 use serde::Serialize;
 
-use crate::calibration::SYNTHETIC_PROMPTS;
 use crate::error::{Error, Result};
-use crate::image::PixelFormat;
-use crate::observation_log::{ObservationLogReader, RecordedFrame, RecordedObservation};
+use crate::observation_log::{ObservationLogReader, RecordedObservation};
 use crate::policy::Policy;
 
 /// How one observation's action chunks differ (the reference is the second policy).
@@ -142,35 +140,6 @@ pub fn compare(candidate: &mut Policy, reference: &mut Policy, records: &[Record
     Ok(Comparison::of(distances))
 }
 
-/// `count` synthetic observations for `policy`: random 224×224 RGB frames on 1, 2, … of its
-/// cameras in turn (the others missing), random states in [-1, 1], [`SYNTHETIC_PROMPTS`] in turn.
-pub fn synthetic_observations(policy: &Policy, count: usize, seed: u64) -> Vec<RecordedObservation> {
-    let (cameras, state_dim) = (policy.info().cameras.len(), policy.info().state_dim);
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let (width, height) = (224, 224);
-    (0..count)
-        .map(|i| {
-            let present = 1 + i % cameras.max(1);
-            RecordedObservation {
-                time_ns: 0,
-                prompt: SYNTHETIC_PROMPTS[i % SYNTHETIC_PROMPTS.len()].into(),
-                cameras: (0..cameras)
-                    .map(|c| {
-                        (c < present).then(|| RecordedFrame {
-                            width,
-                            height,
-                            format: PixelFormat::Rgb8 as u8,
-                            data: (0..width * height * 3).map(|_| rng.random()).collect(),
-                        })
-                    })
-                    .collect(),
-                state: (0..state_dim).map(|_| rng.random_range(-1.0..1.0)).collect(),
-                noise: None,
-            }
-        })
-        .collect()
-}
-
 /// The first `count` records of an observation log that `policy` can step (all of them when
 /// `count` is `None`).
 pub fn log_observations(policy: &Policy, log: &Path, count: Option<usize>) -> Result<Vec<RecordedObservation>> {
@@ -186,6 +155,8 @@ pub fn log_observations(policy: &Policy, log: &Path, count: Option<usize>) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::image::PixelFormat;
+    use crate::observation_log::RecordedFrame;
 
     fn record(cameras: usize) -> RecordedObservation {
         let frame = RecordedFrame { width: 1, height: 1, format: PixelFormat::Rgb8 as u8, data: vec![0; 3] };

@@ -29,6 +29,7 @@ pub mod serve;
 pub mod soak;
 pub mod stats;
 pub mod stream;
+pub mod synthetic;
 pub mod weights;
 
 pub use backend::{BackendKind, Precision};

@@ -219,7 +219,7 @@ enum Command {
         #[arg(long, value_enum, default_value_t = PrecisionArg::Auto)]
         reference_precision: PrecisionArg,
         /// A recorded observation log (its records in order, each with its prompt and noise).
-        /// Without it: synthetic observations (random frames on 1, 2, … of the cameras in turn,
+        /// Without it: synthetic observations (random frames on all, then fewer, of the cameras in turn,
         /// random states, three prompts in turn).
         #[arg(long, value_name = "FILE")]
         observations: Option<PathBuf>,
@@ -609,7 +609,7 @@ fn compare_command(
     let mut reference = Policy::open(&reference_open.config())?;
     let records = match log {
         Some(log) => compare::log_observations(&candidate, log, count)?,
-        None => compare::synthetic_observations(&candidate, count.unwrap_or(32), seed),
+        None => flashrt::synthetic::observations(&candidate, count.unwrap_or(32), seed),
     };
     let result = compare::compare(&mut candidate, &mut reference, &records, seed)?;
     println!(
