@@ -15,6 +15,7 @@
 #   bash tools/device/checks/cuda_checks.sh fp8          # pi05-2v calibrated here (synthetic), bf16 vs FP8 alternating, FP8 profile
 #   bash tools/device/checks/cuda_checks.sh fp8-accuracy # FP8 vs bf16 actions on 32 observations (1-3 cameras)
 #   bash tools/device/checks/cuda_checks.sh groot-fp8    # gr00t-2v bf16 vs FP8, FP8 vs bf16 actions on 32 observations
+#   bash tools/device/checks/cuda_checks.sh groot-fp8-variants # FP8 vs bf16 actions under each carried calibration variant
 #   bash tools/device/checks/cuda_checks.sh groot-full   # GR00T N1.7 full size: lerobot f32 on the same weights vs CUDA,
 #                                                 # then lerobot's bf16-autocast step timed (the side-by-side baseline)
 #   bash tools/device/checks/cuda_checks.sh groot-bench  # gr00t-2v (cold and warm kernel cache, per-phase profile)
@@ -280,6 +281,18 @@ for phase in "$@"; do
         XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" compare --checkpoint "$GROOT_FULL" --backend cuda --cameras 2 --precision fp8 --fp8-calibration "$calg" \
             --count 32 --min-mean-cosine 0.999 --min-cosine 0.995 --max-rel-l2 5e-2 --workload gr00t-2cam-fp8-vs-bf16 --out "$OUT/groot-fp8-vs-bf16-accuracy.json"
         ;;
+    groot-fp8-variants)
+        # Which part of GR00T sets FP8's error: each carried calibration variant
+        # (.device-carry/calibration/groot-full-2v-NAME.json, e.g. one group of products turned back
+        # to bf16) against the bf16 build on the same 32 observations.
+        echo "== groot-fp8-variants: FP8 vs bf16 actions under each carried calibration variant"
+        synth_groot_full
+        for calv in "$BIN"/calibration/groot-full-2v-*.json; do
+            name=$(basename "$calv" .json)
+            XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" compare --checkpoint "$GROOT_FULL" --backend cuda --cameras 2 --precision fp8 --fp8-calibration "$calv" \
+                --count 32 --min-mean-cosine 0.999 --min-cosine 0.995 --max-rel-l2 5e-2 --workload "$name-vs-bf16" --out "$OUT/$name-accuracy.json"
+        done
+        ;;
     groot-bench)
         echo "== bench gr00t-2v: cold kernel cache, then warm with the per-phase profile"
         synth_groot_full
@@ -293,7 +306,7 @@ for phase in "$@"; do
         groot_bench_views 3 gr00t-3v
         ;;
     *)
-        echo "unknown phase $phase (tests | fp8-tests | fp8 | fp8-accuracy | groot-fp8 | soak | soak-start | soak-wait | soak-tiny | bench | views | full | groot-full | groot-bench | groot-views | ab | overlap | slots | buckets | settings | attention | profile | versus)"
+        echo "unknown phase $phase (tests | fp8-tests | fp8 | fp8-accuracy | groot-fp8 | groot-fp8-variants | soak | soak-start | soak-wait | soak-tiny | bench | views | full | groot-full | groot-bench | groot-views | ab | overlap | slots | buckets | settings | attention | profile | versus)"
         status=2
         ;;
     esac
