@@ -111,6 +111,44 @@ fn products_that_lose_too_much_in_fp8_stay_in_higher_precision() {
     assert_eq!(fixed_step(&mut Policy::open(&config(dir.path(), Precision::Fp8)).unwrap()), exact);
 }
 
+/// Products named by a `keep_bf16` prefix stay in bf16 and say why; GR00T keeps its backbone's
+/// language model by default (its FP8 error compounds into the actions), and an empty list keeps
+/// none. The file records the list it was made with.
+#[test]
+fn products_named_to_keep_stay_in_bf16_and_groot_keeps_its_language_model_by_default() {
+    let dir = fixture_copy();
+    let kept = calibrate(dir.path(), &CalibrationSettings { keep_bf16: Some(vec!["lm.0.".into()]), ..settings() });
+    assert_eq!(kept.settings.keep_bf16, Some(vec!["lm.0.".to_string()]));
+    for (name, product) in &kept.products {
+        let named = name.starts_with("lm.0.");
+        assert_eq!(product.why.contains("keep_bf16 \"lm.0.\""), named, "{name}: {}", product.why);
+        assert!(!named || product.precision == ProductPrecision::Bf16, "{name}");
+    }
+    assert_eq!(kept.products["lm.1.qkv*(1+input_norm)"].precision, ProductPrecision::Fp8);
+    assert_eq!(calibrate(dir.path(), &settings()).settings.keep_bf16, Some(vec![]), "Pi0.5 keeps nothing by default");
+
+    let groot = Path::new(FIXTURE).with_file_name("groot_n17_tiny");
+    let groot_calibration = |keep_bf16| {
+        let mut policy = Policy::open(&PolicyConfig { backend: BackendKind::Cpu, threads: Some(2), ..PolicyConfig::new(&groot) }).unwrap();
+        let settings = CalibrationSettings { keep_bf16, min_product_features: 16, ..settings() };
+        calibration::calibrate_synthetic(&mut policy, &settings, 7).unwrap()
+    };
+    let language = |c: &Calibration| {
+        let products: Vec<_> = c
+            .products
+            .iter()
+            .filter(|(name, _)| name.starts_with("backbone.model.model.language_model."))
+            .map(|(_, p)| p.clone())
+            .collect();
+        assert!(!products.is_empty(), "{}", c.describe());
+        products
+    };
+    let default = groot_calibration(None);
+    assert_eq!(default.settings.keep_bf16, Some(vec!["backbone.model.model.language_model.".to_string()]));
+    assert!(language(&default).iter().all(|p| p.precision == ProductPrecision::Bf16 && p.why.contains("keep_bf16")));
+    assert!(language(&groot_calibration(Some(vec![]))).iter().any(|p| p.precision == ProductPrecision::Fp8));
+}
+
 /// A calibration is never used for another checkpoint, plan or format: the refusal names what
 /// differs and how to make one; without one, FP8 says how to calibrate.
 #[test]

@@ -48,13 +48,24 @@ pub struct CalibrationSettings {
     /// Products with fewer output or input features than this stay in bf16: too small for FP8
     /// to save time, and FP8 GEMMs want both a multiple of 16.
     pub min_product_features: usize,
+    /// Products whose weight name starts with one of these stay in bf16. `None`: the model's
+    /// default ([`crate::models::ModelKind::fp8_keep_bf16`]); the file records the list used.
+    #[serde(default)]
+    pub keep_bf16: Option<Vec<String>>,
     /// Where the observations came from (a log's hash and name, or the synthetic generator).
     pub observations: String,
 }
 
 impl Default for CalibrationSettings {
     fn default() -> Self {
-        CalibrationSettings { steps: 8, measure_steps: 2, max_product_nmse: 5e-3, min_product_features: 256, observations: String::new() }
+        CalibrationSettings {
+            steps: 8,
+            measure_steps: 2,
+            max_product_nmse: 5e-3,
+            min_product_features: 256,
+            keep_bf16: None,
+            observations: String::new(),
+        }
     }
 }
 
@@ -267,12 +278,16 @@ fn product_exclusions(plan: &Plan, settings: &CalibrationSettings) -> Vec<Option
     let selected: Vec<WeightId> =
         plan.ops.iter().filter_map(|op| if let Op::SelectWeight { dst, .. } = *op { Some(dst) } else { None }).collect();
     let min = settings.min_product_features;
+    let keep = settings.keep_bf16.as_deref().unwrap_or_default();
     let mut why = vec![None; plan.weights.len()];
     for op in &plan.ops {
         let Op::Gemm { w, .. } = *op else { continue };
         let WeightRole::Matrix { n, k } = plan.weights[w.0].role else { continue };
+        let name = &plan.weights[w.0].name;
         why[w.0] = Some(if selected.contains(&w) {
             "selected per embodiment each step".into()
+        } else if let Some(prefix) = keep.iter().find(|prefix| name.starts_with(prefix.as_str())) {
+            format!("kept in bf16 (keep_bf16 \"{prefix}\")")
         } else if n < min || k < min {
             format!("[{n}, {k}]: fewer than {min} features, too small for FP8 to gain")
         } else if n % 16 != 0 || k % 16 != 0 {
@@ -310,6 +325,15 @@ pub fn calibrate(
             ),
         ));
     }
+    let settings = &CalibrationSettings {
+        keep_bf16: Some(
+            settings
+                .keep_bf16
+                .clone()
+                .unwrap_or_else(|| policy.model().kind.fp8_keep_bf16().iter().map(|prefix| prefix.to_string()).collect()),
+        ),
+        ..settings.clone()
+    };
     let key = {
         let checkpoint = Checkpoint::open(policy.checkpoint_path())?;
         CalibrationKey::of(&checkpoint, policy.plan(), policy.model())?

@@ -191,6 +191,11 @@ enum Command {
         /// Products with fewer input or output features stay in bf16.
         #[arg(long, default_value_t = CalibrationSettings::default().min_product_features)]
         min_product_features: usize,
+        /// Products whose weight name starts with one of these prefixes stay in bf16. Not given:
+        /// the model's default (GR00T N1.7: its backbone's language model); given with no
+        /// prefix: none kept, every product that qualifies in FP8.
+        #[arg(long, num_args = 0.., value_name = "PREFIX")]
+        keep_bf16: Option<Vec<String>>,
         /// A recorded observation log (`flashrt record`, `serve --record`, the ROS 2 node's
         /// `inputs.record_observations`, `frt_policy_record_start`): the robot's own inputs.
         /// Without it: synthetic observations, with a warning that the scales fit random inputs.
@@ -496,9 +501,15 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Calibrate { open, steps, measure_steps, max_product_nmse, min_product_features, observations, seed, out } => {
-            let settings =
-                CalibrationSettings { steps, measure_steps, max_product_nmse, min_product_features, observations: String::new() };
+        Command::Calibrate { open, steps, measure_steps, max_product_nmse, min_product_features, keep_bf16, observations, seed, out } => {
+            let settings = CalibrationSettings {
+                steps,
+                measure_steps,
+                max_product_nmse,
+                min_product_features,
+                keep_bf16,
+                observations: String::new(),
+            };
             calibrate_command(&open, &settings, observations.as_deref(), seed, out.as_deref())
         }
         Command::Compare {

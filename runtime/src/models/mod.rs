@@ -175,6 +175,15 @@ impl ModelKind {
         })
     }
 
+    /// Weight-name prefixes whose products an FP8 calibration keeps in bf16 unless told
+    /// otherwise: parts where FP8's error, small product by product, compounds into the actions.
+    pub fn fp8_keep_bf16(self) -> &'static [&'static str] {
+        match self {
+            ModelKind::Pi05 => &[],
+            ModelKind::GrootN17 => groot_n17::FP8_KEEP_BF16,
+        }
+    }
+
     /// Checks the checkpoint against this model, loads its weights and builds its spec.
     /// `progress` receives the bytes read as loading goes.
     pub fn open(self, ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig, progress: &dyn Fn(usize)) -> Result<ModelSpec> {
