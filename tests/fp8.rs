@@ -149,6 +149,26 @@ fn products_named_to_keep_stay_in_bf16_and_groot_keeps_its_language_model_by_def
     assert!(language(&groot_calibration(Some(vec![]))).iter().any(|p| p.precision == ProductPrecision::Fp8));
 }
 
+/// The calibration measures how far its FP8 products move the actions on the measured
+/// observations: the same distances, bit for bit, as `compare` of a policy opened in FP8 with it
+/// against f32 on those observations and noise.
+#[test]
+fn the_calibration_measures_the_actions_as_compare_of_the_fp8_emulation_does() {
+    let dir = fixture_copy();
+    let calibration = calibrate(dir.path(), &CalibrationSettings { measure_steps: 2, ..settings() });
+    calibration.save(&dir.path().join(calibration::DEFAULT_FILE)).unwrap();
+    let actions = calibration.actions.clone().expect("measured steps give an actions check");
+    assert!(calibration.describe().contains("actions in FP8 against f32 (CPU emulation), 2 observations"), "{}", calibration.describe());
+    assert!(actions.worst_cosine > 0.999 && actions.worst_cosine < 1.0, "{}", actions.summary());
+
+    let mut f32_policy = Policy::open(&config(dir.path(), Precision::F32)).unwrap();
+    let mut fp8 = Policy::open(&config(dir.path(), Precision::Fp8)).unwrap();
+    let records = flashrt::synthetic::observations(&f32_policy, 2, 7);
+    assert_eq!(compare::compare(&mut fp8, &mut f32_policy, &records, 0).unwrap(), actions);
+    let unmeasured = calibrate(dir.path(), &CalibrationSettings { measure_steps: 0, ..settings() });
+    assert_eq!(unmeasured.actions, None);
+}
+
 /// A calibration is never used for another checkpoint, plan or format: the refusal names what
 /// differs and how to make one; without one, FP8 says how to calibrate.
 #[test]

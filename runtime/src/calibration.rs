@@ -23,9 +23,11 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::checkpoint::Checkpoint;
+use crate::compare::{self, Comparison};
 use crate::error::{Error, Result};
 use crate::fp8::{self, ProductScales};
 use crate::models::ModelInfo;
+use crate::observation_log::RecordedObservation;
 use crate::plan::{Op, Plan, WeightId, WeightRole};
 use crate::policy::Policy;
 
@@ -35,6 +37,9 @@ pub const FORMAT: &str = "flashrt-fp8-calibration";
 pub const VERSION: u32 = 1;
 /// The file `flashrt calibrate` writes beside the checkpoint, and an FP8 open reads by default.
 pub const DEFAULT_FILE: &str = "flashrt_fp8_calibration.json";
+
+/// The noise of observations without their own: each pass over an observation gets the same.
+const NOISE_SEED: u64 = 0;
 
 /// How a calibration is made; part of what it records.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -163,6 +168,10 @@ pub struct Calibration {
     pub created: String,
     /// Per weight name (the checkpoint's, or the runtime's name for a folded weight).
     pub products: BTreeMap<String, ProductCalibration>,
+    /// The actions on the measured observations with the FP8 products (CPU emulation) against
+    /// f32, the same noise for both (none when nothing was measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actions: Option<Comparison>,
 }
 
 impl Calibration {
@@ -234,6 +243,9 @@ impl Calibration {
                 ""
             }
         );
+        if let Some(actions) = &self.actions {
+            s += &format!("  actions in FP8 against f32 (CPU emulation), {}\n", actions.summary());
+        }
         for (name, p) in self.products.iter().filter(|(_, p)| p.precision == ProductPrecision::Bf16) {
             s += &format!("  bf16 {name}: {}\n", p.why);
         }
@@ -255,6 +267,9 @@ pub struct ProductProbe {
     pub measure_scales: Option<Vec<Option<f32>>>,
     pub error: Vec<f64>,
     pub energy: Vec<f64>,
+    /// Instead of measuring: each product with an input scale in `measure_scales` is computed in
+    /// FP8 and its output passed on, as the FP8 emulation does ([`crate::cpu::CpuBackend::with_fp8`]).
+    pub propagate: bool,
 }
 
 impl ProductProbe {
@@ -267,6 +282,7 @@ impl ProductProbe {
             measure_scales: None,
             error: vec![0.0; n],
             energy: vec![0.0; n],
+            propagate: false,
         }
     }
 }
@@ -299,14 +315,15 @@ fn product_exclusions(plan: &Plan, settings: &CalibrationSettings) -> Vec<Option
     why
 }
 
-/// Calibrates `policy` (opened on the CPU backend in f32): `step(policy, i)` steps it on
-/// observation `i`, for `i` in `0..settings.steps` and then again in `0..settings.measure_steps`.
-/// `synthetic`: the observations are not the robot's (recorded in the file, and warned about).
+/// Calibrates `policy` (opened on the CPU backend in f32) on the first `settings.steps` of
+/// `records` (each with its prompt and, where it has one, its noise), measuring on the first
+/// `settings.measure_steps`. `synthetic`: the observations are not the robot's (recorded in the
+/// file, and warned about).
 pub fn calibrate(
     policy: &mut Policy,
     settings: &CalibrationSettings,
     synthetic: bool,
-    step: &mut dyn FnMut(&mut Policy, usize) -> Result<()>,
+    records: &[RecordedObservation],
 ) -> Result<Calibration> {
     if policy.info().precision != "f32" {
         return Err(Error::Backend(format!(
@@ -316,12 +333,15 @@ pub fn calibrate(
             policy.info().backend
         )));
     }
-    if settings.steps == 0 || settings.measure_steps > settings.steps {
+    if settings.steps == 0 || settings.measure_steps > settings.steps || records.len() < settings.steps {
         return Err(Error::invalid(
             "calibration steps",
             format!(
-                "{} steps, {} measured: need at least one step and no more measured than taken",
-                settings.steps, settings.measure_steps
+                "{} steps, {} measured, {} observations: need at least one step, no more measured than taken and an \
+                 observation for each",
+                settings.steps,
+                settings.measure_steps,
+                records.len()
             ),
         ));
     }
@@ -340,16 +360,17 @@ pub fn calibrate(
     };
     let excluded = product_exclusions(policy.plan(), settings);
     policy.swap_product_probe(Some(ProductProbe::new(excluded.iter().map(Option::is_some).collect())))?;
-    let ranges = (0..settings.steps).try_for_each(|i| step(policy, i));
+    let ranges = compare::actions(policy, &records[..settings.steps], NOISE_SEED);
     let mut probe = policy.swap_product_probe(None)?.expect("the probe installed above");
     ranges?;
 
     let candidates = excluded.iter().map(|why| why.as_deref() == Some(""));
     probe.measure_scales = Some(candidates.zip(&probe.activation_amax).map(|(c, &amax)| c.then(|| fp8::scale_for(amax))).collect());
     policy.swap_product_probe(Some(probe))?;
-    let measured = (0..settings.measure_steps).try_for_each(|i| step(policy, i));
-    let probe = policy.swap_product_probe(None)?.expect("the probe installed above");
-    measured?;
+    let measured_records = &records[..settings.measure_steps];
+    let measured = compare::actions(policy, measured_records, NOISE_SEED);
+    let mut probe = policy.swap_product_probe(None)?.expect("the probe installed above");
+    let exact_actions = measured?;
 
     let plan = policy.plan();
     let mut gemms = vec![0usize; plan.weights.len()];
@@ -385,6 +406,27 @@ pub fn calibrate(
             },
         );
     }
+    // The measured observations once more, each product chosen for FP8 computed as FP8 computes
+    // it and passed on: how far the actions move, which no product's own error tells (their
+    // errors compound differently by model).
+    let actions = if measured_records.is_empty() {
+        None
+    } else {
+        let fp8_chosen = plan.weights.iter().map(|w| products.get(&w.name).filter(|p| p.precision == ProductPrecision::Fp8));
+        probe.measure_scales = Some(fp8_chosen.map(|p| p.map(|p| p.activation_scale)).collect());
+        probe.propagate = true;
+        policy.swap_product_probe(Some(probe))?;
+        let fp8_actions = compare::actions(policy, measured_records, NOISE_SEED);
+        policy.swap_product_probe(None)?;
+        Some(compare::distances(measured_records, &fp8_actions?, &exact_actions))
+    };
+    if let Some(actions) = actions.as_ref().filter(|a| !(a.worst_cosine >= 0.995 && a.worst_rel_l2 <= 5e-2)) {
+        log::warn!(
+            "FP8 moves the actions on the measured observations past cosine 0.995 or relative L2 5e-2 ({}): keep the products \
+             that cause it in bf16 (--keep-bf16 PREFIX, e.g. one block of layers) and check with `flashrt compare`",
+            actions.summary()
+        );
+    }
     Ok(Calibration {
         format: FORMAT.into(),
         version: VERSION,
@@ -393,6 +435,7 @@ pub fn calibrate(
         synthetic,
         created: crate::bench::utc_now(),
         products,
+        actions,
     })
 }
 
@@ -422,14 +465,14 @@ pub fn calibrate_synthetic(policy: &mut Policy, settings: &CalibrationSettings, 
         ..settings.clone()
     };
     let records = crate::synthetic::observations(policy, settings.steps, seed);
-    calibrate_records(policy, &settings, true, &records)
+    calibrate(policy, &settings, true, &records)
 }
 
 /// [`calibrate`] on the first `settings.steps` observations of a recorded log (all of them when
 /// it holds fewer, with a warning), each with its prompt and, where recorded, its noise. A log
 /// recorded for another model, camera count or state width is refused.
 pub fn calibrate_log(policy: &mut Policy, settings: &CalibrationSettings, log: &Path) -> Result<Calibration> {
-    use crate::observation_log::{ObservationLogReader, RecordedObservation};
+    use crate::observation_log::ObservationLogReader;
     let reader = ObservationLogReader::open(log)?;
     reader.check_policy(&policy.info())?;
     let records: Vec<RecordedObservation> = reader.take(settings.steps).collect::<Result<_>>()?;
@@ -458,21 +501,5 @@ pub fn calibrate_log(policy: &mut Policy, settings: &CalibrationSettings, log: &
         ),
         ..settings.clone()
     };
-    calibrate_records(policy, &settings, false, &records)
-}
-
-/// [`calibrate`] on `records` in order, each with its prompt and, where it has one, its noise.
-fn calibrate_records(
-    policy: &mut Policy,
-    settings: &CalibrationSettings,
-    synthetic: bool,
-    records: &[crate::observation_log::RecordedObservation],
-) -> Result<Calibration> {
-    let mut actions = vec![0.0; policy.actions_len()];
-    calibrate(policy, settings, synthetic, &mut |policy, i| {
-        let record = &records[i];
-        policy.set_prompt(&record.prompt)?;
-        let frames = record.frames();
-        policy.step(&record.observation(&frames), &mut actions).map(drop)
-    })
+    calibrate(policy, &settings, false, &records)
 }

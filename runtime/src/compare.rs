@@ -8,14 +8,14 @@ use std::path::Path;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, StandardNormal};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::observation_log::{ObservationLogReader, RecordedObservation};
 use crate::policy::Policy;
 
 /// How one observation's action chunks differ (the reference is the second policy).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ActionsDistance {
     /// The observation's index (its record index in a log).
     pub observation: usize,
@@ -56,7 +56,7 @@ impl ActionsDistance {
 }
 
 /// Every observation's distance and the summary over them.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Comparison {
     pub observations: Vec<ActionsDistance>,
     pub mean_cosine: f64,
@@ -121,23 +121,36 @@ pub fn compare(candidate: &mut Policy, reference: &mut Policy, records: &[Record
     if takes(candidate) != takes(reference) {
         return Err(Error::invalid("compare", format!("the policies differ: {} against {}", takes(candidate), takes(reference))));
     }
+    let candidate_actions = actions(candidate, records, seed)?;
+    Ok(distances(records, &candidate_actions, &actions(reference, records, seed)?))
+}
+
+/// Steps `policy` on each record (its prompt, frames and state) with the record's noise, else the
+/// `i`-th draw from `seed` for record `i`: the same noise however often and on whichever policy
+/// the records are stepped. Returns each record's action chunk.
+pub fn actions(policy: &mut Policy, records: &[RecordedObservation], seed: u64) -> Result<Vec<Vec<f32>>> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut noise = vec![0.0f32; candidate.noise_len()];
-    let (mut actions_a, mut actions_b) = (vec![0.0; candidate.actions_len()], vec![0.0; reference.actions_len()]);
-    let mut distances = Vec::with_capacity(records.len());
+    let mut noise = vec![0.0f32; policy.noise_len()];
+    let mut chunks = Vec::with_capacity(records.len());
     for (i, record) in records.iter().enumerate() {
         let at = |e: Error| Error::invalid(format!("observation {i}"), e.to_string());
         noise.iter_mut().for_each(|v| *v = StandardNormal.sample(&mut rng));
         let frames = record.frames();
         let observation =
             crate::policy::Observation { noise: Some(record.noise.as_deref().unwrap_or(&noise)), ..record.observation(&frames) };
-        for (policy, actions) in [(&mut *candidate, &mut actions_a), (&mut *reference, &mut actions_b)] {
-            policy.set_prompt(&record.prompt).map_err(at)?;
-            policy.step(&observation, actions).map_err(at)?;
-        }
-        distances.push(ActionsDistance::of(i, record, &actions_a, &actions_b));
+        let mut chunk = vec![0.0; policy.actions_len()];
+        policy.set_prompt(&record.prompt).map_err(at)?;
+        policy.step(&observation, &mut chunk).map_err(at)?;
+        chunks.push(chunk);
     }
-    Ok(Comparison::of(distances))
+    Ok(chunks)
+}
+
+/// How far each record's `candidate` chunk is from its `reference` chunk ([`actions`] of two
+/// builds, or of one build in two modes).
+pub fn distances(records: &[RecordedObservation], candidate: &[Vec<f32>], reference: &[Vec<f32>]) -> Comparison {
+    let each = records.iter().zip(candidate.iter().zip(reference)).enumerate();
+    Comparison::of(each.map(|(i, (record, (a, b)))| ActionsDistance::of(i, record, a, b)).collect())
 }
 
 /// The first `count` records of an observation log that `policy` can step (all of them when

@@ -203,7 +203,7 @@ impl CpuBackend {
     /// Calibrating: records the range of product `w`'s input `a` and, when measuring, adds the
     /// error of the product computed in FP8 against f32.
     fn probe_product(&mut self, a: View, w: WeightId) {
-        let Some(probe) = self.probe.as_mut().filter(|p| p.recorded[w.0]) else { return };
+        let Some(probe) = self.probe.as_mut().filter(|p| p.recorded[w.0] && !p.propagate) else { return };
         let Weight::Packed(weight) = &self.weights[w.0] else { unreachable!("gemm weight is packed") };
         let src = match &self.buffers[a.buf.0] {
             Buffer::F32(v) => v.as_slice(),
@@ -385,19 +385,32 @@ impl CpuBackend {
                 if self.probe.is_some() {
                     self.probe_product(a, w);
                 }
-                // FP8 emulation: the product reads its input rounded through e4m3.
+                // FP8 emulation: the product reads its input rounded through e4m3 (and its weight,
+                // rounded at `with_fp8`, or here while a calibration probe propagates FP8).
+                let propagated = self.probe.as_ref().filter(|p| p.propagate).and_then(|p| {
+                    let scale = p.measure_scales.as_ref()?[w.0]?;
+                    Some((scale, fp8::scale_for(p.weight_amax[w.0])))
+                });
+                let input_scale = propagated.map(|(input, _)| input).or(self.fp8_input_scales.get(w.0).copied().flatten());
                 let mut rounded = std::mem::take(&mut self.fp8_input);
-                let input_scale = self.fp8_input_scales.get(w.0).copied().flatten();
                 if let Some(scale) = input_scale {
                     let src = self.f32(a.buf);
+                    rounded.resize(rounded.len().max(a.rows * a.cols), 0.0);
                     for (r, row) in rounded.chunks_exact_mut(a.cols).take(a.rows).enumerate() {
                         row.copy_from_slice(&src[a.offset + r * a.stride..][..a.cols]);
                         fp8::round_trip_all(row, scale);
                     }
                 }
+                let rounded_weight = propagated.map(|(_, weight_scale)| {
+                    let Weight::Packed(pw) = &self.weights[w.0] else { unreachable!("gemm weight is packed") };
+                    let mut copy = pw.clone();
+                    self.round_trip(copy.values_mut(), weight_scale);
+                    copy
+                });
                 let a = if input_scale.is_some() { View { offset: 0, stride: a.cols, ..a } } else { a };
                 self.with_out(out.buf, |this, dst| {
                     let Weight::Packed(pw) = &this.weights[w.0] else { unreachable!("gemm weight is packed") };
+                    let pw = rounded_weight.as_ref().unwrap_or(pw);
                     debug_assert!(pw.k == a.cols && pw.n == out.cols, "gemm shapes");
                     let src = if input_scale.is_some() { &rounded[..] } else { this.f32(a.buf) };
                     this.product(src, a, pw, dst, out, accumulate, bias.map(|b| this.vector(b)));
