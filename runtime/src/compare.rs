@@ -80,6 +80,17 @@ impl Comparison {
         }
     }
 
+    /// The observations with each camera count, fewest cameras first: where one count is off and
+    /// the others are not, a camera set is outside what the candidate was prepared for (an FP8
+    /// calibration that never saw a missing camera, say).
+    pub fn by_cameras(&self) -> Vec<(usize, Comparison)> {
+        let mut counts: Vec<usize> = self.observations.iter().map(|o| o.cameras).collect();
+        counts.sort_unstable();
+        counts.dedup();
+        let with = |n: usize| self.observations.iter().filter(|o| o.cameras == n).cloned().collect();
+        counts.into_iter().map(|n| (n, Comparison::of(with(n)))).collect()
+    }
+
     /// A line for the terminal.
     pub fn summary(&self) -> String {
         format!(
@@ -187,7 +198,16 @@ mod tests {
         let c = Comparison::of(vec![same.clone(), scaled, turned]);
         assert_eq!((c.worst_cosine, c.worst_rel_l2, c.max_abs, c.mean_cosine), (0.0, 2f64.sqrt(), 1.0, 2.0 / 3.0));
         let nan = ActionsDistance::of(3, &record(1), &[f32::NAN, 0.0], &[1.0, 0.0]);
-        let c = Comparison::of(vec![same, nan]);
+        let c = Comparison::of(vec![same.clone(), nan]);
         assert!(c.worst_cosine.is_nan() && c.worst_rel_l2.is_nan() && c.max_abs.is_nan() && c.mean_cosine.is_nan(), "{}", c.summary());
+    }
+
+    #[test]
+    fn observations_grouped_by_camera_count() {
+        let one = |i, a: [f32; 2]| ActionsDistance::of(i, &record(1), &a, &[1.0, 0.0]);
+        let two = ActionsDistance::of(1, &record(2), &[1.0, 0.0], &[1.0, 0.0]);
+        let c = Comparison::of(vec![one(0, [0.0, 1.0]), two, one(2, [1.0, 0.0])]);
+        let groups: Vec<_> = c.by_cameras().into_iter().map(|(n, g)| (n, g.observations.len(), g.worst_cosine, g.mean_cosine)).collect();
+        assert_eq!(groups, [(1, 2, 0.0, 0.5), (2, 1, 1.0, 1.0)]);
     }
 }

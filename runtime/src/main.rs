@@ -631,6 +631,12 @@ fn compare_command(
         reference.info().precision,
         result.summary()
     );
+    let groups = result.by_cameras();
+    if groups.len() > 1 {
+        for (cameras, group) in groups {
+            println!("  with {cameras} camera{}: {}", if cameras == 1 { "" } else { "s" }, group.summary());
+        }
+    }
     let side = |p: &Policy| {
         let info = p.info();
         serde_json::json!({ "backend": info.backend, "precision": info.precision, "device": info.device })
@@ -639,8 +645,9 @@ fn compare_command(
     let observations = match log {
         Some(log) => format!("log {}", log.display()),
         None => format!(
-            "synthetic (seed {seed}): random 224x224 frames on 1..{} cameras in turn, random states, 3 prompts",
-            candidate.info().cameras.len()
+            "synthetic (seed {seed}): random 224x224 frames on {} down to 1 cameras in turn, random states, {} prompts",
+            candidate.info().cameras.len(),
+            flashrt::synthetic::PROMPTS.len()
         ),
     };
     let mut fields = serde_json::to_value(&result).expect("json");
