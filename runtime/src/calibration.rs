@@ -456,14 +456,7 @@ pub const SYNTHETIC_WARNING: &str = "calibrating FP8 on SYNTHETIC observations (
 /// are not the robot's.
 pub fn calibrate_synthetic(policy: &mut Policy, settings: &CalibrationSettings, seed: u64) -> Result<Calibration> {
     log::warn!("{SYNTHETIC_WARNING}");
-    let settings = CalibrationSettings {
-        observations: format!(
-            "synthetic: random 224x224 frames on {} down to 1 cameras in turn, random states (seed {seed}), {} prompts",
-            policy.info().cameras.len(),
-            crate::synthetic::PROMPTS.len()
-        ),
-        ..settings.clone()
-    };
+    let settings = CalibrationSettings { observations: crate::synthetic::describe(policy, seed), ..settings.clone() };
     let records = crate::synthetic::observations(policy, settings.steps, seed);
     calibrate(policy, &settings, true, &records)
 }

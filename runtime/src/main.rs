@@ -644,11 +644,7 @@ fn compare_command(
     let missed = bounds.missed(&result);
     let observations = match log {
         Some(log) => format!("log {}", log.display()),
-        None => format!(
-            "synthetic (seed {seed}): random 224x224 frames on {} down to 1 cameras in turn, random states, {} prompts",
-            candidate.info().cameras.len(),
-            flashrt::synthetic::PROMPTS.len()
-        ),
+        None => flashrt::synthetic::describe(&candidate, seed),
     };
     let mut fields = serde_json::to_value(&result).expect("json");
     fields.as_object_mut().expect("a struct serializes to an object").extend([

@@ -18,8 +18,18 @@ pub const PROMPTS: [&str; 3] =
 
 /// What synthetic observation `i` of a policy with `cameras` slots shows: all of them first, then
 /// one fewer each time down to one, and around again.
-pub fn cameras_present(i: usize, cameras: usize) -> usize {
+fn cameras_present(i: usize, cameras: usize) -> usize {
     cameras.max(1) - i % cameras.max(1)
+}
+
+/// Where [`observations`] for `policy` with `seed` came from, for the records that use them
+/// (a calibration's settings, `flashrt compare`'s JSON).
+pub fn describe(policy: &Policy, seed: u64) -> String {
+    format!(
+        "synthetic (seed {seed}): random 224x224 frames on {} down to 1 cameras in turn, random states, {} prompts",
+        policy.info().cameras.len(),
+        PROMPTS.len()
+    )
 }
 
 /// `count` synthetic observations for `policy` (the module's description), with no noise of
