@@ -93,6 +93,12 @@ calibration() { # checkpoint name cameras -> prints the file
     fi
     echo "$file"
 }
+# FP8 against bf16 actions on 32 synthetic observations under issue 30's bounds (mean cosine
+# 0.999, worst 0.995, relative L2 5e-2).
+fp8_compare() { # checkpoint cameras calibration workload out
+    XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" compare --checkpoint "$1" --backend cuda --cameras "$2" --precision fp8 --fp8-calibration "$3" \
+        --count 32 --min-mean-cosine 0.999 --min-cosine 0.995 --max-rel-l2 5e-2 --workload "$4" --out "$5"
+}
 # A GR00T checkpoint takes the cameras its sidecars name: the 1- and 3-view workloads get their own
 # (same weights: same seed), removed after use (6.6 GB each).
 groot_bench_views() { # views workload
@@ -247,8 +253,7 @@ for phase in "$@"; do
         # alternating twice (the same machine state for both), then FP8's per-phase profile.
         echo "== fp8: pi05-2v calibrated on this CPU (synthetic), then bf16 and FP8 alternating"
         synth_full
-        cal=/tmp/flashrt_full_fp8.json
-        [ -f "$cal" ] || run "$BIN/flashrt" calibrate --checkpoint "$FULL" --cameras 2 --steps 2 --measure-steps 1 --threads 16 --out "$cal"
+        cal=$(calibration "$FULL" pi05-full-2v 2)
         cp "$cal" "$OUT/fp8-calibration-pi05-full-synthetic.json" || status=1
         for _ in 1 2; do
             bench 2 pi05-2v-bf16
@@ -266,8 +271,7 @@ for phase in "$@"; do
         cameras=${FP8_COMPARE_CAMERAS:-3}
         calc=$(calibration "$FULL" "pi05-full-${cameras}v" "$cameras")
         cp "$calc" "$OUT/fp8-calibration-pi05-full-${cameras}v.json" || status=1
-        XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" compare --checkpoint "$FULL" --backend cuda --cameras "$cameras" --precision fp8 --fp8-calibration "$calc" \
-            --count 32 --min-mean-cosine 0.999 --min-cosine 0.995 --max-rel-l2 5e-2 --workload "pi05-${cameras}cam-fp8-vs-bf16" --out "$OUT/fp8-vs-bf16-accuracy.json"
+        fp8_compare "$FULL" "$cameras" "$calc" "pi05-${cameras}cam-fp8-vs-bf16" "$OUT/fp8-vs-bf16-accuracy.json"
         ;;
     groot-fp8)
         # gr00t-2v in FP8 (issue 30, point 4): bf16 and FP8 benches alternating, then FP8 vs bf16
@@ -278,8 +282,7 @@ for phase in "$@"; do
         cp "$calg" "$OUT/fp8-calibration-groot-full-2v.json" || status=1
         CKPT="$GROOT_FULL" bench 2 gr00t-2v-bf16
         CKPT="$GROOT_FULL" bench 2 gr00t-2v-fp8 --precision fp8 --fp8-calibration "$calg"
-        XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" compare --checkpoint "$GROOT_FULL" --backend cuda --cameras 2 --precision fp8 --fp8-calibration "$calg" \
-            --count 32 --min-mean-cosine 0.999 --min-cosine 0.995 --max-rel-l2 5e-2 --workload gr00t-2cam-fp8-vs-bf16 --out "$OUT/groot-fp8-vs-bf16-accuracy.json"
+        fp8_compare "$GROOT_FULL" 2 "$calg" gr00t-2cam-fp8-vs-bf16 "$OUT/groot-fp8-vs-bf16-accuracy.json"
         ;;
     groot-fp8-variants)
         # Which part of GR00T sets FP8's error: each carried calibration variant
@@ -289,8 +292,7 @@ for phase in "$@"; do
         synth_groot_full
         for calv in "$BIN"/calibration/groot-full-2v-*.json; do
             name=$(basename "$calv" .json)
-            XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" compare --checkpoint "$GROOT_FULL" --backend cuda --cameras 2 --precision fp8 --fp8-calibration "$calv" \
-                --count 32 --min-mean-cosine 0.999 --min-cosine 0.995 --max-rel-l2 5e-2 --workload "$name-vs-bf16" --out "$OUT/$name-accuracy.json"
+            fp8_compare "$GROOT_FULL" 2 "$calv" "$name-vs-bf16" "$OUT/$name-accuracy.json"
         done
         ;;
     groot-bench)
