@@ -203,6 +203,24 @@ impl Case {
             .collect()
     }
 
+    fn feed_and_run(&self, backend: &mut dyn Backend) {
+        for (id, data) in &self.inputs {
+            match data {
+                Input::F32(v) => backend.input_f32(*id).copy_from_slice(v),
+                Input::I32(v) => backend.input_i32(*id).copy_from_slice(v),
+                Input::U8(v) => backend.input_u8(*id).copy_from_slice(v),
+            }
+        }
+        backend.run().unwrap();
+    }
+
+    /// The CPU's f32 values of buffer `name` after one run.
+    fn cpu_values(&self, ckpt: &Arc<Checkpoint>, name: &str) -> Vec<f32> {
+        let mut cpu = CpuBackend::new(self.plan.clone(), self.weight_data(), ckpt, 1).expect("CPU backend");
+        self.feed_and_run(&mut cpu);
+        cpu.read_buffer(name).unwrap()
+    }
+
     /// Runs the plan on both backends; returns (buffer, nmse, bound of its tier) per compared
     /// buffer. `fp8` (by weight id) runs those products in FP8 on the GPU, whatever their rows,
     /// and, with `cpu_emulates_fp8`, in the CPU's FP8 emulation.
@@ -230,16 +248,8 @@ impl Case {
             .map(|name| if f32_path[self.plan.find_buffer(name).expect("compared buffer").0] { OP_NMSE_F32 } else { OP_NMSE_BF16 })
             .collect();
         let mut gpu: Box<dyn Backend> = Box::new(gpu);
-        for backend in [&mut cpu, &mut gpu] {
-            for (id, data) in &self.inputs {
-                match data {
-                    Input::F32(v) => backend.input_f32(*id).copy_from_slice(v),
-                    Input::I32(v) => backend.input_i32(*id).copy_from_slice(v),
-                    Input::U8(v) => backend.input_u8(*id).copy_from_slice(v),
-                }
-            }
-            backend.run().unwrap();
-        }
+        self.feed_and_run(&mut *cpu);
+        self.feed_and_run(&mut *gpu);
         self.compare
             .iter()
             .zip(bounds)
@@ -579,15 +589,48 @@ fn mlp_case(seed: u64) -> Case {
             a
         }
     };
+    let (_, h) = push_mlp(&mut c, a, hidden);
+    c.check(h);
+    c
+}
+
+/// Gate/up, GeGLU and down over `a` (the form the backend streams): the output `out` compared;
+/// returns the two weights and the GeGLU output.
+fn push_mlp(c: &mut Case, a: View, hidden: usize) -> ([WeightId; 2], View) {
+    let (rows, width) = (a.rows, a.cols);
     let (w_gate_up, w_down) = (c.matrix_weight(2 * hidden, width), c.matrix_weight(width, hidden));
     let (gate_up, h, out) =
         (c.plan.matrix("gate_up", rows, 2 * hidden), c.plan.matrix("hidden", rows, hidden), c.plan.matrix("out", rows, width));
     c.plan.push(Op::Gemm { a, w: w_gate_up, bias: None, out: gate_up, accumulate: false });
     c.plan.push(Op::GatedActivation { gate_up, out: h, kind: Activation::GeluTanh });
     c.plan.push(Op::Gemm { a: h, w: w_down, bias: None, out, accumulate: false });
-    c.check(h);
     c.check(out);
-    c
+    ([w_gate_up, w_down], h)
+}
+
+/// The streamed MLP in FP8 (sm_90a's e4m3 form of `mlp_stream`): seed 0 Pi0.5's expert shape,
+/// others random in whole 128-column chunks. A is bf16-exact, so the device's bf16 copy of it
+/// quantizes as the emulation's f32 does; each product's input scale from its input's range on
+/// the CPU (gate/up: A; down: the GeGLU output), as the calibration takes them. The GeGLU output
+/// holds e4m3 codes on the device, so only `out` is compared.
+fn fp8_mlp_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<ProductScales>>) {
+    let mut c = Case::new(String::new(), seed);
+    let (rows, width, hidden) = if seed == 0 {
+        (50, 1024, 4096)
+    } else {
+        (c.rng.random_range(1..=64), 128 * c.rng.random_range(1..=16), 128 * c.rng.random_range(1..=32))
+    };
+    c.name = format!("fp8 streamed mlp {rows}x{width}, hidden {hidden}");
+    let a = c.input("a", rows, width);
+    let ([w_gate_up, w_down], _) = push_mlp(&mut c, a, hidden);
+    let range = |name: &str| fp8::amax(&c.cpu_values(ckpt, name));
+    let (a_amax, hidden_amax) = (range("a"), range("hidden"));
+    let mut scales = vec![None; c.plan.weights.len()];
+    for (w, activation_amax) in [(w_gate_up, a_amax), (w_down, hidden_amax)] {
+        let weight_amax = fp8::amax(&c.weights[w.0]);
+        scales[w.0] = Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(weight_amax) });
+    }
+    (c, scales)
 }
 
 /// The expert's QKV product and its RoPE with the K/V cache write (qkv, rotated q, caches
@@ -1160,9 +1203,10 @@ fn every_op_matches_cpu() {
 /// FP8 products (e4m3 weights, inputs quantized on the device with their scales, cuBLASLt's FP8
 /// product with f32 accumulation) against the CPU's FP8 emulation of the same products: first
 /// every code of PyTorch's e4m3 table exactly ([`fp8_codes_case`]), then random products within
-/// the bf16 tier, as their inputs are bf16-exact and both sides round the same e4m3 codes. The same
-/// GPU results against the CPU in f32 are an FP8 error away (> 10× that tier): the products did
-/// run in e4m3.
+/// the bf16 tier, as their inputs are bf16-exact and both sides round the same e4m3 codes, and the
+/// streamed MLP's FP8 form (on sm_90a; cuBLASLt's products elsewhere) at Pi0.5's expert shape and
+/// a random one. The same GPU results against the CPU in f32 are an FP8 error away (> 10× that
+/// tier): the products did run in e4m3.
 #[test]
 #[ignore = "needs a CUDA GPU: tools/device/checks/cuda_checks.sh tests"]
 fn fp8_products_match_the_cpu_emulation() {
@@ -1174,8 +1218,8 @@ fn fp8_products_match_the_cpu_emulation() {
     eprintln!("e4m3 codes of PyTorch's table through the FP8 product with 448 · I: nmse {codes_err:e} (0: every code equal)");
     let (mut results, mut failures) = (vec![json!({"case": codes_case.name, "nmse_vs_emulation": codes_err, "pass": codes_err == 0.0})], 0);
     failures += (codes_err != 0.0) as usize;
-    for seed in 0..3u64 {
-        let (case, scales) = fp8_gemm_case(seed);
+    let cases = (0..3).map(fp8_gemm_case).chain((0..2).map(|seed| fp8_mlp_case(seed, &dummy)));
+    for (case, scales) in cases {
         let emulated = case.run(&dummy, &scales, true);
         let exact = case.run(&dummy, &scales, false);
         for ((buffer, err, _), (_, f32_err, _)) in emulated.iter().zip(&exact) {

@@ -138,6 +138,18 @@ __device__ __forceinline__ void grid_barrier_128(unsigned* word) {
     asm volatile("bar.sync 1, 128;\n" ::: "memory");
 }
 
+#if __CUDA_ARCH__ >= 890
+// Two values into one e4m3 pair (round to nearest even, saturating to ±448, as CUDA's
+// __nv_cvt_float_to_fp8(…, __NV_SATFINITE, __NV_E4M3) and the runtime's CPU emulation,
+// runtime/src/fp8.rs): `first` in the low byte (the lower address), `second` above. The
+// instruction exists from sm_89 on.
+__device__ __forceinline__ unsigned short e4m3x2(float first, float second) {
+    unsigned short pair;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(pair) : "f"(second), "f"(first));
+    return pair;
+}
+#endif
+
 // ---- Hopper (sm_90a) building blocks: the warpgroup MMA kernels' (attention_mq256.cu, mlp.cu) --------
 // Byte offset of 16-byte piece `piece` (0-7) of row `r` in a 64 × 64 bf16 tile in the 128-byte
 // swizzle wgmma reads (and bulk tensor copies write): the piece index XOR the row within its 8.
@@ -207,6 +219,16 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lb
 __device__ __forceinline__ void wg_mma_ss(float* d, unsigned long long a, unsigned long long b) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D32 ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : WG_D32_OPERANDS(d)
+                 : "l"(a), "l"(b));
+}
+
+// The same over 32 of k with e4m3 operands (FP8 has no transposed form: both K-major). A 64-row
+// tile of 128 bytes per row holds 64 of k in bf16 or 128 in e4m3, so one instruction steps 32
+// bytes along k in either, and the descriptors are the same.
+__device__ __forceinline__ void wg_mma_ss_e4m3(float* d, unsigned long long a, unsigned long long b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " WG_D32 ", %32, %33, p, 1, 1;\n}\n"
                  : WG_D32_OPERANDS(d)
                  : "l"(a), "l"(b));
 }

@@ -6,13 +6,6 @@
 #include "common.cuh"
 
 #if __CUDA_ARCH__ >= 890
-// Two values into one e4m3 pair: `first` in the low byte (the lower address), `second` above.
-__device__ __forceinline__ unsigned short e4m3x2(float first, float second) {
-    unsigned short pair;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(pair) : "f"(second), "f"(first));
-    return pair;
-}
-
 // Four values per thread (cols and dst_stride multiples of 4), one 4-byte store. Launch shape:
 // grid (ceil(cols / 4 / block), rows).
 template <typename T>

@@ -13,40 +13,64 @@
 // that norm still runs.
 #include "common.cuh"
 
-// Row-major w [n, k] (bf16) into 64 × 64 swizzled tiles, tile (nt, kc) at element
-// (nt · k / 64 + kc) · 4096; with `paired_half` > 0 a tile's rows 0-31 are rows 32·nt … of w and
-// rows 32-63 those `paired_half` further (gate/up pairs). One thread per 16-byte piece. Compiled
-// for every architecture (the module is never empty); used where `mlp_stream_wgmma` runs.
-extern "C" __global__ void retile_weight(unsigned short* out, const unsigned short* w, int n, int k, int paired_half) {
+// Row-major w [n, k] (`k_bytes` bytes per row: bf16 or e4m3) into 64-row tiles of 128 bytes per
+// row in the 128-byte swizzle the warpgroup MMA reads, tile (nt, kc) at byte
+// (nt · k_bytes / 128 + kc) · 8192; with `paired_half` > 0 a tile's rows 0-31 are rows 32·nt … of
+// w and rows 32-63 those `paired_half` further (gate/up pairs). One thread per 16-byte piece.
+// Compiled for every architecture (the module is never empty); used where `mlp_stream_wgmma*` runs.
+extern "C" __global__ void retile_weight(unsigned char* out, const unsigned char* w, int n, int k_bytes, int paired_half) {
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)n * k / 8) return;
+    if (i >= (long)n * k_bytes / 16) return;
     const int piece = i % 8, r = (i / 8) % 64;
     const long tile = i / 512;
-    const int kc = tile % (k / 64), nt = tile / (k / 64);
+    const int kc = tile % (k_bytes / 128), nt = tile / (k_bytes / 128);
     const int row = paired_half > 0 ? (r < 32 ? nt * 32 + r : paired_half + nt * 32 + r - 32) : nt * 64 + r;
-    *(uint4*)((char*)out + tile * 8192 + swizzle128(r, piece)) = *(const uint4*)(w + (long)row * k + kc * 64 + piece * 8);
+    *(uint4*)(out + tile * 8192 + swizzle128(r, piece)) = *(const uint4*)(w + (long)row * k_bytes + kc * 128 + piece * 16);
 }
 
 #if !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define MLP_TILE_BYTES (64 * 128)  // one 64 × 64 bf16 tile
+#define MLP_TILE_BYTES (64 * 128)  // one tile: 64 rows × 128 bytes (64 of k in bf16, 128 in e4m3)
 #define MLP_STAGES 8               // weight tiles in flight per block
-#define MLP_A_CHUNKS 16            // 64-column chunks of A a block holds (width and down's K share ≤ 1024)
+#define MLP_A_CHUNKS 16            // 128-byte column chunks of A a block holds (width and down's K share)
 // Dynamic shared memory (launch.rs mirrors it): 1024-byte alignment slack, the ring, A's chunks.
 #define MLP_SHARED_BYTES (1024 + (MLP_STAGES + MLP_A_CHUNKS) * MLP_TILE_BYTES)
 
-// Consumers (128 threads): rows [0, 64) × chunks [c0, c0 + chunks) of row-major A (rows past
-// `rows` zero) into swizzled tiles.
-__device__ __forceinline__ void mlp_load_a(unsigned a_tiles, const bf16* a, int a_stride, int rows, int c0, int chunks) {
+// Consumers (128 threads): rows [0, 64) × 128-byte chunks [c0, c0 + chunks) of row-major A
+// (`a_stride` bytes per row; rows past `rows` zero) into swizzled tiles.
+__device__ __forceinline__ void mlp_load_a(unsigned a_tiles, const unsigned char* a, long a_stride, int rows, int c0, int chunks) {
     for (int i = threadIdx.x; i < chunks * 64 * 8; i += 128) {
         const int c = i / 512, r = (i / 8) % 64, piece = i % 8;
-        cp_async16(a_tiles + c * MLP_TILE_BYTES + swizzle128(r, piece), a + (long)min(r, rows - 1) * a_stride + (c0 + c) * 64 + piece * 8,
+        cp_async16(a_tiles + c * MLP_TILE_BYTES + swizzle128(r, piece), a + min(r, rows - 1) * a_stride + (c0 + c) * 128 + piece * 16,
                    r < rows);
     }
     asm volatile("cp.async.wait_all;\nfence.proxy.async.shared::cta;\nbar.sync 1, 128;\n" ::: "memory");
 }
 
+// Consumers: the first `chunks` 128-column chunks of bf16 A (`a_stride` elements per row) into
+// e4m3 tiles, each value times `inverse_scale` (the FP8 gate/up product's calibrated input).
+__device__ __forceinline__ void mlp_load_a_e4m3(unsigned a_tiles, const bf16* a, int a_stride, int rows, int chunks, float inverse_scale) {
+    const auto pair = [inverse_scale](unsigned two) {
+        return (unsigned)e4m3x2(__uint_as_float(two << 16) * inverse_scale, __uint_as_float(two & 0xffff0000u) * inverse_scale);
+    };
+    for (int i = threadIdx.x; i < chunks * 64 * 8; i += 128) {
+        const int c = i / 512, r = (i / 8) % 64, piece = i % 8;
+        uint4 q = make_uint4(0, 0, 0, 0);
+        if (r < rows) {
+            const uint4* src = (const uint4*)(a + (long)r * a_stride + c * 128 + piece * 16);
+            const uint4 lo = src[0], hi = src[1];
+            q = make_uint4(pair(lo.x) | pair(lo.y) << 16, pair(lo.z) | pair(lo.w) << 16, pair(hi.x) | pair(hi.y) << 16,
+                           pair(hi.z) | pair(hi.w) << 16);
+        }
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a_tiles + c * MLP_TILE_BYTES + swizzle128(r, piece)), "r"(q.x),
+                     "r"(q.y), "r"(q.z), "r"(q.w)
+                     : "memory");
+    }
+    asm volatile("fence.proxy.async.shared::cta;\nbar.sync 1, 128;\n" ::: "memory");
+}
+
 // Consumers: acc (64 × 64) = A · the next `chunks` weight tiles of the ring; `g` counts the
 // ring's tiles consumed so far (stage and parity), and the stages are handed back as they empty.
+template <bool E4M3>
 __device__ __forceinline__ void mlp_product(float* acc, unsigned a_tiles, unsigned ring, unsigned full, unsigned empty, int chunks, int& g) {
     for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
     const int lane = threadIdx.x & 31;
@@ -54,8 +78,12 @@ __device__ __forceinline__ void mlp_product(float* acc, unsigned a_tiles, unsign
         const int s = g % MLP_STAGES;
         mbarrier_wait(full + 8 * s, (g / MLP_STAGES) & 1);
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-        for (int kk = 0; kk < 4; ++kk)
-            wg_mma_ss(acc, wg_desc(a_tiles + c * MLP_TILE_BYTES + kk * 32, 16, 1024), wg_desc(ring + s * MLP_TILE_BYTES + kk * 32, 16, 1024));
+        for (int kk = 0; kk < 4; ++kk) {
+            const unsigned long long a = wg_desc(a_tiles + c * MLP_TILE_BYTES + kk * 32, 16, 1024);
+            const unsigned long long b = wg_desc(ring + s * MLP_TILE_BYTES + kk * 32, 16, 1024);
+            if (E4M3) wg_mma_ss_e4m3(acc, a, b);
+            else wg_mma_ss(acc, a, b);
+        }
         asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 1;\n" ::: "memory");
         if (c > 0 && lane == 0) mbarrier_arrive(empty + 8 * ((g - 1) % MLP_STAGES));
     }
@@ -63,23 +91,33 @@ __device__ __forceinline__ void mlp_product(float* acc, unsigned a_tiles, unsign
     if (lane == 0) mbarrier_arrive(empty + 8 * ((g - 1) % MLP_STAGES));
 }
 
+// The FP8 form's calibrated scales (per tensor, as the CPU emulation's products): A into e4m3
+// times `a_inverse`, gate/up's sums times `gate_up` (its input's scale × its weight's), the GeGLU
+// output into e4m3 times `hidden_inverse`, down's sums times `down`. The bf16 form reads none.
+struct MlpScales {
+    float a_inverse, gate_up, hidden_inverse, down;
+};
+
 // out[rows, width] (f32, zeroed here) = (gelu(a · w_gateᵀ) ⊙ (a · w_upᵀ)) · w_downᵀ, with
-// hidden[rows, hidden_width] (bf16) the GeGLU output. Grid: hidden_width / 32 blocks (gate/up's
-// tiles); down's (width / 64) × down_splits units go to the first blocks. 160 threads: one
-// warpgroup of consumers and a producer warp.
-extern "C" __global__ void __launch_bounds__(160, 1)
-    mlp_stream_wgmma(float* out, int out_stride, bf16* hidden, int hidden_stride, const bf16* a, int a_stride,
-                     const bf16* w_gate_up, const bf16* w_down, int rows, int width, int hidden_width, int down_splits,
-                     unsigned* barrier) {
+// hidden[rows, hidden_width] (`hidden_stride` bytes per row) the GeGLU output, bf16 or (E4M3) its
+// e4m3 codes. Weights tiled by retile_weight in the same element type; the FP8 form's A chunks
+// and tiles hold 128 of k, the bf16 form's 64. Grid: hidden_width / 32 blocks (gate/up's tiles);
+// down's (width / 64) × down_splits units go to the first blocks. 160 threads: one warpgroup of
+// consumers and a producer warp.
+template <bool E4M3>
+__device__ void mlp_stream(float* out, int out_stride, unsigned char* hidden, int hidden_stride, const bf16* a, int a_stride,
+                           const unsigned char* w_gate_up, const unsigned char* w_down, int rows, int width, int hidden_width,
+                           int down_splits, unsigned* barrier, MlpScales scales) {
     extern __shared__ __align__(16) unsigned char mlp_shared[];
     __shared__ __align__(8) unsigned long long bars[2 * MLP_STAGES];  // full, then empty, per stage
+    constexpr int chunk_k = E4M3 ? 128 : 64;
     const unsigned base = ((unsigned)__cvta_generic_to_shared(mlp_shared) + 1023) & ~1023u;
     const unsigned ring = base, a_tiles = base + MLP_STAGES * MLP_TILE_BYTES;
     const unsigned full = (unsigned)__cvta_generic_to_shared(bars), empty = full + 8 * MLP_STAGES;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int width_chunks = width / 64, hidden_chunks = hidden_width / 64, down_chunks = hidden_chunks / down_splits;
-    const int down_tile = blockIdx.x % width_chunks, down_c0 = blockIdx.x / width_chunks * down_chunks;
-    const bool down_active = blockIdx.x < width_chunks * down_splits;
+    const int width_chunks = width / chunk_k, hidden_chunks = hidden_width / chunk_k, down_chunks = hidden_chunks / down_splits;
+    const int out_tiles = width / 64, down_tile = blockIdx.x % out_tiles, down_c0 = blockIdx.x / out_tiles * down_chunks;
+    const bool down_active = blockIdx.x < out_tiles * down_splits;
     if (threadIdx.x == 0) {
         for (int s = 0; s < MLP_STAGES; ++s) mbarrier_init(full + 8 * s, 1), mbarrier_init(empty + 8 * s, 4);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -92,12 +130,12 @@ extern "C" __global__ void __launch_bounds__(160, 1)
             for (int g = 0; g < tiles; ++g) {
                 const int s = g % MLP_STAGES;
                 if (g >= MLP_STAGES) mbarrier_wait(empty + 8 * s, (g / MLP_STAGES - 1) & 1);
-                const bf16* tile = g < width_chunks ? w_gate_up + ((long)blockIdx.x * width_chunks + g) * 4096
-                                                    : w_down + ((long)down_tile * hidden_chunks + down_c0 + g - width_chunks) * 4096;
+                const long tile = g < width_chunks ? (long)blockIdx.x * width_chunks + g : (long)down_tile * hidden_chunks + down_c0 + g - width_chunks;
+                const unsigned char* src = (g < width_chunks ? w_gate_up : w_down) + tile * MLP_TILE_BYTES;
                 asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(full + 8 * s), "n"(MLP_TILE_BYTES) : "memory");
                 asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
                                  ring + s * MLP_TILE_BYTES),
-                             "l"(tile), "n"(MLP_TILE_BYTES), "r"(full + 8 * s)
+                             "l"(src), "n"(MLP_TILE_BYTES), "r"(full + 8 * s)
                              : "memory");
             }
         }
@@ -114,29 +152,56 @@ extern "C" __global__ void __launch_bounds__(160, 1)
     float acc[32];
     int g = 0;
     const int row0 = warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
-    mlp_load_a(a_tiles, a, a_stride, rows, 0, width_chunks);
-    mlp_product(acc, a_tiles, ring, full, empty, width_chunks, g);
+    if (E4M3) mlp_load_a_e4m3(a_tiles, a, a_stride, rows, width_chunks, scales.a_inverse);
+    else mlp_load_a(a_tiles, (const unsigned char*)a, 2l * a_stride, rows, 0, width_chunks);
+    mlp_product<E4M3>(acc, a_tiles, ring, full, empty, width_chunks, g);
     // Accumulator columns 8j + col0 (+1) of j < 4 are gate columns, those of j + 4 the matching up.
+    const float gate_up_scale = E4M3 ? scales.gate_up : 1.0f;
     for (int j = 0; j < 4; ++j)
         for (int h = 0; h < 2; ++h) {
             const int r = row0 + 8 * h;
             if (r >= rows) continue;
-            const float* gate = &acc[4 * j + 2 * h];
-            const float* up = &acc[4 * (j + 4) + 2 * h];
-            *(unsigned*)(hidden + (long)r * hidden_stride + blockIdx.x * 32 + 8 * j + col0) =
-                pack_bf16x2(gelu_tanh(gate[0]) * up[0], gelu_tanh(gate[1]) * up[1]);
+            float v[2];
+            for (int e = 0; e < 2; ++e)
+                v[e] = gelu_tanh(acc[4 * j + 2 * h + e] * gate_up_scale) * (acc[4 * (j + 4) + 2 * h + e] * gate_up_scale);
+            const int col = blockIdx.x * 32 + 8 * j + col0;
+            if (E4M3) *(unsigned short*)(hidden + (long)r * hidden_stride + col) = e4m3x2(v[0] * scales.hidden_inverse, v[1] * scales.hidden_inverse);
+            else *(unsigned*)(hidden + (long)r * hidden_stride + 2 * col) = pack_bf16x2(v[0], v[1]);
         }
 
     grid_barrier_128(barrier);
     if (!down_active) return;
     mlp_load_a(a_tiles, hidden, hidden_stride, rows, down_c0, down_chunks);
-    mlp_product(acc, a_tiles, ring, full, empty, down_chunks, g);
+    mlp_product<E4M3>(acc, a_tiles, ring, full, empty, down_chunks, g);
+    const float down_scale = E4M3 ? scales.down : 1.0f;
     for (int j = 0; j < 8; ++j)
         for (int h = 0; h < 2; ++h) {
             const int r = row0 + 8 * h;
             if (r >= rows) continue;
             float* o = out + (long)r * out_stride + down_tile * 64 + 8 * j + col0;
-            asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(o), "f"(acc[4 * j + 2 * h]), "f"(acc[4 * j + 2 * h + 1]) : "memory");
+            asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(o), "f"(acc[4 * j + 2 * h] * down_scale),
+                         "f"(acc[4 * j + 2 * h + 1] * down_scale)
+                         : "memory");
         }
+}
+
+// The bf16 form: hidden_stride in bf16 elements.
+extern "C" __global__ void __launch_bounds__(160, 1)
+    mlp_stream_wgmma(float* out, int out_stride, bf16* hidden, int hidden_stride, const bf16* a, int a_stride,
+                     const bf16* w_gate_up, const bf16* w_down, int rows, int width, int hidden_width, int down_splits,
+                     unsigned* barrier) {
+    mlp_stream<false>(out, out_stride, (unsigned char*)hidden, 2 * hidden_stride, a, a_stride, (const unsigned char*)w_gate_up,
+                      (const unsigned char*)w_down, rows, width, hidden_width, down_splits, barrier, MlpScales{});
+}
+
+// The FP8 form (W8A8): e4m3 weights, A quantized on its way into shared memory, the GeGLU output
+// written in e4m3 (hidden_stride in bytes), f32 accumulation.
+extern "C" __global__ void __launch_bounds__(160, 1)
+    mlp_stream_wgmma_e4m3(float* out, int out_stride, unsigned char* hidden, int hidden_stride, const bf16* a, int a_stride,
+                          const unsigned char* w_gate_up, const unsigned char* w_down, int rows, int width, int hidden_width,
+                          int down_splits, unsigned* barrier, float a_inverse_scale, float gate_up_scale,
+                          float hidden_inverse_scale, float down_scale) {
+    mlp_stream<true>(out, out_stride, hidden, hidden_stride, a, a_stride, w_gate_up, w_down, rows, width, hidden_width, down_splits,
+                     barrier, MlpScales{a_inverse_scale, gate_up_scale, hidden_inverse_scale, down_scale});
 }
 #endif

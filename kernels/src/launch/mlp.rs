@@ -3,28 +3,44 @@
 
 use super::*;
 
+/// The calibrated per-tensor scales of an MLP that [`Kernels::mlp_stream`] runs in FP8 (W8A8, as
+/// the CPU emulation's products): its input into e4m3 times `1 / gate_up.activation`, gate/up's
+/// sums times `gate_up.activation · gate_up.weight`, the GeGLU output into e4m3 times
+/// `1 / down.activation`, down's sums times `down.activation · down.weight`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MlpFp8Scales {
+    /// Gate/up's (activation, weight) scales.
+    pub gate_up: (f32, f32),
+    /// Down's (activation, weight) scales.
+    pub down: (f32, f32),
+}
+
 impl Kernels {
     /// The K split of the down product when [`Kernels::mlp_stream`] runs an MLP of `rows` rows,
-    /// `width` features and `hidden` GeGLU features on this device (`multiprocessors` SMs), or
-    /// `None` when it cannot: not sm_90a, more than 64 rows, widths not whole 64-column tiles, A
-    /// chunks past what a block holds, or more blocks (hidden / 32, one per SM) than SMs. The
-    /// split is the largest that gives down no more units than there are blocks.
-    pub fn mlp_stream_splits(&self, rows: usize, width: usize, hidden: usize, multiprocessors: usize) -> Option<usize> {
-        let (width_chunks, hidden_chunks, blocks) = (width / 64, hidden / 64, hidden / 32);
+    /// `width` features and `hidden` GeGLU features on this device (`multiprocessors` SMs), in
+    /// bf16 or (`fp8`) e4m3, or `None` when it cannot: not sm_90a, more than 64 rows, widths not
+    /// whole tiles (64 columns; K chunks of 64 in bf16, 128 in e4m3), A chunks past what a block
+    /// holds, or more blocks (hidden / 32, one per SM) than SMs. The split is the largest that
+    /// gives down no more units than there are blocks.
+    pub fn mlp_stream_splits(&self, rows: usize, width: usize, hidden: usize, multiprocessors: usize, fp8: bool) -> Option<usize> {
+        let chunk_k = if fp8 { 128 } else { 64 };
+        let (width_chunks, hidden_chunks, out_tiles, blocks) = (width / chunk_k, hidden / chunk_k, width / 64, hidden / 32);
         if !self.mlp_stream
             || !(1..=64).contains(&rows)
-            || width % 64 != 0
-            || hidden % 64 != 0
+            || width % chunk_k != 0
+            || hidden % chunk_k != 0
             || !(1..=MLP_A_CHUNKS).contains(&width_chunks)
             || blocks > multiprocessors
         {
             return None;
         }
-        (1..=hidden_chunks).rev().find(|&s| hidden_chunks % s == 0 && width_chunks * s <= blocks && hidden_chunks / s <= MLP_A_CHUNKS)
+        (1..=hidden_chunks).rev().find(|&s| hidden_chunks % s == 0 && out_tiles * s <= blocks && hidden_chunks / s <= MLP_A_CHUNKS)
     }
 
     /// The few-row MLP `out = (gelu(a · w_gateᵀ) ⊙ (a · w_upᵀ)) · w_downᵀ` in one cooperative
-    /// launch (mlp.cu), `hidden` receiving the GeGLU output (bf16) and `out` (f32) overwritten.
+    /// launch (mlp.cu), `hidden` receiving the GeGLU output and `out` (f32) overwritten. In bf16,
+    /// or with `fp8` in e4m3 with those scales: the weights then e4m3, and `hidden` (a bf16
+    /// buffer) holding the GeGLU output's e4m3 codes in the first `cols` bytes of each row.
     /// The weights must be tiled by [`Kernels::retile_weight`] (gate/up paired); `barrier` is a
     /// device word no concurrent launch uses. `programmatic`: launched as a programmatic dependent
     /// of the kernel before it on the stream, which must be the RMS norm writing `a` (it lets the
@@ -41,13 +57,14 @@ impl Kernels {
         w_gate_up: DevPtr,
         w_down: DevPtr,
         barrier: DevPtr,
+        fp8: Option<MlpFp8Scales>,
         multiprocessors: usize,
         programmatic: bool,
         stream: CUstream,
     ) -> Result<()> {
-        let what = "mlp_stream_wgmma";
+        let what = if fp8.is_some() { "mlp_stream_wgmma_e4m3" } else { "mlp_stream_wgmma" };
         let (rows, width, hid) = (a.rows, a.cols, hidden.cols);
-        let splits = self.mlp_stream_splits(rows, width, hid, multiprocessors);
+        let splits = self.mlp_stream_splits(rows, width, hid, multiprocessors, fp8.is_some());
         let aligned = |m: &Mat, bytes: u64| m.ptr % 16 == 0 && (m.stride as u64 * m.dtype.size() as u64) % bytes == 0;
         let Some(splits) = splits.filter(|_| {
             (a.dtype, hidden.dtype, out.dtype) == (Dtype::Bf16, Dtype::Bf16, Dtype::F32)
@@ -57,20 +74,22 @@ impl Kernels {
                 && aligned(&out, 16)
                 && barrier % 4 == 0
         }) else {
+            let chunk = if fp8.is_some() { "128·(1-16)" } else { "64·(1-16)" };
             return Err(shape_error(
                 what,
                 format!(
-                    "needs bf16 a [1-64 rows, 64·(1-16)], bf16 hidden [rows, 64·n], f32 out [rows, a's width], 16-byte aligned rows, \
-                     sm_90a with hidden / 32 ≤ {multiprocessors} SMs; got a {}x{} {:?}, hidden {}x{} {:?}, out {}x{} {:?}",
+                    "needs bf16 a [1-64 rows, {chunk}], bf16 hidden [rows, {chunk}], f32 out [rows, a's width], 16-byte aligned \
+                     rows, sm_90a with hidden / 32 ≤ {multiprocessors} SMs; got a {}x{} {:?}, hidden {}x{} {:?}, out {}x{} {:?}",
                     a.rows, a.cols, a.dtype, hidden.rows, hidden.cols, hidden.dtype, out.rows, out.cols, out.dtype
                 ),
             ));
         };
+        let hidden_stride = if fp8.is_some() { 2 * hidden.stride } else { hidden.stride };
         let args = [
             Arg::P(out.ptr),
             Arg::I(i32_of(out.stride, what)?),
             Arg::P(hidden.ptr),
-            Arg::I(i32_of(hidden.stride, what)?),
+            Arg::I(i32_of(hidden_stride, what)?),
             Arg::P(a.ptr),
             Arg::I(i32_of(a.stride, what)?),
             Arg::P(w_gate_up),
@@ -88,25 +107,51 @@ impl Kernels {
         let cooperative = sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE, pad: [0; 4], value };
         let mut attrs = [cooperative, programmatic_attribute()];
         let attrs = if programmatic { &mut attrs[..] } else { &mut attrs[..1] };
-        // SAFETY: the arguments match `mlp_stream_wgmma`'s signature: 160 threads, one block per 32
-        // GeGLU columns; it waits for the norm before it (programmatic) before reading `a`.
-        unsafe { self.launch_with_attributes(what, ((hid / 32) as u32, 1, 1), 160, MLP_SHARED_BYTES, stream, args, attrs) }
+        let grid = ((hid / 32) as u32, 1, 1);
+        // SAFETY: the arguments match the kernel's signature (the FP8 form's four scales after the
+        // bf16 form's arguments, its hidden stride in bytes): 160 threads, one block per 32 GeGLU
+        // columns; it waits for the norm before it (programmatic) before reading `a`.
+        unsafe {
+            match fp8 {
+                None => self.launch_with_attributes(what, grid, 160, MLP_SHARED_BYTES, stream, args, attrs),
+                Some(MlpFp8Scales { gate_up: (a_scale, w_scale), down: (h_scale, d_scale) }) => {
+                    let scales = [Arg::F(1.0 / a_scale), Arg::F(a_scale * w_scale), Arg::F(1.0 / h_scale), Arg::F(h_scale * d_scale)];
+                    let mut all = [Arg::I(0); 17];
+                    all[..13].copy_from_slice(&args);
+                    all[13..].copy_from_slice(&scales);
+                    self.launch_with_attributes(what, grid, 160, MLP_SHARED_BYTES, stream, all, attrs)
+                }
+            }
+        }
     }
 
-    /// Copies the row-major bf16 weight `src` (`[n, k]`) into `out` as [`Kernels::mlp_stream`]
-    /// reads it: 64 × 64 swizzled tiles, with `paired_half` > 0 each tile's rows 32-63 the rows
-    /// `paired_half` below its rows 0-31 (gate/up).
+    /// Copies the row-major weight `src` (`n` rows of `row_bytes` bytes: bf16 or e4m3 values)
+    /// into `out` as [`Kernels::mlp_stream`] reads it: 64-row tiles of 128 bytes per row,
+    /// swizzled, with `paired_half` > 0 each tile's rows 32-63 the rows `paired_half` below its
+    /// rows 0-31 (gate/up).
     ///
     /// # Safety
-    /// `out` and `src` must be live, disjoint device memory of `n · k` bf16.
-    pub unsafe fn retile_weight(&self, out: DevPtr, src: DevPtr, n: usize, k: usize, paired_half: usize, stream: CUstream) -> Result<()> {
+    /// `out` and `src` must be live, disjoint device memory of `n · row_bytes` bytes.
+    pub unsafe fn retile_weight(
+        &self,
+        out: DevPtr,
+        src: DevPtr,
+        n: usize,
+        row_bytes: usize,
+        paired_half: usize,
+        stream: CUstream,
+    ) -> Result<()> {
         let what = "retile_weight";
         let rows_ok = if paired_half > 0 { n == 2 * paired_half && paired_half % 32 == 0 } else { n % 64 == 0 };
-        if !rows_ok || k == 0 || k % 64 != 0 || out % 16 != 0 || src % 16 != 0 {
-            return Err(shape_error(what, format!("{n}x{k} (paired half {paired_half}) is not whole 64 x 64 tiles")));
+        if !rows_ok || row_bytes == 0 || row_bytes % 128 != 0 || out % 16 != 0 || src % 16 != 0 {
+            return Err(shape_error(
+                what,
+                format!("{n} rows of {row_bytes} bytes (paired half {paired_half}) are not whole 64-row tiles of 128 bytes"),
+            ));
         }
-        let pieces = n * k / 8;
-        let args = [Arg::P(out), Arg::P(src), Arg::I(i32_of(n, what)?), Arg::I(i32_of(k, what)?), Arg::I(i32_of(paired_half, what)?)];
+        let pieces = n * row_bytes / 16;
+        let args =
+            [Arg::P(out), Arg::P(src), Arg::I(i32_of(n, what)?), Arg::I(i32_of(row_bytes, what)?), Arg::I(i32_of(paired_half, what)?)];
         // SAFETY: matches `retile_weight` in mlp.cu: one thread per 16-byte piece.
         unsafe { self.launch(what, (pieces.div_ceil(256) as u32, 1, 1), 256, stream, args) }
     }

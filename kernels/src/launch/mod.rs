@@ -11,7 +11,7 @@ use crate::{KernelError, Result};
 
 pub mod attention;
 pub mod elementwise;
-mod mlp;
+pub mod mlp;
 mod norm;
 pub mod sequence;
 
@@ -127,13 +127,14 @@ impl Arg {
     }
 }
 
-/// Dynamic shared memory of `mlp_stream_wgmma` (mlp.cu: MLP_SHARED_BYTES): alignment slack, eight
-/// weight stages and sixteen 64-column chunks of A, 8 KB each.
+/// Dynamic shared memory of `mlp_stream_wgmma*` (mlp.cu: MLP_SHARED_BYTES): alignment slack, eight
+/// weight stages and sixteen 128-byte column chunks of A, 8 KB each.
 const MLP_SHARED_BYTES: u32 = 1024 + (8 + MLP_A_CHUNKS as u32) * 8192;
 /// Most columns of the narrow side of the step-boundary row kernels (norm.cu's ROW_PRODUCT_MAX).
 pub const ROW_PRODUCT_MAX: usize = 32;
 
-/// Most 64-column chunks of A a block of `mlp_stream_wgmma` holds (MLP_A_CHUNKS).
+/// Most 128-byte column chunks of A a block of `mlp_stream_wgmma*` holds (MLP_A_CHUNKS): 64
+/// columns of bf16, 128 of e4m3.
 const MLP_A_CHUNKS: usize = 16;
 
 const IN_OUT: [&str; 7] =
@@ -208,7 +209,7 @@ pub fn kernel_names(arch: &str) -> Vec<String> {
         }
     }
     if has_wgmma(arch) {
-        names.extend(["mlp_stream_wgmma".to_string(), "retile_weight".to_string()]);
+        names.extend(["mlp_stream_wgmma", "mlp_stream_wgmma_e4m3", "retile_weight"].map(String::from));
     }
     if has_fp8(arch) {
         names.extend(types.map(|t| format!("quantize_e4m3_{t}")));
@@ -247,7 +248,7 @@ pub struct Kernels {
     /// or, on sm_90a, `attention_mq256_wgmma`), and its dynamic shared memory.
     attention_kernel: &'static str,
     attention_shared_bytes: u32,
-    /// Whether `mlp_stream_wgmma` is loaded (sm_90a) and granted its shared memory.
+    /// Whether `mlp_stream_wgmma` and its FP8 form are loaded (sm_90a) and granted their shared memory.
     mlp_stream: bool,
     /// Whether the architecture has programmatic dependent launch (sm_90 on): elsewhere the
     /// launches asked to start early are plain ones.
@@ -294,10 +295,14 @@ impl Kernels {
         }
         kernels.functions.sort_by(|a, b| a.0.cmp(&b.0));
         if has_wgmma(arch) {
-            let f = kernels.function("mlp_stream_wgmma")?;
             let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-            // SAFETY: `f` is a resolved function of a loaded module; the value is a byte count.
-            kernels.mlp_stream = unsafe { sys::cuFuncSetAttribute(f, attr, MLP_SHARED_BYTES as i32) }.result().is_ok();
+            let mut granted = true;
+            for name in ["mlp_stream_wgmma", "mlp_stream_wgmma_e4m3"] {
+                let f = kernels.function(name)?;
+                // SAFETY: `f` is a resolved function of a loaded module; the value is a byte count.
+                granted &= unsafe { sys::cuFuncSetAttribute(f, attr, MLP_SHARED_BYTES as i32) }.result().is_ok();
+            }
+            kernels.mlp_stream = granted;
         }
         let heads = HEADS_ATTENTION.map(|(d, keys)| (format!("attention_hd{d}"), heads_shared_bytes(d, keys)));
         let fused = [(kernels.attention_kernel.to_string(), kernels.attention_shared_bytes)].into_iter().chain(heads);
@@ -483,11 +488,11 @@ mod tests {
                 .filter(|n| n.starts_with("attention_mq256_wgmma") || n.starts_with("mlp_stream") || *n == "retile_weight")
                 .count()
         };
-        assert_eq!(wgmma("sm_90a"), 4);
+        assert_eq!(wgmma("sm_90a"), 5);
         for arch in ["sm_87", "sm_90", "sm_110"] {
             assert_eq!(wgmma(arch), 0, "{arch}");
         }
-        assert_eq!(kernel_names("sm_90a").len(), kernel_names("sm_90").len() + 4);
+        assert_eq!(kernel_names("sm_90a").len(), kernel_names("sm_90").len() + 5);
         // MLP_SHARED_BYTES in mlp.cu: 1024 + (8 + 16) · 8 KB.
         assert_eq!(MLP_SHARED_BYTES, 197_632);
         // ATTW_SHARED_BYTES in attention_mq256.cu: 1024 + 5 · 32 KB + 2 · 64 · 4 + 4 · 8.

@@ -142,9 +142,15 @@ impl CudaBackend {
             if switches.overlap { plan.concurrent_ops().into_iter().map(usize::from).collect() } else { vec![0; plan.ops.len()] };
         let fusions =
             Fusions::run(&plan, &elems, &op_lanes, switches, kernels.has_fused_attention(), multiprocessors, |rows, width, hidden| {
-                kernels.mlp_stream_splits(rows, width, hidden, multiprocessors).is_some()
+                kernels.mlp_stream_splits(rows, width, hidden, multiprocessors, false).is_some()
             });
-        let fp8 = Fp8Products::choose(&plan, &opts.fp8_scales, &fusions.mlps, opts.fp8_min_rows.unwrap_or(FP8_MIN_ROWS));
+        let fp8 = Fp8Products::choose(
+            &plan,
+            &opts.fp8_scales,
+            &fusions.mlps,
+            opts.fp8_min_rows.unwrap_or(FP8_MIN_ROWS),
+            |_, rows, width, hidden| kernels.mlp_stream_splits(rows, width, hidden, multiprocessors, true).is_some(),
+        );
         let mut sizes = [ScratchSizes::default(); LANES];
         for (i, (op, &lane)) in plan.ops.iter().zip(&op_lanes).enumerate() {
             let size = &mut sizes[lane];
@@ -280,11 +286,11 @@ impl CudaBackend {
             check("uploading the host-input table", unsafe { result::memcpy_htod_sync(host_inputs.0, &input_table) })?;
         }
 
-        let uploaded = upload_weights(&plan, weights, &checkpoint, &elems, &fp8.chosen, stream.0)?;
+        let uploaded = upload_weights(&plan, weights, &checkpoint, &elems, &fp8, stream.0)?;
         let (fp8_scales, scales_at) = fp8.upload_scales()?;
         let fp8_products: HashMap<usize, (ProductScales, DevPtr)> =
             fp8.chosen.iter().map(|(&w, &scales)| (w, (scales, scales_at[&w]))).collect();
-        let (tiled_memory, tiled) = retile_mlp_weights(&kernels, &plan, &fusions.mlps, &uploaded.ptrs, stream.0)?;
+        let (tiled_memory, tiled) = retile_mlp_weights(&kernels, &plan, &fusions.mlps, &fp8, &uploaded.ptrs, stream.0)?;
         let selections = Selections::upload(&plan, &uploaded)?;
         if let Some(board) = board {
             let used = (uploaded.memory.bytes + tiled_memory.as_ref().map_or(0, |m| m.bytes) + arena.bytes) as u64;
@@ -310,6 +316,7 @@ impl CudaBackend {
             early_after_products: switches.early_launch,
             tiled: &tiled,
             fp8: &fp8_products,
+            fp8_mlps: &fp8.streamed,
             selections: &selections,
             steps: Vec::new(),
             step_lanes: Vec::new(),

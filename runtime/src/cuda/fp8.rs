@@ -1,24 +1,28 @@
 //! FP8 on the CUDA backend (opened with `Precision::Fp8` and a calibration): which of the
-//! calibrated products run as cuBLASLt FP8 products, and the device copy of their scales.
+//! calibrated products run in FP8, and the device copy of their scales.
 //!
-//! An FP8 product stores its weight in e4m3 (half the bytes of bf16) and quantizes its input with
-//! the calibrated per-tensor scale in one launch right before the product ([`Step::QuantizeE4m3`]
-//! in the lowering); cuBLASLt multiplies the two in e4m3 with f32 accumulation and applies both
-//! scales. That launch is what FP8 costs, so a product runs in FP8 only where its arithmetic
-//! dominates: enough rows (the prefix and the vision tower, not the action expert's 50-row
-//! products, whose time is latency), and not inside a fused kernel that reads bf16 tiles.
+//! Two forms. A plain product stores its weight in e4m3 (half the bytes of bf16) and quantizes
+//! its input with the calibrated per-tensor scale in one launch right before the product
+//! ([`Step::QuantizeE4m3`] in the lowering); cuBLASLt multiplies the two in e4m3 with f32
+//! accumulation and applies both scales. That launch is what FP8 costs, so a plain product runs
+//! in FP8 only where its arithmetic dominates: enough rows (the prefix and the vision tower, not
+//! the action expert's 50-row products, whose time is latency). A streamed MLP (the action
+//! expert's gate/up, GeGLU and down in one launch, `Kernels::mlp_stream`) runs in FP8 inside its
+//! own kernel: its weights tiled in e4m3, its input quantized as the kernel loads it and the
+//! GeGLU output written in e4m3, with no launch added, so it halves the bytes the denoise loop
+//! streams there.
 //!
 //! [`Step::QuantizeE4m3`]: super::steps::Step::QuantizeE4m3
 
 use std::collections::{BTreeMap, HashMap};
 
 use cudarc::driver::result;
-use flashrt_kernels::DevPtr;
+use flashrt_kernels::{DevPtr, MlpFp8Scales};
 
 use super::device::{DeviceMemory, check};
 use crate::error::Result;
 use crate::fp8::ProductScales;
-use crate::plan::{Op, Plan, WeightRole};
+use crate::plan::{Op, Plan, WeightId, WeightRole};
 
 /// Fewest rows a product needs to run in FP8 by default: below it (the action expert's
 /// 50-action-token products) the quantizing launch costs about what the product would save.
@@ -34,21 +38,51 @@ const _: () = assert!(SCALE_STRIDE % 16 == 0, "cuBLASLt wants 16-byte aligned FP
 /// The products the backend runs in FP8 and the calibrated ones it keeps in bf16.
 #[derive(Debug, Default)]
 pub(super) struct Fp8Products {
-    /// Each FP8 weight's scales, by weight index.
+    /// Each cuBLASLt FP8 product's weight's scales, by weight index.
     pub(super) chosen: HashMap<usize, ProductScales>,
+    /// The streamed MLPs that run in FP8, by their first op's index, with their scales.
+    pub(super) streamed: BTreeMap<usize, MlpFp8Scales>,
+    /// Each weight of those MLPs with its scales (it is tiled in e4m3).
+    streamed_weights: HashMap<usize, ProductScales>,
     /// Calibrated FP8 weights kept in bf16 here: why, and how many.
     pub(super) kept: BTreeMap<String, usize>,
 }
 
 impl Fp8Products {
-    /// Chooses among the weights with calibrated FP8 `scales` (by weight index): each runs in FP8
-    /// when every op that reads it is a product outside the streamed MLPs (the fused MLP kernel
-    /// at op indices `fused_mlps[i]..+3` reads bf16 tiles), with at least `min_rows` rows and
-    /// N and K multiples of 16 (cuBLASLt's FP8 operands).
-    pub(super) fn choose(plan: &Plan, scales: &[Option<ProductScales>], fused_mlps: &[usize], min_rows: usize) -> Fp8Products {
+    /// Chooses among the weights with calibrated FP8 `scales` (by weight index). A streamed MLP
+    /// (the fused kernel at op indices `fused_mlps[i]..+3`) runs in FP8 when both its weights are
+    /// calibrated and `streams_fp8(first op, rows, width, hidden)` says the device's FP8 form
+    /// takes its shape. Any other weight runs as cuBLASLt FP8 products when every op that reads
+    /// it is a product outside the streamed MLPs, with at least `min_rows` rows and N and K
+    /// multiples of 16 (cuBLASLt's FP8 operands).
+    pub(super) fn choose(
+        plan: &Plan,
+        scales: &[Option<ProductScales>],
+        fused_mlps: &[usize],
+        min_rows: usize,
+        streams_fp8: impl Fn(usize, usize, usize, usize) -> bool,
+    ) -> Fp8Products {
         let mut products = Fp8Products::default();
         let fused = |i: usize| fused_mlps.iter().any(|&m| (m..m + 3).contains(&i));
+        let scales_of = |w: WeightId| scales.get(w.0).copied().flatten();
+        for &i in fused_mlps {
+            let Some([Op::Gemm { a, w: w_gate_up, .. }, Op::GatedActivation { out: hidden, .. }, Op::Gemm { w: w_down, .. }]) =
+                plan.ops.get(i..i + 3)
+            else {
+                continue;
+            };
+            if let (Some(gate_up), Some(down)) = (scales_of(*w_gate_up), scales_of(*w_down))
+                && streams_fp8(i, a.rows, a.cols, hidden.cols)
+            {
+                let mlp = MlpFp8Scales { gate_up: (gate_up.activation, gate_up.weight), down: (down.activation, down.weight) };
+                products.streamed.insert(i, mlp);
+                products.streamed_weights.extend([(w_gate_up.0, gate_up), (w_down.0, down)]);
+            }
+        }
         for (w, scales) in scales.iter().enumerate().filter_map(|(w, s)| Some((w, (*s)?))) {
+            if products.streamed_weights.contains_key(&w) {
+                continue;
+            }
             let why = match plan.weights[w].role {
                 WeightRole::Matrix { n, k } if n % 16 != 0 || k % 16 != 0 => {
                     Some(format!("{n}x{k}: cuBLASLt's FP8 products need N and K multiples of 16"))
@@ -60,7 +94,7 @@ impl Fp8Products {
                     if let Some((_, op)) = readers.iter().find(|(_, op)| !matches!(op, Op::Gemm { w: gw, .. } if gw.0 == w)) {
                         Some(format!("also read by {} (not a product)", op.name()))
                     } else if readers.iter().any(|&(i, _)| fused(i)) {
-                        Some("in a streamed MLP (its fused kernel reads bf16 tiles)".to_string())
+                        Some("in a streamed MLP the device's FP8 form does not take (or whose other weight is not calibrated)".to_string())
                     } else {
                         rows.filter(|&r| r < min_rows).map(|rows| {
                             format!("{rows}-row products, under {min_rows}: latency-bound, the quantizing launch would cost what FP8 saves")
@@ -79,6 +113,17 @@ impl Fp8Products {
         products
     }
 
+    /// Whether op `i` belongs to a streamed MLP that runs in FP8.
+    pub(super) fn streams(&self, i: usize) -> bool {
+        self.streamed.range(..=i).next_back().is_some_and(|(&first, _)| i < first + 3)
+    }
+
+    /// The scales of weight `w` where it is held in e4m3 (a cuBLASLt FP8 product's or a streamed
+    /// FP8 MLP's).
+    pub(super) fn weight_scales(&self, w: usize) -> Option<ProductScales> {
+        self.chosen.get(&w).or_else(|| self.streamed_weights.get(&w)).copied()
+    }
+
     /// Lines for `explain()`.
     pub(super) fn describe(&self) -> String {
         let mut s = format!(
@@ -86,6 +131,14 @@ impl Fp8Products {
              by one launch each\n",
             self.chosen.len()
         );
+        if !self.streamed.is_empty() {
+            s += &format!(
+                "  fp8: {} streamed MLP launches in e4m3 ({} weights tiled in e4m3; input quantized as the kernel loads it, GeGLU \
+                 output in e4m3, f32 accumulation); an unfused product of the same weights stays bf16\n",
+                self.streamed.len(),
+                self.streamed_weights.len()
+            );
+        }
         for (why, count) in &self.kept {
             s += &format!("    {count} calibrated weight(s) kept in bf16: {why}\n");
         }
@@ -116,7 +169,7 @@ impl Fp8Products {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{View, WeightId};
+    use crate::plan::{Activation, View};
 
     #[test]
     fn products_run_in_fp8_only_where_they_are_wide_plain_and_calibrated() {
@@ -128,7 +181,8 @@ mod tests {
         let narrow = weight(&mut plan, "narrow", 64, 64);
         let odd = weight(&mut plan, "odd", 40, 64);
         let odd_out = plan.matrix("odd_out", 256, 40);
-        let gate_up = weight(&mut plan, "gate_up", 128, 64);
+        let gate_up = weight(&mut plan, "gate_up", 256, 64);
+        let down = weight(&mut plan, "down", 64, 128);
         let uncalibrated = weight(&mut plan, "uncalibrated", 64, 64);
         let gemm = |a: View, w: WeightId, out: View| Op::Gemm { a, w, bias: None, out, accumulate: false };
         plan.push(gemm(x, wide, h));
@@ -137,22 +191,53 @@ mod tests {
         plan.push(gemm(x, narrow, h));
         plan.push(gemm(small, narrow, small));
         plan.push(gemm(x, odd, odd_out));
+        // A streamed MLP: gate/up, GeGLU, down.
         let fused_at = plan.ops.len();
-        plan.push(gemm(small, gate_up, hidden));
+        let gate_up_out = plan.matrix("gate_up_out", 50, 256);
+        plan.push(gemm(small, gate_up, gate_up_out));
+        plan.push(Op::GatedActivation { gate_up: gate_up_out, out: hidden, kind: Activation::GeluTanh });
+        plan.push(gemm(hidden, down, small));
         let scales = ProductScales { activation: 0.5, weight: 0.25 };
+        let down_scales = ProductScales { activation: 2.0, weight: 0.125 };
         let mut calibrated = vec![Some(scales); plan.weights.len()];
         calibrated[uncalibrated.0] = None;
+        calibrated[down.0] = Some(down_scales);
 
-        let products = Fp8Products::choose(&plan, &calibrated, &[fused_at], 128);
+        // A device without the FP8 streamed form keeps the MLP's weights in bf16.
+        let products = Fp8Products::choose(&plan, &calibrated, &[fused_at], 128, |_, _, _, _| false);
         assert_eq!(products.chosen, HashMap::from([(wide.0, scales)]));
-        let kept: Vec<&str> = products.kept.keys().map(String::as_str).collect();
+        assert!(products.streamed.is_empty());
+        let kept: Vec<(&str, usize)> = products.kept.iter().map(|(k, n)| (k.as_str(), *n)).collect();
         assert_eq!(kept.len(), 3, "{kept:?}");
-        assert!(kept.iter().any(|k| k.starts_with("50-row products, under 128")), "{kept:?}");
-        assert!(kept.iter().any(|k| k.starts_with("40x64: cuBLASLt's FP8 products need N and K multiples of 16")), "{kept:?}");
-        assert!(kept.iter().any(|k| k.starts_with("in a streamed MLP")), "{kept:?}");
+        assert!(kept.iter().any(|k| k.0.starts_with("50-row products, under 128")), "{kept:?}");
+        assert!(kept.iter().any(|k| k.0.starts_with("40x64: cuBLASLt's FP8 products need N and K multiples of 16")), "{kept:?}");
+        assert_eq!(kept.iter().find(|k| k.0.starts_with("in a streamed MLP")).map(|k| k.1), Some(2), "{kept:?}");
         let text = products.describe();
-        assert!(text.contains("fp8: 1 weights' products as cuBLASLt e4m3 products"), "{text}");
+        assert!(text.contains("fp8: 1 weights' products as cuBLASLt e4m3 products") && !text.contains("streamed MLP launches"), "{text}");
         // A lower row bound takes the 50-row products too.
-        assert!(Fp8Products::choose(&plan, &calibrated, &[fused_at], 1).chosen.contains_key(&narrow.0));
+        let products = Fp8Products::choose(&plan, &calibrated, &[fused_at], 1, |_, _, _, _| false);
+        assert!(products.chosen.contains_key(&narrow.0));
+
+        // With it, the MLP runs in FP8 with both weights' scales, seen with its shape.
+        let shape = std::cell::Cell::new(None);
+        let products = Fp8Products::choose(&plan, &calibrated, &[fused_at], 128, |i, rows, width, hid| {
+            shape.set(Some((i, rows, width, hid)));
+            true
+        });
+        assert_eq!(shape.get(), Some((fused_at, 50, 64, 128)));
+        let mlp = MlpFp8Scales { gate_up: (0.5, 0.25), down: (2.0, 0.125) };
+        assert_eq!(products.streamed, BTreeMap::from([(fused_at, mlp)]));
+        assert!(
+            (fused_at..fused_at + 3).all(|i| products.streams(i)) && !products.streams(fused_at - 1) && !products.streams(fused_at + 3)
+        );
+        assert_eq!((products.weight_scales(gate_up.0), products.weight_scales(down.0)), (Some(scales), Some(down_scales)));
+        assert_eq!(products.weight_scales(wide.0), Some(scales));
+        assert_eq!(products.weight_scales(narrow.0), None);
+        assert!(!products.kept.keys().any(|k| k.starts_with("in a streamed MLP")), "{:?}", products.kept);
+        assert!(products.describe().contains("fp8: 1 streamed MLP launches in e4m3 (2 weights tiled in e4m3"), "{}", products.describe());
+
+        // Both weights need a calibration.
+        calibrated[down.0] = None;
+        assert!(Fp8Products::choose(&plan, &calibrated, &[fused_at], 128, |_, _, _, _| true).streamed.is_empty());
     }
 }

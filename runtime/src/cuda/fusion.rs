@@ -352,7 +352,8 @@ pub(super) fn attentions_after_their_rope(plan: &Plan, op_lanes: &[usize]) -> Ve
 mod tests {
     use super::*;
     use crate::cuda::arena::element_types;
-    use crate::cuda::weights::mlp_weight_tiling;
+    use crate::cuda::fp8::Fp8Products;
+    use crate::cuda::weights::{Tiling, mlp_weight_tiling};
     use crate::plan::BufType;
 
     /// The expert's MLP shape in small: a → gate/up → GeGLU → down, `out` read by a residual
@@ -386,7 +387,10 @@ mod tests {
         let (plan, first) = mlp_plan(|_, _, _| {});
         assert_eq!(fused(&plan, true), vec![first]);
         let (w_gate_up, w_down) = (WeightId(0), WeightId(1));
-        assert_eq!(mlp_weight_tiling(&plan, &[first]), vec![(w_gate_up, 128, true), (w_down, 0, true)]);
+        let tiling = |plan: &Plan| -> Vec<(WeightId, usize, bool)> {
+            mlp_weight_tiling(plan, &[first], &Fp8Products::default()).iter().map(|t| (t.w, t.paired_half, t.in_place)).collect()
+        };
+        assert_eq!(tiling(&plan), vec![(w_gate_up, 128, true), (w_down, 0, true)]);
         // The kernel cannot run the shape or on that stream: named as the reason.
         assert_eq!(fused_mlps(&plan, &element_types(&plan), refuse(false)), (vec![], vec![("cannot".to_string(), 1)]));
         // The down weight serves another product too: fused, with a tiled copy of it.
@@ -395,7 +399,13 @@ mod tests {
             plan.push(Op::Gemm { a: h, w: w_down, bias: None, out: y, accumulate: false });
         });
         assert_eq!(fused(&plan, true), vec![first]);
-        assert_eq!(mlp_weight_tiling(&plan, &[first]), vec![(w_gate_up, 128, true), (w_down, 0, false)]);
+        assert_eq!(tiling(&plan), vec![(w_gate_up, 128, true), (w_down, 0, false)]);
+        // In FP8 the fused kernel reads e4m3 tiles, which nothing else reads (the other product
+        // stays bf16 under the row bound): both tiled in place over their e4m3 upload.
+        let scales = Some(crate::fp8::ProductScales { activation: 0.5, weight: 0.25 });
+        let fp8 = Fp8Products::choose(&plan, &[scales, scales], &[first], 128, |_, _, _, _| true);
+        let e4m3 = |w: WeightId, paired_half: usize| Tiling { w, paired_half, elem: Elem::E4m3, in_place: true };
+        assert_eq!(mlp_weight_tiling(&plan, &[first], &fp8), vec![e4m3(w_gate_up, 128), e4m3(w_down, 0)]);
         // Another op reads the gate/up output the fused kernel never writes.
         let (plan, _) = mlp_plan(|plan, _, gate_up| plan.push(Op::Activation { x: gate_up, kind: Activation::GeluTanh }));
         let (none, why) = fused_mlps(&plan, &element_types(&plan), refuse(true));

@@ -167,8 +167,8 @@ impl Launcher {
                 Step::ProductRmsNorm { out, x, a, w, bias, modulation, eps } => k.product_rms_norm(out, x, a, w, bias, modulation, eps, s),
                 Step::Activation { x, kind } => k.activation(x, activation_code(kind), s),
                 Step::GatedActivation { out, gate_up, kind } => k.gated_activation(out, gate_up, activation_code(kind), s),
-                Step::StreamedMlp { out, hidden, a, w_gate_up, w_down, barrier, multiprocessors, programmatic } => {
-                    k.mlp_stream(out, hidden, a, w_gate_up, w_down, barrier, multiprocessors, programmatic, s)
+                Step::StreamedMlp { out, hidden, a, w_gate_up, w_down, barrier, fp8, multiprocessors, programmatic } => {
+                    k.mlp_stream(out, hidden, a, w_gate_up, w_down, barrier, fp8, multiprocessors, programmatic, s)
                 }
                 Step::Embed { out, tokens, table, vocab, scale } => k.embed(out, tokens, table, vocab, scale, s),
                 Step::Positions { valid, positions, frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix, rope_rows } => k

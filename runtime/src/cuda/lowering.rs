@@ -1,11 +1,11 @@
 //! Lowering: each plan op becomes kernel launches and cuBLASLt products with resolved device
 //! addresses, fused with its neighbours where [`super::fusion`] says so.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 
 use flashrt_kernels::{
-    AttentionArgs, DevPtr, Dtype, HeadsAttentionArgs, Kernels, Mat, MultiAxis, QwenImageArgs, ROW_PRODUCT_MAX, RopeArgs,
+    AttentionArgs, DevPtr, Dtype, HeadsAttentionArgs, Kernels, Mat, MlpFp8Scales, MultiAxis, QwenImageArgs, ROW_PRODUCT_MAX, RopeArgs,
 };
 
 use super::arena::{DeviceBuf, Elem, Scratch, copied_input};
@@ -13,7 +13,7 @@ use super::device::BlasLt;
 use super::fusion::{AttentionLowering, Fusions};
 use super::gemm::{Matmul, MatmulSpec, Operand};
 use super::steps::{RopeRows, Schedule, Step};
-use super::weights::{SELECTION_PIECE_BYTES, Selections};
+use super::weights::{SELECTION_PIECE_BYTES, Selections, WeightPtrs};
 use crate::error::{Error, Result};
 use crate::fp8::ProductScales;
 use crate::plan::{Accesses, Activation, BufId, Op, Plan, RopeAxes, RopeSpec, Section, Span, View, WeightId, WeightRole, sections_of};
@@ -57,10 +57,12 @@ pub(super) struct Lowering<'a> {
     /// product launched as its programmatic dependents (measured −0.11 ms on the H200;
     /// `Switches::early_launch`).
     pub(super) early_after_products: bool,
-    /// The streamed MLPs' weights as that kernel reads them, by weight index.
-    pub(super) tiled: &'a HashMap<usize, DevPtr>,
+    /// The streamed MLPs' weights as that kernel reads them, by weight index and element type.
+    pub(super) tiled: &'a WeightPtrs,
     /// The FP8 products' weights: their scales and where the pair is on the device.
     pub(super) fp8: &'a HashMap<usize, (ProductScales, DevPtr)>,
+    /// The streamed MLPs that run in FP8, by first op, with their scales.
+    pub(super) fp8_mlps: &'a BTreeMap<usize, MlpFp8Scales>,
     pub(super) selections: &'a Selections,
     pub(super) steps: Vec<Step>,
     /// For each step: its lane, and what the plan ops it came from read and write.
@@ -217,12 +219,15 @@ impl Lowering<'_> {
                 else {
                     return Err(self.error(format!("op {i} is not the first of a product, GeGLU, product sequence")));
                 };
+                let fp8 = self.fp8_mlps.get(&i).copied();
+                let elem = if fp8.is_some() { Elem::E4m3 } else { Elem::Bf16 };
                 self.steps.push(Step::StreamedMlp {
                     out: self.mat(*out)?,
                     hidden: self.mat(*hidden)?,
                     a: self.mat(*a)?,
-                    w_gate_up: self.tiled[&w_gate_up.0],
-                    w_down: self.tiled[&w_down.0],
+                    w_gate_up: self.tiled[&(w_gate_up.0, elem)],
+                    w_down: self.tiled[&(w_down.0, elem)],
+                    fp8,
                     barrier: self.scratch().grid_barrier,
                     multiprocessors: self.multiprocessors,
                     programmatic: self.fusions.early_mlps.binary_search(&i).is_ok(),
@@ -271,7 +276,7 @@ impl Lowering<'_> {
                 return Err(self.error(format!("op {i} ({}) selects or reads a selected weight on the second stream", op.name())));
             }
         }
-        match selected.iter().find(|w| self.tiled.contains_key(&w.0)) {
+        match selected.iter().find(|w| self.tiled.keys().any(|&(t, _)| t == w.0)) {
             Some(w) => Err(self.error(format!("selected weight {} is read tiled by a streamed MLP", plan.weights[w.0].name))),
             None => Ok(()),
         }

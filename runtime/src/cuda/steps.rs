@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use flashrt_kernels::{AttentionArgs, DevPtr, HeadsAttentionArgs, Mat, QwenImageArgs, RopeArgs};
+use flashrt_kernels::{AttentionArgs, DevPtr, HeadsAttentionArgs, Mat, MlpFp8Scales, QwenImageArgs, RopeArgs};
 
 use crate::plan::{Accesses, Activation, BufId, cross_lane_waits};
 
@@ -124,6 +124,8 @@ pub(super) enum Step {
         w_gate_up: DevPtr,
         w_down: DevPtr,
         barrier: DevPtr,
+        /// In FP8 (e4m3 weights and activations) with these scales, else bf16.
+        fp8: Option<MlpFp8Scales>,
         multiprocessors: usize,
         /// Launched as a programmatic dependent of the norm step before it (see `mlps_after_their_norm`).
         programmatic: bool,

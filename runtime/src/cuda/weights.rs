@@ -9,9 +9,9 @@ use flashrt_kernels::{DevPtr, Kernels};
 
 use super::arena::{Elem, Layout};
 use super::device::{DeviceMemory, Pinned, check};
+use super::fp8::Fp8Products;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::fp8::ProductScales;
 use crate::plan::{Op, Plan, WeightId, WeightRole};
 use crate::weights::WeightData;
 
@@ -76,13 +76,14 @@ impl Selections {
 
 /// Which element type each use of a weight needs: GEMM matrices and the embedding in bf16,
 /// biases in the type of their GEMM's output, every other vector in f32. The matrices of FP8
-/// products (`fp8`, by weight index) are e4m3 instead, their biases bf16 (cuBLASLt's FP8 bias).
-pub(super) fn weight_uses(plan: &Plan, elems: &[Elem], fp8: &HashMap<usize, ProductScales>) -> Vec<(usize, Elem)> {
+/// products (`fp8`: cuBLASLt's, by weight, and the streamed MLPs', by op) are e4m3 instead, their
+/// biases bf16 (cuBLASLt's FP8 bias).
+pub(super) fn weight_uses(plan: &Plan, elems: &[Elem], fp8: &Fp8Products) -> Vec<(usize, Elem)> {
     let mut uses = Vec::new();
-    for op in &plan.ops {
+    for (i, op) in plan.ops.iter().enumerate() {
         match *op {
             Op::Gemm { w, bias, out, .. } => {
-                let in_fp8 = fp8.contains_key(&w.0);
+                let in_fp8 = fp8.chosen.contains_key(&w.0) || fp8.streams(i);
                 uses.push((w.0, if in_fp8 { Elem::E4m3 } else { Elem::Bf16 }));
                 if let Some(b) = bias {
                     uses.push((b.0, if in_fp8 { Elem::Bf16 } else { elems[out.buf.0] }));
@@ -130,76 +131,95 @@ pub(super) fn parallel_ranges(n: usize, f: impl Fn(std::ops::Range<usize>) + Syn
     });
 }
 
-/// The weights of the fused MLPs as [`Kernels::mlp_stream`] reads them: (weight, the gate/up
-/// pairing's half or 0 for down, whether in place). A weight that also serves an unfused product
-/// (the expert's in the first denoise step, which runs beside the prefix on cuBLASLt) is tiled
+/// Device addresses of weights, by weight index and element type.
+pub(super) type WeightPtrs = HashMap<(usize, Elem), DevPtr>;
+
+/// One weight of a fused MLP as [`Kernels::mlp_stream`] reads it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Tiling {
+    pub(super) w: WeightId,
+    /// The gate/up pairing's half, 0 for down.
+    pub(super) paired_half: usize,
+    /// bf16, or e4m3 in an MLP that runs in FP8.
+    pub(super) elem: Elem,
+    /// Whether the tiles replace the row-major form (no unfused product reads it in that type).
+    pub(super) in_place: bool,
+}
+
+/// The weights of the fused MLPs as [`Kernels::mlp_stream`] reads them, in e4m3 for the MLPs
+/// `fp8` streams. A weight that also serves an unfused product in the same element type (the
+/// expert's in the first denoise step, which runs beside the prefix on cuBLASLt in bf16) is tiled
 /// into a copy; the others replace their row-major form.
-pub(super) fn mlp_weight_tiling(plan: &Plan, mlps: &[usize]) -> Vec<(WeightId, usize, bool)> {
+pub(super) fn mlp_weight_tiling(plan: &Plan, mlps: &[usize], fp8: &Fp8Products) -> Vec<Tiling> {
     let mut tiled = Vec::new();
     for &i in mlps {
         if let (Op::Gemm { w: w_gate_up, .. }, Op::GatedActivation { out: hidden, .. }, Op::Gemm { w: w_down, .. }) =
             (&plan.ops[i], &plan.ops[i + 1], &plan.ops[i + 2])
         {
-            tiled.extend([(*w_gate_up, hidden.cols), (*w_down, 0)]);
+            let elem = if fp8.streams(i) { Elem::E4m3 } else { Elem::Bf16 };
+            tiled.extend([(*w_gate_up, hidden.cols, elem), (*w_down, 0, elem)]);
         }
     }
-    tiled.sort_unstable_by_key(|(w, _)| w.0);
+    tiled.sort_unstable_by_key(|&(w, _, elem)| (w.0, elem.size()));
     tiled.dedup();
     let fused_op = |j: usize| mlps.iter().any(|&i| (i..i + 3).contains(&j));
-    let unfused: Vec<WeightId> = plan
+    let unfused: Vec<(WeightId, Elem)> = plan
         .ops
         .iter()
         .enumerate()
         .filter_map(|(j, op)| match op {
-            Op::Gemm { w, .. } if !fused_op(j) => Some(*w),
+            Op::Gemm { w, .. } if !fused_op(j) => Some((*w, if fp8.chosen.contains_key(&w.0) { Elem::E4m3 } else { Elem::Bf16 })),
             _ => None,
         })
         .collect();
-    tiled.into_iter().map(|(w, paired_half)| (w, paired_half, !unfused.contains(&w))).collect()
+    tiled.into_iter().map(|(w, paired_half, elem)| Tiling { w, paired_half, elem, in_place: !unfused.contains(&(w, elem)) }).collect()
 }
 
 /// Tiles the fused MLPs' weights for [`Kernels::mlp_stream`] once, at open (see
 /// [`mlp_weight_tiling`]): in place through a staging copy, or into one allocation of copies.
-/// Returns that allocation (if any) and each tiled weight's address.
+/// Returns that allocation (if any) and each tiled weight's address, by weight and element type.
 pub(super) fn retile_mlp_weights(
     kernels: &Kernels,
     plan: &Plan,
     mlps: &[usize],
-    ptrs: &HashMap<(usize, Elem), DevPtr>,
+    fp8: &Fp8Products,
+    ptrs: &WeightPtrs,
     stream: sys::CUstream,
-) -> Result<(Option<DeviceMemory>, HashMap<usize, DevPtr>)> {
-    let tiling = mlp_weight_tiling(plan, mlps);
-    let numel = |w: WeightId| match plan.weights[w.0].role {
-        WeightRole::Matrix { n, k } => n * k,
+) -> Result<(Option<DeviceMemory>, WeightPtrs)> {
+    let tiling = mlp_weight_tiling(plan, mlps, fp8);
+    let bytes = |t: &Tiling| match plan.weights[t.w.0].role {
+        WeightRole::Matrix { n, k } => n * k * t.elem.size(),
         _ => 0,
     };
     let mut layout = Layout::default();
-    let copy_at: Vec<Option<usize>> = tiling.iter().map(|&(w, _, in_place)| (!in_place).then(|| layout.take(numel(w) * 2))).collect();
+    let copy_at: Vec<Option<usize>> = tiling.iter().map(|t| (!t.in_place).then(|| layout.take(bytes(t)))).collect();
     let copies = if layout.bytes > 0 { Some(DeviceMemory::new(layout.bytes, "tiled MLP weights")?) } else { None };
-    let staging_elems = tiling.iter().filter(|t| t.2).map(|t| numel(t.0)).max().unwrap_or(0);
-    let staging = if staging_elems > 0 { Some(DeviceMemory::new(staging_elems * 2, "weight tiling")?) } else { None };
+    let staging_bytes = tiling.iter().filter(|t| t.in_place).map(bytes).max().unwrap_or(0);
+    let staging = if staging_bytes > 0 { Some(DeviceMemory::new(staging_bytes, "weight tiling")?) } else { None };
     let mut tiled = HashMap::with_capacity(tiling.len());
-    for (&(w, paired_half, _), &at) in tiling.iter().zip(&copy_at) {
-        let WeightRole::Matrix { n, k } = plan.weights[w.0].role else { continue };
-        let plain = ptrs[&(w.0, Elem::Bf16)];
-        // SAFETY: every region holds n · k bf16; the stream orders each copy before its tiling and
-        // that tiling before the staging buffer's next copy.
+    for (t, &at) in tiling.iter().zip(&copy_at) {
+        let WeightRole::Matrix { n, k } = plan.weights[t.w.0].role else { continue };
+        let (plain, size) = (ptrs[&(t.w.0, t.elem)], t.elem.size());
+        // SAFETY: every region holds n · k elements of `size` bytes; the stream orders each copy
+        // before its tiling and that tiling before the staging buffer's next copy.
         let dst = unsafe {
             match (at, &copies, &staging) {
                 (Some(off), Some(copies), _) => {
                     let dst = copies.ptr + off as u64;
-                    kernels.retile_weight(dst, plain, n, k, paired_half, stream).map_err(|e| Error::Backend(e.to_string()))?;
+                    kernels.retile_weight(dst, plain, n, k * size, t.paired_half, stream).map_err(|e| Error::Backend(e.to_string()))?;
                     dst
                 }
                 (_, _, Some(staging)) => {
-                    check("weight tiling copy", sys::cuMemcpyDtoDAsync_v2(staging.ptr, plain, n * k * 2, stream).result())?;
-                    kernels.retile_weight(plain, staging.ptr, n, k, paired_half, stream).map_err(|e| Error::Backend(e.to_string()))?;
+                    check("weight tiling copy", sys::cuMemcpyDtoDAsync_v2(staging.ptr, plain, n * k * size, stream).result())?;
+                    kernels
+                        .retile_weight(plain, staging.ptr, n, k * size, t.paired_half, stream)
+                        .map_err(|e| Error::Backend(e.to_string()))?;
                     plain
                 }
                 _ => unreachable!("sized above for every tiled weight"),
             }
         };
-        tiled.insert(w.0, dst);
+        tiled.insert((t.w.0, t.elem), dst);
     }
     if !tiling.is_empty() {
         // SAFETY: the stream belongs to the caller's backend; the staging buffer outlives its work.
@@ -222,7 +242,7 @@ pub(super) fn upload_weights(
     data: Vec<WeightData>,
     ckpt: &Checkpoint,
     elems: &[Elem],
-    fp8: &HashMap<usize, ProductScales>,
+    fp8: &Fp8Products,
     stream: sys::CUstream,
 ) -> Result<UploadedWeights> {
     let uses = weight_uses(plan, elems, fp8);
@@ -284,7 +304,10 @@ pub(super) fn upload_weights(
                     }
                     Elem::E4m3 => {
                         // As the CPU emulation rounds the weight: e4m3(w · (1 / scale)).
-                        let inverse = 1.0 / fp8[&w].weight;
+                        let scales = fp8.weight_scales(w).ok_or_else(|| {
+                            Error::Backend(format!("weight {} is asked for in e4m3 without FP8 scales", plan.weights[w].name))
+                        })?;
+                        let inverse = 1.0 / scales.weight;
                         let out = SyncSlice(stage.as_mut_slice::<u8>().as_mut_ptr());
                         parallel_ranges(count, |r| {
                             // SAFETY: disjoint ranges inside the stage (count ≤ its capacity).
