@@ -608,6 +608,29 @@ fn push_mlp(c: &mut Case, a: View, hidden: usize) -> ([WeightId; 2], View) {
     ([w_gate_up, w_down], h)
 }
 
+/// [`push_products`] in FP8: seed 0 the expert's QKV and output projection depths (1024 and
+/// 2048, 50 rows), others random in whole 128-column chunks; scales from the ranges.
+fn fp8_product_case(seed: u64) -> (Case, Vec<Option<ProductScales>>) {
+    let mut c = Case::new(String::new(), seed);
+    let (rows, k, n) = if seed == 0 {
+        (50, 1024, 2560)
+    } else {
+        (c.rng.random_range(1..=64), 128 * c.rng.random_range(1..=16), 64 * c.rng.random_range(1..=40))
+    };
+    c.name = format!("fp8 few-row products {rows}x{k}x{n}");
+    let a = c.input("a", rows, k);
+    let a_amax = match &c.inputs[0].1 {
+        Input::F32(v) => fp8::amax(v),
+        _ => unreachable!("f32 input"),
+    };
+    let weights = push_products(&mut c, a, n);
+    let mut scales = vec![None; c.plan.weights.len()];
+    for w in weights {
+        scales[w.0] = Some(ProductScales { activation: fp8::scale_for(a_amax), weight: fp8::scale_for(fp8::amax(&c.weights[w.0])) });
+    }
+    (c, scales)
+}
+
 /// The streamed MLP in FP8 (sm_90a's e4m3 form of `mlp_stream`): seed 0 Pi0.5's expert shape,
 /// others random in whole 128-column chunks. A is bf16-exact, so the device's bf16 copy of it
 /// quantizes as the emulation's f32 does; each product's input scale from its input's range on
@@ -631,6 +654,35 @@ fn fp8_mlp_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<ProductS
         scales[w.0] = Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(weight_amax) });
     }
     (c, scales)
+}
+
+/// Two few-row products of `a` without bias (the form the backend streams on sm_90a): one into an
+/// f32 output (K split over the blocks, sums added), one into a bf16 output (one block per output
+/// tile). Returns their weights.
+fn push_products(c: &mut Case, a: View, n: usize) -> [WeightId; 2] {
+    let (w_f32, w_bf16) = (c.matrix_weight(n, a.cols), c.matrix_weight(n, a.cols));
+    let (out_f32, out_bf16) = (c.plan.matrix("out_f32", a.rows, n), c.plan.matrix("out_bf16", a.rows, n));
+    c.plan.push(Op::Gemm { a, w: w_f32, bias: None, out: out_f32, accumulate: false });
+    c.plan.push(Op::Gemm { a, w: w_bf16, bias: None, out: out_bf16, accumulate: false });
+    c.check(out_f32);
+    c.check(out_bf16);
+    c.consume(out_bf16);
+    [w_f32, w_bf16]
+}
+
+/// [`push_products`] at the expert's output projection (seed 2: 50 rows, 2048 deep, 1024 wide)
+/// or a random few-row shape (K at most 16 chunks, so the bf16 output streams too).
+fn product_case(seed: u64) -> Case {
+    let mut c = Case::new(String::new(), seed);
+    let (rows, k, n) = if seed == 2 {
+        (50, 2048, 1024)
+    } else {
+        (c.rng.random_range(1..=64), 64 * c.rng.random_range(1..=16), 64 * c.rng.random_range(1..=40))
+    };
+    c.name = format!("few-row products {rows}x{k}x{n} (f32 and bf16 out)");
+    let a = c.input("a", rows, k);
+    push_products(&mut c, a, n);
+    c
 }
 
 /// The expert's QKV product and its RoPE with the K/V cache write (qkv, rotated q, caches
@@ -1152,6 +1204,7 @@ fn every_op_matches_cpu() {
             (groot_rtc_case(seed), dummy.clone()),
             (select_weight_case(seed), dummy.clone()),
             (mlp_case(seed), dummy.clone()),
+            (product_case(seed), dummy.clone()),
             (qkv_rope_case(seed), dummy.clone()),
             (attention_case(seed), dummy.clone()),
             (general_attention_case(seed), dummy.clone()),
@@ -1204,8 +1257,8 @@ fn every_op_matches_cpu() {
 /// product with f32 accumulation) against the CPU's FP8 emulation of the same products: first
 /// every code of PyTorch's e4m3 table exactly ([`fp8_codes_case`]), then random products within
 /// the bf16 tier, as their inputs are bf16-exact and both sides round the same e4m3 codes, and the
-/// streamed MLP's FP8 form (on sm_90a; cuBLASLt's products elsewhere) at Pi0.5's expert shape and
-/// a random one. The same GPU results against the CPU in f32 are an FP8 error away (> 10× that
+/// streamed MLP's and few-row products' FP8 forms (on sm_90a; cuBLASLt's products elsewhere) at
+/// Pi0.5's expert shapes and random ones. The same GPU results against the CPU in f32 are an FP8 error away (> 10× that
 /// tier): the products did run in e4m3.
 #[test]
 #[ignore = "needs a CUDA GPU: tools/device/checks/cuda_checks.sh tests"]
@@ -1218,7 +1271,7 @@ fn fp8_products_match_the_cpu_emulation() {
     eprintln!("e4m3 codes of PyTorch's table through the FP8 product with 448 · I: nmse {codes_err:e} (0: every code equal)");
     let (mut results, mut failures) = (vec![json!({"case": codes_case.name, "nmse_vs_emulation": codes_err, "pass": codes_err == 0.0})], 0);
     failures += (codes_err != 0.0) as usize;
-    let cases = (0..3).map(fp8_gemm_case).chain((0..2).map(|seed| fp8_mlp_case(seed, &dummy)));
+    let cases = (0..3).map(fp8_gemm_case).chain((0..2).map(|seed| fp8_mlp_case(seed, &dummy))).chain((0..2).map(fp8_product_case));
     for (case, scales) in cases {
         let emulated = case.run(&dummy, &scales, true);
         let exact = case.run(&dummy, &scales, false);

@@ -4,13 +4,18 @@
 // share of both weight matrices through one ring of shared-memory stages, so down's weights load
 // while gate/up finishes and while the blocks meet at the grid barrier between the two products.
 //
-// Weights are pre-tiled at load (`retile_weight`) into 64 × 64 tiles in the 128-byte swizzle the
-// warpgroup MMA reads, each tile one 8 KB bulk copy. Gate/up's tile t holds gate rows 32t … 32t+31
-// and the matching up rows, so a block's accumulator holds both halves of 32 GeGLU outputs and
-// writes them as bf16 (no gate/up output, no GeGLU launch). Down splits K over blocks; each adds
-// its f32 partial sums into `out`, which the blocks zero before the grid barrier. Launched as a
-// programmatic dependent of the norm before it, a block streams its first weight stages while
-// that norm still runs.
+// Weights are pre-tiled at load (`retile_weight`) into 64-row tiles of 128 bytes per row in the
+// 128-byte swizzle the warpgroup MMA reads, each tile one 8 KB bulk copy. Gate/up's tile t holds
+// gate rows 32t … 32t+31 and the matching up rows, so a block's accumulator holds both halves of
+// 32 GeGLU outputs and writes them (no gate/up output, no GeGLU launch). Down splits K over
+// blocks; each adds its f32 partial sums into `out`, which the blocks zero before the grid
+// barrier. Launched as a programmatic dependent of the norm before it, a block streams its first
+// weight stages while that norm still runs.
+//
+// Two forms, one body: bf16 (a tile row holds 64 of k) and FP8 (`mlp_stream_wgmma_e4m3`, W8A8:
+// e4m3 weights, so a tile row holds 128 of k and the kernel streams half the bytes; A quantized
+// with its calibrated scale as it enters shared memory, the GeGLU output written in e4m3 with
+// down's input scale, f32 accumulation, each product's two scales applied to its sums).
 #include "common.cuh"
 
 // Row-major w [n, k] (`k_bytes` bytes per row: bf16 or e4m3) into 64-row tiles of 128 bytes per
@@ -35,6 +40,41 @@ extern "C" __global__ void retile_weight(unsigned char* out, const unsigned char
 // Dynamic shared memory (launch.rs mirrors it): 1024-byte alignment slack, the ring, A's chunks.
 #define MLP_SHARED_BYTES (1024 + (MLP_STAGES + MLP_A_CHUNKS) * MLP_TILE_BYTES)
 
+// The ring of weight stages and A's chunks in dynamic shared memory (1024-byte aligned, as the
+// swizzle needs), and the ring's transaction barriers: `full` (one arrival, the producer's, plus
+// the tile's bytes) and `empty` (the four consumer warps) per stage.
+struct StreamRing {
+    unsigned ring, a_tiles, full, empty;
+};
+
+// Every thread: the ring's layout, its barriers initialised by thread 0.
+__device__ __forceinline__ StreamRing stream_ring(unsigned char* shared, unsigned long long* bars) {
+    const unsigned base = ((unsigned)__cvta_generic_to_shared(shared) + 1023) & ~1023u;
+    const unsigned full = (unsigned)__cvta_generic_to_shared(bars);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < MLP_STAGES; ++s) mbarrier_init(full + 8 * s, 1), mbarrier_init(full + 8 * (MLP_STAGES + s), 4);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    return StreamRing{base, base + MLP_STAGES * MLP_TILE_BYTES, full, full + 8 * MLP_STAGES};
+}
+
+// The producer warp (lane 0): `tiles` weight tiles into the ring, tile g from `tile_at(g)`, each
+// stage refilled once the consumers hand it back.
+template <typename TileAt>
+__device__ __forceinline__ void stream_tiles(const StreamRing& r, int tiles, TileAt tile_at) {
+    if ((threadIdx.x & 31) != 0) return;
+    for (int g = 0; g < tiles; ++g) {
+        const int s = g % MLP_STAGES;
+        if (g >= MLP_STAGES) mbarrier_wait(r.empty + 8 * s, (g / MLP_STAGES - 1) & 1);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(r.full + 8 * s), "n"(MLP_TILE_BYTES) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                         r.ring + s * MLP_TILE_BYTES),
+                     "l"(tile_at(g)), "n"(MLP_TILE_BYTES), "r"(r.full + 8 * s)
+                     : "memory");
+    }
+}
+
 // Consumers (128 threads): rows [0, 64) × 128-byte chunks [c0, c0 + chunks) of row-major A
 // (`a_stride` bytes per row; rows past `rows` zero) into swizzled tiles.
 __device__ __forceinline__ void mlp_load_a(unsigned a_tiles, const unsigned char* a, long a_stride, int rows, int c0, int chunks) {
@@ -46,9 +86,10 @@ __device__ __forceinline__ void mlp_load_a(unsigned a_tiles, const unsigned char
     asm volatile("cp.async.wait_all;\nfence.proxy.async.shared::cta;\nbar.sync 1, 128;\n" ::: "memory");
 }
 
-// Consumers: the first `chunks` 128-column chunks of bf16 A (`a_stride` elements per row) into
-// e4m3 tiles, each value times `inverse_scale` (the FP8 gate/up product's calibrated input).
-__device__ __forceinline__ void mlp_load_a_e4m3(unsigned a_tiles, const bf16* a, int a_stride, int rows, int chunks, float inverse_scale) {
+// Consumers: 128-column chunks [c0, c0 + chunks) of bf16 A (`a_stride` elements per row) into
+// e4m3 tiles, each value times `inverse_scale` (the FP8 product's calibrated input).
+__device__ __forceinline__ void mlp_load_a_e4m3(unsigned a_tiles, const bf16* a, int a_stride, int rows, int c0, int chunks,
+                                                float inverse_scale) {
     const auto pair = [inverse_scale](unsigned two) {
         return (unsigned)e4m3x2(__uint_as_float(two << 16) * inverse_scale, __uint_as_float(two & 0xffff0000u) * inverse_scale);
     };
@@ -56,7 +97,7 @@ __device__ __forceinline__ void mlp_load_a_e4m3(unsigned a_tiles, const bf16* a,
         const int c = i / 512, r = (i / 8) % 64, piece = i % 8;
         uint4 q = make_uint4(0, 0, 0, 0);
         if (r < rows) {
-            const uint4* src = (const uint4*)(a + (long)r * a_stride + c * 128 + piece * 16);
+            const uint4* src = (const uint4*)(a + (long)r * a_stride + (c0 + c) * 128 + piece * 16);
             const uint4 lo = src[0], hi = src[1];
             q = make_uint4(pair(lo.x) | pair(lo.y) << 16, pair(lo.z) | pair(lo.w) << 16, pair(hi.x) | pair(hi.y) << 16,
                            pair(hi.z) | pair(hi.w) << 16);
@@ -68,27 +109,60 @@ __device__ __forceinline__ void mlp_load_a_e4m3(unsigned a_tiles, const bf16* a,
     asm volatile("fence.proxy.async.shared::cta;\nbar.sync 1, 128;\n" ::: "memory");
 }
 
+// Consumers: A's chunks [c0, c0 + chunks) into the ring's A tiles, from bf16 A as it is or (E4M3)
+// quantized with `inverse_scale`.
+template <bool E4M3>
+__device__ __forceinline__ void load_a(const StreamRing& r, const bf16* a, int a_stride, int rows, int c0, int chunks, float inverse_scale) {
+    if (E4M3) mlp_load_a_e4m3(r.a_tiles, a, a_stride, rows, c0, chunks, inverse_scale);
+    else mlp_load_a(r.a_tiles, (const unsigned char*)a, 2l * a_stride, rows, c0, chunks);
+}
+
 // Consumers: acc (64 × 64) = A · the next `chunks` weight tiles of the ring; `g` counts the
 // ring's tiles consumed so far (stage and parity), and the stages are handed back as they empty.
 template <bool E4M3>
-__device__ __forceinline__ void mlp_product(float* acc, unsigned a_tiles, unsigned ring, unsigned full, unsigned empty, int chunks, int& g) {
+__device__ __forceinline__ void mlp_product(float* acc, const StreamRing& r, int chunks, int& g) {
     for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
     const int lane = threadIdx.x & 31;
     for (int c = 0; c < chunks; ++c, ++g) {
         const int s = g % MLP_STAGES;
-        mbarrier_wait(full + 8 * s, (g / MLP_STAGES) & 1);
+        mbarrier_wait(r.full + 8 * s, (g / MLP_STAGES) & 1);
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
         for (int kk = 0; kk < 4; ++kk) {
-            const unsigned long long a = wg_desc(a_tiles + c * MLP_TILE_BYTES + kk * 32, 16, 1024);
-            const unsigned long long b = wg_desc(ring + s * MLP_TILE_BYTES + kk * 32, 16, 1024);
+            const unsigned long long a = wg_desc(r.a_tiles + c * MLP_TILE_BYTES + kk * 32, 16, 1024);
+            const unsigned long long b = wg_desc(r.ring + s * MLP_TILE_BYTES + kk * 32, 16, 1024);
             if (E4M3) wg_mma_ss_e4m3(acc, a, b);
             else wg_mma_ss(acc, a, b);
         }
         asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        if (c > 0 && lane == 0) mbarrier_arrive(empty + 8 * ((g - 1) % MLP_STAGES));
+        if (c > 0 && lane == 0) mbarrier_arrive(r.empty + 8 * ((g - 1) % MLP_STAGES));
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    if (lane == 0) mbarrier_arrive(empty + 8 * ((g - 1) % MLP_STAGES));
+    if (lane == 0) mbarrier_arrive(r.empty + 8 * ((g - 1) % MLP_STAGES));
+}
+
+// Consumers: `out` [rows, width] (f32) zeroed by the whole grid, before the grid barrier after
+// which the K splits' partial sums are added into it.
+__device__ __forceinline__ void zero_rows(float* out, int out_stride, int rows, int width) {
+    for (int i = blockIdx.x * 128 + threadIdx.x; i < rows * (width / 4); i += gridDim.x * 128)
+        *(float4*)(out + (long)(i / (width / 4)) * out_stride + 4 * (i % (width / 4))) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
+// Consumers: the accumulator (rows × 64 columns from `col`) times `scale` into `out`, added (one
+// of several K splits: f32 reductions) or stored.
+template <bool ADD, typename Tout>
+__device__ __forceinline__ void write_tile(Tout* out, int out_stride, int rows, int col, const float* acc, float scale) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row0 = warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
+    for (int j = 0; j < 8; ++j)
+        for (int h = 0; h < 2; ++h) {
+            const int r = row0 + 8 * h;
+            if (r >= rows) continue;
+            Tout* o = out + (long)r * out_stride + col + 8 * j + col0;
+            const float v0 = acc[4 * j + 2 * h] * scale, v1 = acc[4 * j + 2 * h + 1] * scale;
+            if (ADD) asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(o), "f"(v0), "f"(v1) : "memory");
+            else if (sizeof(Tout) == 4) *(float2*)o = make_float2(v0, v1);
+            else *(unsigned*)o = pack_bf16x2(v0, v1);
+        }
 }
 
 // The FP8 form's calibrated scales (per tensor, as the CPU emulation's products): A into e4m3
@@ -109,52 +183,34 @@ __device__ void mlp_stream(float* out, int out_stride, unsigned char* hidden, in
                            const unsigned char* w_gate_up, const unsigned char* w_down, int rows, int width, int hidden_width,
                            int down_splits, unsigned* barrier, MlpScales scales) {
     extern __shared__ __align__(16) unsigned char mlp_shared[];
-    __shared__ __align__(8) unsigned long long bars[2 * MLP_STAGES];  // full, then empty, per stage
+    __shared__ __align__(8) unsigned long long bars[2 * MLP_STAGES];
     constexpr int chunk_k = E4M3 ? 128 : 64;
-    const unsigned base = ((unsigned)__cvta_generic_to_shared(mlp_shared) + 1023) & ~1023u;
-    const unsigned ring = base, a_tiles = base + MLP_STAGES * MLP_TILE_BYTES;
-    const unsigned full = (unsigned)__cvta_generic_to_shared(bars), empty = full + 8 * MLP_STAGES;
+    const StreamRing ring = stream_ring(mlp_shared, bars);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int width_chunks = width / chunk_k, hidden_chunks = hidden_width / chunk_k, down_chunks = hidden_chunks / down_splits;
     const int out_tiles = width / 64, down_tile = blockIdx.x % out_tiles, down_c0 = blockIdx.x / out_tiles * down_chunks;
     const bool down_active = blockIdx.x < out_tiles * down_splits;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < MLP_STAGES; ++s) mbarrier_init(full + 8 * s, 1), mbarrier_init(empty + 8 * s, 4);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
 
     if (warp == 4) {  // producer: this block's gate/up tiles, then its down tiles, one stream
-        if (lane == 0) {
-            const int tiles = width_chunks + (down_active ? down_chunks : 0);
-            for (int g = 0; g < tiles; ++g) {
-                const int s = g % MLP_STAGES;
-                if (g >= MLP_STAGES) mbarrier_wait(empty + 8 * s, (g / MLP_STAGES - 1) & 1);
-                const long tile = g < width_chunks ? (long)blockIdx.x * width_chunks + g : (long)down_tile * hidden_chunks + down_c0 + g - width_chunks;
-                const unsigned char* src = (g < width_chunks ? w_gate_up : w_down) + tile * MLP_TILE_BYTES;
-                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(full + 8 * s), "n"(MLP_TILE_BYTES) : "memory");
-                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                                 ring + s * MLP_TILE_BYTES),
-                             "l"(src), "n"(MLP_TILE_BYTES), "r"(full + 8 * s)
-                             : "memory");
-            }
-        }
+        stream_tiles(ring, width_chunks + (down_active ? down_chunks : 0), [&](int g) {
+            return g < width_chunks ? w_gate_up + ((long)blockIdx.x * width_chunks + g) * MLP_TILE_BYTES
+                                    : w_down + ((long)down_tile * hidden_chunks + down_c0 + g - width_chunks) * MLP_TILE_BYTES;
+        });
         return;
     }
 
-    // Zero `out` for down's sums (before the barrier, after which they are added).
-    for (int i = blockIdx.x * 128 + threadIdx.x; i < rows * (width / 4); i += gridDim.x * 128)
-        *(float4*)(out + (long)(i / (width / 4)) * out_stride + 4 * (i % (width / 4))) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    // Launched as a programmatic dependent of the norm that writes `a`, the weights (above) and
-    // the zeroing start under it; A waits for it (a no-op in a plain launch).
+    // Launched as a programmatic dependent of the norm that writes `a`, the weights (above) start
+    // streaming under it; A and the zeroing of `out` wait for it (a no-op in a plain launch): that
+    // norm may still read `out` (the expert's gated residual norm reads the branch buffer that
+    // down writes again).
     wait_for_prior_grid();
+    zero_rows(out, out_stride, rows, width);
 
     float acc[32];
     int g = 0;
     const int row0 = warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
-    if (E4M3) mlp_load_a_e4m3(a_tiles, a, a_stride, rows, width_chunks, scales.a_inverse);
-    else mlp_load_a(a_tiles, (const unsigned char*)a, 2l * a_stride, rows, 0, width_chunks);
-    mlp_product<E4M3>(acc, a_tiles, ring, full, empty, width_chunks, g);
+    load_a<E4M3>(ring, a, a_stride, rows, 0, width_chunks, scales.a_inverse);
+    mlp_product<E4M3>(acc, ring, width_chunks, g);
     // Accumulator columns 8j + col0 (+1) of j < 4 are gate columns, those of j + 4 the matching up.
     const float gate_up_scale = E4M3 ? scales.gate_up : 1.0f;
     for (int j = 0; j < 4; ++j)
@@ -171,18 +227,9 @@ __device__ void mlp_stream(float* out, int out_stride, unsigned char* hidden, in
 
     grid_barrier_128(barrier);
     if (!down_active) return;
-    mlp_load_a(a_tiles, hidden, hidden_stride, rows, down_c0, down_chunks);
-    mlp_product<E4M3>(acc, a_tiles, ring, full, empty, down_chunks, g);
-    const float down_scale = E4M3 ? scales.down : 1.0f;
-    for (int j = 0; j < 8; ++j)
-        for (int h = 0; h < 2; ++h) {
-            const int r = row0 + 8 * h;
-            if (r >= rows) continue;
-            float* o = out + (long)r * out_stride + down_tile * 64 + 8 * j + col0;
-            asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(o), "f"(acc[4 * j + 2 * h] * down_scale),
-                         "f"(acc[4 * j + 2 * h + 1] * down_scale)
-                         : "memory");
-        }
+    mlp_load_a(ring.a_tiles, hidden, hidden_stride, rows, down_c0, down_chunks);
+    mlp_product<E4M3>(acc, ring, down_chunks, g);
+    write_tile<true>(out, out_stride, rows, down_tile * 64, acc, E4M3 ? scales.down : 1.0f);
 }
 
 // The bf16 form: hidden_stride in bf16 elements.
@@ -204,4 +251,49 @@ extern "C" __global__ void __launch_bounds__(160, 1)
     mlp_stream<true>(out, out_stride, hidden, hidden_stride, a, a_stride, w_gate_up, w_down, rows, width, hidden_width, down_splits,
                      barrier, MlpScales{a_inverse_scale, gate_up_scale, hidden_inverse_scale, down_scale});
 }
+
+// One few-row product out[rows, n] = (a · wᵀ) · scale (the action expert's QKV and output
+// projections) streamed as the MLP's down is: (n / 64) output tiles × `splits` ranges of K over
+// the blocks, each block streaming its tiles of w (retile_weight, unpaired) through the ring.
+// With one split a block stores its tile (bf16 or f32); with several (f32 only, cooperative
+// launch) the blocks zero `out`, meet at the grid barrier once their sums are ready and add
+// them. In bf16 (scale 1) or e4m3 (W8A8: A quantized with `a_inverse` as it loads; `scale` the
+// input's scale × the weight's). cuBLASLt takes ~5 µs for each of these 50-row products; here
+// the weight bytes stream at the MLP's rate and, in e4m3, half of them.
+template <bool E4M3, typename Tout>
+__device__ void product_stream(Tout* out, int out_stride, const bf16* a, int a_stride, const unsigned char* w, int rows, int n, int k,
+                               int splits, unsigned* barrier, float a_inverse, float scale) {
+    extern __shared__ __align__(16) unsigned char mlp_shared[];
+    __shared__ __align__(8) unsigned long long bars[2 * MLP_STAGES];
+    constexpr int chunk_k = E4M3 ? 128 : 64;
+    const StreamRing ring = stream_ring(mlp_shared, bars);
+    const int out_tiles = n / 64, k_chunks = k / chunk_k, chunks = k_chunks / splits;
+    const int tile = blockIdx.x % out_tiles, c0 = blockIdx.x / out_tiles * chunks;
+    if (threadIdx.x >> 5 == 4) {
+        stream_tiles(ring, chunks, [&](int g) { return w + ((long)tile * k_chunks + c0 + g) * MLP_TILE_BYTES; });
+        return;
+    }
+    wait_for_prior_grid();  // as the MLP's: before reading A or zeroing `out`
+    if (splits > 1) zero_rows((float*)out, out_stride, rows, n);
+    float acc[32];
+    int g = 0;
+    load_a<E4M3>(ring, a, a_stride, rows, c0, chunks, a_inverse);
+    mlp_product<E4M3>(acc, ring, chunks, g);
+    if (splits > 1) {
+        grid_barrier_128(barrier);
+        write_tile<true>((float*)out, out_stride, rows, tile * 64, acc, scale);
+    } else {
+        write_tile<false>(out, out_stride, rows, tile * 64, acc, scale);
+    }
+}
+#define PRODUCT_STREAM(NAME, TOUT, E4M3)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(160, 1) NAME(TOUT* out, int out_stride, const bf16* a, int a_stride,        \
+                                                              const unsigned char* w, int rows, int n, int k, int splits,      \
+                                                              unsigned* barrier, float a_inverse_scale, float scale) {         \
+        product_stream<E4M3, TOUT>(out, out_stride, a, a_stride, w, rows, n, k, splits, barrier, a_inverse_scale, scale);    \
+    }
+PRODUCT_STREAM(product_stream_wgmma_f32, float, false)
+PRODUCT_STREAM(product_stream_wgmma_bf16, bf16, false)
+PRODUCT_STREAM(product_stream_wgmma_e4m3_f32, float, true)
+PRODUCT_STREAM(product_stream_wgmma_e4m3_bf16, bf16, true)
 #endif

@@ -1,5 +1,6 @@
-//! Launchers of the streamed MLP (mlp.cu, sm_90a): the action expert's gate/up, GeGLU and down
-//! in one persistent launch, and the weight retiling it reads.
+//! Launchers of the streamed kernels (mlp.cu, sm_90a): the action expert's MLP (gate/up, GeGLU
+//! and down in one persistent launch) and its single few-row products, in bf16 or e4m3, and the
+//! weight retiling they read.
 
 use super::*;
 
@@ -123,6 +124,101 @@ impl Kernels {
                 }
             }
         }
+    }
+
+    /// The K split when [`Kernels::product_stream`] runs a product of `rows` rows, `n` outputs
+    /// and depth `k` into `out` on this device, in bf16 or (`fp8`) e4m3, or `None` when it
+    /// cannot: not sm_90a, more than 64 rows, `n` not whole 64-column tiles, `k` not whole chunks
+    /// (64 in bf16, 128 in e4m3), or a split's chunks past what a block holds. A bf16 output
+    /// takes one split (each block stores its tile, so `k` must fit a block); an f32 one the
+    /// largest split that keeps one block per SM, which adds its partial sums.
+    pub fn product_stream_splits(&self, rows: usize, n: usize, k: usize, out: Dtype, multiprocessors: usize, fp8: bool) -> Option<usize> {
+        let chunk_k = if fp8 { 128 } else { 64 };
+        let (out_tiles, k_chunks) = (n / 64, k / chunk_k);
+        if !self.mlp_stream || !(1..=64).contains(&rows) || n % 64 != 0 || k % chunk_k != 0 || k == 0 || out_tiles > multiprocessors {
+            return None;
+        }
+        match out {
+            Dtype::Bf16 => (k_chunks <= MLP_A_CHUNKS).then_some(1),
+            Dtype::F32 => {
+                (1..=k_chunks).rev().find(|&s| k_chunks % s == 0 && out_tiles * s <= multiprocessors && k_chunks / s <= MLP_A_CHUNKS)
+            }
+            Dtype::E4m3 => None,
+        }
+    }
+
+    /// The few-row product `out = a · wᵀ` (no bias, overwritten) streamed as the MLP's down is
+    /// (mlp.cu's `product_stream_*`): in bf16, or with `fp8` = (input scale, weight scale) in
+    /// e4m3 with `a` quantized as it loads. `w` must be tiled by [`Kernels::retile_weight`]
+    /// (unpaired) in that element type; `barrier` is a device word no concurrent launch uses.
+    /// `programmatic`: launched as a programmatic dependent of the kernel before it on the
+    /// stream, which writes `a` (the product waits for it before reading `a` or writing `out`).
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes.
+    #[allow(clippy::too_many_arguments)] // the op's operands and shape, one to one
+    pub unsafe fn product_stream(
+        &self,
+        out: Mat,
+        a: Mat,
+        w: DevPtr,
+        barrier: DevPtr,
+        fp8: Option<(f32, f32)>,
+        multiprocessors: usize,
+        programmatic: bool,
+        stream: CUstream,
+    ) -> Result<()> {
+        let (rows, n, k) = (a.rows, out.cols, a.cols);
+        let what = match (fp8.is_some(), out.dtype) {
+            (false, Dtype::F32) => "product_stream_wgmma_f32",
+            (false, _) => "product_stream_wgmma_bf16",
+            (true, Dtype::F32) => "product_stream_wgmma_e4m3_f32",
+            (true, _) => "product_stream_wgmma_e4m3_bf16",
+        };
+        let aligned = |m: &Mat| m.ptr % 16 == 0 && (m.stride * m.dtype.size()) % 16 == 0;
+        let splits = self.product_stream_splits(rows, n, k, out.dtype, multiprocessors, fp8.is_some());
+        let Some(splits) =
+            splits.filter(|_| a.dtype == Dtype::Bf16 && out.rows == rows && aligned(&a) && aligned(&out) && barrier % 4 == 0)
+        else {
+            return Err(shape_error(
+                what,
+                format!(
+                    "needs bf16 a [1-64 rows, whole chunks], out [rows, 64·n] (bf16 with k in one block, or f32), 16-byte aligned \
+                     rows, sm_90a with n / 64 ≤ {multiprocessors} SMs; got a {}x{} {:?}, out {}x{} {:?}",
+                    a.rows, a.cols, a.dtype, out.rows, out.cols, out.dtype
+                ),
+            ));
+        };
+        let (a_scale, w_scale) = fp8.unwrap_or((1.0, 1.0));
+        let args = [
+            Arg::P(out.ptr),
+            Arg::I(i32_of(out.stride, what)?),
+            Arg::P(a.ptr),
+            Arg::I(i32_of(a.stride, what)?),
+            Arg::P(w),
+            Arg::I(rows as i32),
+            Arg::I(i32_of(n, what)?),
+            Arg::I(i32_of(k, what)?),
+            Arg::I(splits as i32),
+            Arg::P(barrier),
+            Arg::F(1.0 / a_scale),
+            Arg::F(a_scale * w_scale),
+        ];
+        // Several splits meet at a grid barrier: cooperative, so all blocks are resident at once.
+        // SAFETY: the attribute value is a plain C union; all-zero bytes are a valid value.
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.cooperative = 1;
+        let cooperative = sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE, pad: [0; 4], value };
+        let mut attrs = [cooperative, programmatic_attribute()];
+        let attrs = match (splits > 1, programmatic) {
+            (true, true) => &mut attrs[..],
+            (true, false) => &mut attrs[..1],
+            (false, true) => &mut attrs[1..],
+            (false, false) => &mut attrs[..0],
+        };
+        // SAFETY: the arguments match `product_stream_*`'s signature: 160 threads, one block per
+        // output tile and split.
+        unsafe { self.launch_with_attributes(what, ((n / 64 * splits) as u32, 1, 1), 160, MLP_SHARED_BYTES, stream, args, attrs) }
     }
 
     /// Copies the row-major weight `src` (`n` rows of `row_bytes` bytes: bf16 or e4m3 values)

@@ -133,6 +133,16 @@ const MLP_SHARED_BYTES: u32 = 1024 + (8 + MLP_A_CHUNKS as u32) * 8192;
 /// Most columns of the narrow side of the step-boundary row kernels (norm.cu's ROW_PRODUCT_MAX).
 pub const ROW_PRODUCT_MAX: usize = 32;
 
+/// The streamed kernels of mlp.cu (sm_90a), each granted MLP_SHARED_BYTES.
+const STREAMED: [&str; 6] = [
+    "mlp_stream_wgmma",
+    "mlp_stream_wgmma_e4m3",
+    "product_stream_wgmma_f32",
+    "product_stream_wgmma_bf16",
+    "product_stream_wgmma_e4m3_f32",
+    "product_stream_wgmma_e4m3_bf16",
+];
+
 /// Most 128-byte column chunks of A a block of `mlp_stream_wgmma*` holds (MLP_A_CHUNKS): 64
 /// columns of bf16, 128 of e4m3.
 const MLP_A_CHUNKS: usize = 16;
@@ -209,7 +219,8 @@ pub fn kernel_names(arch: &str) -> Vec<String> {
         }
     }
     if has_wgmma(arch) {
-        names.extend(["mlp_stream_wgmma", "mlp_stream_wgmma_e4m3", "retile_weight"].map(String::from));
+        names.extend(STREAMED.iter().map(|n| n.to_string()));
+        names.push("retile_weight".to_string());
     }
     if has_fp8(arch) {
         names.extend(types.map(|t| format!("quantize_e4m3_{t}")));
@@ -248,7 +259,7 @@ pub struct Kernels {
     /// or, on sm_90a, `attention_mq256_wgmma`), and its dynamic shared memory.
     attention_kernel: &'static str,
     attention_shared_bytes: u32,
-    /// Whether `mlp_stream_wgmma` and its FP8 form are loaded (sm_90a) and granted their shared memory.
+    /// Whether the streamed kernels (`STREAMED`) are loaded (sm_90a) and granted their shared memory.
     mlp_stream: bool,
     /// Whether the architecture has programmatic dependent launch (sm_90 on): elsewhere the
     /// launches asked to start early are plain ones.
@@ -297,7 +308,7 @@ impl Kernels {
         if has_wgmma(arch) {
             let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             let mut granted = true;
-            for name in ["mlp_stream_wgmma", "mlp_stream_wgmma_e4m3"] {
+            for name in STREAMED {
                 let f = kernels.function(name)?;
                 // SAFETY: `f` is a resolved function of a loaded module; the value is a byte count.
                 granted &= unsafe { sys::cuFuncSetAttribute(f, attr, MLP_SHARED_BYTES as i32) }.result().is_ok();
@@ -485,14 +496,19 @@ mod tests {
         let wgmma = |arch: &str| {
             kernel_names(arch)
                 .iter()
-                .filter(|n| n.starts_with("attention_mq256_wgmma") || n.starts_with("mlp_stream") || *n == "retile_weight")
+                .filter(|n| {
+                    n.starts_with("attention_mq256_wgmma")
+                        || n.starts_with("mlp_stream")
+                        || n.starts_with("product_stream")
+                        || *n == "retile_weight"
+                })
                 .count()
         };
-        assert_eq!(wgmma("sm_90a"), 5);
+        assert_eq!(wgmma("sm_90a"), 9);
         for arch in ["sm_87", "sm_90", "sm_110"] {
             assert_eq!(wgmma(arch), 0, "{arch}");
         }
-        assert_eq!(kernel_names("sm_90a").len(), kernel_names("sm_90").len() + 5);
+        assert_eq!(kernel_names("sm_90a").len(), kernel_names("sm_90").len() + 9);
         // MLP_SHARED_BYTES in mlp.cu: 1024 + (8 + 16) · 8 KB.
         assert_eq!(MLP_SHARED_BYTES, 197_632);
         // ATTW_SHARED_BYTES in attention_mq256.cu: 1024 + 5 · 32 KB + 2 · 64 · 4 + 4 · 8.

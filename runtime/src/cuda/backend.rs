@@ -33,18 +33,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
-use flashrt_kernels::{DevPtr, Kernels, MAX_PROMPT_BUCKETS, QwenImageSizes, has_fp8};
+use flashrt_kernels::{DevPtr, Dtype, Kernels, MAX_PROMPT_BUCKETS, QwenImageSizes, has_fp8};
 
 use super::arena::{DeviceBuf, Elem, Layout, Scratch, ScratchSizes, copied_input, element_types};
 use super::device::{BlasLt, Context, DeviceMemory, Event, Graph, Pinned, Stream, check};
 use super::fp8::{FP8_MIN_ROWS, Fp8Products};
-use super::fusion::{AttentionLowering, Fusions};
+use super::fusion::{AttentionLowering, Fusions, StreamedShapes};
 use super::gemm::WORKSPACE_BYTES;
 use super::graph::Launcher;
 use super::lowering::{Lowered, Lowering};
 pub use super::options::CudaOptions;
 use super::steps::{LANES, RopeRows};
-use super::weights::{Selections, retile_mlp_weights, upload_weights};
+use super::weights::{Selections, retile_streamed_weights, upload_weights};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
@@ -140,16 +140,19 @@ impl CudaBackend {
         // Concurrent phases take the second stream (switched off: everything on one stream).
         let op_lanes: Vec<usize> =
             if switches.overlap { plan.concurrent_ops().into_iter().map(usize::from).collect() } else { vec![0; plan.ops.len()] };
-        let fusions =
-            Fusions::run(&plan, &elems, &op_lanes, switches, kernels.has_fused_attention(), multiprocessors, |rows, width, hidden| {
-                kernels.mlp_stream_splits(rows, width, hidden, multiprocessors, false).is_some()
-            });
+        let (bf16_shapes, fp8_shapes) = (
+            DeviceShapes { kernels: &kernels, multiprocessors, fp8: false },
+            DeviceShapes { kernels: &kernels, multiprocessors, fp8: true },
+        );
+        let fusions = Fusions::run(&plan, &elems, &op_lanes, switches, kernels.has_fused_attention(), multiprocessors, &bf16_shapes);
         let fp8 = Fp8Products::choose(
             &plan,
+            &elems,
             &opts.fp8_scales,
             &fusions.mlps,
+            &fusions.products,
             opts.fp8_min_rows.unwrap_or(FP8_MIN_ROWS),
-            |_, rows, width, hidden| kernels.mlp_stream_splits(rows, width, hidden, multiprocessors, true).is_some(),
+            &fp8_shapes,
         );
         let mut sizes = [ScratchSizes::default(); LANES];
         for (i, (op, &lane)) in plan.ops.iter().zip(&op_lanes).enumerate() {
@@ -290,7 +293,7 @@ impl CudaBackend {
         let (fp8_scales, scales_at) = fp8.upload_scales()?;
         let fp8_products: HashMap<usize, (ProductScales, DevPtr)> =
             fp8.chosen.iter().map(|(&w, &scales)| (w, (scales, scales_at[&w]))).collect();
-        let (tiled_memory, tiled) = retile_mlp_weights(&kernels, &plan, &fusions.mlps, &fp8, &uploaded.ptrs, stream.0)?;
+        let (tiled_memory, tiled) = retile_streamed_weights(&kernels, &plan, &fusions, &fp8, &uploaded.ptrs, stream.0)?;
         let selections = Selections::upload(&plan, &uploaded)?;
         if let Some(board) = board {
             let used = (uploaded.memory.bytes + tiled_memory.as_ref().map_or(0, |m| m.bytes) + arena.bytes) as u64;
@@ -316,7 +319,7 @@ impl CudaBackend {
             early_after_products: switches.early_launch,
             tiled: &tiled,
             fp8: &fp8_products,
-            fp8_mlps: &fp8.streamed,
+            fp8_streamed: &fp8,
             selections: &selections,
             steps: Vec::new(),
             step_lanes: Vec::new(),
@@ -513,5 +516,22 @@ impl Drop for CudaBackend {
         if self.ctx.make_current().is_ok() {
             let _ = self.launcher.synchronize("teardown");
         }
+    }
+}
+
+/// The shapes this device's streamed kernels run, in bf16 or e4m3.
+struct DeviceShapes<'a> {
+    kernels: &'a Kernels,
+    multiprocessors: usize,
+    fp8: bool,
+}
+
+impl StreamedShapes for DeviceShapes<'_> {
+    fn mlp(&self, rows: usize, width: usize, hidden: usize) -> bool {
+        self.kernels.mlp_stream_splits(rows, width, hidden, self.multiprocessors, self.fp8).is_some()
+    }
+    fn product(&self, rows: usize, n: usize, k: usize, out: Elem) -> bool {
+        let dtype = if out == Elem::F32 { Dtype::F32 } else { Dtype::Bf16 };
+        self.kernels.product_stream_splits(rows, n, k, dtype, self.multiprocessors, self.fp8).is_some()
     }
 }

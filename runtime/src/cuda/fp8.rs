@@ -19,7 +19,9 @@ use std::collections::{BTreeMap, HashMap};
 use cudarc::driver::result;
 use flashrt_kernels::{DevPtr, MlpFp8Scales};
 
+use super::arena::Elem;
 use super::device::{DeviceMemory, check};
+use super::fusion::StreamedShapes;
 use crate::error::Result;
 use crate::fp8::ProductScales;
 use crate::plan::{Op, Plan, WeightId, WeightRole};
@@ -42,7 +44,9 @@ pub(super) struct Fp8Products {
     pub(super) chosen: HashMap<usize, ProductScales>,
     /// The streamed MLPs that run in FP8, by their first op's index, with their scales.
     pub(super) streamed: BTreeMap<usize, MlpFp8Scales>,
-    /// Each weight of those MLPs with its scales (it is tiled in e4m3).
+    /// The streamed products that run in FP8, by op index, with their scales.
+    pub(super) streamed_products: BTreeMap<usize, ProductScales>,
+    /// Each weight of those MLPs and products with its scales (it is tiled in e4m3).
     streamed_weights: HashMap<usize, ProductScales>,
     /// Calibrated FP8 weights kept in bf16 here: why, and how many.
     pub(super) kept: BTreeMap<String, usize>,
@@ -51,19 +55,21 @@ pub(super) struct Fp8Products {
 impl Fp8Products {
     /// Chooses among the weights with calibrated FP8 `scales` (by weight index). A streamed MLP
     /// (the fused kernel at op indices `fused_mlps[i]..+3`) runs in FP8 when both its weights are
-    /// calibrated and `streams_fp8(first op, rows, width, hidden)` says the device's FP8 form
-    /// takes its shape. Any other weight runs as cuBLASLt FP8 products when every op that reads
-    /// it is a product outside the streamed MLPs, with at least `min_rows` rows and N and K
-    /// multiples of 16 (cuBLASLt's FP8 operands).
+    /// calibrated and the device's FP8 form takes its shape (`fp8_shapes`), and so does a
+    /// streamed product (op indices `streamed_products`) of a calibrated weight. Any other weight runs as
+    /// cuBLASLt FP8 products when every op that reads it is a product outside the streamed MLPs,
+    /// with at least `min_rows` rows and N and K multiples of 16 (cuBLASLt's FP8 operands).
     pub(super) fn choose(
         plan: &Plan,
+        elems: &[Elem],
         scales: &[Option<ProductScales>],
         fused_mlps: &[usize],
+        streamed_products: &[usize],
         min_rows: usize,
-        streams_fp8: impl Fn(usize, usize, usize, usize) -> bool,
+        fp8_shapes: &dyn StreamedShapes,
     ) -> Fp8Products {
         let mut products = Fp8Products::default();
-        let fused = |i: usize| fused_mlps.iter().any(|&m| (m..m + 3).contains(&i));
+        let fused = |i: usize| fused_mlps.iter().any(|&m| (m..m + 3).contains(&i)) || streamed_products.contains(&i);
         let scales_of = |w: WeightId| scales.get(w.0).copied().flatten();
         for &i in fused_mlps {
             let Some([Op::Gemm { a, w: w_gate_up, .. }, Op::GatedActivation { out: hidden, .. }, Op::Gemm { w: w_down, .. }]) =
@@ -72,11 +78,20 @@ impl Fp8Products {
                 continue;
             };
             if let (Some(gate_up), Some(down)) = (scales_of(*w_gate_up), scales_of(*w_down))
-                && streams_fp8(i, a.rows, a.cols, hidden.cols)
+                && fp8_shapes.mlp(a.rows, a.cols, hidden.cols)
             {
                 let mlp = MlpFp8Scales { gate_up: (gate_up.activation, gate_up.weight), down: (down.activation, down.weight) };
                 products.streamed.insert(i, mlp);
                 products.streamed_weights.extend([(w_gate_up.0, gate_up), (w_down.0, down)]);
+            }
+        }
+        for &i in streamed_products {
+            let Op::Gemm { a, w, out, .. } = plan.ops[i] else { continue };
+            if let Some(scales) = scales_of(w)
+                && fp8_shapes.product(a.rows, out.cols, a.cols, elems[out.buf.0])
+            {
+                products.streamed_products.insert(i, scales);
+                products.streamed_weights.insert(w.0, scales);
             }
         }
         for (w, scales) in scales.iter().enumerate().filter_map(|(w, s)| Some((w, (*s)?))) {
@@ -94,7 +109,9 @@ impl Fp8Products {
                     if let Some((_, op)) = readers.iter().find(|(_, op)| !matches!(op, Op::Gemm { w: gw, .. } if gw.0 == w)) {
                         Some(format!("also read by {} (not a product)", op.name()))
                     } else if readers.iter().any(|&(i, _)| fused(i)) {
-                        Some("in a streamed MLP the device's FP8 form does not take (or whose other weight is not calibrated)".to_string())
+                        Some(
+                            "in a streamed launch the device's FP8 form does not take (an MLP's needs both weights calibrated)".to_string(),
+                        )
                     } else {
                         rows.filter(|&r| r < min_rows).map(|rows| {
                             format!("{rows}-row products, under {min_rows}: latency-bound, the quantizing launch would cost what FP8 saves")
@@ -113,9 +130,9 @@ impl Fp8Products {
         products
     }
 
-    /// Whether op `i` belongs to a streamed MLP that runs in FP8.
+    /// Whether op `i` belongs to a streamed MLP or is a streamed product that runs in FP8.
     pub(super) fn streams(&self, i: usize) -> bool {
-        self.streamed.range(..=i).next_back().is_some_and(|(&first, _)| i < first + 3)
+        self.streamed_products.contains_key(&i) || self.streamed.range(..=i).next_back().is_some_and(|(&first, _)| i < first + 3)
     }
 
     /// The scales of weight `w` where it is held in e4m3 (a cuBLASLt FP8 product's or a streamed
@@ -131,11 +148,13 @@ impl Fp8Products {
              by one launch each\n",
             self.chosen.len()
         );
-        if !self.streamed.is_empty() {
+        if !self.streamed.is_empty() || !self.streamed_products.is_empty() {
             s += &format!(
-                "  fp8: {} streamed MLP launches in e4m3 ({} weights tiled in e4m3; input quantized as the kernel loads it, GeGLU \
-                 output in e4m3, f32 accumulation); an unfused product of the same weights stays bf16\n",
+                "  fp8: {} streamed MLP and {} streamed product launches in e4m3 ({} weights tiled in e4m3; inputs quantized as the \
+                 kernel loads them, the MLPs' GeGLU output in e4m3, f32 accumulation); an unfused product of the same weights stays \
+                 bf16\n",
                 self.streamed.len(),
+                self.streamed_products.len(),
                 self.streamed_weights.len()
             );
         }
@@ -203,28 +222,27 @@ mod tests {
         calibrated[uncalibrated.0] = None;
         calibrated[down.0] = Some(down_scales);
 
+        let elems = crate::cuda::arena::element_types(&plan);
+        let choose = |calibrated: &[Option<ProductScales>], products: &[usize], min_rows: usize, streams: bool| {
+            Fp8Products::choose(&plan, &elems, calibrated, &[fused_at], products, min_rows, &Shapes(streams))
+        };
+
         // A device without the FP8 streamed form keeps the MLP's weights in bf16.
-        let products = Fp8Products::choose(&plan, &calibrated, &[fused_at], 128, |_, _, _, _| false);
+        let products = choose(&calibrated, &[], 128, false);
         assert_eq!(products.chosen, HashMap::from([(wide.0, scales)]));
         assert!(products.streamed.is_empty());
         let kept: Vec<(&str, usize)> = products.kept.iter().map(|(k, n)| (k.as_str(), *n)).collect();
         assert_eq!(kept.len(), 3, "{kept:?}");
         assert!(kept.iter().any(|k| k.0.starts_with("50-row products, under 128")), "{kept:?}");
         assert!(kept.iter().any(|k| k.0.starts_with("40x64: cuBLASLt's FP8 products need N and K multiples of 16")), "{kept:?}");
-        assert_eq!(kept.iter().find(|k| k.0.starts_with("in a streamed MLP")).map(|k| k.1), Some(2), "{kept:?}");
+        assert_eq!(kept.iter().find(|k| k.0.starts_with("in a streamed launch")).map(|k| k.1), Some(2), "{kept:?}");
         let text = products.describe();
-        assert!(text.contains("fp8: 1 weights' products as cuBLASLt e4m3 products") && !text.contains("streamed MLP launches"), "{text}");
+        assert!(text.contains("fp8: 1 weights' products as cuBLASLt e4m3 products") && !text.contains("streamed MLP"), "{text}");
         // A lower row bound takes the 50-row products too.
-        let products = Fp8Products::choose(&plan, &calibrated, &[fused_at], 1, |_, _, _, _| false);
-        assert!(products.chosen.contains_key(&narrow.0));
+        assert!(choose(&calibrated, &[], 1, false).chosen.contains_key(&narrow.0));
 
-        // With it, the MLP runs in FP8 with both weights' scales, seen with its shape.
-        let shape = std::cell::Cell::new(None);
-        let products = Fp8Products::choose(&plan, &calibrated, &[fused_at], 128, |i, rows, width, hid| {
-            shape.set(Some((i, rows, width, hid)));
-            true
-        });
-        assert_eq!(shape.get(), Some((fused_at, 50, 64, 128)));
+        // With it, the MLP runs in FP8 with both weights' scales.
+        let products = choose(&calibrated, &[], 128, true);
         let mlp = MlpFp8Scales { gate_up: (0.5, 0.25), down: (2.0, 0.125) };
         assert_eq!(products.streamed, BTreeMap::from([(fused_at, mlp)]));
         assert!(
@@ -233,11 +251,32 @@ mod tests {
         assert_eq!((products.weight_scales(gate_up.0), products.weight_scales(down.0)), (Some(scales), Some(down_scales)));
         assert_eq!(products.weight_scales(wide.0), Some(scales));
         assert_eq!(products.weight_scales(narrow.0), None);
-        assert!(!products.kept.keys().any(|k| k.starts_with("in a streamed MLP")), "{:?}", products.kept);
-        assert!(products.describe().contains("fp8: 1 streamed MLP launches in e4m3 (2 weights tiled in e4m3"), "{}", products.describe());
+        assert!(!products.kept.keys().any(|k| k.starts_with("in a streamed launch")), "{:?}", products.kept);
+        let text = products.describe();
+        assert!(text.contains("fp8: 1 streamed MLP and 0 streamed product launches in e4m3 (2 weights tiled in e4m3"), "{text}");
 
-        // Both weights need a calibration.
+        // A streamed product of a calibrated weight runs in FP8 too (its 50 rows would keep it
+        // in bf16 on cuBLASLt); one of an uncalibrated weight stays bf16.
+        let narrow_at = 3;
+        let products = choose(&calibrated, &[narrow_at, 1], 128, true);
+        assert_eq!(products.streamed_products, BTreeMap::from([(narrow_at, scales)]));
+        assert!(products.streams(narrow_at) && !products.streams(1) && products.weight_scales(narrow.0) == Some(scales));
+        assert!(products.describe().contains("1 streamed MLP and 1 streamed product launches"), "{}", products.describe());
+
+        // Both of an MLP's weights need a calibration.
         calibrated[down.0] = None;
-        assert!(Fp8Products::choose(&plan, &calibrated, &[fused_at], 128, |_, _, _, _| true).streamed.is_empty());
+        assert!(choose(&calibrated, &[], 128, true).streamed.is_empty());
+    }
+
+    /// A device whose streamed FP8 kernels take every shape (or none).
+    struct Shapes(bool);
+
+    impl StreamedShapes for Shapes {
+        fn mlp(&self, _: usize, _: usize, _: usize) -> bool {
+            self.0
+        }
+        fn product(&self, _: usize, _: usize, _: usize, _: Elem) -> bool {
+            self.0
+        }
     }
 }

@@ -21,8 +21,12 @@ pub(super) struct Fusions {
     pub(super) mlps: Vec<usize>,
     /// Why MLPs of the streamed kernel's form were left as three launches, with how many.
     mlp_fallbacks: Vec<(String, usize)>,
-    /// Those of `mlps` launched as programmatic dependents of their norm ([`mlps_after_their_norm`]).
+    /// Those of `mlps` launched as programmatic dependents of their norm ([`after_their_norm`]).
     pub(super) early_mlps: Vec<usize>,
+    /// The few-row products lowered as streamed launches ([`streamed_products`]), ascending.
+    pub(super) products: Vec<usize>,
+    /// Those of `products` launched as programmatic dependents of their norm.
+    pub(super) early_products: Vec<usize>,
     /// The attentions launched under their RoPE, with the keys it does not write
     /// ([`attentions_after_their_rope`]).
     pub(super) early_attentions: Vec<(usize, usize)>,
@@ -39,7 +43,7 @@ fn count(reasons: &mut Vec<(String, usize)>, why: String) {
 
 impl Fusions {
     /// Runs every pass. `fused_kernels`: the device has the fused attention kernels (with enough
-    /// shared memory); `mlp_runs(rows, width, hidden)`: the streamed MLP kernel runs that shape.
+    /// shared memory); `streams` says which shapes the streamed kernels run.
     pub(super) fn run(
         plan: &Plan,
         elems: &[Elem],
@@ -47,7 +51,7 @@ impl Fusions {
         switches: Switches,
         fused_kernels: bool,
         multiprocessors: usize,
-        mlp_runs: impl Fn(usize, usize, usize) -> bool,
+        streams: &dyn StreamedShapes,
     ) -> Fusions {
         let fused_attention = fused_kernels && switches.fused_attention;
         let mut attention_fallbacks = Vec::new();
@@ -82,7 +86,7 @@ impl Fusions {
                 // for every SM at once.
                 if op_lanes[first] != 0 {
                     Some("on the second stream".to_string())
-                } else if !mlp_runs(rows, width, hidden) {
+                } else if !streams.mlp(rows, width, hidden) {
                     Some(format!("no grid split of {rows} rows x {width} wide x {hidden} hidden on this device"))
                 } else {
                     None
@@ -91,12 +95,17 @@ impl Fusions {
         } else {
             (Vec::new(), Vec::new())
         };
-        let (early_mlps, early_attentions) = if switches.early_launch {
-            (mlps_after_their_norm(plan, &mlps, op_lanes), attentions_after_their_rope(plan, op_lanes))
+        let products = if switches.streamed_products { streamed_products(plan, elems, op_lanes, &mlps, streams) } else { Vec::new() };
+        let (early_mlps, early_products, early_attentions) = if switches.early_launch {
+            (
+                after_their_norm(plan, &mlps, op_lanes),
+                after_their_norm(plan, &products, op_lanes),
+                attentions_after_their_rope(plan, op_lanes),
+            )
         } else {
-            (Vec::new(), Vec::new())
+            (Vec::new(), Vec::new(), Vec::new())
         };
-        Fusions { attention, attention_fallbacks, mlps, mlp_fallbacks, early_mlps, early_attentions, switches }
+        Fusions { attention, attention_fallbacks, mlps, mlp_fallbacks, early_mlps, products, early_products, early_attentions, switches }
     }
 
     /// The kernel of attention op `op`.
@@ -125,8 +134,15 @@ impl Fusions {
         }
         let _ = writeln!(
             s,
-            "  pass early launch: {} streamed MLP(s) under their norm, {} attention(s) under their RoPE{}",
+            "  pass streamed products: {} few-row product(s) as streamed launches{}",
+            self.products.len(),
+            off(self.switches.streamed_products)
+        );
+        let _ = writeln!(
+            s,
+            "  pass early launch: {} streamed MLP(s) and {} streamed product(s) under their norm, {} attention(s) under their RoPE{}",
             self.early_mlps.len(),
+            self.early_products.len(),
             self.early_attentions.len(),
             off(self.switches.early_launch)
         );
@@ -301,11 +317,55 @@ pub(super) fn fused_mlps(
     (fused, fallbacks)
 }
 
-/// The fused MLPs (of `mlps`) that directly follow, on the same stream and in the same phase, the
-/// RMS norm writing their whole A: launched as its programmatic dependent, each streams its first
-/// weight stages while the norm runs.
-pub(super) fn mlps_after_their_norm(plan: &Plan, mlps: &[usize], op_lanes: &[usize]) -> Vec<usize> {
-    mlps.iter()
+/// Which shapes this device's streamed kernels run (`Kernels::mlp_stream_splits`,
+/// `Kernels::product_stream_splits` in bf16).
+pub(super) trait StreamedShapes {
+    fn mlp(&self, rows: usize, width: usize, hidden: usize) -> bool;
+    fn product(&self, rows: usize, n: usize, k: usize, out: Elem) -> bool;
+}
+
+/// The few-row products the lowering runs as one streamed launch each (`Kernels::product_stream`):
+/// on the main stream, outside the fused MLPs, bf16 A, no bias, overwriting a bf16 or f32 output,
+/// of a weight no op selects (selection rewrites the row-major form) and of a shape the kernel
+/// takes. On Pi0.5 these are the action expert's QKV and output projections.
+pub(super) fn streamed_products(
+    plan: &Plan,
+    elems: &[Elem],
+    op_lanes: &[usize],
+    mlps: &[usize],
+    streams: &dyn StreamedShapes,
+) -> Vec<usize> {
+    let in_mlp = |i: usize| mlps.iter().any(|&m| (m..m + 3).contains(&i));
+    let selected: Vec<WeightId> = plan
+        .ops
+        .iter()
+        .filter_map(|op| match *op {
+            Op::SelectWeight { dst, .. } => Some(dst),
+            _ => None,
+        })
+        .collect();
+    (0..plan.ops.len())
+        .filter(|&i| {
+            let Op::Gemm { a, w, bias: None, out, accumulate: false } = plan.ops[i] else { return false };
+            let WeightRole::Matrix { n, k } = plan.weights[w.0].role else { return false };
+            let out_elem = elems[out.buf.0];
+            op_lanes[i] == 0
+                && !in_mlp(i)
+                && !selected.contains(&w)
+                && elems[a.buf.0] == Elem::Bf16
+                && matches!(out_elem, Elem::Bf16 | Elem::F32)
+                && (n, k) == (out.cols, a.cols)
+                && streams.product(a.rows, n, k, out_elem)
+        })
+        .collect()
+}
+
+/// The streamed launches (first ops in `firsts`: fused MLPs or products) that directly follow, on
+/// the same stream and in the same phase, the RMS norm writing their whole A: launched as its
+/// programmatic dependent, each streams its first weight stages while the norm runs.
+pub(super) fn after_their_norm(plan: &Plan, firsts: &[usize], op_lanes: &[usize]) -> Vec<usize> {
+    firsts
+        .iter()
         .copied()
         .filter(|&i| {
             let (Some(norm), Op::Gemm { a, .. }) = (i.checked_sub(1).map(|j| &plan.ops[j]), &plan.ops[i]) else {
@@ -353,7 +413,7 @@ mod tests {
     use super::*;
     use crate::cuda::arena::element_types;
     use crate::cuda::fp8::Fp8Products;
-    use crate::cuda::weights::{Tiling, mlp_weight_tiling};
+    use crate::cuda::weights::{Tiling, stream_weight_tiling};
     use crate::plan::BufType;
 
     /// The expert's MLP shape in small: a → gate/up → GeGLU → down, `out` read by a residual
@@ -388,7 +448,7 @@ mod tests {
         assert_eq!(fused(&plan, true), vec![first]);
         let (w_gate_up, w_down) = (WeightId(0), WeightId(1));
         let tiling = |plan: &Plan| -> Vec<(WeightId, usize, bool)> {
-            mlp_weight_tiling(plan, &[first], &Fp8Products::default()).iter().map(|t| (t.w, t.paired_half, t.in_place)).collect()
+            stream_weight_tiling(plan, &[first], &[], &Fp8Products::default()).iter().map(|t| (t.w, t.paired_half, t.in_place)).collect()
         };
         assert_eq!(tiling(&plan), vec![(w_gate_up, 128, true), (w_down, 0, true)]);
         // The kernel cannot run the shape or on that stream: named as the reason.
@@ -403,9 +463,14 @@ mod tests {
         // In FP8 the fused kernel reads e4m3 tiles, which nothing else reads (the other product
         // stays bf16 under the row bound): both tiled in place over their e4m3 upload.
         let scales = Some(crate::fp8::ProductScales { activation: 0.5, weight: 0.25 });
-        let fp8 = Fp8Products::choose(&plan, &[scales, scales], &[first], 128, |_, _, _, _| true);
+        let every_shape = Shapes { mlp: true, product: true };
+        let fp8 = Fp8Products::choose(&plan, &element_types(&plan), &[scales, scales], &[first], &[], 128, &every_shape);
         let e4m3 = |w: WeightId, paired_half: usize| Tiling { w, paired_half, elem: Elem::E4m3, in_place: true };
-        assert_eq!(mlp_weight_tiling(&plan, &[first], &fp8), vec![e4m3(w_gate_up, 128), e4m3(w_down, 0)]);
+        assert_eq!(stream_weight_tiling(&plan, &[first], &[], &fp8), vec![e4m3(w_gate_up, 128), e4m3(w_down, 0)]);
+        // Unfused, the other product of down streams too: down tiled once, and in place.
+        let products = [first, first + 2, first + 4];
+        let fp8 = Fp8Products::choose(&plan, &element_types(&plan), &[scales, scales], &[], &products, 128, &every_shape);
+        assert_eq!(stream_weight_tiling(&plan, &[], &products, &fp8), vec![e4m3(w_gate_up, 0), e4m3(w_down, 0)]);
         // Another op reads the gate/up output the fused kernel never writes.
         let (plan, _) = mlp_plan(|plan, _, gate_up| plan.push(Op::Activation { x: gate_up, kind: Activation::GeluTanh }));
         let (none, why) = fused_mlps(&plan, &element_types(&plan), refuse(true));
@@ -442,12 +507,15 @@ mod tests {
     fn the_passes_report_what_they_fused_and_why_the_rest_fell_back() {
         let (plan, first) = mlp_plan(|_, _, _| {});
         let (elems, lanes) = (element_types(&plan), vec![0; plan.ops.len()]);
-        let run = |switches: Switches, lanes: &[usize], runs: bool| Fusions::run(&plan, &elems, lanes, switches, true, 132, |_, _, _| runs);
+        let run = |switches: Switches, lanes: &[usize], runs: bool| {
+            Fusions::run(&plan, &elems, lanes, switches, true, 132, &Shapes { mlp: runs, product: runs })
+        };
         let all = run(Switches::default(), &lanes, true);
         assert_eq!((all.mlps.clone(), all.early_mlps.clone()), (vec![first], vec![first]));
         let text = all.describe();
         assert!(
-            text.contains("pass streamed MLP: 1 MLP(s) as one launch\n") && text.contains("1 streamed MLP(s) under their norm"),
+            text.contains("pass streamed MLP: 1 MLP(s) as one launch\n")
+                && text.contains("1 streamed MLP(s) and 0 streamed product(s) under their norm"),
             "{text}"
         );
         let refused = run(Switches::default(), &lanes, false).describe();
@@ -458,30 +526,89 @@ mod tests {
         let off = run(Switches { fused_mlp: false, early_launch: false, ..Switches::default() }, &lanes, true);
         assert!(off.mlps.is_empty() && off.early_mlps.is_empty());
         assert!(off.describe().contains("0 MLP(s) as one launch (switched off)"), "{}", off.describe());
+        // Unfused, its two products stream one launch each; gate/up right after its norm.
+        assert_eq!((off.products.clone(), off.early_products.clone()), (vec![first, first + 2], vec![]));
+        let unfused = run(Switches { fused_mlp: false, ..Switches::default() }, &lanes, true);
+        assert_eq!(unfused.early_products, vec![first]);
+        assert!(
+            unfused.describe().contains("pass streamed products: 2 few-row product(s) as streamed launches\n"),
+            "{}",
+            unfused.describe()
+        );
+        let no_products = run(Switches { fused_mlp: false, streamed_products: false, ..Switches::default() }, &lanes, true);
+        assert!(
+            no_products.products.is_empty() && no_products.describe().contains("0 few-row product(s) as streamed launches (switched off)")
+        );
+    }
+
+    /// A device whose streamed kernels take every shape (or none).
+    struct Shapes {
+        mlp: bool,
+        product: bool,
+    }
+
+    impl StreamedShapes for Shapes {
+        fn mlp(&self, _: usize, _: usize, _: usize) -> bool {
+            self.mlp
+        }
+        fn product(&self, _: usize, _: usize, _: usize, _: Elem) -> bool {
+            self.product
+        }
+    }
+
+    #[test]
+    fn only_plain_few_row_products_of_unselected_weights_stream() {
+        let streamed =
+            |plan: &Plan, lanes: &[usize]| streamed_products(plan, &element_types(plan), lanes, &[], &Shapes { mlp: false, product: true });
+        let (plan, first) = mlp_plan(|_, _, _| {});
+        let lanes = vec![0; plan.ops.len()];
+        assert_eq!(streamed(&plan, &lanes), vec![first, first + 2]);
+        // Inside a fused MLP: the MLP's kernel runs them.
+        assert!(streamed_products(&plan, &element_types(&plan), &lanes, &[first], &Shapes { mlp: true, product: true }).is_empty());
+        // Not on the second stream, nor where the kernel refuses the shape.
+        let mut second = lanes.clone();
+        second[first] = 1;
+        assert_eq!(streamed(&plan, &second), vec![first + 2]);
+        assert!(streamed_products(&plan, &element_types(&plan), &lanes, &[], &Shapes { mlp: false, product: false }).is_empty());
+        // Not with a bias, nor accumulating, nor of a selected weight.
+        let mut plain = plan.clone();
+        let bias = plain.weight("bias", WeightRole::Vector);
+        if let Op::Gemm { bias: b, .. } = &mut plain.ops[first] {
+            *b = Some(bias);
+        }
+        if let Op::Gemm { accumulate, .. } = &mut plain.ops[first + 2] {
+            *accumulate = true;
+        }
+        assert!(streamed(&plain, &lanes).is_empty());
+        let (mut selecting, _) = mlp_plan(|_, _, _| {});
+        let table = selecting.weight("table", WeightRole::MatrixStack { entries: 2, n: 256, k: 64 });
+        let index = selecting.host_buffer("index", BufType::I32, 1, crate::plan::HostIo::Input);
+        selecting.ops.insert(0, Op::SelectWeight { index, entries: 2, table, dst: WeightId(0) });
+        assert_eq!(streamed(&selecting, &vec![0; selecting.ops.len()]), vec![first + 3]);
     }
 
     #[test]
     fn a_fused_mlp_starts_early_only_right_after_the_norm_of_its_a() {
         let (plan, first) = mlp_plan(|_, _, _| {});
         let lanes = vec![0; plan.ops.len()];
-        assert_eq!(mlps_after_their_norm(&plan, &[first], &lanes), vec![first]);
+        assert_eq!(after_their_norm(&plan, &[first], &lanes), vec![first]);
         // Not across streams, nor into a phase, nor after anything but an RMS norm of the whole A.
         let mut other_lane = lanes.clone();
         other_lane[first - 1] = 1;
-        assert!(mlps_after_their_norm(&plan, &[first], &other_lane).is_empty());
+        assert!(after_their_norm(&plan, &[first], &other_lane).is_empty());
         let mut phased = plan.clone();
         phased.phase("mlp");
         phased.phases.last_mut().unwrap().first_op = first;
-        assert!(mlps_after_their_norm(&phased, &[first], &lanes).is_empty());
+        assert!(after_their_norm(&phased, &[first], &lanes).is_empty());
         let mut copied = plan.clone();
         let Op::RmsNorm { x, out, .. } = copied.ops[first - 1] else { panic!("mlp_plan has the norm before the MLP") };
         copied.ops[first - 1] = Op::Copy { src: x, dst: out };
-        assert!(mlps_after_their_norm(&copied, &[first], &lanes).is_empty());
+        assert!(after_their_norm(&copied, &[first], &lanes).is_empty());
         let mut partial = plan.clone();
         if let Op::RmsNorm { out, .. } = &mut partial.ops[first - 1] {
             *out = out.cols(0, 32);
         }
-        assert!(mlps_after_their_norm(&partial, &[first], &lanes).is_empty());
+        assert!(after_their_norm(&partial, &[first], &lanes).is_empty());
     }
 
     #[test]

@@ -1,15 +1,16 @@
 //! Lowering: each plan op becomes kernel launches and cuBLASLt products with resolved device
 //! addresses, fused with its neighbours where [`super::fusion`] says so.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::ops::Range;
 
 use flashrt_kernels::{
-    AttentionArgs, DevPtr, Dtype, HeadsAttentionArgs, Kernels, Mat, MlpFp8Scales, MultiAxis, QwenImageArgs, ROW_PRODUCT_MAX, RopeArgs,
+    AttentionArgs, DevPtr, Dtype, HeadsAttentionArgs, Kernels, Mat, MultiAxis, QwenImageArgs, ROW_PRODUCT_MAX, RopeArgs,
 };
 
 use super::arena::{DeviceBuf, Elem, Scratch, copied_input};
 use super::device::BlasLt;
+use super::fp8::Fp8Products;
 use super::fusion::{AttentionLowering, Fusions};
 use super::gemm::{Matmul, MatmulSpec, Operand};
 use super::steps::{RopeRows, Schedule, Step};
@@ -61,8 +62,8 @@ pub(super) struct Lowering<'a> {
     pub(super) tiled: &'a WeightPtrs,
     /// The FP8 products' weights: their scales and where the pair is on the device.
     pub(super) fp8: &'a HashMap<usize, (ProductScales, DevPtr)>,
-    /// The streamed MLPs that run in FP8, by first op, with their scales.
-    pub(super) fp8_mlps: &'a BTreeMap<usize, MlpFp8Scales>,
+    /// The streamed MLPs and products that run in FP8, with their scales.
+    pub(super) fp8_streamed: &'a Fp8Products,
     pub(super) selections: &'a Selections,
     pub(super) steps: Vec<Step>,
     /// For each step: its lane, and what the plan ops it came from read and write.
@@ -219,7 +220,7 @@ impl Lowering<'_> {
                 else {
                     return Err(self.error(format!("op {i} is not the first of a product, GeGLU, product sequence")));
                 };
-                let fp8 = self.fp8_mlps.get(&i).copied();
+                let fp8 = self.fp8_streamed.streamed.get(&i).copied();
                 let elem = if fp8.is_some() { Elem::E4m3 } else { Elem::Bf16 };
                 self.steps.push(Step::StreamedMlp {
                     out: self.mat(*out)?,
@@ -233,6 +234,22 @@ impl Lowering<'_> {
                     programmatic: self.fusions.early_mlps.binary_search(&i).is_ok(),
                 });
                 self.tag_steps(from, i..i + 3);
+                continue;
+            }
+            // A few-row product as one streamed launch.
+            if let (Op::Gemm { a, w, out, .. }, Ok(_)) = (op, self.fusions.products.binary_search(&i)) {
+                let scales = self.fp8_streamed.streamed_products.get(&i);
+                let elem = if scales.is_some() { Elem::E4m3 } else { Elem::Bf16 };
+                self.steps.push(Step::StreamedProduct {
+                    out: self.mat(*out)?,
+                    a: self.mat(*a)?,
+                    w: self.tiled[&(w.0, elem)],
+                    barrier: self.scratch().grid_barrier,
+                    fp8: scales.map(|s| (s.activation, s.weight)),
+                    multiprocessors: self.multiprocessors,
+                    programmatic: self.fusions.early_products.binary_search(&i).is_ok(),
+                });
+                self.tag_steps(from, i..i + 1);
                 continue;
             }
             // Fusion: a product and the tanh GELU over its output (SigLIP's MLP) as cuBLASLt's

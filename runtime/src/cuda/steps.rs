@@ -127,7 +127,20 @@ pub(super) enum Step {
         /// In FP8 (e4m3 weights and activations) with these scales, else bf16.
         fp8: Option<MlpFp8Scales>,
         multiprocessors: usize,
-        /// Launched as a programmatic dependent of the norm step before it (see `mlps_after_their_norm`).
+        /// Launched as a programmatic dependent of the norm step before it (see `after_their_norm`).
+        programmatic: bool,
+    },
+    /// A few-row product `out = a · wᵀ` as one streamed launch (`Kernels::product_stream`), its
+    /// weight tiled at open.
+    StreamedProduct {
+        out: Mat,
+        a: Mat,
+        w: DevPtr,
+        barrier: DevPtr,
+        /// In FP8 with these (input, weight) scales, else bf16.
+        fp8: Option<(f32, f32)>,
+        multiprocessors: usize,
+        /// Launched as a programmatic dependent of the norm step before it.
         programmatic: bool,
     },
     Embed {

@@ -10,6 +10,7 @@ use flashrt_kernels::{DevPtr, Kernels};
 use super::arena::{Elem, Layout};
 use super::device::{DeviceMemory, Pinned, check};
 use super::fp8::Fp8Products;
+use super::fusion::Fusions;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::plan::{Op, Plan, WeightId, WeightRole};
@@ -146,23 +147,29 @@ pub(super) struct Tiling {
     pub(super) in_place: bool,
 }
 
-/// The weights of the fused MLPs as [`Kernels::mlp_stream`] reads them, in e4m3 for the MLPs
-/// `fp8` streams. A weight that also serves an unfused product in the same element type (the
+/// The weights of the fused MLPs (first ops `mlps`) and streamed products (`products`) as
+/// [`Kernels::mlp_stream`] and [`Kernels::product_stream`] read them, in e4m3 where `fp8`
+/// streams them. A weight that also serves an unfused product in the same element type (the
 /// expert's in the first denoise step, which runs beside the prefix on cuBLASLt in bf16) is tiled
 /// into a copy; the others replace their row-major form.
-pub(super) fn mlp_weight_tiling(plan: &Plan, mlps: &[usize], fp8: &Fp8Products) -> Vec<Tiling> {
+pub(super) fn stream_weight_tiling(plan: &Plan, mlps: &[usize], products: &[usize], fp8: &Fp8Products) -> Vec<Tiling> {
+    let elem = |i: usize| if fp8.streams(i) { Elem::E4m3 } else { Elem::Bf16 };
     let mut tiled = Vec::new();
     for &i in mlps {
         if let (Op::Gemm { w: w_gate_up, .. }, Op::GatedActivation { out: hidden, .. }, Op::Gemm { w: w_down, .. }) =
             (&plan.ops[i], &plan.ops[i + 1], &plan.ops[i + 2])
         {
-            let elem = if fp8.streams(i) { Elem::E4m3 } else { Elem::Bf16 };
-            tiled.extend([(*w_gate_up, hidden.cols, elem), (*w_down, 0, elem)]);
+            tiled.extend([(*w_gate_up, hidden.cols, elem(i)), (*w_down, 0, elem(i))]);
+        }
+    }
+    for &i in products {
+        if let Op::Gemm { w, .. } = plan.ops[i] {
+            tiled.push((w, 0, elem(i)));
         }
     }
     tiled.sort_unstable_by_key(|&(w, _, elem)| (w.0, elem.size()));
     tiled.dedup();
-    let fused_op = |j: usize| mlps.iter().any(|&i| (i..i + 3).contains(&j));
+    let fused_op = |j: usize| mlps.iter().any(|&i| (i..i + 3).contains(&j)) || products.contains(&j);
     let unfused: Vec<(WeightId, Elem)> = plan
         .ops
         .iter()
@@ -175,18 +182,18 @@ pub(super) fn mlp_weight_tiling(plan: &Plan, mlps: &[usize], fp8: &Fp8Products) 
     tiled.into_iter().map(|(w, paired_half, elem)| Tiling { w, paired_half, elem, in_place: !unfused.contains(&(w, elem)) }).collect()
 }
 
-/// Tiles the fused MLPs' weights for [`Kernels::mlp_stream`] once, at open (see
-/// [`mlp_weight_tiling`]): in place through a staging copy, or into one allocation of copies.
-/// Returns that allocation (if any) and each tiled weight's address, by weight and element type.
-pub(super) fn retile_mlp_weights(
+/// Tiles the streamed launches' weights once, at open (see [`stream_weight_tiling`]): in place
+/// through a staging copy, or into one allocation of copies. Returns that allocation (if any) and
+/// each tiled weight's address, by weight and element type.
+pub(super) fn retile_streamed_weights(
     kernels: &Kernels,
     plan: &Plan,
-    mlps: &[usize],
+    fusions: &Fusions,
     fp8: &Fp8Products,
     ptrs: &WeightPtrs,
     stream: sys::CUstream,
 ) -> Result<(Option<DeviceMemory>, WeightPtrs)> {
-    let tiling = mlp_weight_tiling(plan, mlps, fp8);
+    let tiling = stream_weight_tiling(plan, &fusions.mlps, &fusions.products, fp8);
     let bytes = |t: &Tiling| match plan.weights[t.w.0].role {
         WeightRole::Matrix { n, k } => n * k * t.elem.size(),
         _ => 0,
@@ -226,8 +233,9 @@ pub(super) fn retile_mlp_weights(
         check("weight tiling", unsafe { result::stream::synchronize(stream) })?;
         let copied = copies.as_ref().map_or(0, |c| c.bytes);
         log::info!(
-            "{} few-row MLPs run as one streamed launch each ({} weights tiled, {:.1} MiB of them as copies)",
-            mlps.len(),
+            "{} few-row MLPs and {} products run as one streamed launch each ({} weights tiled, {:.1} MiB of them as copies)",
+            fusions.mlps.len(),
+            fusions.products.len(),
             tiling.len(),
             copied as f64 / (1 << 20) as f64
         );
