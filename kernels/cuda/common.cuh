@@ -223,14 +223,15 @@ __device__ __forceinline__ void wg_mma_ss(float* d, unsigned long long a, unsign
                  : "l"(a), "l"(b));
 }
 
-// The same over 32 of k with e4m3 operands (FP8 has no transposed form: both K-major). A 64-row
-// tile of 128 bytes per row holds 64 of k in bf16 or 128 in e4m3, so one instruction steps 32
-// bytes along k in either, and the descriptors are the same.
-__device__ __forceinline__ void wg_mma_ss_e4m3(float* d, unsigned long long a, unsigned long long b) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+// The same over 32 of k with e4m3 operands (FP8 has no transposed form: both K-major), into d
+// (`accumulate`) or overwriting it. A 64-row tile of 128 bytes per row holds 64 of k in bf16 or
+// 128 in e4m3, so one instruction steps 32 bytes along k in either, and the descriptors are the
+// same.
+__device__ __forceinline__ void wg_mma_ss_e4m3(float* d, unsigned long long a, unsigned long long b, bool accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 " WG_D32 ", %32, %33, p, 1, 1;\n}\n"
                  : WG_D32_OPERANDS(d)
-                 : "l"(a), "l"(b));
+                 : "l"(a), "l"(b), "r"((int)accumulate));
 }
 
 // 16 bytes global → shared, asynchronous; zeros when `valid` is false.

@@ -86,25 +86,57 @@ __device__ __forceinline__ void mlp_load_a(unsigned a_tiles, const unsigned char
     asm volatile("cp.async.wait_all;\nfence.proxy.async.shared::cta;\nbar.sync 1, 128;\n" ::: "memory");
 }
 
-// Consumers: 128-column chunks [c0, c0 + chunks) of bf16 A (`a_stride` elements per row) into
-// e4m3 tiles, each value times `inverse_scale` (the FP8 product's calibrated input).
+#define MLP_E4M3_A_CHUNKS 8  // the FP8 forms' A chunks (K ≤ 1024 per block); the rest of A's space stages bf16
+#define MLP_STAGE_CHUNKS 2   // 128-column bf16 chunks per staging round (16 KB each), two rounds in flight
+
+// Consumers: 128-column chunks [c0, c0 + chunks) of bf16 A (`a_stride` elements per row; at most
+// MLP_E4M3_A_CHUNKS) into e4m3 tiles, each value times `inverse_scale` (the FP8 product's
+// calibrated input). The bf16 rows come by cp.async into a staging area behind the e4m3 tiles,
+// MLP_STAGE_CHUNKS chunks a round with the next round's copies in flight while one is
+// converted: thread-by-thread loads, one 32-byte piece at a time, left each block waiting on
+// dozens of global-memory latencies in a row (12 µs for the expert's QKV on an H100, twice
+// cuBLASLt's bf16 product).
 __device__ __forceinline__ void mlp_load_a_e4m3(unsigned a_tiles, const bf16* a, int a_stride, int rows, int c0, int chunks,
                                                 float inverse_scale) {
+    constexpr int stage_bytes = MLP_STAGE_CHUNKS * 64 * 256;  // rows × 128 bf16
+    const unsigned staging = a_tiles + MLP_E4M3_A_CHUNKS * MLP_TILE_BYTES;
+    const int rounds = (chunks + MLP_STAGE_CHUNKS - 1) / MLP_STAGE_CHUNKS;
+    // Round r: chunks [r·S, r·S + S) ∩ [0, chunks) as bf16 rows of 256 bytes, into half r & 1.
+    const auto stage = [&](int r) {
+        const int n = min(MLP_STAGE_CHUNKS, chunks - r * MLP_STAGE_CHUNKS);
+        for (int i = threadIdx.x; i < n * 64 * 16; i += 128) {
+            const int c = i / 1024, row = (i / 16) % 64, piece = i % 16;
+            cp_async16(staging + (r & 1) * stage_bytes + (c * 64 + row) * 256 + piece * 16,
+                       a + (long)min(row, rows - 1) * a_stride + (c0 + r * MLP_STAGE_CHUNKS + c) * 128 + piece * 8, row < rows);
+        }
+        asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
     const auto pair = [inverse_scale](unsigned two) {
         return (unsigned)e4m3x2(__uint_as_float(two << 16) * inverse_scale, __uint_as_float(two & 0xffff0000u) * inverse_scale);
     };
-    for (int i = threadIdx.x; i < chunks * 64 * 8; i += 128) {
-        const int c = i / 512, r = (i / 8) % 64, piece = i % 8;
-        uint4 q = make_uint4(0, 0, 0, 0);
-        if (r < rows) {
-            const uint4* src = (const uint4*)(a + (long)r * a_stride + (c0 + c) * 128 + piece * 16);
-            const uint4 lo = src[0], hi = src[1];
-            q = make_uint4(pair(lo.x) | pair(lo.y) << 16, pair(lo.z) | pair(lo.w) << 16, pair(hi.x) | pair(hi.y) << 16,
-                           pair(hi.z) | pair(hi.w) << 16);
+    stage(0);
+    for (int r = 0; r < rounds; ++r) {
+        if (r + 1 < rounds) {
+            stage(r + 1);
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         }
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a_tiles + c * MLP_TILE_BYTES + swizzle128(r, piece)), "r"(q.x),
-                     "r"(q.y), "r"(q.z), "r"(q.w)
-                     : "memory");
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");  // round r's rows from every thread
+        const int n = min(MLP_STAGE_CHUNKS, chunks - r * MLP_STAGE_CHUNKS);
+        for (int i = threadIdx.x; i < n * 64 * 8; i += 128) {
+            const int c = i / 512, row = (i / 8) % 64, piece = i % 8;
+            uint4 lo, hi;
+            const unsigned from = staging + (r & 1) * stage_bytes + (c * 64 + row) * 256 + piece * 32;
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(lo.x), "=r"(lo.y), "=r"(lo.z), "=r"(lo.w) : "r"(from));
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(hi.x), "=r"(hi.y), "=r"(hi.z), "=r"(hi.w) : "r"(from + 16));
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a_tiles + (r * MLP_STAGE_CHUNKS + c) * MLP_TILE_BYTES +
+                                                                          swizzle128(row, piece)),
+                         "r"(pair(lo.x) | pair(lo.y) << 16), "r"(pair(lo.z) | pair(lo.w) << 16), "r"(pair(hi.x) | pair(hi.y) << 16),
+                         "r"(pair(hi.z) | pair(hi.w) << 16)
+                         : "memory");
+        }
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the half is free for round r + 2
     }
     asm volatile("fence.proxy.async.shared::cta;\nbar.sync 1, 128;\n" ::: "memory");
 }
@@ -119,9 +151,15 @@ __device__ __forceinline__ void load_a(const StreamRing& r, const bf16* a, int a
 
 // Consumers: acc (64 × 64) = A · the next `chunks` weight tiles of the ring; `g` counts the
 // ring's tiles consumed so far (stage and parity), and the stages are handed back as they empty.
+// Hopper's FP8 warpgroup MMA keeps fewer accumulator bits than f32 (DeepSeek-V3 measured ~14),
+// so the FP8 form sums each chunk (128 of k) in its own registers and adds it into `acc` in
+// f32, as cuBLASLt does without fast accumulation (and the CPU emulation assumes): summed whole,
+// a 1024-deep product drifted enough to flip e4m3 roundings of the GeGLU output (7e-5 nmse
+// against the emulation on the H100, 1e-7 for cuBLASLt's FP8 products).
 template <bool E4M3>
 __device__ __forceinline__ void mlp_product(float* acc, const StreamRing& r, int chunks, int& g) {
     for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
+    float part[32] = {};
     const int lane = threadIdx.x & 31;
     for (int c = 0; c < chunks; ++c, ++g) {
         const int s = g % MLP_STAGES;
@@ -130,14 +168,23 @@ __device__ __forceinline__ void mlp_product(float* acc, const StreamRing& r, int
         for (int kk = 0; kk < 4; ++kk) {
             const unsigned long long a = wg_desc(r.a_tiles + c * MLP_TILE_BYTES + kk * 32, 16, 1024);
             const unsigned long long b = wg_desc(r.ring + s * MLP_TILE_BYTES + kk * 32, 16, 1024);
-            if (E4M3) wg_mma_ss_e4m3(acc, a, b);
+            if (E4M3) wg_mma_ss_e4m3(part, a, b, kk > 0);
             else wg_mma_ss(acc, a, b);
         }
-        asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        if (c > 0 && lane == 0) mbarrier_arrive(r.empty + 8 * ((g - 1) % MLP_STAGES));
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        if (E4M3) {
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            for (int i = 0; i < 32; ++i) acc[i] += part[i];
+            if (lane == 0) mbarrier_arrive(r.empty + 8 * s);
+        } else {
+            asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+            if (c > 0 && lane == 0) mbarrier_arrive(r.empty + 8 * ((g - 1) % MLP_STAGES));
+        }
     }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    if (lane == 0) mbarrier_arrive(r.empty + 8 * ((g - 1) % MLP_STAGES));
+    if (!E4M3) {
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        if (lane == 0) mbarrier_arrive(r.empty + 8 * ((g - 1) % MLP_STAGES));
+    }
 }
 
 // Consumers: `out` [rows, width] (f32) zeroed by the whole grid, before the grid barrier after
@@ -252,22 +299,21 @@ extern "C" __global__ void __launch_bounds__(160, 1)
                      barrier, MlpScales{a_inverse_scale, gate_up_scale, hidden_inverse_scale, down_scale});
 }
 
-// One few-row product out[rows, n] = (a · wᵀ) · scale (the action expert's QKV and output
+// One few-row FP8 product out[rows, n] = (a · wᵀ) · scale (the action expert's QKV and output
 // projections) streamed as the MLP's down is: (n / 64) output tiles × `splits` ranges of K over
-// the blocks, each block streaming its tiles of w (retile_weight, unpaired) through the ring.
+// the blocks, each block streaming its e4m3 tiles of w (retile_weight, unpaired) through the
+// ring, A quantized with `a_inverse` as it loads (`scale`: the input's scale × the weight's).
 // With one split a block stores its tile (bf16 or f32); with several (f32 only, cooperative
 // launch) the blocks zero `out`, meet at the grid barrier once their sums are ready and add
-// them. In bf16 (scale 1) or e4m3 (W8A8: A quantized with `a_inverse` as it loads; `scale` the
-// input's scale × the weight's). cuBLASLt takes ~5 µs for each of these 50-row products; here
-// the weight bytes stream at the MLP's rate and, in e4m3, half of them.
-template <bool E4M3, typename Tout>
+// them. cuBLASLt would need a quantizing launch before each of these ~5 µs products; here the
+// quantization rides on the load and the weight bytes are half of bf16's.
+template <typename Tout>
 __device__ void product_stream(Tout* out, int out_stride, const bf16* a, int a_stride, const unsigned char* w, int rows, int n, int k,
                                int splits, unsigned* barrier, float a_inverse, float scale) {
     extern __shared__ __align__(16) unsigned char mlp_shared[];
     __shared__ __align__(8) unsigned long long bars[2 * MLP_STAGES];
-    constexpr int chunk_k = E4M3 ? 128 : 64;
     const StreamRing ring = stream_ring(mlp_shared, bars);
-    const int out_tiles = n / 64, k_chunks = k / chunk_k, chunks = k_chunks / splits;
+    const int out_tiles = n / 64, k_chunks = k / 128, chunks = k_chunks / splits;
     const int tile = blockIdx.x % out_tiles, c0 = blockIdx.x / out_tiles * chunks;
     if (threadIdx.x >> 5 == 4) {
         stream_tiles(ring, chunks, [&](int g) { return w + ((long)tile * k_chunks + c0 + g) * MLP_TILE_BYTES; });
@@ -277,8 +323,8 @@ __device__ void product_stream(Tout* out, int out_stride, const bf16* a, int a_s
     if (splits > 1) zero_rows((float*)out, out_stride, rows, n);
     float acc[32];
     int g = 0;
-    load_a<E4M3>(ring, a, a_stride, rows, c0, chunks, a_inverse);
-    mlp_product<E4M3>(acc, ring, chunks, g);
+    load_a<true>(ring, a, a_stride, rows, c0, chunks, a_inverse);
+    mlp_product<true>(acc, ring, chunks, g);
     if (splits > 1) {
         grid_barrier_128(barrier);
         write_tile<true>((float*)out, out_stride, rows, tile * 64, acc, scale);
@@ -286,14 +332,11 @@ __device__ void product_stream(Tout* out, int out_stride, const bf16* a, int a_s
         write_tile<false>(out, out_stride, rows, tile * 64, acc, scale);
     }
 }
-#define PRODUCT_STREAM(NAME, TOUT, E4M3)                                                                                     \
+#define PRODUCT_STREAM(NAME, TOUT)                                                                                           \
     extern "C" __global__ void __launch_bounds__(160, 1) NAME(TOUT* out, int out_stride, const bf16* a, int a_stride,        \
                                                               const unsigned char* w, int rows, int n, int k, int splits,      \
                                                               unsigned* barrier, float a_inverse_scale, float scale) {         \
-        product_stream<E4M3, TOUT>(out, out_stride, a, a_stride, w, rows, n, k, splits, barrier, a_inverse_scale, scale);    \
+        product_stream<TOUT>(out, out_stride, a, a_stride, w, rows, n, k, splits, barrier, a_inverse_scale, scale);          \
     }
-PRODUCT_STREAM(product_stream_wgmma_f32, float, false)
-PRODUCT_STREAM(product_stream_wgmma_bf16, bf16, false)
-PRODUCT_STREAM(product_stream_wgmma_e4m3_f32, float, true)
-PRODUCT_STREAM(product_stream_wgmma_e4m3_bf16, bf16, true)
+FOR_TYPE(PRODUCT_STREAM, product_stream_wgmma_e4m3)
 #endif

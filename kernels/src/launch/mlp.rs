@@ -1,5 +1,5 @@
 //! Launchers of the streamed kernels (mlp.cu, sm_90a): the action expert's MLP (gate/up, GeGLU
-//! and down in one persistent launch) and its single few-row products, in bf16 or e4m3, and the
+//! and down in one persistent launch, bf16 or e4m3) and its single few-row FP8 products, and the
 //! weight retiling they read.
 
 use super::*;
@@ -16,6 +16,16 @@ pub struct MlpFp8Scales {
     pub down: (f32, f32),
 }
 
+/// A chunk's columns of A and the most chunks a block holds: 64 bf16 columns, up to
+/// MLP_A_CHUNKS; 128 e4m3 ones, up to MLP_E4M3_A_CHUNKS (mlp.cu: the rest of A's space stages
+/// the bf16 rows being quantized).
+fn a_chunks(fp8: bool) -> (usize, usize) {
+    if fp8 { (128, MLP_E4M3_A_CHUNKS) } else { (64, MLP_A_CHUNKS) }
+}
+
+/// Most e4m3 chunks of A a block of the FP8 forms holds (mlp.cu's MLP_E4M3_A_CHUNKS).
+const MLP_E4M3_A_CHUNKS: usize = 8;
+
 impl Kernels {
     /// The K split of the down product when [`Kernels::mlp_stream`] runs an MLP of `rows` rows,
     /// `width` features and `hidden` GeGLU features on this device (`multiprocessors` SMs), in
@@ -24,18 +34,18 @@ impl Kernels {
     /// holds, or more blocks (hidden / 32, one per SM) than SMs. The split is the largest that
     /// gives down no more units than there are blocks.
     pub fn mlp_stream_splits(&self, rows: usize, width: usize, hidden: usize, multiprocessors: usize, fp8: bool) -> Option<usize> {
-        let chunk_k = if fp8 { 128 } else { 64 };
+        let (chunk_k, most_chunks) = a_chunks(fp8);
         let (width_chunks, hidden_chunks, out_tiles, blocks) = (width / chunk_k, hidden / chunk_k, width / 64, hidden / 32);
         if !self.mlp_stream
             || !(1..=64).contains(&rows)
             || width % chunk_k != 0
             || hidden % chunk_k != 0
-            || !(1..=MLP_A_CHUNKS).contains(&width_chunks)
+            || !(1..=most_chunks).contains(&width_chunks)
             || blocks > multiprocessors
         {
             return None;
         }
-        (1..=hidden_chunks).rev().find(|&s| hidden_chunks % s == 0 && out_tiles * s <= blocks && hidden_chunks / s <= MLP_A_CHUNKS)
+        (1..=hidden_chunks).rev().find(|&s| hidden_chunks % s == 0 && out_tiles * s <= blocks && hidden_chunks / s <= most_chunks)
     }
 
     /// The few-row MLP `out = (gelu(a · w_gateᵀ) ⊙ (a · w_upᵀ)) · w_downᵀ` in one cooperative
@@ -127,32 +137,32 @@ impl Kernels {
     }
 
     /// The K split when [`Kernels::product_stream`] runs a product of `rows` rows, `n` outputs
-    /// and depth `k` into `out` on this device, in bf16 or (`fp8`) e4m3, or `None` when it
-    /// cannot: not sm_90a, more than 64 rows, `n` not whole 64-column tiles, `k` not whole chunks
-    /// (64 in bf16, 128 in e4m3), or a split's chunks past what a block holds. A bf16 output
-    /// takes one split (each block stores its tile, so `k` must fit a block); an f32 one the
-    /// largest split that keeps one block per SM, which adds its partial sums.
-    pub fn product_stream_splits(&self, rows: usize, n: usize, k: usize, out: Dtype, multiprocessors: usize, fp8: bool) -> Option<usize> {
-        let chunk_k = if fp8 { 128 } else { 64 };
+    /// and depth `k` into `out` on this device, or `None` when it cannot: not sm_90a, more than
+    /// 64 rows, `n` not whole 64-column tiles, `k` not whole 128-column chunks, or a split's
+    /// chunks past what a block holds. A bf16 output takes one split (each block stores its tile,
+    /// so `k` must fit a block); an f32 one the largest split that keeps one block per SM, which
+    /// adds its partial sums.
+    pub fn product_stream_splits(&self, rows: usize, n: usize, k: usize, out: Dtype, multiprocessors: usize) -> Option<usize> {
+        let (chunk_k, most_chunks) = a_chunks(true);
         let (out_tiles, k_chunks) = (n / 64, k / chunk_k);
         if !self.mlp_stream || !(1..=64).contains(&rows) || n % 64 != 0 || k % chunk_k != 0 || k == 0 || out_tiles > multiprocessors {
             return None;
         }
         match out {
-            Dtype::Bf16 => (k_chunks <= MLP_A_CHUNKS).then_some(1),
+            Dtype::Bf16 => (k_chunks <= most_chunks).then_some(1),
             Dtype::F32 => {
-                (1..=k_chunks).rev().find(|&s| k_chunks % s == 0 && out_tiles * s <= multiprocessors && k_chunks / s <= MLP_A_CHUNKS)
+                (1..=k_chunks).rev().find(|&s| k_chunks % s == 0 && out_tiles * s <= multiprocessors && k_chunks / s <= most_chunks)
             }
             Dtype::E4m3 => None,
         }
     }
 
-    /// The few-row product `out = a · wᵀ` (no bias, overwritten) streamed as the MLP's down is
-    /// (mlp.cu's `product_stream_*`): in bf16, or with `fp8` = (input scale, weight scale) in
-    /// e4m3 with `a` quantized as it loads. `w` must be tiled by [`Kernels::retile_weight`]
-    /// (unpaired) in that element type; `barrier` is a device word no concurrent launch uses.
-    /// `programmatic`: launched as a programmatic dependent of the kernel before it on the
-    /// stream, which writes `a` (the product waits for it before reading `a` or writing `out`).
+    /// The few-row FP8 product `out = a · wᵀ` (no bias, overwritten) streamed as the MLP's down
+    /// is (mlp.cu's `product_stream_wgmma_e4m3_*`), `scales` = (input scale, weight scale), `a`
+    /// quantized as it loads. `w` must be tiled in e4m3 by [`Kernels::retile_weight`]
+    /// (unpaired); `barrier` is a device word no concurrent launch uses. `programmatic`: launched
+    /// as a programmatic dependent of the kernel before it on the stream, which writes `a` (the
+    /// product waits for it before reading `a` or writing `out`).
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
@@ -163,33 +173,27 @@ impl Kernels {
         a: Mat,
         w: DevPtr,
         barrier: DevPtr,
-        fp8: Option<(f32, f32)>,
+        (a_scale, w_scale): (f32, f32),
         multiprocessors: usize,
         programmatic: bool,
         stream: CUstream,
     ) -> Result<()> {
         let (rows, n, k) = (a.rows, out.cols, a.cols);
-        let what = match (fp8.is_some(), out.dtype) {
-            (false, Dtype::F32) => "product_stream_wgmma_f32",
-            (false, _) => "product_stream_wgmma_bf16",
-            (true, Dtype::F32) => "product_stream_wgmma_e4m3_f32",
-            (true, _) => "product_stream_wgmma_e4m3_bf16",
-        };
+        let what = if out.dtype == Dtype::F32 { "product_stream_wgmma_e4m3_f32" } else { "product_stream_wgmma_e4m3_bf16" };
         let aligned = |m: &Mat| m.ptr % 16 == 0 && (m.stride * m.dtype.size()) % 16 == 0;
-        let splits = self.product_stream_splits(rows, n, k, out.dtype, multiprocessors, fp8.is_some());
+        let splits = self.product_stream_splits(rows, n, k, out.dtype, multiprocessors);
         let Some(splits) =
             splits.filter(|_| a.dtype == Dtype::Bf16 && out.rows == rows && aligned(&a) && aligned(&out) && barrier % 4 == 0)
         else {
             return Err(shape_error(
                 what,
                 format!(
-                    "needs bf16 a [1-64 rows, whole chunks], out [rows, 64·n] (bf16 with k in one block, or f32), 16-byte aligned \
-                     rows, sm_90a with n / 64 ≤ {multiprocessors} SMs; got a {}x{} {:?}, out {}x{} {:?}",
+                    "needs bf16 a [1-64 rows, 128·n], out [rows, 64·n] (bf16 with k ≤ 1024, or f32), 16-byte aligned rows, sm_90a with \
+                     n / 64 ≤ {multiprocessors} SMs; got a {}x{} {:?}, out {}x{} {:?}",
                     a.rows, a.cols, a.dtype, out.rows, out.cols, out.dtype
                 ),
             ));
         };
-        let (a_scale, w_scale) = fp8.unwrap_or((1.0, 1.0));
         let args = [
             Arg::P(out.ptr),
             Arg::I(i32_of(out.stride, what)?),
@@ -216,8 +220,8 @@ impl Kernels {
             (false, true) => &mut attrs[1..],
             (false, false) => &mut attrs[..0],
         };
-        // SAFETY: the arguments match `product_stream_*`'s signature: 160 threads, one block per
-        // output tile and split.
+        // SAFETY: the arguments match `product_stream_wgmma_e4m3_*`'s signature: 160 threads, one
+        // block per output tile and split.
         unsafe { self.launch_with_attributes(what, ((n / 64 * splits) as u32, 1, 1), 160, MLP_SHARED_BYTES, stream, args, attrs) }
     }
 

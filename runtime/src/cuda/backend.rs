@@ -38,7 +38,7 @@ use flashrt_kernels::{DevPtr, Dtype, Kernels, MAX_PROMPT_BUCKETS, QwenImageSizes
 use super::arena::{DeviceBuf, Elem, Layout, Scratch, ScratchSizes, copied_input, element_types};
 use super::device::{BlasLt, Context, DeviceMemory, Event, Graph, Pinned, Stream, check};
 use super::fp8::{FP8_MIN_ROWS, Fp8Products};
-use super::fusion::{AttentionLowering, Fusions, StreamedShapes};
+use super::fusion::{AttentionLowering, Fusions, StreamedShapes, streamed_products};
 use super::gemm::WORKSPACE_BYTES;
 use super::graph::Launcher;
 use super::lowering::{Lowered, Lowering};
@@ -140,20 +140,26 @@ impl CudaBackend {
         // Concurrent phases take the second stream (switched off: everything on one stream).
         let op_lanes: Vec<usize> =
             if switches.overlap { plan.concurrent_ops().into_iter().map(usize::from).collect() } else { vec![0; plan.ops.len()] };
-        let (bf16_shapes, fp8_shapes) = (
-            DeviceShapes { kernels: &kernels, multiprocessors, fp8: false },
-            DeviceShapes { kernels: &kernels, multiprocessors, fp8: true },
-        );
-        let fusions = Fusions::run(&plan, &elems, &op_lanes, switches, kernels.has_fused_attention(), multiprocessors, &bf16_shapes);
+        let mut fusions =
+            Fusions::run(&plan, &elems, &op_lanes, switches, kernels.has_fused_attention(), multiprocessors, |rows, width, hidden| {
+                kernels.mlp_stream_splits(rows, width, hidden, multiprocessors, false).is_some()
+            });
+        let fp8_shapes = Fp8Shapes { kernels: &kernels, multiprocessors };
+        let candidates = if switches.streamed_products && !opts.fp8_scales.is_empty() {
+            streamed_products(&plan, &elems, &op_lanes, &fusions.mlps, &fp8_shapes)
+        } else {
+            Vec::new()
+        };
         let fp8 = Fp8Products::choose(
             &plan,
             &elems,
             &opts.fp8_scales,
             &fusions.mlps,
-            &fusions.products,
+            &candidates,
             opts.fp8_min_rows.unwrap_or(FP8_MIN_ROWS),
             &fp8_shapes,
         );
+        fusions.stream_products(&plan, &op_lanes, fp8.streamed_products.keys().copied().collect());
         let mut sizes = [ScratchSizes::default(); LANES];
         for (i, (op, &lane)) in plan.ops.iter().zip(&op_lanes).enumerate() {
             let size = &mut sizes[lane];
@@ -519,19 +525,18 @@ impl Drop for CudaBackend {
     }
 }
 
-/// The shapes this device's streamed kernels run, in bf16 or e4m3.
-struct DeviceShapes<'a> {
+/// The shapes this device's streamed FP8 kernels run.
+struct Fp8Shapes<'a> {
     kernels: &'a Kernels,
     multiprocessors: usize,
-    fp8: bool,
 }
 
-impl StreamedShapes for DeviceShapes<'_> {
+impl StreamedShapes for Fp8Shapes<'_> {
     fn mlp(&self, rows: usize, width: usize, hidden: usize) -> bool {
-        self.kernels.mlp_stream_splits(rows, width, hidden, self.multiprocessors, self.fp8).is_some()
+        self.kernels.mlp_stream_splits(rows, width, hidden, self.multiprocessors, true).is_some()
     }
     fn product(&self, rows: usize, n: usize, k: usize, out: Elem) -> bool {
         let dtype = if out == Elem::F32 { Dtype::F32 } else { Dtype::Bf16 };
-        self.kernels.product_stream_splits(rows, n, k, dtype, self.multiprocessors, self.fp8).is_some()
+        self.kernels.product_stream_splits(rows, n, k, dtype, self.multiprocessors).is_some()
     }
 }

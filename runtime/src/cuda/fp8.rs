@@ -55,8 +55,9 @@ pub(super) struct Fp8Products {
 impl Fp8Products {
     /// Chooses among the weights with calibrated FP8 `scales` (by weight index). A streamed MLP
     /// (the fused kernel at op indices `fused_mlps[i]..+3`) runs in FP8 when both its weights are
-    /// calibrated and the device's FP8 form takes its shape (`fp8_shapes`), and so does a
-    /// streamed product (op indices `streamed_products`) of a calibrated weight. Any other weight runs as
+    /// calibrated and the device's FP8 form takes its shape (`fp8_shapes`), and so does each
+    /// candidate product (op indices `streamed_products`, see `fusion::streamed_products`) of a
+    /// calibrated weight. Any other weight runs as
     /// cuBLASLt FP8 products when every op that reads it is a product outside the streamed MLPs,
     /// with at least `min_rows` rows and N and K multiples of 16 (cuBLASLt's FP8 operands).
     pub(super) fn choose(
@@ -69,7 +70,7 @@ impl Fp8Products {
         fp8_shapes: &dyn StreamedShapes,
     ) -> Fp8Products {
         let mut products = Fp8Products::default();
-        let fused = |i: usize| fused_mlps.iter().any(|&m| (m..m + 3).contains(&i)) || streamed_products.contains(&i);
+        let fused = |i: usize| fused_mlps.iter().any(|&m| (m..m + 3).contains(&i));
         let scales_of = |w: WeightId| scales.get(w.0).copied().flatten();
         for &i in fused_mlps {
             let Some([Op::Gemm { a, w: w_gate_up, .. }, Op::GatedActivation { out: hidden, .. }, Op::Gemm { w: w_down, .. }]) =
@@ -109,9 +110,7 @@ impl Fp8Products {
                     if let Some((_, op)) = readers.iter().find(|(_, op)| !matches!(op, Op::Gemm { w: gw, .. } if gw.0 == w)) {
                         Some(format!("also read by {} (not a product)", op.name()))
                     } else if readers.iter().any(|&(i, _)| fused(i)) {
-                        Some(
-                            "in a streamed launch the device's FP8 form does not take (an MLP's needs both weights calibrated)".to_string(),
-                        )
+                        Some("in a streamed MLP the device's FP8 form does not take (or whose other weight is not calibrated)".to_string())
                     } else {
                         rows.filter(|&r| r < min_rows).map(|rows| {
                             format!("{rows}-row products, under {min_rows}: latency-bound, the quantizing launch would cost what FP8 saves")
@@ -235,9 +234,9 @@ mod tests {
         assert_eq!(kept.len(), 3, "{kept:?}");
         assert!(kept.iter().any(|k| k.0.starts_with("50-row products, under 128")), "{kept:?}");
         assert!(kept.iter().any(|k| k.0.starts_with("40x64: cuBLASLt's FP8 products need N and K multiples of 16")), "{kept:?}");
-        assert_eq!(kept.iter().find(|k| k.0.starts_with("in a streamed launch")).map(|k| k.1), Some(2), "{kept:?}");
+        assert_eq!(kept.iter().find(|k| k.0.starts_with("in a streamed MLP")).map(|k| k.1), Some(2), "{kept:?}");
         let text = products.describe();
-        assert!(text.contains("fp8: 1 weights' products as cuBLASLt e4m3 products") && !text.contains("streamed MLP"), "{text}");
+        assert!(text.contains("fp8: 1 weights' products as cuBLASLt e4m3 products") && !text.contains("streamed MLP and"), "{text}");
         // A lower row bound takes the 50-row products too.
         assert!(choose(&calibrated, &[], 1, false).chosen.contains_key(&narrow.0));
 
@@ -251,7 +250,7 @@ mod tests {
         assert_eq!((products.weight_scales(gate_up.0), products.weight_scales(down.0)), (Some(scales), Some(down_scales)));
         assert_eq!(products.weight_scales(wide.0), Some(scales));
         assert_eq!(products.weight_scales(narrow.0), None);
-        assert!(!products.kept.keys().any(|k| k.starts_with("in a streamed launch")), "{:?}", products.kept);
+        assert!(!products.kept.keys().any(|k| k.starts_with("in a streamed MLP")), "{:?}", products.kept);
         let text = products.describe();
         assert!(text.contains("fp8: 1 streamed MLP and 0 streamed product launches in e4m3 (2 weights tiled in e4m3"), "{text}");
 

@@ -43,7 +43,7 @@ fn count(reasons: &mut Vec<(String, usize)>, why: String) {
 
 impl Fusions {
     /// Runs every pass. `fused_kernels`: the device has the fused attention kernels (with enough
-    /// shared memory); `streams` says which shapes the streamed kernels run.
+    /// shared memory); `mlp_runs(rows, width, hidden)`: the streamed MLP kernel runs that shape.
     pub(super) fn run(
         plan: &Plan,
         elems: &[Elem],
@@ -51,7 +51,7 @@ impl Fusions {
         switches: Switches,
         fused_kernels: bool,
         multiprocessors: usize,
-        streams: &dyn StreamedShapes,
+        mlp_runs: impl Fn(usize, usize, usize) -> bool,
     ) -> Fusions {
         let fused_attention = fused_kernels && switches.fused_attention;
         let mut attention_fallbacks = Vec::new();
@@ -86,7 +86,7 @@ impl Fusions {
                 // for every SM at once.
                 if op_lanes[first] != 0 {
                     Some("on the second stream".to_string())
-                } else if !streams.mlp(rows, width, hidden) {
+                } else if !mlp_runs(rows, width, hidden) {
                     Some(format!("no grid split of {rows} rows x {width} wide x {hidden} hidden on this device"))
                 } else {
                     None
@@ -95,17 +95,30 @@ impl Fusions {
         } else {
             (Vec::new(), Vec::new())
         };
-        let products = if switches.streamed_products { streamed_products(plan, elems, op_lanes, &mlps, streams) } else { Vec::new() };
-        let (early_mlps, early_products, early_attentions) = if switches.early_launch {
-            (
-                after_their_norm(plan, &mlps, op_lanes),
-                after_their_norm(plan, &products, op_lanes),
-                attentions_after_their_rope(plan, op_lanes),
-            )
+        let (early_mlps, early_attentions) = if switches.early_launch {
+            (after_their_norm(plan, &mlps, op_lanes), attentions_after_their_rope(plan, op_lanes))
         } else {
-            (Vec::new(), Vec::new(), Vec::new())
+            (Vec::new(), Vec::new())
         };
-        Fusions { attention, attention_fallbacks, mlps, mlp_fallbacks, early_mlps, products, early_products, early_attentions, switches }
+        Fusions {
+            attention,
+            attention_fallbacks,
+            mlps,
+            mlp_fallbacks,
+            early_mlps,
+            products: Vec::new(),
+            early_products: Vec::new(),
+            early_attentions,
+            switches,
+        }
+    }
+
+    /// The few-row products to stream (FP8 ones, chosen by `Fp8Products::choose` among
+    /// [`streamed_products`]), with those launched under their norm.
+    pub(super) fn stream_products(&mut self, plan: &Plan, op_lanes: &[usize], mut products: Vec<usize>) {
+        products.sort_unstable();
+        self.early_products = if self.switches.early_launch { after_their_norm(plan, &products, op_lanes) } else { Vec::new() };
+        self.products = products;
     }
 
     /// The kernel of attention op `op`.
@@ -134,7 +147,7 @@ impl Fusions {
         }
         let _ = writeln!(
             s,
-            "  pass streamed products: {} few-row product(s) as streamed launches{}",
+            "  pass streamed products: {} few-row FP8 product(s) as streamed launches{}",
             self.products.len(),
             off(self.switches.streamed_products)
         );
@@ -317,17 +330,20 @@ pub(super) fn fused_mlps(
     (fused, fallbacks)
 }
 
-/// Which shapes this device's streamed kernels run (`Kernels::mlp_stream_splits`,
-/// `Kernels::product_stream_splits` in bf16).
+/// Which shapes this device's streamed FP8 kernels run (`Kernels::mlp_stream_splits`,
+/// `Kernels::product_stream_splits`).
 pub(super) trait StreamedShapes {
     fn mlp(&self, rows: usize, width: usize, hidden: usize) -> bool;
     fn product(&self, rows: usize, n: usize, k: usize, out: Elem) -> bool;
 }
 
-/// The few-row products the lowering runs as one streamed launch each (`Kernels::product_stream`):
-/// on the main stream, outside the fused MLPs, bf16 A, no bias, overwriting a bf16 or f32 output,
-/// of a weight no op selects (selection rewrites the row-major form) and of a shape the kernel
-/// takes. On Pi0.5 these are the action expert's QKV and output projections.
+/// The few-row products the lowering can run as one streamed FP8 launch each
+/// (`Kernels::product_stream`): on the main stream, outside the fused MLPs, bf16 A, no bias,
+/// overwriting a bf16 or f32 output, of a weight no op selects (selection rewrites the row-major
+/// form) and of a shape the kernel takes. On Pi0.5 these are the action expert's QKV and output
+/// projections. In bf16 they stay on cuBLASLt: a streamed bf16 form measured no faster there
+/// (QKV 6.2 against 5.5 µs, the output projection 5.9 against 5.7 µs on an H100); in e4m3 the
+/// stream carries half the bytes and cuBLASLt would need a quantizing launch before each.
 pub(super) fn streamed_products(
     plan: &Plan,
     elems: &[Elem],
@@ -507,9 +523,7 @@ mod tests {
     fn the_passes_report_what_they_fused_and_why_the_rest_fell_back() {
         let (plan, first) = mlp_plan(|_, _, _| {});
         let (elems, lanes) = (element_types(&plan), vec![0; plan.ops.len()]);
-        let run = |switches: Switches, lanes: &[usize], runs: bool| {
-            Fusions::run(&plan, &elems, lanes, switches, true, 132, &Shapes { mlp: runs, product: runs })
-        };
+        let run = |switches: Switches, lanes: &[usize], runs: bool| Fusions::run(&plan, &elems, lanes, switches, true, 132, |_, _, _| runs);
         let all = run(Switches::default(), &lanes, true);
         assert_eq!((all.mlps.clone(), all.early_mlps.clone()), (vec![first], vec![first]));
         let text = all.describe();
@@ -526,19 +540,20 @@ mod tests {
         let off = run(Switches { fused_mlp: false, early_launch: false, ..Switches::default() }, &lanes, true);
         assert!(off.mlps.is_empty() && off.early_mlps.is_empty());
         assert!(off.describe().contains("0 MLP(s) as one launch (switched off)"), "{}", off.describe());
-        // Unfused, its two products stream one launch each; gate/up right after its norm.
-        assert_eq!((off.products.clone(), off.early_products.clone()), (vec![first, first + 2], vec![]));
-        let unfused = run(Switches { fused_mlp: false, ..Switches::default() }, &lanes, true);
-        assert_eq!(unfused.early_products, vec![first]);
+        // Unfused, its two products may stream (the FP8 choice picks them): gate/up right after
+        // its norm starts under it, when early launches are on.
+        let mut unfused = run(Switches { fused_mlp: false, ..Switches::default() }, &lanes, true);
+        unfused.stream_products(&plan, &lanes, vec![first + 2, first]);
+        assert_eq!((unfused.products.clone(), unfused.early_products.clone()), (vec![first, first + 2], vec![first]));
         assert!(
-            unfused.describe().contains("pass streamed products: 2 few-row product(s) as streamed launches\n"),
+            unfused.describe().contains("pass streamed products: 2 few-row FP8 product(s) as streamed launches\n"),
             "{}",
             unfused.describe()
         );
-        let no_products = run(Switches { fused_mlp: false, streamed_products: false, ..Switches::default() }, &lanes, true);
-        assert!(
-            no_products.products.is_empty() && no_products.describe().contains("0 few-row product(s) as streamed launches (switched off)")
-        );
+        let mut late = run(Switches { fused_mlp: false, early_launch: false, ..Switches::default() }, &lanes, true);
+        late.stream_products(&plan, &lanes, vec![first]);
+        assert!(late.early_products.is_empty());
+        assert!(run(Switches { streamed_products: false, ..Switches::default() }, &lanes, true).describe().contains("(switched off)"));
     }
 
     /// A device whose streamed kernels take every shape (or none).

@@ -170,8 +170,8 @@ impl Launcher {
                 Step::StreamedMlp { out, hidden, a, w_gate_up, w_down, barrier, fp8, multiprocessors, programmatic } => {
                     k.mlp_stream(out, hidden, a, w_gate_up, w_down, barrier, fp8, multiprocessors, programmatic, s)
                 }
-                Step::StreamedProduct { out, a, w, barrier, fp8, multiprocessors, programmatic } => {
-                    k.product_stream(out, a, w, barrier, fp8, multiprocessors, programmatic, s)
+                Step::StreamedProduct { out, a, w, barrier, scales, multiprocessors, programmatic } => {
+                    k.product_stream(out, a, w, barrier, scales, multiprocessors, programmatic, s)
                 }
                 Step::Embed { out, tokens, table, vocab, scale } => k.embed(out, tokens, table, vocab, scale, s),
                 Step::Positions { valid, positions, frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix, rope_rows } => k

@@ -236,16 +236,14 @@ impl Lowering<'_> {
                 self.tag_steps(from, i..i + 3);
                 continue;
             }
-            // A few-row product as one streamed launch.
-            if let (Op::Gemm { a, w, out, .. }, Ok(_)) = (op, self.fusions.products.binary_search(&i)) {
-                let scales = self.fp8_streamed.streamed_products.get(&i);
-                let elem = if scales.is_some() { Elem::E4m3 } else { Elem::Bf16 };
+            // A few-row FP8 product as one streamed launch.
+            if let (Op::Gemm { a, w, out, .. }, Some(scales)) = (op, self.fp8_streamed.streamed_products.get(&i)) {
                 self.steps.push(Step::StreamedProduct {
                     out: self.mat(*out)?,
                     a: self.mat(*a)?,
-                    w: self.tiled[&(w.0, elem)],
+                    w: self.tiled[&(w.0, Elem::E4m3)],
                     barrier: self.scratch().grid_barrier,
-                    fp8: scales.map(|s| (s.activation, s.weight)),
+                    scales: (scales.activation, scales.weight),
                     multiprocessors: self.multiprocessors,
                     programmatic: self.fusions.early_products.binary_search(&i).is_ok(),
                 });

@@ -171,9 +171,7 @@ impl Launcher {
             Step::GatedActivation { kind, .. } => kind.gated_name().into(),
             Step::StreamedMlp { fp8: None, .. } => "mlp_stream".into(),
             Step::StreamedMlp { fp8: Some(_), .. } => "mlp_stream e4m3".into(),
-            Step::StreamedProduct { out, a, fp8, .. } => {
-                format!("product_stream {}x{} (k {}){}", out.rows, out.cols, a.cols, if fp8.is_some() { " e4m3" } else { "" })
-            }
+            Step::StreamedProduct { out, a, .. } => format!("product_stream {}x{} (k {}) e4m3", out.rows, out.cols, a.cols),
             Step::Embed { .. } => "embed".into(),
             Step::Positions { .. } => "positions".into(),
             Step::Rope(a) if a.multi_axis.is_some() => "rope_qkv_axes".into(),

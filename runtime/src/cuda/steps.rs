@@ -130,15 +130,15 @@ pub(super) enum Step {
         /// Launched as a programmatic dependent of the norm step before it (see `after_their_norm`).
         programmatic: bool,
     },
-    /// A few-row product `out = a · wᵀ` as one streamed launch (`Kernels::product_stream`), its
-    /// weight tiled at open.
+    /// A few-row FP8 product `out = a · wᵀ` as one streamed launch (`Kernels::product_stream`),
+    /// its weight tiled in e4m3 at open.
     StreamedProduct {
         out: Mat,
         a: Mat,
         w: DevPtr,
         barrier: DevPtr,
-        /// In FP8 with these (input, weight) scales, else bf16.
-        fp8: Option<(f32, f32)>,
+        /// Its (input, weight) scales.
+        scales: (f32, f32),
         multiprocessors: usize,
         /// Launched as a programmatic dependent of the norm step before it.
         programmatic: bool,
