@@ -61,7 +61,7 @@ mod tolerance;
 use tolerance::{
     CUDA_BUCKET_MAX_ABS, CUDA_FP8_TINY_COSINE, CUDA_FULL_COSINE, CUDA_FULL_REL_L2, CUDA_GROOT_FULL_COSINE, CUDA_GROOT_FULL_REL_L2,
     CUDA_GROOT_SWITCH_COSINE, CUDA_GROOT_SWITCH_REL_L2, CUDA_GROOT_TINY_COSINE, CUDA_GROOT_TINY_MAX_ABS, CUDA_TINY_COSINE,
-    CUDA_TINY_MAX_ABS, OP_NMSE_BF16, OP_NMSE_F32, cosine, max_abs, nmse, rel_l2,
+    CUDA_TINY_MAX_ABS, OP_NMSE_BF16, OP_NMSE_F32, OP_NMSE_FP8_REQUANTIZED, cosine, max_abs, nmse, rel_l2,
 };
 
 // ---- helpers ----------------------------------------------------------------------------------
@@ -1256,26 +1256,35 @@ fn fp8_products_match_the_cpu_emulation() {
     eprintln!("e4m3 codes of PyTorch's table through the FP8 product with 448 · I: nmse {codes_err:e} (0: every code equal)");
     let (mut results, mut failures) = (vec![json!({"case": codes_case.name, "nmse_vs_emulation": codes_err, "pass": codes_err == 0.0})], 0);
     failures += (codes_err != 0.0) as usize;
-    let cases = (0..3).map(fp8_gemm_case).chain((0..2).map(|seed| fp8_mlp_case(seed, &dummy))).chain((0..3).map(fp8_product_case));
-    for (case, scales) in cases {
+    // The streamed MLP re-quantizes its GeGLU output: its own tier.
+    let single = |(case, scales)| (case, scales, OP_NMSE_BF16);
+    let cases = (0..3)
+        .map(fp8_gemm_case)
+        .map(single)
+        .chain((0..3).map(fp8_product_case).map(single))
+        .chain((0..2).map(|seed| fp8_mlp_case(seed, &dummy)).map(|(case, scales)| (case, scales, OP_NMSE_FP8_REQUANTIZED)));
+    for (case, scales, bound) in cases {
         let emulated = case.run(&dummy, &scales, true);
         let exact = case.run(&dummy, &scales, false);
         for ((buffer, err, _), (_, f32_err, _)) in emulated.iter().zip(&exact) {
-            let pass = *err <= OP_NMSE_BF16 && *f32_err > 10.0 * OP_NMSE_BF16;
+            let pass = *err <= bound && *f32_err > 10.0 * bound;
             failures += !pass as usize;
             eprintln!(
-                "{:4} {:50} {buffer:24} nmse {err:.3e} vs the FP8 emulation, {f32_err:.3e} vs f32",
+                "{:4} {:50} {buffer:24} nmse {err:.3e} vs the FP8 emulation (bound {bound:e}), {f32_err:.3e} vs f32",
                 if pass { "ok" } else { "FAIL" },
                 case.name
             );
-            results.push(json!({"case": case.name, "buffer": buffer, "nmse_vs_emulation": err, "nmse_vs_f32": f32_err, "pass": pass}));
+            results.push(json!({"case": case.name, "buffer": buffer, "nmse_vs_emulation": err, "bound": bound, "nmse_vs_f32": f32_err, "pass": pass}));
         }
     }
     write_result(
         "cuda_fp8_ops.json",
         json!({
             "check": "FP8 products (cuBLASLt e4m3, device quantization) vs the CPU FP8 emulation and vs f32",
-            "bound": format!("nmse <= {OP_NMSE_BF16:e} vs the emulation, > {:e} vs f32", 10.0 * OP_NMSE_BF16),
+            "bound": format!(
+                "nmse vs the emulation <= {OP_NMSE_BF16:e} ({OP_NMSE_FP8_REQUANTIZED:e} for the streamed MLP, which re-quantizes its GeGLU \
+                 output), and > 10x that vs f32"
+            ),
             "commit": commit(),
             "results": results
         }),

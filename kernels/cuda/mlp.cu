@@ -86,57 +86,46 @@ __device__ __forceinline__ void mlp_load_a(unsigned a_tiles, const unsigned char
     asm volatile("cp.async.wait_all;\nfence.proxy.async.shared::cta;\nbar.sync 1, 128;\n" ::: "memory");
 }
 
-#define MLP_E4M3_A_CHUNKS 8  // the FP8 forms' A chunks (K ≤ 1024 per block); the rest of A's space stages bf16
-#define MLP_STAGE_CHUNKS 2   // 128-column bf16 chunks per staging round (16 KB each), two rounds in flight
+#define MLP_E4M3_A_CHUNKS 8  // the FP8 forms' A chunks (K ≤ 1024 per block: their bf16 rows fill A's space)
 
 // Consumers: 128-column chunks [c0, c0 + chunks) of bf16 A (`a_stride` elements per row; at most
 // MLP_E4M3_A_CHUNKS) into e4m3 tiles, each value times `inverse_scale` (the FP8 product's
-// calibrated input). The bf16 rows come by cp.async into a staging area behind the e4m3 tiles,
-// MLP_STAGE_CHUNKS chunks a round with the next round's copies in flight while one is
-// converted: thread-by-thread loads, one 32-byte piece at a time, left each block waiting on
-// dozens of global-memory latencies in a row (12 µs for the expert's QKV on an H100, twice
-// cuBLASLt's bf16 product).
+// calibrated input). The bf16 rows land by cp.async all at once in A's space (16 KB a chunk),
+// then are converted in place, chunk by chunk: e4m3 tile c (8 KB at 8c KB) overwrites only bf16
+// chunks up to c, so a barrier after each chunk's reads keeps every write behind them.
+// Per-thread loads, one 32-byte piece at a time, left each block waiting on dozens of global
+// latencies in a row (12 µs for the expert's QKV on an H100), and staging two chunks a round
+// still four (8.7 µs).
 __device__ __forceinline__ void mlp_load_a_e4m3(unsigned a_tiles, const bf16* a, int a_stride, int rows, int c0, int chunks,
                                                 float inverse_scale) {
-    constexpr int stage_bytes = MLP_STAGE_CHUNKS * 64 * 256;  // rows × 128 bf16
-    const unsigned staging = a_tiles + MLP_E4M3_A_CHUNKS * MLP_TILE_BYTES;
-    const int rounds = (chunks + MLP_STAGE_CHUNKS - 1) / MLP_STAGE_CHUNKS;
-    // Round r: chunks [r·S, r·S + S) ∩ [0, chunks) as bf16 rows of 256 bytes, into half r & 1.
-    const auto stage = [&](int r) {
-        const int n = min(MLP_STAGE_CHUNKS, chunks - r * MLP_STAGE_CHUNKS);
-        for (int i = threadIdx.x; i < n * 64 * 16; i += 128) {
-            const int c = i / 1024, row = (i / 16) % 64, piece = i % 16;
-            cp_async16(staging + (r & 1) * stage_bytes + (c * 64 + row) * 256 + piece * 16,
-                       a + (long)min(row, rows - 1) * a_stride + (c0 + r * MLP_STAGE_CHUNKS + c) * 128 + piece * 8, row < rows);
-        }
-        asm volatile("cp.async.commit_group;\n" ::: "memory");
-    };
+    for (int i = threadIdx.x; i < chunks * 64 * 16; i += 128) {
+        const int c = i / 1024, row = (i / 16) % 64, piece = i % 16;
+        cp_async16(a_tiles + (c * 64 + row) * 256 + piece * 16, a + (long)min(row, rows - 1) * a_stride + (c0 + c) * 128 + piece * 8,
+                   row < rows);
+    }
+    asm volatile("cp.async.wait_all;\nbar.sync 1, 128;\n" ::: "memory");
     const auto pair = [inverse_scale](unsigned two) {
         return (unsigned)e4m3x2(__uint_as_float(two << 16) * inverse_scale, __uint_as_float(two & 0xffff0000u) * inverse_scale);
     };
-    stage(0);
-    for (int r = 0; r < rounds; ++r) {
-        if (r + 1 < rounds) {
-            stage(r + 1);
-            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-        } else {
-            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-        }
-        asm volatile("bar.sync 1, 128;\n" ::: "memory");  // round r's rows from every thread
-        const int n = min(MLP_STAGE_CHUNKS, chunks - r * MLP_STAGE_CHUNKS);
-        for (int i = threadIdx.x; i < n * 64 * 8; i += 128) {
-            const int c = i / 512, row = (i / 8) % 64, piece = i % 8;
+    // Chunk c: 64 rows × 8 pieces of 16 e4m3 (32 bytes of bf16 each), four per thread.
+    for (int c = 0; c < chunks; ++c) {
+        uint4 q[4];
+        for (int j = 0; j < 4; ++j) {
+            const int i = threadIdx.x + 128 * j, row = i / 8, piece = i % 8;
+            const unsigned from = a_tiles + (c * 64 + row) * 256 + piece * 32;
             uint4 lo, hi;
-            const unsigned from = staging + (r & 1) * stage_bytes + (c * 64 + row) * 256 + piece * 32;
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(lo.x), "=r"(lo.y), "=r"(lo.z), "=r"(lo.w) : "r"(from));
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(hi.x), "=r"(hi.y), "=r"(hi.z), "=r"(hi.w) : "r"(from + 16));
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a_tiles + (r * MLP_STAGE_CHUNKS + c) * MLP_TILE_BYTES +
-                                                                          swizzle128(row, piece)),
-                         "r"(pair(lo.x) | pair(lo.y) << 16), "r"(pair(lo.z) | pair(lo.w) << 16), "r"(pair(hi.x) | pair(hi.y) << 16),
-                         "r"(pair(hi.z) | pair(hi.w) << 16)
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(lo.x), "=r"(lo.y), "=r"(lo.z), "=r"(lo.w) : "r"(from) : "memory");
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(hi.x), "=r"(hi.y), "=r"(hi.z), "=r"(hi.w) : "r"(from + 16) : "memory");
+            q[j] = make_uint4(pair(lo.x) | pair(lo.y) << 16, pair(lo.z) | pair(lo.w) << 16, pair(hi.x) | pair(hi.y) << 16,
+                              pair(hi.z) | pair(hi.w) << 16);
+        }
+        asm volatile("bar.sync 1, 128;\n" ::: "memory");  // chunk c read by every thread before tile c overwrites any of it
+        for (int j = 0; j < 4; ++j) {
+            const int i = threadIdx.x + 128 * j, row = i / 8, piece = i % 8;
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(a_tiles + c * MLP_TILE_BYTES + swizzle128(row, piece)),
+                         "r"(q[j].x), "r"(q[j].y), "r"(q[j].z), "r"(q[j].w)
                          : "memory");
         }
-        asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the half is free for round r + 2
     }
     asm volatile("fence.proxy.async.shared::cta;\nbar.sync 1, 128;\n" ::: "memory");
 }

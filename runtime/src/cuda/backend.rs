@@ -144,12 +144,9 @@ impl CudaBackend {
             Fusions::run(&plan, &elems, &op_lanes, switches, kernels.has_fused_attention(), multiprocessors, |rows, width, hidden| {
                 kernels.mlp_stream_splits(rows, width, hidden, multiprocessors, false).is_some()
             });
-        let fp8_shapes = Fp8Shapes { kernels: &kernels, multiprocessors };
-        let candidates = if switches.streamed_products && !opts.fp8_scales.is_empty() {
-            streamed_products(&plan, &elems, &op_lanes, &fusions.mlps, &fp8_shapes)
-        } else {
-            Vec::new()
-        };
+        let fp8_shapes = Fp8Shapes { kernels: &kernels, multiprocessors, on: switches.fp8_streamed };
+        let candidates =
+            if !opts.fp8_scales.is_empty() { streamed_products(&plan, &elems, &op_lanes, &fusions.mlps, &fp8_shapes) } else { Vec::new() };
         let fp8 = Fp8Products::choose(
             &plan,
             &elems,
@@ -525,18 +522,19 @@ impl Drop for CudaBackend {
     }
 }
 
-/// The shapes this device's streamed FP8 kernels run.
+/// The shapes this device's streamed FP8 kernels run (none when `Switches::fp8_streamed` is off).
 struct Fp8Shapes<'a> {
     kernels: &'a Kernels,
     multiprocessors: usize,
+    on: bool,
 }
 
 impl StreamedShapes for Fp8Shapes<'_> {
     fn mlp(&self, rows: usize, width: usize, hidden: usize) -> bool {
-        self.kernels.mlp_stream_splits(rows, width, hidden, self.multiprocessors, true).is_some()
+        self.on && self.kernels.mlp_stream_splits(rows, width, hidden, self.multiprocessors, true).is_some()
     }
     fn product(&self, rows: usize, n: usize, k: usize, out: Elem) -> bool {
         let dtype = if out == Elem::F32 { Dtype::F32 } else { Dtype::Bf16 };
-        self.kernels.product_stream_splits(rows, n, k, dtype, self.multiprocessors).is_some()
+        self.on && self.kernels.product_stream_splits(rows, n, k, dtype, self.multiprocessors).is_some()
     }
 }

@@ -149,7 +149,7 @@ impl Fusions {
             s,
             "  pass streamed products: {} few-row FP8 product(s) as streamed launches{}",
             self.products.len(),
-            off(self.switches.streamed_products)
+            off(self.switches.fp8_streamed)
         );
         let _ = writeln!(
             s,
@@ -553,7 +553,7 @@ mod tests {
         let mut late = run(Switches { fused_mlp: false, early_launch: false, ..Switches::default() }, &lanes, true);
         late.stream_products(&plan, &lanes, vec![first]);
         assert!(late.early_products.is_empty());
-        assert!(run(Switches { streamed_products: false, ..Switches::default() }, &lanes, true).describe().contains("(switched off)"));
+        assert!(run(Switches { fp8_streamed: false, ..Switches::default() }, &lanes, true).describe().contains("(switched off)"));
     }
 
     /// A device whose streamed kernels take every shape (or none).

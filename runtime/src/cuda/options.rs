@@ -31,9 +31,10 @@ pub struct Switches {
     pub fused_attention: bool,
     /// The action expert's MLPs as one streamed launch each (`FRT_NO_FUSED_MLP=1`: off).
     pub fused_mlp: bool,
-    /// The action expert's other few-row products (QKV, output projection) as streamed launches
-    /// instead of cuBLASLt's (`FRT_NO_STREAMED_PRODUCTS=1`: off).
-    pub streamed_products: bool,
+    /// With an FP8 calibration, the action expert's streamed kernels in e4m3: its MLP and its
+    /// few-row QKV and output products (`FRT_NO_FP8_STREAMED=1`: they stay bf16, the products on
+    /// cuBLASLt).
+    pub fp8_streamed: bool,
     /// Concurrent phases on a second stream (`FRT_NO_OVERLAP=1`: one stream).
     pub overlap: bool,
     /// Kernels launched as programmatic dependents of the one before them, starting their
@@ -45,7 +46,7 @@ pub struct Switches {
 
 impl Default for Switches {
     fn default() -> Self {
-        Switches { wgmma: true, fused_attention: true, fused_mlp: true, streamed_products: true, overlap: true, early_launch: true }
+        Switches { wgmma: true, fused_attention: true, fused_mlp: true, fp8_streamed: true, overlap: true, early_launch: true }
     }
 }
 
@@ -57,7 +58,7 @@ impl Switches {
             wgmma: on("FRT_NO_WGMMA"),
             fused_attention: on("FRT_NO_FUSED_ATTENTION"),
             fused_mlp: on("FRT_NO_FUSED_MLP"),
-            streamed_products: on("FRT_NO_STREAMED_PRODUCTS"),
+            fp8_streamed: on("FRT_NO_FP8_STREAMED"),
             overlap: on("FRT_NO_OVERLAP"),
             early_launch: on("FRT_NO_EARLY_LAUNCH"),
         }
@@ -65,15 +66,15 @@ impl Switches {
 
     /// One line for `explain()`: each switch and whether it is on.
     pub fn describe(&self) -> String {
-        let Switches { wgmma, fused_attention, fused_mlp, streamed_products, overlap, early_launch } = *self;
+        let Switches { wgmma, fused_attention, fused_mlp, fp8_streamed, overlap, early_launch } = *self;
         let state = |on: bool| if on { "on" } else { "off" };
         format!(
-            "wgmma {}, fused attention {}, fused MLP {}, streamed products {}, two streams {}, early launches {} (FRT_NO_WGMMA, \
-             FRT_NO_FUSED_ATTENTION, FRT_NO_FUSED_MLP, FRT_NO_STREAMED_PRODUCTS, FRT_NO_OVERLAP, FRT_NO_EARLY_LAUNCH)",
+            "wgmma {}, fused attention {}, fused MLP {}, FP8 streamed kernels {}, two streams {}, early launches {} (FRT_NO_WGMMA, \
+             FRT_NO_FUSED_ATTENTION, FRT_NO_FUSED_MLP, FRT_NO_FP8_STREAMED, FRT_NO_OVERLAP, FRT_NO_EARLY_LAUNCH)",
             state(wgmma),
             state(fused_attention),
             state(fused_mlp),
-            state(streamed_products),
+            state(fp8_streamed),
             state(overlap),
             state(early_launch)
         )
@@ -87,7 +88,7 @@ mod tests {
     #[test]
     fn every_switch_is_on_by_default_and_described() {
         let all = Switches::default();
-        assert!(all.wgmma && all.fused_attention && all.fused_mlp && all.streamed_products && all.overlap && all.early_launch);
+        assert!(all.wgmma && all.fused_attention && all.fused_mlp && all.fp8_streamed && all.overlap && all.early_launch);
         let off = Switches { overlap: false, ..all };
         assert!(off.describe().contains("two streams off") && off.describe().contains("fused MLP on"), "{}", off.describe());
     }
