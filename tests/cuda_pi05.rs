@@ -608,7 +608,7 @@ fn push_mlp(c: &mut Case, a: View, hidden: usize) -> ([WeightId; 2], View) {
     ([w_gate_up, w_down], h)
 }
 
-/// [`push_products`] in FP8: the expert's QKV (seed 0: 50 rows, 1024 deep, 2560 wide) and
+/// [`push_products`] in FP8 at the expert's QKV (seed 0: 50 rows, 1024 deep, 2560 wide) and
 /// output projection (seed 1: 2048 deep, 1024 wide) shapes, or a random one in whole 128-column
 /// chunks; scales from the ranges.
 fn fp8_product_case(seed: u64) -> (Case, Vec<Option<ProductScales>>) {
@@ -657,9 +657,9 @@ fn fp8_mlp_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<ProductS
     (c, scales)
 }
 
-/// Two few-row products of `a` without bias (the form the backend streams in FP8 on sm_90a): one
-/// into an f32 output (K split over the blocks, sums added), one into a bf16 output (one block per
-/// output tile). Returns their weights.
+/// Two few-row products of `a` without bias: one into an f32 output (the form the backend streams
+/// in FP8 on sm_90a, K split over the blocks and the sums added), one into a bf16 output
+/// (cuBLASLt's FP8 product). Returns their weights.
 fn push_products(c: &mut Case, a: View, n: usize) -> [WeightId; 2] {
     let (w_f32, w_bf16) = (c.matrix_weight(n, a.cols), c.matrix_weight(n, a.cols));
     let (out_f32, out_bf16) = (c.plan.matrix("out_f32", a.rows, n), c.plan.matrix("out_bf16", a.rows, n));

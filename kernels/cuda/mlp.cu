@@ -183,21 +183,20 @@ __device__ __forceinline__ void zero_rows(float* out, int out_stride, int rows, 
         *(float4*)(out + (long)(i / (width / 4)) * out_stride + 4 * (i % (width / 4))) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
-// Consumers: the accumulator (rows × 64 columns from `col`) times `scale` into `out`, added (one
-// of several K splits: f32 reductions) or stored.
-template <bool ADD, typename Tout>
-__device__ __forceinline__ void write_tile(Tout* out, int out_stride, int rows, int col, const float* acc, float scale) {
+// Consumers: the accumulator (rows × 64 columns from `col`) times `scale` into f32 `out`, added
+// (one of several K splits) or stored.
+template <bool ADD>
+__device__ __forceinline__ void write_tile(float* out, int out_stride, int rows, int col, const float* acc, float scale) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row0 = warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
     for (int j = 0; j < 8; ++j)
         for (int h = 0; h < 2; ++h) {
             const int r = row0 + 8 * h;
             if (r >= rows) continue;
-            Tout* o = out + (long)r * out_stride + col + 8 * j + col0;
+            float* o = out + (long)r * out_stride + col + 8 * j + col0;
             const float v0 = acc[4 * j + 2 * h] * scale, v1 = acc[4 * j + 2 * h + 1] * scale;
             if (ADD) asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(o), "f"(v0), "f"(v1) : "memory");
-            else if (sizeof(Tout) == 4) *(float2*)o = make_float2(v0, v1);
-            else *(unsigned*)o = pack_bf16x2(v0, v1);
+            else *(float2*)o = make_float2(v0, v1);
         }
 }
 
@@ -288,16 +287,17 @@ extern "C" __global__ void __launch_bounds__(160, 1)
                      barrier, MlpScales{a_inverse_scale, gate_up_scale, hidden_inverse_scale, down_scale});
 }
 
-// One few-row FP8 product out[rows, n] = (a · wᵀ) · scale (the action expert's QKV and output
-// projections) streamed as the MLP's down is: (n / 64) output tiles × `splits` ranges of K over
-// the blocks, each block streaming its e4m3 tiles of w (retile_weight, unpaired) through the
-// ring, A quantized with `a_inverse` as it loads (`scale`: the input's scale × the weight's).
-// With one split a block stores its tile (bf16 or f32); with several (f32 only, cooperative
-// launch) the blocks zero `out`, meet at the grid barrier once their sums are ready and add
-// them. cuBLASLt would need a quantizing launch before each of these ~5 µs products; here the
-// quantization rides on the load and the weight bytes are half of bf16's.
-template <typename Tout>
-__device__ void product_stream(Tout* out, int out_stride, const bf16* a, int a_stride, const unsigned char* w, int rows, int n, int k,
+// One few-row FP8 product out[rows, n] = (a · wᵀ) · scale into f32 (the action expert's output
+// projection, into the branch its gated residual reads) streamed as the MLP's down is: (n / 64)
+// output tiles × `splits` ranges of K over the blocks, each block streaming its e4m3 tiles of w
+// (retile_weight, unpaired) through the ring, A quantized with `a_inverse` as it loads (`scale`:
+// the input's scale × the weight's). With one split a block stores its tile; with several
+// (cooperative launch) the blocks zero `out`, meet at the grid barrier once their sums are ready
+// and add them. cuBLASLt would need a quantizing launch before the product; here the
+// quantization rides on the load and the weight bytes are half of bf16's (5.1 against 5.7 µs
+// for the expert's on the H200). A bf16 output would take one split, every block quantizing all
+// of A: the expert's QKV took 8.0 µs so, against cuBLASLt's 4.6 in bf16, and is left to it.
+__device__ void product_stream(float* out, int out_stride, const bf16* a, int a_stride, const unsigned char* w, int rows, int n, int k,
                                int splits, unsigned* barrier, float a_inverse, float scale) {
     extern __shared__ __align__(16) unsigned char mlp_shared[];
     __shared__ __align__(8) unsigned long long bars[2 * MLP_STAGES];
@@ -309,23 +309,21 @@ __device__ void product_stream(Tout* out, int out_stride, const bf16* a, int a_s
         return;
     }
     wait_for_prior_grid();  // as the MLP's: before reading A or zeroing `out`
-    if (splits > 1) zero_rows((float*)out, out_stride, rows, n);
+    if (splits > 1) zero_rows(out, out_stride, rows, n);
     float acc[32];
     int g = 0;
     load_a<true>(ring, a, a_stride, rows, c0, chunks, a_inverse);
     mlp_product<true>(acc, ring, chunks, g);
     if (splits > 1) {
         grid_barrier_128(barrier);
-        write_tile<true>((float*)out, out_stride, rows, tile * 64, acc, scale);
+        write_tile<true>(out, out_stride, rows, tile * 64, acc, scale);
     } else {
         write_tile<false>(out, out_stride, rows, tile * 64, acc, scale);
     }
 }
-#define PRODUCT_STREAM(NAME, TOUT)                                                                                           \
-    extern "C" __global__ void __launch_bounds__(160, 1) NAME(TOUT* out, int out_stride, const bf16* a, int a_stride,        \
-                                                              const unsigned char* w, int rows, int n, int k, int splits,      \
-                                                              unsigned* barrier, float a_inverse_scale, float scale) {         \
-        product_stream<TOUT>(out, out_stride, a, a_stride, w, rows, n, k, splits, barrier, a_inverse_scale, scale);          \
-    }
-FOR_TYPE(PRODUCT_STREAM, product_stream_wgmma_e4m3)
+extern "C" __global__ void __launch_bounds__(160, 1)
+    product_stream_wgmma_e4m3(float* out, int out_stride, const bf16* a, int a_stride, const unsigned char* w, int rows, int n, int k,
+                              int splits, unsigned* barrier, float a_inverse_scale, float scale) {
+    product_stream(out, out_stride, a, a_stride, w, rows, n, k, splits, barrier, a_inverse_scale, scale);
+}
 #endif

@@ -137,29 +137,21 @@ impl Kernels {
     }
 
     /// The K split when [`Kernels::product_stream`] runs a product of `rows` rows, `n` outputs
-    /// and depth `k` into `out` on this device, or `None` when it cannot: not sm_90a, more than
-    /// 64 rows, `n` not whole 64-column tiles, `k` not whole 128-column chunks, or a split's
-    /// chunks past what a block holds. A bf16 output takes one split (each block stores its tile,
-    /// so `k` must fit a block); an f32 one the largest split that keeps one block per SM, which
-    /// adds its partial sums.
-    pub fn product_stream_splits(&self, rows: usize, n: usize, k: usize, out: Dtype, multiprocessors: usize) -> Option<usize> {
+    /// and depth `k` on this device, or `None` when it cannot: not sm_90a, more than 64 rows, `n`
+    /// not whole 64-column tiles, `k` not whole 128-column chunks or no split whose chunks a
+    /// block holds. The split is the largest that keeps one block per SM.
+    pub fn product_stream_splits(&self, rows: usize, n: usize, k: usize, multiprocessors: usize) -> Option<usize> {
         let (chunk_k, most_chunks) = a_chunks(true);
         let (out_tiles, k_chunks) = (n / 64, k / chunk_k);
         if !self.mlp_stream || !(1..=64).contains(&rows) || n % 64 != 0 || k % chunk_k != 0 || k == 0 || out_tiles > multiprocessors {
             return None;
         }
-        match out {
-            Dtype::Bf16 => (k_chunks <= most_chunks).then_some(1),
-            Dtype::F32 => {
-                (1..=k_chunks).rev().find(|&s| k_chunks % s == 0 && out_tiles * s <= multiprocessors && k_chunks / s <= most_chunks)
-            }
-            Dtype::E4m3 => None,
-        }
+        (1..=k_chunks).rev().find(|&s| k_chunks % s == 0 && out_tiles * s <= multiprocessors && k_chunks / s <= most_chunks)
     }
 
-    /// The few-row FP8 product `out = a · wᵀ` (no bias, overwritten) streamed as the MLP's down
-    /// is (mlp.cu's `product_stream_wgmma_e4m3_*`), `scales` = (input scale, weight scale), `a`
-    /// quantized as it loads. `w` must be tiled in e4m3 by [`Kernels::retile_weight`]
+    /// The few-row FP8 product `out = a · wᵀ` (f32, no bias, overwritten) streamed as the MLP's
+    /// down is (mlp.cu's `product_stream_wgmma_e4m3`), `scales` = (input scale, weight scale),
+    /// `a` quantized as it loads. `w` must be tiled in e4m3 by [`Kernels::retile_weight`]
     /// (unpaired); `barrier` is a device word no concurrent launch uses. `programmatic`: launched
     /// as a programmatic dependent of the kernel before it on the stream, which writes `a` (the
     /// product waits for it before reading `a` or writing `out`).
@@ -179,17 +171,17 @@ impl Kernels {
         stream: CUstream,
     ) -> Result<()> {
         let (rows, n, k) = (a.rows, out.cols, a.cols);
-        let what = if out.dtype == Dtype::F32 { "product_stream_wgmma_e4m3_f32" } else { "product_stream_wgmma_e4m3_bf16" };
+        let what = "product_stream_wgmma_e4m3";
         let aligned = |m: &Mat| m.ptr % 16 == 0 && (m.stride * m.dtype.size()) % 16 == 0;
-        let splits = self.product_stream_splits(rows, n, k, out.dtype, multiprocessors);
-        let Some(splits) =
-            splits.filter(|_| a.dtype == Dtype::Bf16 && out.rows == rows && aligned(&a) && aligned(&out) && barrier % 4 == 0)
-        else {
+        let splits = self.product_stream_splits(rows, n, k, multiprocessors);
+        let Some(splits) = splits.filter(|_| {
+            (a.dtype, out.dtype) == (Dtype::Bf16, Dtype::F32) && out.rows == rows && aligned(&a) && aligned(&out) && barrier % 4 == 0
+        }) else {
             return Err(shape_error(
                 what,
                 format!(
-                    "needs bf16 a [1-64 rows, 128·n], out [rows, 64·n] (bf16 with k ≤ 1024, or f32), 16-byte aligned rows, sm_90a with \
-                     n / 64 ≤ {multiprocessors} SMs; got a {}x{} {:?}, out {}x{} {:?}",
+                    "needs bf16 a [1-64 rows, 128·n], f32 out [rows, 64·n], 16-byte aligned rows, sm_90a with n / 64 ≤ \
+                     {multiprocessors} SMs; got a {}x{} {:?}, out {}x{} {:?}",
                     a.rows, a.cols, a.dtype, out.rows, out.cols, out.dtype
                 ),
             ));
@@ -220,7 +212,7 @@ impl Kernels {
             (false, true) => &mut attrs[1..],
             (false, false) => &mut attrs[..0],
         };
-        // SAFETY: the arguments match `product_stream_wgmma_e4m3_*`'s signature: 160 threads, one
+        // SAFETY: the arguments match `product_stream_wgmma_e4m3`'s signature: 160 threads, one
         // block per output tile and split.
         unsafe { self.launch_with_attributes(what, ((n / 64 * splits) as u32, 1, 1), 160, MLP_SHARED_BYTES, stream, args, attrs) }
     }

@@ -33,7 +33,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
-use flashrt_kernels::{DevPtr, Dtype, Kernels, MAX_PROMPT_BUCKETS, QwenImageSizes, has_fp8};
+use flashrt_kernels::{DevPtr, Kernels, MAX_PROMPT_BUCKETS, QwenImageSizes, has_fp8};
 
 use super::arena::{DeviceBuf, Elem, Layout, Scratch, ScratchSizes, copied_input, element_types};
 use super::device::{BlasLt, Context, DeviceMemory, Event, Graph, Pinned, Stream, check};
@@ -534,7 +534,6 @@ impl StreamedShapes for Fp8Shapes<'_> {
         self.on && self.kernels.mlp_stream_splits(rows, width, hidden, self.multiprocessors, true).is_some()
     }
     fn product(&self, rows: usize, n: usize, k: usize, out: Elem) -> bool {
-        let dtype = if out == Elem::F32 { Dtype::F32 } else { Dtype::Bf16 };
-        self.on && self.kernels.product_stream_splits(rows, n, k, dtype, self.multiprocessors).is_some()
+        self.on && out == Elem::F32 && self.kernels.product_stream_splits(rows, n, k, self.multiprocessors).is_some()
     }
 }

@@ -339,11 +339,12 @@ pub(super) trait StreamedShapes {
 
 /// The few-row products the lowering can run as one streamed FP8 launch each
 /// (`Kernels::product_stream`): on the main stream, outside the fused MLPs, bf16 A, no bias,
-/// overwriting a bf16 or f32 output, of a weight no op selects (selection rewrites the row-major
-/// form) and of a shape the kernel takes. On Pi0.5 these are the action expert's QKV and output
-/// projections. In bf16 they stay on cuBLASLt: a streamed bf16 form measured no faster there
-/// (QKV 6.2 against 5.5 µs, the output projection 5.9 against 5.7 µs on an H100); in e4m3 the
-/// stream carries half the bytes and cuBLASLt would need a quantizing launch before each.
+/// overwriting an f32 output, of a weight no op selects (selection rewrites the row-major form)
+/// and of a shape the kernel takes (`StreamedShapes::product` decides the output type). On Pi0.5
+/// this is the action expert's output projection. In bf16 they stay on cuBLASLt: a streamed bf16
+/// form measured no faster there (QKV 6.2 against 5.5 µs, the output projection 5.9 against
+/// 5.7 µs on an H100); in e4m3 the stream carries half the bytes and cuBLASLt would need a
+/// quantizing launch before each.
 pub(super) fn streamed_products(
     plan: &Plan,
     elems: &[Elem],
