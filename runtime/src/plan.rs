@@ -651,6 +651,17 @@ impl Plan {
         self.buffers.iter().position(|b| b.name == name).map(BufId)
     }
 
+    /// The weights an [`Op::SelectWeight`] rewrites (GR00T's per-embodiment ones).
+    pub fn selected_weights(&self) -> Vec<WeightId> {
+        self.ops
+            .iter()
+            .filter_map(|op| match *op {
+                Op::SelectWeight { dst, .. } => Some(dst),
+                _ => None,
+            })
+            .collect()
+    }
+
     pub fn weight(&mut self, name: impl Into<String>, role: WeightRole) -> WeightId {
         self.weights.push(WeightDecl { name: name.into(), role });
         WeightId(self.weights.len() - 1)

@@ -112,11 +112,7 @@ impl Kernels {
             Arg::P(barrier),
         ];
         // Cooperative: the blocks meet at a grid barrier, so all must be resident at once.
-        // SAFETY: the attribute value is a plain C union; all-zero bytes are a valid value.
-        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-        value.cooperative = 1;
-        let cooperative = sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE, pad: [0; 4], value };
-        let mut attrs = [cooperative, programmatic_attribute()];
+        let mut attrs = [cooperative_attribute(), programmatic_attribute()];
         let attrs = if programmatic { &mut attrs[..] } else { &mut attrs[..1] };
         let grid = ((hid / 32) as u32, 1, 1);
         // SAFETY: the arguments match the kernel's signature (the FP8 form's four scales after the
@@ -201,11 +197,7 @@ impl Kernels {
             Arg::F(a_scale * w_scale),
         ];
         // Several splits meet at a grid barrier: cooperative, so all blocks are resident at once.
-        // SAFETY: the attribute value is a plain C union; all-zero bytes are a valid value.
-        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
-        value.cooperative = 1;
-        let cooperative = sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE, pad: [0; 4], value };
-        let mut attrs = [cooperative, programmatic_attribute()];
+        let mut attrs = [cooperative_attribute(), programmatic_attribute()];
         let attrs = match (splits > 1, programmatic) {
             (true, true) => &mut attrs[..],
             (true, false) => &mut attrs[..1],

@@ -353,14 +353,7 @@ pub(super) fn streamed_products(
     streams: &dyn StreamedShapes,
 ) -> Vec<usize> {
     let in_mlp = |i: usize| mlps.iter().any(|&m| (m..m + 3).contains(&i));
-    let selected: Vec<WeightId> = plan
-        .ops
-        .iter()
-        .filter_map(|op| match *op {
-            Op::SelectWeight { dst, .. } => Some(dst),
-            _ => None,
-        })
-        .collect();
+    let selected = plan.selected_weights();
     (0..plan.ops.len())
         .filter(|&i| {
             let Op::Gemm { a, w, bias: None, out, accumulate: false } = plan.ops[i] else { return false };

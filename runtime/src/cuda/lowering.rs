@@ -277,14 +277,7 @@ impl Lowering<'_> {
     /// streamed MLP (which reads a tiled copy).
     fn check_selected_weights(&self) -> Result<()> {
         let plan = self.plan;
-        let selected: Vec<WeightId> = plan
-            .ops
-            .iter()
-            .filter_map(|op| match *op {
-                Op::SelectWeight { dst, .. } => Some(dst),
-                _ => None,
-            })
-            .collect();
+        let selected = plan.selected_weights();
         for (i, op) in plan.ops.iter().enumerate() {
             let involved = matches!(op, Op::SelectWeight { .. }) || op.weights_read().any(|w| selected.contains(&w));
             if involved && self.op_lanes[i] != 0 {
