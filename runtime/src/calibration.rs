@@ -456,6 +456,17 @@ pub const SYNTHETIC_WARNING: &str = "calibrating FP8 on SYNTHETIC observations (
 /// are not the robot's.
 pub fn calibrate_synthetic(policy: &mut Policy, settings: &CalibrationSettings, seed: u64) -> Result<Calibration> {
     log::warn!("{SYNTHETIC_WARNING}");
+    let cameras = policy.info().cameras.len();
+    let fewest = crate::synthetic::fewest_cameras(settings.steps, cameras);
+    if fewest > 1 {
+        // Pi0.5 on 3 camera slots calibrated with 2 steps: FP8's worst relative L2 on 1-camera
+        // observations went past 5e-2 (bench/NOTES.md, FP8 section).
+        log::warn!(
+            "{} synthetic steps show {cameras} down to {fewest} cameras, never fewer: the inputs of more missing cameras are not \
+             calibrated and may clip; pass --steps {cameras} or more",
+            settings.steps
+        );
+    }
     let settings = CalibrationSettings { observations: crate::synthetic::describe(policy, seed), ..settings.clone() };
     let records = crate::synthetic::observations(policy, settings.steps, seed);
     calibrate(policy, &settings, true, &records)

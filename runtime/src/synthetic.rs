@@ -22,6 +22,13 @@ fn cameras_present(i: usize, cameras: usize) -> usize {
     cameras.max(1) - i % cameras.max(1)
 }
 
+/// The fewest cameras among the first `count` synthetic observations of a policy with `cameras`
+/// slots: below `cameras` steps a calibration never sees the inputs of the missing cameras
+/// past that.
+pub fn fewest_cameras(count: usize, cameras: usize) -> usize {
+    (0..count.min(cameras.max(1))).map(|i| cameras_present(i, cameras)).min().unwrap_or(cameras)
+}
+
 /// Where [`observations`] for `policy` with `seed` came from, for the records that use them
 /// (a calibration's settings, `flashrt compare`'s JSON).
 pub fn describe(policy: &Policy, seed: u64) -> String {
@@ -59,4 +66,17 @@ pub fn observations(policy: &Policy, count: usize, seed: u64) -> Vec<RecordedObs
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn camera_sets_go_from_all_down_to_one_and_around() {
+        assert_eq!((0..7).map(|i| cameras_present(i, 3)).collect::<Vec<_>>(), [3, 2, 1, 3, 2, 1, 3]);
+        // Two steps of a three-camera policy never show one camera; three do.
+        assert_eq!((fewest_cameras(2, 3), fewest_cameras(3, 3), fewest_cameras(8, 3)), (2, 1, 1));
+        assert_eq!((fewest_cameras(1, 1), fewest_cameras(0, 2)), (1, 2));
+    }
 }

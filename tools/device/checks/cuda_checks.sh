@@ -90,7 +90,8 @@ calibration() { # checkpoint name cameras -> prints the file
     if [ -f "$BIN/calibration/$2.json" ]; then
         cp "$BIN/calibration/$2.json" "$file"
     elif [ ! -f "$file" ]; then
-        run "$BIN/flashrt" calibrate --checkpoint "$1" --cameras "$3" --steps 2 --measure-steps 1 --threads 16 --out "$file" >&2
+        # At least one step per camera count: the synthetic set goes from all cameras down to one.
+        run "$BIN/flashrt" calibrate --checkpoint "$1" --cameras "$3" --steps $(($3 > 2 ? $3 : 2)) --measure-steps 1 --threads 16 --out "$file" >&2
     fi
     echo "$file"
 }
