@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::fp8::{self, ProductScales};
 use crate::models::ModelInfo;
 use crate::observation_log::RecordedObservation;
-use crate::plan::{Op, Plan, WeightId, WeightRole};
+use crate::plan::{Op, Plan, WeightRole};
 use crate::policy::Policy;
 
 /// The `format` field of a calibration file.
@@ -291,8 +291,7 @@ impl ProductProbe {
 /// bf16 (empty for an FP8 candidate). A matrix an embodiment selection rewrites each step stays:
 /// its whole table would have to be FP8.
 fn product_exclusions(plan: &Plan, settings: &CalibrationSettings) -> Vec<Option<String>> {
-    let selected: Vec<WeightId> =
-        plan.ops.iter().filter_map(|op| if let Op::SelectWeight { dst, .. } = *op { Some(dst) } else { None }).collect();
+    let selected = plan.selected_weights();
     let min = settings.min_product_features;
     let keep = settings.keep_bf16.as_deref().unwrap_or_default();
     let mut why = vec![None; plan.weights.len()];
