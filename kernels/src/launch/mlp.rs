@@ -23,6 +23,13 @@ fn a_chunks(fp8: bool) -> (usize, usize) {
     if fp8 { (128, MLP_E4M3_A_CHUNKS) } else { (64, MLP_A_CHUNKS) }
 }
 
+/// The largest split of `k_chunks` chunks of K over the blocks (a divisor) that gives
+/// `out_tiles` × split units no more than `blocks` and each unit at most `most_chunks` chunks:
+/// how the streamed down product and the streamed products share K out.
+fn k_split(k_chunks: usize, out_tiles: usize, blocks: usize, most_chunks: usize) -> Option<usize> {
+    (1..=k_chunks).rev().find(|&s| k_chunks % s == 0 && out_tiles * s <= blocks && k_chunks / s <= most_chunks)
+}
+
 /// Most e4m3 chunks of A a block of the FP8 forms holds (mlp.cu's MLP_E4M3_A_CHUNKS).
 const MLP_E4M3_A_CHUNKS: usize = 8;
 
@@ -45,7 +52,7 @@ impl Kernels {
         {
             return None;
         }
-        (1..=hidden_chunks).rev().find(|&s| hidden_chunks % s == 0 && out_tiles * s <= blocks && hidden_chunks / s <= most_chunks)
+        k_split(hidden_chunks, out_tiles, blocks, most_chunks)
     }
 
     /// The few-row MLP `out = (gelu(a · w_gateᵀ) ⊙ (a · w_upᵀ)) · w_downᵀ` in one cooperative
@@ -142,7 +149,7 @@ impl Kernels {
         if !self.mlp_stream || !(1..=64).contains(&rows) || n % 64 != 0 || k % chunk_k != 0 || k == 0 || out_tiles > multiprocessors {
             return None;
         }
-        (1..=k_chunks).rev().find(|&s| k_chunks % s == 0 && out_tiles * s <= multiprocessors && k_chunks / s <= most_chunks)
+        k_split(k_chunks, out_tiles, multiprocessors, most_chunks)
     }
 
     /// The few-row FP8 product `out = a · wᵀ` (f32, no bias, overwritten) streamed as the MLP's
