@@ -16,6 +16,7 @@
 #                                                 # streamed kernels in e4m3 and in bf16) alternating, FP8 profile
 #   bash tools/device/checks/cuda_checks.sh fp8-accuracy # FP8 vs bf16 actions on 32 observations (1-3 cameras)
 #   bash tools/device/checks/cuda_checks.sh groot-fp8    # gr00t-2v bf16 vs FP8, FP8 vs bf16 actions on 32 observations
+#   bash tools/device/checks/cuda_checks.sh fp8-variants # pi05 FP8 vs bf16 actions under each carried 3-camera calibration variant
 #   bash tools/device/checks/cuda_checks.sh groot-fp8-variants # FP8 vs bf16 actions under each carried calibration variant
 #   bash tools/device/checks/cuda_checks.sh groot-full   # GR00T N1.7 full size: lerobot f32 on the same weights vs CUDA,
 #                                                 # then lerobot's bf16-autocast step timed (the side-by-side baseline)
@@ -289,6 +290,25 @@ for phase in "$@"; do
         CKPT="$GROOT_FULL" bench 2 gr00t-2v-fp8 --precision fp8 --fp8-calibration "$calg"
         fp8_compare "$GROOT_FULL" 2 "$calg" gr00t-2cam-fp8-vs-bf16 "$OUT/groot-fp8-vs-bf16-accuracy.json"
         ;;
+    fp8-variants)
+        # Which part of Pi0.5 sets FP8's error, and what keeping it in bf16 costs: each carried
+        # calibration variant of the 3-camera calibration (.device-carry/calibration/
+        # pi05-full-3v-NAME.json, e.g. one group of products turned back to bf16) against the bf16
+        # build on the same 32 observations, then pi05-2v's speed under each 2-camera variant.
+        echo "== fp8-variants: pi05 FP8 vs bf16 actions under each carried calibration variant"
+        synth_full
+        for calv in "$BIN"/calibration/pi05-full-3v-*.json; do
+            name=$(basename "$calv" .json)
+            fp8_compare "$FULL" 3 "$calv" "$name-vs-bf16" "$OUT/$name-accuracy.json"
+        done
+        # Their speed: pi05-2v under each variant of the 2-camera calibration
+        # (pi05-full-2v-NAME.json), after the calibration as made.
+        calb=$(calibration "$FULL" pi05-full-2v 2)
+        bench 2 pi05-2v-fp8 --precision fp8 --fp8-calibration "$calb"
+        for calv in "$BIN"/calibration/pi05-full-2v-*.json; do
+            bench 2 "pi05-2v-fp8-$(basename "$calv" .json | sed 's/^pi05-full-2v-//')" --precision fp8 --fp8-calibration "$calv"
+        done
+        ;;
     groot-fp8-variants)
         # Which part of GR00T sets FP8's error: each carried calibration variant
         # (.device-carry/calibration/groot-full-2v-NAME.json, e.g. one group of products turned back
@@ -313,7 +333,7 @@ for phase in "$@"; do
         groot_bench_views 3 gr00t-3v
         ;;
     *)
-        echo "unknown phase $phase (tests | fp8-tests | fp8 | fp8-accuracy | groot-fp8 | groot-fp8-variants | soak | soak-start | soak-wait | soak-tiny | bench | views | full | groot-full | groot-bench | groot-views | ab | overlap | slots | buckets | settings | attention | profile | versus)"
+        echo "unknown phase $phase (tests | fp8-tests | fp8 | fp8-accuracy | fp8-variants | groot-fp8 | groot-fp8-variants | soak | soak-start | soak-wait | soak-tiny | bench | views | full | groot-full | groot-bench | groot-views | ab | overlap | slots | buckets | settings | attention | profile | versus)"
         status=2
         ;;
     esac
