@@ -150,6 +150,28 @@ __device__ __forceinline__ unsigned short e4m3x2(float first, float second) {
 }
 #endif
 
+// An e4m3 value as its 8 raw bits: an FP8 product's input, written in e4m3 by the kernel that
+// produces it (a norm, a gated activation) with the product's inverse input scale applied
+// (`out_scale`), instead of in bf16 and then quantized by a launch of its own. The `_e4m3`
+// instantiations exist from sm_89 on, like the conversion.
+struct e4m3 {
+    unsigned char bits;
+};
+#if __CUDA_ARCH__ >= 890
+template <> __device__ __forceinline__ e4m3 from_float<e4m3>(float v) { return e4m3{(unsigned char)e4m3x2(v, 0.0f)}; }
+__device__ __forceinline__ void store8(e4m3* p, const float* v) {
+    *(uint2*)p = make_uint2(e4m3x2(v[0], v[1]) | (unsigned)e4m3x2(v[2], v[3]) << 16,
+                            e4m3x2(v[4], v[5]) | (unsigned)e4m3x2(v[6], v[7]) << 16);
+}
+// Instantiates `KERNEL(NAME, TIN, TOUT)` for f32 and bf16 inputs into e4m3, named
+// `<name>_<in>_e4m3`.
+#define FOR_IN_E4M3(KERNEL, NAME)         \
+    KERNEL(NAME##_f32_e4m3, float, e4m3) \
+    KERNEL(NAME##_bf16_e4m3, bf16, e4m3)
+#else
+#define FOR_IN_E4M3(KERNEL, NAME)
+#endif
+
 // ---- Hopper (sm_90a) building blocks: the warpgroup MMA kernels' (attention_mq256.cu, mlp.cu) --------
 // Byte offset of 16-byte piece `piece` (0-7) of row `r` in a 64 × 64 bf16 tile in the 128-byte
 // swizzle wgmma reads (and bulk tensor copies write): the piece index XOR the row within its 8.

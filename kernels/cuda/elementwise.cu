@@ -130,9 +130,11 @@ __device__ void activation_inplace(T* x, int stride, int rows, int cols, int per
     }
 FOR_TYPE(ACTIVATION, activation)
 
-// out = act(gate) * up, with gate_up = [gate | up] column halves of `cols` each (GeGLU, SwiGLU).
+// out = act(gate) * up · out_scale, with gate_up = [gate | up] column halves of `cols` each (GeGLU,
+// SwiGLU); also into e4m3 (an FP8 product's input: out_scale its inverse input scale, else 1).
 template <int KIND, typename Tin, typename Tout>
-__device__ void gated_activation(Tout* out, int out_stride, const Tin* gate_up, int gu_stride, int rows, int cols, int per) {
+__device__ void gated_activation(Tout* out, int out_stride, const Tin* gate_up, int gu_stride, int rows, int cols, int per,
+                                 float out_scale) {
     const int c = (blockIdx.x * blockDim.x + threadIdx.x) * per, r = blockIdx.y;
     if (c >= cols || r >= rows) return;
     const Tin* g = gate_up + (long)r * gu_stride + c;
@@ -141,19 +143,20 @@ __device__ void gated_activation(Tout* out, int out_stride, const Tin* gate_up, 
         float gate[8], up[8];
         load8(g, gate);
         load8(g + cols, up);
-        for (int i = 0; i < 8; ++i) gate[i] = activate<KIND>(gate[i]) * up[i];
+        for (int i = 0; i < 8; ++i) gate[i] = activate<KIND>(gate[i]) * up[i] * out_scale;
         store8(o, gate);
     } else {
-        *o = from_float<Tout>(activate<KIND>(to_float(g[0])) * to_float(g[cols]));
+        *o = from_float<Tout>(activate<KIND>(to_float(g[0])) * to_float(g[cols]) * out_scale);
     }
 }
-#define GATED_ACTIVATION_BODY(K) gated_activation<K>(out, out_stride, gate_up, gu_stride, rows, cols, per)
+#define GATED_ACTIVATION_BODY(K) gated_activation<K>(out, out_stride, gate_up, gu_stride, rows, cols, per, out_scale)
 #define GATED_ACTIVATION(NAME, TIN, TOUT)                                                         \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* gate_up, int gu_stride, \
-                                    int rows, int cols, int per, int kind) {                      \
+                                    int rows, int cols, int per, int kind, float out_scale) {     \
         FOR_ACTIVATION(GATED_ACTIVATION_BODY)                                                     \
     }
 FOR_IN_OUT(GATED_ACTIVATION, gated_activation)
+FOR_IN_E4M3(GATED_ACTIVATION, gated_activation)
 
 // out[r, c] = x[r, c] * scale[c] + offset[c] (action unnormalisation), out f32.
 template <typename Tin>

@@ -1,4 +1,6 @@
-// Row normalisations: one block per row, f32 statistics, any mix of f32/bf16 input and output.
+// Row normalisations: one block per row, f32 statistics, any mix of f32/bf16 input and output;
+// the plain layer and RMS norms also into e4m3 (an FP8 product's input), each value times
+// `out_scale` (1 for f32 and bf16) before it is stored.
 // Rows are at most a few thousand wide, so the second pass re-reads the row from L1/L2 instead of
 // staging it in shared memory.
 #include "common.cuh"
@@ -22,14 +24,14 @@ __device__ __forceinline__ void load8_or_zero(const T* p, float* v, bool mine) {
 // `[scale | shift | ...]` (2 * cols floats at least) then `* (1 + scale) + shift` (AdaLN).
 template <typename Tin, typename Tout>
 __device__ void layer_norm(Tout* out, int out_stride, const Tin* x, int x_stride, const float* gamma,
-                           const float* beta, const float* modulation, int cols, float eps, int per) {
+                           const float* beta, const float* modulation, int cols, float eps, int per, float out_scale) {
     __shared__ float scratch[32];
     const Tin* xr = x + (long)blockIdx.x * x_stride;
     Tout* orow = out + (long)blockIdx.x * out_stride;
     auto finish = [&](float y, int c) {
         if (gamma) y = y * gamma[c] + beta[c];
         if (modulation) y = y * (1.0f + modulation[c]) + modulation[cols + c];
-        return y;
+        return y * out_scale;
     };
     if (per == 8) {
         const int c = threadIdx.x * 8;
@@ -49,6 +51,7 @@ __device__ void layer_norm(Tout* out, int out_stride, const Tin* x, int x_stride
             v[i] = (v[i] - mean) * inv;
             if (gamma) v[i] = v[i] * g[i] + b[i];
             if (modulation) v[i] = v[i] * (1.0f + modulation[c + i]) + modulation[cols + c + i];
+            v[i] *= out_scale;
         }
         store8(orow + c, v);
         return;
@@ -70,18 +73,20 @@ __device__ void layer_norm(Tout* out, int out_stride, const Tin* x, int x_stride
 #define LAYER_NORM(NAME, TIN, TOUT)                                                                    \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* x, int x_stride,            \
                                     const float* gamma, const float* beta, const float* modulation,   \
-                                    int cols, float eps, int per) {                                   \
-        layer_norm<TIN, TOUT>(out, out_stride, x, x_stride, gamma, beta, modulation, cols, eps, per);  \
+                                    int cols, float eps, int per, float out_scale) {                  \
+        layer_norm<TIN, TOUT>(out, out_stride, x, x_stride, gamma, beta, modulation, cols, eps, per, out_scale); \
     }
 FOR_IN_OUT(LAYER_NORM, layer_norm)
+FOR_IN_E4M3(LAYER_NORM, layer_norm)
 
 // Normalises this thread's 8 values of a row (columns c … c + 7, `mine` whether they exist) by
 // the row's RMS, times `weight` when given (Qwen3's RMSNorm), then `* (1 + scale) + shift` when an
-// adaRMS modulation `[scale | shift | gate]` (3 * cols floats) is given, and stores them. `ss` is
-// the thread's sum of squares.
+// adaRMS modulation `[scale | shift | gate]` (3 * cols floats) is given, and stores them times
+// `out_scale`. `ss` is the thread's sum of squares.
 template <typename Tout>
 __device__ __forceinline__ void rms_finish8(Tout* orow, int c, bool mine, float* v, float ss, const float* modulation,
-                                            int cols, float eps, float* scratch, const float* weight = nullptr) {
+                                            int cols, float eps, float* scratch, const float* weight = nullptr,
+                                            float out_scale = 1.0f) {
     float scale[8], shift[8], w[8];
     if (modulation) {
         load8_or_zero(modulation + c, scale, mine);
@@ -94,6 +99,7 @@ __device__ __forceinline__ void rms_finish8(Tout* orow, int c, bool mine, float*
         v[i] *= inv;
         if (weight) v[i] *= w[i];
         if (modulation) v[i] = v[i] * (1.0f + scale[i]) + shift[i];
+        v[i] *= out_scale;
     }
     store8(orow + c, v);
 }
@@ -102,13 +108,13 @@ __device__ __forceinline__ void rms_finish8(Tout* orow, int c, bool mine, float*
 // of `xr`, which is read again.
 template <typename Tin, typename Tout>
 __device__ void rms_finish(Tout* orow, const Tin* xr, float ss, const float* modulation, int cols, float eps,
-                           float* scratch, const float* weight = nullptr) {
+                           float* scratch, const float* weight = nullptr, float out_scale = 1.0f) {
     const float inv = 1.0f / sqrtf(block_sum(ss, scratch) / cols + eps);
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float o = to_float(xr[c]) * inv;
         if (weight) o *= weight[c];
         if (modulation) o = o * (1.0f + modulation[c]) + modulation[cols + c];
-        orow[c] = from_float<Tout>(o);
+        orow[c] = from_float<Tout>(o * out_scale);
     }
 }
 
@@ -116,7 +122,7 @@ __device__ void rms_finish(Tout* orow, const Tin* xr, float ss, const float* mod
 // (heads = 1: the whole row), sharing `weight`.
 template <typename Tin, typename Tout>
 __device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, const float* weight, const float* modulation,
-                         int cols, int heads, float eps, int per) {
+                         int cols, int heads, float eps, int per, float out_scale) {
     __shared__ float scratch[32];
     const long r = blockIdx.x / heads, h = blockIdx.x % heads;
     const Tin* xr = x + r * x_stride + h * cols;
@@ -128,14 +134,14 @@ __device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, 
         float v[8];
         load8_or_zero(xr + c, v, mine);
         for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
-        rms_finish8<Tout>(orow, c, mine, v, ss, modulation, cols, eps, scratch, weight);
+        rms_finish8<Tout>(orow, c, mine, v, ss, modulation, cols, eps, scratch, weight, out_scale);
         return;
     }
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         const float v = to_float(xr[c]);
         ss += v * v;
     }
-    rms_finish<Tin, Tout>(orow, xr, ss, modulation, cols, eps, scratch, weight);
+    rms_finish<Tin, Tout>(orow, xr, ss, modulation, cols, eps, scratch, weight, out_scale);
 }
 
 // The RMS norms let a programmatic dependent start at once (`launch_dependents`): the streamed
@@ -144,11 +150,12 @@ __device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, 
 #define RMS_NORM(NAME, TIN, TOUT)                                                                   \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* x, int x_stride,         \
                                     const float* weight, const float* modulation, int cols, int heads, \
-                                    float eps, int per) {                                           \
+                                    float eps, int per, float out_scale) {                          \
         launch_dependents();                                                                        \
-        rms_norm<TIN, TOUT>(out, out_stride, x, x_stride, weight, modulation, cols, heads, eps, per); \
+        rms_norm<TIN, TOUT>(out, out_stride, x, x_stride, weight, modulation, cols, heads, eps, per, out_scale); \
     }
 FOR_IN_OUT(RMS_NORM, rms_norm)
+FOR_IN_E4M3(RMS_NORM, rms_norm)
 
 // x += y * gate elementwise (x f32), gate = the third part of an adaRMS modulation vector.
 template <typename Ty>

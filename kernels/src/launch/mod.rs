@@ -142,6 +142,9 @@ const MLP_A_CHUNKS: usize = 16;
 
 const IN_OUT: [&str; 7] =
     ["layer_norm", "rms_norm", "gated_residual_rms_norm", "gated_residual_rms_norm_product", "copy", "gated_activation", "scatter_rows"];
+/// The `IN_OUT` kernels also instantiated into e4m3 (`FOR_IN_E4M3`, sm_89 on): the producers of
+/// FP8 products' inputs.
+const INTO_E4M3: [&str; 3] = ["layer_norm", "rms_norm", "gated_activation"];
 const TYPED: [&str; 15] = [
     "product_rms_norm",
     "gated_residual",
@@ -217,6 +220,9 @@ pub fn kernel_names(arch: &str) -> Vec<String> {
     }
     if has_fp8(arch) {
         names.extend(types.map(|t| format!("quantize_e4m3_{t}")));
+        for base in INTO_E4M3 {
+            names.extend(types.map(|t| format!("{base}_{t}_e4m3")));
+        }
     }
     names
 }

@@ -6,12 +6,16 @@ use super::*;
 impl Kernels {
     /// Row-wise LayerNorm, with f32 `(gamma, beta)` of `x.cols` when `affine`, and with an
     /// adaptive `modulation` (`[scale | shift | ...]`, f32) `· (1 + scale) + shift` after it.
+    /// `out` may be e4m3 (an FP8 product's input, `out_scale` its inverse input scale; 1 for f32
+    /// and bf16).
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
+    #[allow(clippy::too_many_arguments)] // two matrices, two optional vectors, the output scale
     pub unsafe fn layer_norm(
         &self,
         out: Mat,
+        out_scale: f32,
         x: Mat,
         affine: Option<(DevPtr, DevPtr)>,
         modulation: Option<DevPtr>,
@@ -33,6 +37,7 @@ impl Kernels {
             Arg::I(i32_of(x.cols, &name)?),
             Arg::F(eps),
             Arg::I(per),
+            Arg::F(out_scale),
         ];
         // SAFETY: matches `layer_norm_*` in norm.cu.
         unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
@@ -40,14 +45,16 @@ impl Kernels {
 
     /// RMS norm of each row's `heads` equal column slices (1: the whole row), times `weight`
     /// (one slice wide, f32) when given; with `modulation` (`[scale | shift | gate]`, 3 · cols
-    /// f32) the adaRMS form `rms(x) · (1 + scale) + shift`.
+    /// f32) the adaRMS form `rms(x) · (1 + scale) + shift`. `out` may be e4m3 (an FP8 product's
+    /// input, `out_scale` its inverse input scale; 1 for f32 and bf16).
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
-    #[allow(clippy::too_many_arguments)] // two matrices, the slicing and three optional vectors
+    #[allow(clippy::too_many_arguments)] // two matrices, the slicing, two optional vectors, the output scale
     pub unsafe fn rms_norm(
         &self,
         out: Mat,
+        out_scale: f32,
         x: Mat,
         heads: usize,
         weight: Option<DevPtr>,
@@ -78,6 +85,7 @@ impl Kernels {
             Arg::I(i32_of(heads, &name)?),
             Arg::F(eps),
             Arg::I(per),
+            Arg::F(out_scale),
         ];
         let blocks = u32::try_from(x.rows * heads).map_err(|_| shape_error(&name, format!("{} rows x {heads} heads", x.rows)))?;
         // SAFETY: matches `rms_norm_*` in norm.cu (a null weight or modulation is left out): one

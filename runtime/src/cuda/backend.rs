@@ -157,6 +157,9 @@ impl CudaBackend {
             &fp8_shapes,
         );
         fusions.stream_products(&plan, &op_lanes, fp8.streamed_products.keys().copied().collect());
+        let cublaslt_fp8: Vec<usize> =
+            (0..plan.ops.len()).filter(|&i| matches!(plan.ops[i], Op::Gemm { w, .. } if fp8.chosen.contains_key(&w.0))).collect();
+        fusions.fp8_producers(&plan, &op_lanes, &cublaslt_fp8);
         let mut sizes = [ScratchSizes::default(); LANES];
         for (i, (op, &lane)) in plan.ops.iter().zip(&op_lanes).enumerate() {
             let size = &mut sizes[lane];

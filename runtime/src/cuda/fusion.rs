@@ -30,6 +30,10 @@ pub(super) struct Fusions {
     /// The attentions launched under their RoPE, with the keys it does not write
     /// ([`attentions_after_their_rope`]).
     pub(super) early_attentions: Vec<(usize, usize)>,
+    /// The cuBLASLt FP8 products whose input the op before them writes in e4m3
+    /// ([`e4m3_producers`]), ascending; `fp8_products` counts them all.
+    pub(super) e4m3_producers: Vec<usize>,
+    fp8_products: usize,
     switches: Switches,
 }
 
@@ -109,8 +113,17 @@ impl Fusions {
             products: Vec::new(),
             early_products: Vec::new(),
             early_attentions,
+            e4m3_producers: Vec::new(),
+            fp8_products: 0,
             switches,
         }
+    }
+
+    /// Which of the cuBLASLt FP8 products (`products`: their op indices) take their input in
+    /// e4m3 from the op before them ([`e4m3_producers`]).
+    pub(super) fn fp8_producers(&mut self, plan: &Plan, op_lanes: &[usize], products: &[usize]) {
+        self.fp8_products = products.len();
+        self.e4m3_producers = if self.switches.fp8_producers { e4m3_producers(plan, op_lanes, products) } else { Vec::new() };
     }
 
     /// The few-row products to stream (FP8 ones, chosen by `Fp8Products::choose` among
@@ -150,6 +163,14 @@ impl Fusions {
             "  pass streamed products: {} few-row FP8 product(s) as streamed launches{}",
             self.products.len(),
             off(self.switches.fp8_streamed)
+        );
+        let _ = writeln!(
+            s,
+            "  pass FP8 producers: {} of {} cuBLASLt FP8 product input(s) written in e4m3 by their norm or gated activation, the \
+             others quantized by a launch of their own{}",
+            self.e4m3_producers.len(),
+            self.fp8_products,
+            off(self.switches.fp8_producers)
         );
         let _ = writeln!(
             s,
@@ -390,6 +411,41 @@ pub(super) fn after_their_norm(plan: &Plan, firsts: &[usize], op_lanes: &[usize]
         .collect()
 }
 
+/// Of the FP8 `products` (op indices of cuBLASLt FP8 products, ascending), those whose whole
+/// input is written, on the same stream and in the same phase, by the op just before them, a
+/// layer norm, an RMS norm or a gated activation, and read by nothing after them before
+/// something writes it again: that op writes the input in e4m3 with the product's scale, and the
+/// buffer it wrote in bf16 is never written. (Vision's and the prefix's norms before the QKV and
+/// gate/up products, and the prefix's GeGLU before the down product.)
+pub(super) fn e4m3_producers(plan: &Plan, op_lanes: &[usize], products: &[usize]) -> Vec<usize> {
+    let unread_after = |i: usize, buf: BufId| {
+        for op in &plan.ops[i + 1..] {
+            let accesses = op.accesses(&plan.buffers);
+            if accesses.reads.iter().any(|span| span.buf == buf) {
+                return false;
+            }
+            if accesses.writes.iter().any(|span| span.buf == buf) {
+                return true;
+            }
+        }
+        true
+    };
+    products
+        .iter()
+        .copied()
+        .filter(|&i| {
+            let (Some(producer), Op::Gemm { a, .. }) = (i.checked_sub(1).map(|j| &plan.ops[j]), &plan.ops[i]) else {
+                return false;
+            };
+            let out = match producer {
+                Op::LayerNorm { out, .. } | Op::RmsNorm { out, .. } | Op::AdaRmsNorm { out, .. } | Op::GatedActivation { out, .. } => out,
+                _ => return false,
+            };
+            out == a && op_lanes[i - 1] == op_lanes[i] && plan.phase_starting_at(i).is_none() && unread_after(i, a.buf)
+        })
+        .collect()
+}
+
 /// The attentions that directly follow, on the main stream and in the same phase, the RoPE op
 /// writing their queries, each with how many leading keys of its K and V that op does not write:
 /// launched as RoPE's programmatic dependent, the action tokens' attention loads those keys while
@@ -448,6 +504,37 @@ mod tests {
         plan.push(Op::GatedResidual { x, y: out, modulation });
         extra(&mut plan, w_down, gate_up);
         (plan, first)
+    }
+
+    #[test]
+    fn fp8_inputs_come_from_their_producer_only_where_nothing_else_reads_them() {
+        let (plan, first) = mlp_plan(|_, _, _| {});
+        // The norm before gate/up and the GeGLU before down write their product's whole input.
+        let (gate_up, down) = (first, first + 2);
+        let lanes = vec![0; plan.ops.len()];
+        assert_eq!(e4m3_producers(&plan, &lanes, &[gate_up, down]), vec![gate_up, down]);
+        // Only the FP8 products count; on another stream than its producer a product keeps its
+        // own quantizing launch.
+        assert_eq!(e4m3_producers(&plan, &lanes, &[down]), vec![down]);
+        let mut split = lanes.clone();
+        split[down] = 1;
+        assert_eq!(e4m3_producers(&plan, &split, &[gate_up, down]), vec![gate_up]);
+        // A later op reads the GeGLU output (it would find it unwritten): down quantizes it.
+        let (plan, _) = mlp_plan(|plan, _, _| {
+            let Op::GatedActivation { out: hidden, .. } = plan.ops[first + 1] else { unreachable!() };
+            let y = plan.matrix("y", 4, 128);
+            plan.push(Op::Copy { dst: y, src: hidden });
+        });
+        let lanes = vec![0; plan.ops.len()];
+        assert_eq!(e4m3_producers(&plan, &lanes, &[gate_up, down]), vec![gate_up]);
+        // Rewritten before anything reads it again (the next layer's norm): unread.
+        let (plan, _) = mlp_plan(|plan, _, _| {
+            let Op::RmsNorm { x, out: a, .. } = plan.ops[first - 1] else { unreachable!() };
+            plan.push(Op::RmsNorm { x, out: a, weight: None, eps: 1e-6 });
+            plan.push(Op::Copy { dst: x, src: a });
+        });
+        let lanes = vec![0; plan.ops.len()];
+        assert_eq!(e4m3_producers(&plan, &lanes, &[gate_up, down]), vec![gate_up, down]);
     }
 
     #[test]

@@ -155,8 +155,12 @@ impl Launcher {
                     k.image_patches(out, frames, frame_stride, frame_info, camera, size, patch, s)
                 }
                 Step::AddTable { x, table, table_rows } => k.add_table(x, table, table_rows, s),
-                Step::LayerNorm { out, x, affine, modulation, eps } => k.layer_norm(out, x, affine, modulation, eps, s),
-                Step::RmsNorm { out, x, heads, weight, modulation, eps } => k.rms_norm(out, x, heads, weight, modulation, eps, s),
+                Step::LayerNorm { out, out_scale, x, affine, modulation, eps } => {
+                    k.layer_norm(out, out_scale, x, affine, modulation, eps, s)
+                }
+                Step::RmsNorm { out, out_scale, x, heads, weight, modulation, eps } => {
+                    k.rms_norm(out, out_scale, x, heads, weight, modulation, eps, s)
+                }
                 Step::GatedResidual { x, y, modulation } => k.gated_residual(x, y, modulation, s),
                 Step::GatedResidualRmsNorm { out, x, y, gate, norm, eps, early } => {
                     k.gated_residual_rms_norm(out, x, y, gate, norm, eps, early, s)
@@ -166,7 +170,9 @@ impl Launcher {
                 }
                 Step::ProductRmsNorm { out, x, a, w, bias, modulation, eps } => k.product_rms_norm(out, x, a, w, bias, modulation, eps, s),
                 Step::Activation { x, kind } => k.activation(x, activation_code(kind), s),
-                Step::GatedActivation { out, gate_up, kind } => k.gated_activation(out, gate_up, activation_code(kind), s),
+                Step::GatedActivation { out, out_scale, gate_up, kind } => {
+                    k.gated_activation(out, out_scale, gate_up, activation_code(kind), s)
+                }
                 Step::StreamedMlp { out, hidden, a, w_gate_up, w_down, barrier, fp8, multiprocessors, programmatic } => {
                     k.mlp_stream(out, hidden, a, w_gate_up, w_down, barrier, fp8, multiprocessors, programmatic, s)
                 }

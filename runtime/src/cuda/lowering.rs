@@ -379,6 +379,7 @@ impl Lowering<'_> {
             Op::AddTable { x, table, table_rows } => Step::AddTable { x: self.mat(x)?, table: self.weight(table, Elem::F32), table_rows },
             Op::LayerNorm { x, out, affine, modulation, eps } => Step::LayerNorm {
                 out: self.mat(out)?,
+                out_scale: 1.0,
                 x: self.mat(x)?,
                 affine: affine.map(|(gamma, beta)| (self.weight(gamma, Elem::F32), self.weight(beta, Elem::F32))),
                 modulation: modulation.map(|m| self.weight(m, Elem::F32)),
@@ -386,6 +387,7 @@ impl Lowering<'_> {
             },
             Op::RmsNorm { x, out, weight, eps } => Step::RmsNorm {
                 out: self.mat(out)?,
+                out_scale: 1.0,
                 x: self.mat(x)?,
                 heads: 1,
                 weight: weight.map(|w| self.weight(w, Elem::F32)),
@@ -394,6 +396,7 @@ impl Lowering<'_> {
             },
             Op::HeadRmsNorm { x, out, heads, weight, eps } => Step::RmsNorm {
                 out: self.mat(out)?,
+                out_scale: 1.0,
                 x: self.mat(x)?,
                 heads,
                 weight: Some(self.weight(weight, Elem::F32)),
@@ -402,6 +405,7 @@ impl Lowering<'_> {
             },
             Op::AdaRmsNorm { x, out, modulation, eps } => Step::RmsNorm {
                 out: self.mat(out)?,
+                out_scale: 1.0,
                 x: self.mat(x)?,
                 heads: 1,
                 weight: None,
@@ -412,7 +416,9 @@ impl Lowering<'_> {
                 Step::GatedResidual { x: self.mat(x)?, y: self.mat(y)?, modulation: self.weight(modulation, Elem::F32) }
             }
             Op::Activation { x, kind } => Step::Activation { x: self.mat(x)?, kind },
-            Op::GatedActivation { gate_up, out, kind } => Step::GatedActivation { out: self.mat(out)?, gate_up: self.mat(gate_up)?, kind },
+            Op::GatedActivation { gate_up, out, kind } => {
+                Step::GatedActivation { out: self.mat(out)?, out_scale: 1.0, gate_up: self.mat(gate_up)?, kind }
+            }
             Op::Embed { tokens, table, scale, out } => {
                 let WeightRole::Embedding { vocab, width } = self.plan.weights[table.0].role else {
                     return Err(self.error(format!("embed table {} is not an embedding", self.plan.weights[table.0].name)));
@@ -544,6 +550,26 @@ impl Lowering<'_> {
         Ok(())
     }
 
+    /// When the current op is an FP8 product whose input `a` the step before writes
+    /// ([`Fusions::e4m3_producers`]: nothing else reads it), turns that step's output into
+    /// `quantized` (e4m3, times `inverse_scale`) and says so.
+    fn producer_writes_e4m3(&mut self, a: Mat, quantized: Mat, inverse_scale: f32) -> bool {
+        if self.fusions.e4m3_producers.binary_search(&self.op_index).is_err() {
+            return false;
+        }
+        match self.steps.last_mut() {
+            Some(
+                Step::LayerNorm { out, out_scale, .. }
+                | Step::RmsNorm { out, out_scale, .. }
+                | Step::GatedActivation { out, out_scale, .. },
+            ) if *out == a => {
+                (*out, *out_scale) = (quantized, inverse_scale);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// `out (+)= a · wᵀ (+ bias)`: see the column-major mapping in `gemm.rs`.
     pub(super) fn gemm(&mut self, a: View, w: WeightId, bias: Option<WeightId>, out: View, accumulate: bool, gelu: bool) -> Result<()> {
         let WeightRole::Matrix { n, k } = self.plan.weights[w.0].role else {
@@ -555,9 +581,13 @@ impl Lowering<'_> {
         let mut a_mat = self.mat(a)?;
         let fp8 = self.fp8.get(&w.0).copied();
         if let Some((scales, _)) = fp8 {
-            // The input in e4m3 with its calibrated scale (from f32 or bf16 alike).
+            // The input in e4m3 with its calibrated scale (from f32 or bf16 alike): written so by
+            // the step before when that is its producer, else quantized by a launch of its own.
             let quantized = Mat { ptr: self.scratch().fp8_input, rows: a.rows, cols: a.cols, stride: a.cols, dtype: Dtype::E4m3 };
-            self.steps.push(Step::QuantizeE4m3 { dst: quantized, src: a_mat, inverse_scale: 1.0 / scales.activation });
+            let inverse_scale = 1.0 / scales.activation;
+            if !self.producer_writes_e4m3(a_mat, quantized, inverse_scale) {
+                self.steps.push(Step::QuantizeE4m3 { dst: quantized, src: a_mat, inverse_scale });
+            }
             a_mat = quantized;
         } else if a_mat.dtype == Dtype::F32 {
             let shadow = Mat { ptr: self.scratch().shadow, rows: a.rows, cols: a.cols, stride: a.cols, dtype: Dtype::Bf16 };

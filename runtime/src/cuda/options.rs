@@ -35,6 +35,10 @@ pub struct Switches {
     /// few-row QKV and output products (`FRT_NO_FP8_STREAMED=1`: they stay bf16, the products on
     /// cuBLASLt).
     pub fp8_streamed: bool,
+    /// With an FP8 calibration, the norms and gated activations that produce an FP8 product's
+    /// whole input write it in e4m3 themselves (`FRT_NO_FP8_PRODUCERS=1`: they write bf16 and
+    /// a launch of its own quantizes it).
+    pub fp8_producers: bool,
     /// Concurrent phases on a second stream (`FRT_NO_OVERLAP=1`: one stream).
     pub overlap: bool,
     /// Kernels launched as programmatic dependents of the one before them, starting their
@@ -46,7 +50,15 @@ pub struct Switches {
 
 impl Default for Switches {
     fn default() -> Self {
-        Switches { wgmma: true, fused_attention: true, fused_mlp: true, fp8_streamed: true, overlap: true, early_launch: true }
+        Switches {
+            wgmma: true,
+            fused_attention: true,
+            fused_mlp: true,
+            fp8_streamed: true,
+            fp8_producers: true,
+            overlap: true,
+            early_launch: true,
+        }
     }
 }
 
@@ -59,6 +71,7 @@ impl Switches {
             fused_attention: on("FRT_NO_FUSED_ATTENTION"),
             fused_mlp: on("FRT_NO_FUSED_MLP"),
             fp8_streamed: on("FRT_NO_FP8_STREAMED"),
+            fp8_producers: on("FRT_NO_FP8_PRODUCERS"),
             overlap: on("FRT_NO_OVERLAP"),
             early_launch: on("FRT_NO_EARLY_LAUNCH"),
         }
@@ -66,15 +79,17 @@ impl Switches {
 
     /// One line for `explain()`: each switch and whether it is on.
     pub fn describe(&self) -> String {
-        let Switches { wgmma, fused_attention, fused_mlp, fp8_streamed, overlap, early_launch } = *self;
+        let Switches { wgmma, fused_attention, fused_mlp, fp8_streamed, fp8_producers, overlap, early_launch } = *self;
         let state = |on: bool| if on { "on" } else { "off" };
         format!(
-            "wgmma {}, fused attention {}, fused MLP {}, FP8 streamed kernels {}, two streams {}, early launches {} (FRT_NO_WGMMA, \
-             FRT_NO_FUSED_ATTENTION, FRT_NO_FUSED_MLP, FRT_NO_FP8_STREAMED, FRT_NO_OVERLAP, FRT_NO_EARLY_LAUNCH)",
+            "wgmma {}, fused attention {}, fused MLP {}, FP8 streamed kernels {}, FP8 inputs from their producers {}, two streams {}, \
+             early launches {} (FRT_NO_WGMMA, FRT_NO_FUSED_ATTENTION, FRT_NO_FUSED_MLP, FRT_NO_FP8_STREAMED, FRT_NO_FP8_PRODUCERS, \
+             FRT_NO_OVERLAP, FRT_NO_EARLY_LAUNCH)",
             state(wgmma),
             state(fused_attention),
             state(fused_mlp),
             state(fp8_streamed),
+            state(fp8_producers),
             state(overlap),
             state(early_launch)
         )
@@ -88,7 +103,9 @@ mod tests {
     #[test]
     fn every_switch_is_on_by_default_and_described() {
         let all = Switches::default();
-        assert!(all.wgmma && all.fused_attention && all.fused_mlp && all.fp8_streamed && all.overlap && all.early_launch);
+        assert!(
+            all.wgmma && all.fused_attention && all.fused_mlp && all.fp8_streamed && all.fp8_producers && all.overlap && all.early_launch
+        );
         let off = Switches { overlap: false, ..all };
         assert!(off.describe().contains("two streams off") && off.describe().contains("fused MLP on"), "{}", off.describe());
     }

@@ -156,19 +156,21 @@ impl Launcher {
             Step::QwenImagePatches(_) => "qwen_image_patches".into(),
             Step::ImagePatches { .. } => "image_patches".into(),
             Step::AddTable { .. } => "add_table".into(),
-            Step::LayerNorm { .. } => "layer_norm".into(),
-            Step::RmsNorm { modulation, heads, .. } => match (modulation.is_some(), *heads > 1) {
-                (true, _) => "ada_rms_norm",
-                (false, true) => "head_rms_norm",
-                (false, false) => "rms_norm",
+            Step::LayerNorm { out, .. } => format!("layer_norm{}", into_e4m3(out)),
+            Step::RmsNorm { out, modulation, heads, .. } => {
+                let kind = match (modulation.is_some(), *heads > 1) {
+                    (true, _) => "ada_rms_norm",
+                    (false, true) => "head_rms_norm",
+                    (false, false) => "rms_norm",
+                };
+                format!("{kind}{}", into_e4m3(out))
             }
-            .into(),
             Step::GatedResidual { .. } => "gated_residual".into(),
             Step::GatedResidualRmsNorm { .. } => "gated_residual_rms_norm".into(),
             Step::GatedResidualRmsNormProduct { .. } => "gated_residual_rms_norm_product".into(),
             Step::ProductRmsNorm { .. } => "product_rms_norm".into(),
             Step::Activation { kind, .. } => kind.name().into(),
-            Step::GatedActivation { kind, .. } => kind.gated_name().into(),
+            Step::GatedActivation { out, kind, .. } => format!("{}{}", kind.gated_name(), into_e4m3(out)),
             Step::StreamedMlp { fp8: None, .. } => "mlp_stream".into(),
             Step::StreamedMlp { fp8: Some(_), .. } => "mlp_stream e4m3".into(),
             Step::StreamedProduct { out, a, .. } => format!("product_stream {}x{} (k {}) e4m3", out.rows, out.cols, a.cols),
@@ -196,4 +198,9 @@ impl Launcher {
             Step::CopyHostInputs { .. } => "copy_host_inputs".into(),
         }
     }
+}
+
+/// " into e4m3" for a step output written in e4m3 (an FP8 product's input), else nothing.
+fn into_e4m3(out: &flashrt_kernels::Mat) -> &'static str {
+    if out.dtype == flashrt_kernels::Dtype::E4m3 { " into e4m3" } else { "" }
 }

@@ -50,8 +50,12 @@ pub(super) enum Step {
         table: DevPtr,
         table_rows: usize,
     },
+    /// `out` in e4m3 when it is an FP8 product's input (`fusion::e4m3_producers`), each value times
+    /// `out_scale` (that product's inverse input scale; 1 otherwise) before it is stored; so
+    /// `RmsNorm` and `GatedActivation`.
     LayerNorm {
         out: Mat,
+        out_scale: f32,
         x: Mat,
         affine: Option<(DevPtr, DevPtr)>,
         modulation: Option<DevPtr>,
@@ -60,6 +64,7 @@ pub(super) enum Step {
     /// Each row's `heads` equal column slices normalised separately (1: the whole row).
     RmsNorm {
         out: Mat,
+        out_scale: f32,
         x: Mat,
         heads: usize,
         weight: Option<DevPtr>,
@@ -112,6 +117,7 @@ pub(super) enum Step {
     },
     GatedActivation {
         out: Mat,
+        out_scale: f32,
         gate_up: Mat,
         kind: Activation,
     },
