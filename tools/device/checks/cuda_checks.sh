@@ -302,9 +302,12 @@ for phase in "$@"; do
             fp8_compare "$FULL" 3 "$calv" "$name-vs-bf16" "$OUT/$name-accuracy.json"
         done
         # Their speed: pi05-2v under each variant of the 2-camera calibration
-        # (pi05-full-2v-NAME.json), after the calibration as made.
+        # (pi05-full-2v-NAME.json), after bf16, the calibration as made (profiled) and that with
+        # every FP8 input quantized by a launch of its own.
         calb=$(calibration "$FULL" pi05-full-2v 2)
-        bench 2 pi05-2v-fp8 --precision fp8 --fp8-calibration "$calb"
+        bench 2 pi05-2v-bf16
+        FRT_PROFILE="$OUT/profile_fp8_2v.json" bench 2 pi05-2v-fp8 --precision fp8 --fp8-calibration "$calb"
+        FRT_NO_FP8_PRODUCERS=1 bench 2 pi05-2v-fp8-quantize-launches --precision fp8 --fp8-calibration "$calb"
         for calv in "$BIN"/calibration/pi05-full-2v-*.json; do
             bench 2 "pi05-2v-fp8-$(basename "$calv" .json | sed 's/^pi05-full-2v-//')" --precision fp8 --fp8-calibration "$calv"
         done
