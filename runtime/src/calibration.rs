@@ -53,8 +53,9 @@ pub struct CalibrationSettings {
     /// Products with fewer output or input features than this stay in bf16: too small for FP8
     /// to save time, and FP8 GEMMs want both a multiple of 16.
     pub min_product_features: usize,
-    /// Products whose weight name starts with one of these stay in bf16. `None`: the model's
-    /// default ([`crate::models::ModelKind::fp8_keep_bf16`]); the file records the list used.
+    /// Products whose weight name starts with one of these stay in bf16; a `*` in one stands
+    /// for any run of characters (`vision.*.fc2`). `None`: the model's default
+    /// ([`crate::models::ModelKind::fp8_keep_bf16`]); the file records the list used.
     #[serde(default)]
     pub keep_bf16: Option<Vec<String>>,
     /// Where the observations came from (a log's hash and name, or the synthetic generator).
@@ -287,6 +288,20 @@ impl ProductProbe {
     }
 }
 
+/// Whether `name` starts with `pattern`, each `*` in which stands for any run of characters.
+/// Taking each piece at its first place leaves the most of `name` for the pieces after it.
+fn starts_with_pattern(name: &str, pattern: &str) -> bool {
+    let mut pieces = pattern.split('*');
+    let Some(mut rest) = name.strip_prefix(pieces.next().unwrap_or_default()) else { return false };
+    for piece in pieces {
+        match rest.find(piece) {
+            Some(at) => rest = &rest[at + piece.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
 /// For each weight id: `None` when no GEMM reads it as a matrix, else why its products stay in
 /// bf16 (empty for an FP8 candidate). A matrix an embodiment selection rewrites each step stays:
 /// its whole table would have to be FP8.
@@ -301,7 +316,7 @@ fn product_exclusions(plan: &Plan, settings: &CalibrationSettings) -> Vec<Option
         let name = &plan.weights[w.0].name;
         why[w.0] = Some(if selected.contains(&w) {
             "selected per embodiment each step".into()
-        } else if let Some(prefix) = keep.iter().find(|prefix| name.starts_with(prefix.as_str())) {
+        } else if let Some(prefix) = keep.iter().find(|prefix| starts_with_pattern(name, prefix)) {
             format!("kept in bf16 (keep_bf16 \"{prefix}\")")
         } else if n < min || k < min {
             format!("[{n}, {k}]: fewer than {min} features, too small for FP8 to gain")
@@ -505,4 +520,23 @@ pub fn calibrate_log(policy: &mut Policy, settings: &CalibrationSettings, log: &
         ..settings.clone()
     };
     calibrate(policy, &settings, false, &records)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::starts_with_pattern;
+
+    #[test]
+    fn keep_bf16_patterns_are_prefixes_with_wildcards() {
+        assert!(starts_with_pattern("vision.12.fc2", "vision."));
+        assert!(!starts_with_pattern("vision.12.fc2", "lm."));
+        assert!(starts_with_pattern("vision.12.fc2", "vision.*.fc2"));
+        assert!(starts_with_pattern("vision.12.fc2", "vision.*.fc"));
+        assert!(!starts_with_pattern("vision.12.fc1", "vision.*.fc2"));
+        assert!(starts_with_pattern("vision.1.fc2", "vision.1*"));
+        assert!(!starts_with_pattern("vision.2.fc2", "vision.1*"));
+        // A piece found early leaves room for the ones after it.
+        assert!(starts_with_pattern("lm.1.fc1.fc2", "lm.*.fc*.fc2"));
+        assert!(starts_with_pattern("anything", "*"));
+    }
 }

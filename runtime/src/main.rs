@@ -191,9 +191,10 @@ enum Command {
         /// Products with fewer input or output features stay in bf16.
         #[arg(long, default_value_t = CalibrationSettings::default().min_product_features)]
         min_product_features: usize,
-        /// Products whose weight name starts with one of these prefixes stay in bf16. Not given:
-        /// the model's default (GR00T N1.7: its backbone's language model); given with no
-        /// prefix: none kept, every product that qualifies in FP8.
+        /// Products whose weight name starts with one of these prefixes stay in bf16 (a `*`
+        /// stands for any run of characters: `vision.*.fc2`). Not given: the model's default
+        /// (GR00T N1.7: its backbone's language model); given with no prefix: none kept, every
+        /// product that qualifies in FP8.
         #[arg(long, num_args = 0.., value_name = "PREFIX")]
         keep_bf16: Option<Vec<String>>,
         /// A recorded observation log (`flashrt record`, `serve --record`, the ROS 2 node's
