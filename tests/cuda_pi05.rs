@@ -668,8 +668,8 @@ fn fp8_mlp_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<ProductS
 /// another (the prefix's), and a GeGLU before a third (the prefix's down product; its gate/up
 /// values an input, bf16-exact, so both sides quantize the same f32 values). Outputs in bf16, so
 /// none of them streams; each input scale from its input's range on the CPU, as the calibration
-/// takes them. Quantized from a bf16 copy instead, about 3 % of the values would round twice
-/// (to a bf16 value on an e4m3 tie) and miss the bound.
+/// takes them. (Quantized from a bf16 copy instead, a value within half a bf16 step of an e4m3
+/// tie, about 1 in 16, would land on the tie and might round the other way.)
 fn fp8_producers_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<ProductScales>>) {
     let mut c = Case::new(String::new(), seed);
     let (rows, width, n) = (c.rng.random_range(1..300), 16 * c.rng.random_range(1..40), 16 * c.rng.random_range(1..40));
