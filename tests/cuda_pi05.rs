@@ -1597,7 +1597,14 @@ fn tiny_fixture_fp8_matches_cpu_emulation() {
         Policy::open(&config).unwrap_or_else(|e| panic!("{backend:?} {precision:?}: {e}"))
     };
     let mut cpu = config(BackendKind::Cpu, Precision::F32);
-    let settings = CalibrationSettings { steps: 3, measure_steps: 1, min_product_features: 32, ..CalibrationSettings::default() };
+    // Every product that qualifies in FP8 (the default would keep the vision tower in bf16).
+    let settings = CalibrationSettings {
+        steps: 3,
+        measure_steps: 1,
+        min_product_features: 32,
+        keep_bf16: Some(vec![]),
+        ..CalibrationSettings::default()
+    };
     let calibration = calibration::calibrate_synthetic(&mut cpu, &settings, 7).unwrap();
     calibration.save(&calibration_path).unwrap();
     let fp8_weights = calibration.counts().0;

@@ -33,8 +33,9 @@ fn config(dir: &Path, precision: Precision) -> PolicyConfig {
 }
 
 /// The tiny fixture's products are 32 to 1152 features wide: all but the smallest qualify.
+/// Every product that qualifies in FP8 (none kept by name: the default keeps Pi0.5's vision tower).
 fn settings() -> CalibrationSettings {
-    CalibrationSettings { steps: 3, measure_steps: 1, min_product_features: 32, ..CalibrationSettings::default() }
+    CalibrationSettings { steps: 3, measure_steps: 1, min_product_features: 32, keep_bf16: Some(vec![]), ..CalibrationSettings::default() }
 }
 
 fn calibrate(dir: &Path, settings: &CalibrationSettings) -> Calibration {
@@ -111,11 +112,11 @@ fn products_that_lose_too_much_in_fp8_stay_in_higher_precision() {
     assert_eq!(fixed_step(&mut Policy::open(&config(dir.path(), Precision::Fp8)).unwrap()), exact);
 }
 
-/// Products named by a `keep_bf16` prefix stay in bf16 and say why; GR00T keeps its backbone's
-/// language model by default (its FP8 error compounds into the actions), and an empty list keeps
-/// none. The file records the list it was made with.
+/// Products named by a `keep_bf16` prefix stay in bf16 and say why; by default Pi0.5 keeps its
+/// vision tower and GR00T its backbone's language model (their FP8 error compounds into the
+/// actions), and an empty list keeps none. The file records the list it was made with.
 #[test]
-fn products_named_to_keep_stay_in_bf16_and_groot_keeps_its_language_model_by_default() {
+fn products_named_to_keep_stay_in_bf16_and_each_model_keeps_its_default() {
     let dir = fixture_copy();
     let kept = calibrate(dir.path(), &CalibrationSettings { keep_bf16: Some(vec!["lm.0.".into()]), ..settings() });
     assert_eq!(kept.settings.keep_bf16, Some(vec!["lm.0.".to_string()]));
@@ -125,7 +126,10 @@ fn products_named_to_keep_stay_in_bf16_and_groot_keeps_its_language_model_by_def
         assert!(!named || product.precision == ProductPrecision::Bf16, "{name}");
     }
     assert_eq!(kept.products["lm.1.qkv*(1+input_norm)"].precision, ProductPrecision::Fp8);
-    assert_eq!(calibrate(dir.path(), &settings()).settings.keep_bf16, Some(vec![]), "Pi0.5 keeps nothing by default");
+    let default = calibrate(dir.path(), &CalibrationSettings { keep_bf16: None, ..settings() });
+    assert_eq!(default.settings.keep_bf16, Some(vec!["vision.".to_string()]), "Pi0.5 keeps its vision tower by default");
+    assert!(default.products.iter().all(|(name, p)| !name.starts_with("vision.") || p.precision == ProductPrecision::Bf16));
+    assert_eq!(default.products["lm.1.qkv*(1+input_norm)"].precision, ProductPrecision::Fp8);
 
     let groot = Path::new(FIXTURE).with_file_name("groot_n17_tiny");
     let groot_calibration = |keep_bf16| {

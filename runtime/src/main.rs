@@ -193,8 +193,8 @@ enum Command {
         min_product_features: usize,
         /// Products whose weight name starts with one of these prefixes stay in bf16 (a `*`
         /// stands for any run of characters: `vision.*.fc2`). Not given: the model's default
-        /// (GR00T N1.7: its backbone's language model); given with no prefix: none kept, every
-        /// product that qualifies in FP8.
+        /// (Pi0.5: its vision tower; GR00T N1.7: its backbone's language model); given with no
+        /// prefix: none kept, every product that qualifies in FP8.
         #[arg(long, num_args = 0.., value_name = "PREFIX")]
         keep_bf16: Option<Vec<String>>,
         /// A recorded observation log (`flashrt record`, `serve --record`, the ROS 2 node's

@@ -395,20 +395,20 @@ pub(super) fn streamed_products(
 /// the same stream and in the same phase, the RMS norm writing their whole A: launched as its
 /// programmatic dependent, each streams its first weight stages while the norm runs.
 pub(super) fn after_their_norm(plan: &Plan, firsts: &[usize], op_lanes: &[usize]) -> Vec<usize> {
-    firsts
-        .iter()
-        .copied()
-        .filter(|&i| {
-            let (Some(norm), Op::Gemm { a, .. }) = (i.checked_sub(1).map(|j| &plan.ops[j]), &plan.ops[i]) else {
-                return false;
-            };
-            let out = match norm {
-                Op::RmsNorm { out, .. } | Op::AdaRmsNorm { out, .. } => out,
-                _ => return false,
-            };
-            out == a && op_lanes[i - 1] == op_lanes[i] && plan.phase_starting_at(i).is_none()
-        })
-        .collect()
+    let norm_output = |op: &Op| match *op {
+        Op::RmsNorm { out, .. } | Op::AdaRmsNorm { out, .. } => Some(out),
+        _ => None,
+    };
+    firsts.iter().copied().filter(|&i| after_its_producer(plan, op_lanes, i, norm_output)).collect()
+}
+
+/// Whether product `i` directly follows, on the same stream and in the same phase, the op writing
+/// its whole A, of a kind `output` gives the written view of.
+fn after_its_producer(plan: &Plan, op_lanes: &[usize], i: usize, output: impl Fn(&Op) -> Option<View>) -> bool {
+    let (Some(producer), Op::Gemm { a, .. }) = (i.checked_sub(1).map(|j| &plan.ops[j]), &plan.ops[i]) else {
+        return false;
+    };
+    output(producer) == Some(*a) && op_lanes[i - 1] == op_lanes[i] && plan.phase_starting_at(i).is_none()
 }
 
 /// Of the FP8 `products` (op indices of cuBLASLt FP8 products, ascending), those whose whole
@@ -430,18 +430,16 @@ pub(super) fn e4m3_producers(plan: &Plan, op_lanes: &[usize], products: &[usize]
         }
         true
     };
+    let producer_output = |op: &Op| match *op {
+        Op::LayerNorm { out, .. } | Op::RmsNorm { out, .. } | Op::AdaRmsNorm { out, .. } | Op::GatedActivation { out, .. } => Some(out),
+        _ => None,
+    };
     products
         .iter()
         .copied()
         .filter(|&i| {
-            let (Some(producer), Op::Gemm { a, .. }) = (i.checked_sub(1).map(|j| &plan.ops[j]), &plan.ops[i]) else {
-                return false;
-            };
-            let out = match producer {
-                Op::LayerNorm { out, .. } | Op::RmsNorm { out, .. } | Op::AdaRmsNorm { out, .. } | Op::GatedActivation { out, .. } => out,
-                _ => return false,
-            };
-            out == a && op_lanes[i - 1] == op_lanes[i] && plan.phase_starting_at(i).is_none() && unread_after(i, a.buf)
+            let Op::Gemm { a, .. } = plan.ops[i] else { return false };
+            after_its_producer(plan, op_lanes, i, producer_output) && unread_after(i, a.buf)
         })
         .collect()
 }

@@ -179,7 +179,7 @@ impl ModelKind {
     /// otherwise: parts where FP8's error, small product by product, compounds into the actions.
     pub fn fp8_keep_bf16(self) -> &'static [&'static str] {
         match self {
-            ModelKind::Pi05 => &[],
+            ModelKind::Pi05 => pi05::FP8_KEEP_BF16,
             ModelKind::GrootN17 => groot_n17::FP8_KEEP_BF16,
         }
     }

@@ -102,6 +102,14 @@ fp8_compare() { # checkpoint cameras calibration workload out
     XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" compare --checkpoint "$1" --backend cuda --cameras "$2" --precision fp8 --fp8-calibration "$3" \
         --count 32 --min-mean-cosine 0.999 --min-cosine 0.995 --max-rel-l2 5e-2 --workload "$4" --out "$5"
 }
+# FP8 against bf16 under each carried variant NAME-*.json of a calibration (e.g. one group of its
+# products turned back to bf16), each into $OUT/NAME-VARIANT-accuracy.json.
+fp8_compare_variants() { # checkpoint cameras name
+    for calv in "$BIN"/calibration/"$3"-*.json; do
+        name=$(basename "$calv" .json)
+        fp8_compare "$1" "$2" "$calv" "$name-vs-bf16" "$OUT/$name-accuracy.json"
+    done
+}
 # A GR00T checkpoint takes the cameras its sidecars name: the 1- and 3-view workloads get their own
 # (same weights: same seed), removed after use (6.6 GB each).
 groot_bench_views() { # views workload
@@ -253,14 +261,15 @@ for phase in "$@"; do
     fp8)
         # FP8 against bf16 on pi05-2v in one call: the full-size synthesized checkpoint calibrated
         # here on the CPU (synthetic observations: 2 steps, 1 measured), then bf16 and FP8 benches
-        # alternating twice (the same machine state for both), then FP8's per-phase profile.
+        # alternating ROUNDS (2) times (the same machine state for both), then FP8's per-phase
+        # profile.
         echo "== fp8: pi05-2v calibrated on this CPU (synthetic), then bf16 and FP8 alternating"
         synth_full
         cal=$(calibration "$FULL" pi05-full-2v 2)
         cp "$cal" "$OUT/fp8-calibration-pi05-full-synthetic.json" || status=1
         # FP8 also with every product input quantized by a launch of its own (the norms and
         # GeGLUs before them writing bf16): what writing e4m3 in the producers changes.
-        for _ in 1 2; do
+        for _ in $(seq "${ROUNDS:-2}"); do
             bench 2 pi05-2v-bf16
             bench 2 pi05-2v-fp8 --precision fp8 --fp8-calibration "$cal"
             FRT_NO_FP8_PRODUCERS=1 bench 2 pi05-2v-fp8-quantize-launches --precision fp8 --fp8-calibration "$cal"
@@ -297,10 +306,7 @@ for phase in "$@"; do
         # build on the same 32 observations, then pi05-2v's speed under each 2-camera variant.
         echo "== fp8-variants: pi05 FP8 vs bf16 actions under each carried calibration variant"
         synth_full
-        for calv in "$BIN"/calibration/pi05-full-3v-*.json; do
-            name=$(basename "$calv" .json)
-            fp8_compare "$FULL" 3 "$calv" "$name-vs-bf16" "$OUT/$name-accuracy.json"
-        done
+        fp8_compare_variants "$FULL" 3 pi05-full-3v
         # Their speed: pi05-2v under each variant of the 2-camera calibration
         # (pi05-full-2v-NAME.json), after bf16, the calibration as made (profiled) and that with
         # every FP8 input quantized by a launch of its own.
@@ -318,10 +324,7 @@ for phase in "$@"; do
         # to bf16) against the bf16 build on the same 32 observations.
         echo "== groot-fp8-variants: FP8 vs bf16 actions under each carried calibration variant"
         synth_groot_full
-        for calv in "$BIN"/calibration/groot-full-2v-*.json; do
-            name=$(basename "$calv" .json)
-            fp8_compare "$GROOT_FULL" 2 "$calv" "$name-vs-bf16" "$OUT/$name-accuracy.json"
-        done
+        fp8_compare_variants "$GROOT_FULL" 2 groot-full-2v
         ;;
     groot-bench)
         echo "== bench gr00t-2v: cold kernel cache, then warm with the per-phase profile"
