@@ -50,9 +50,9 @@ pub(super) enum Step {
         table: DevPtr,
         table_rows: usize,
     },
-    /// `out` in e4m3 when it is an FP8 product's input (`fusion::e4m3_producers`), each value times
-    /// `out_scale` (that product's inverse input scale; 1 otherwise) before it is stored; so
-    /// `RmsNorm` and `GatedActivation`.
+    /// Here and in `RmsNorm` and `GatedActivation`: `out` is in e4m3 when it is an FP8 product's
+    /// input (`fusion::e4m3_producers`), each value times `out_scale` (that product's inverse
+    /// input scale; 1 otherwise) before it is stored.
     LayerNorm {
         out: Mat,
         out_scale: f32,
