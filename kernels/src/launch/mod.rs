@@ -227,8 +227,6 @@ pub fn kernel_names(arch: &str) -> Vec<String> {
     names
 }
 
-/// The launch attribute that makes a launch the programmatic dependent of the kernel before it on
-/// its stream (it may start once that kernel's blocks have all triggered or exited).
 /// A cooperative launch: all blocks resident at once (the streamed kernels' grid barrier).
 fn cooperative_attribute() -> sys::CUlaunchAttribute {
     // SAFETY: the attribute value is a plain C union; all-zero bytes are a valid value.
@@ -237,6 +235,8 @@ fn cooperative_attribute() -> sys::CUlaunchAttribute {
     sys::CUlaunchAttribute { id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE, pad: [0; 4], value }
 }
 
+/// The launch attribute that makes a launch the programmatic dependent of the kernel before it on
+/// its stream (it may start once that kernel's blocks have all triggered or exited).
 fn programmatic_attribute() -> sys::CUlaunchAttribute {
     // SAFETY: the attribute value is a plain C union; all-zero bytes are a valid value.
     let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };

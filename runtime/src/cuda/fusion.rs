@@ -322,28 +322,10 @@ pub(super) fn fused_mlps(
     // Walking on from the MLP past other fused ones (which read nothing of it outside their own
     // kernel): the first op to touch the buffer must write it. Unfusing another MLP only turns
     // its product into such a write, so one pass decides.
-    let unread = |&(i, g): &(usize, BufId)| {
-        let mut j = i + 3;
-        while j < plan.ops.len() {
-            if firsts.contains(&j) {
-                j += 3;
-                continue;
-            }
-            let accesses = plan.ops[j].accesses(&plan.buffers);
-            if accesses.reads.iter().any(|span| span.buf == g) {
-                return false;
-            }
-            if accesses.writes.iter().any(|span| span.buf == g) {
-                return true;
-            }
-            j += 1;
-        }
-        true
-    };
     let mut fused = Vec::new();
-    for c in &candidates {
-        if unread(c) {
-            fused.push(c.0);
+    for &(i, gate_up) in &candidates {
+        if unread_from(plan, i + 3, gate_up, &firsts) {
+            fused.push(i);
         } else {
             count(&mut fallbacks, "a later op reads the gate/up output the kernel never writes".into());
         }
@@ -402,6 +384,28 @@ pub(super) fn after_their_norm(plan: &Plan, firsts: &[usize], op_lanes: &[usize]
     firsts.iter().copied().filter(|&i| after_its_producer(plan, op_lanes, i, norm_output)).collect()
 }
 
+/// Whether, from op `start` on, the first op to touch `buf` writes it (or none touches it): what
+/// it held before `start` is read by nobody. The fused MLPs starting at `skipped` ops (three ops
+/// each) are passed over: their kernel reads and writes none of its gate/up output.
+fn unread_from(plan: &Plan, start: usize, buf: BufId, skipped: &[usize]) -> bool {
+    let mut j = start;
+    while j < plan.ops.len() {
+        if skipped.contains(&j) {
+            j += 3;
+            continue;
+        }
+        let accesses = plan.ops[j].accesses(&plan.buffers);
+        if accesses.reads.iter().any(|span| span.buf == buf) {
+            return false;
+        }
+        if accesses.writes.iter().any(|span| span.buf == buf) {
+            return true;
+        }
+        j += 1;
+    }
+    true
+}
+
 /// Whether product `i` directly follows, on the same stream and in the same phase, the op writing
 /// its whole A, of a kind `output` gives the written view of.
 fn after_its_producer(plan: &Plan, op_lanes: &[usize], i: usize, output: impl Fn(&Op) -> Option<View>) -> bool {
@@ -418,18 +422,6 @@ fn after_its_producer(plan: &Plan, op_lanes: &[usize], i: usize, output: impl Fn
 /// buffer it wrote in bf16 is never written. (Vision's and the prefix's norms before the QKV and
 /// gate/up products, and the prefix's GeGLU before the down product.)
 pub(super) fn e4m3_producers(plan: &Plan, op_lanes: &[usize], products: &[usize]) -> Vec<usize> {
-    let unread_after = |i: usize, buf: BufId| {
-        for op in &plan.ops[i + 1..] {
-            let accesses = op.accesses(&plan.buffers);
-            if accesses.reads.iter().any(|span| span.buf == buf) {
-                return false;
-            }
-            if accesses.writes.iter().any(|span| span.buf == buf) {
-                return true;
-            }
-        }
-        true
-    };
     let producer_output = |op: &Op| match *op {
         Op::LayerNorm { out, .. } | Op::RmsNorm { out, .. } | Op::AdaRmsNorm { out, .. } | Op::GatedActivation { out, .. } => Some(out),
         _ => None,
@@ -439,7 +431,7 @@ pub(super) fn e4m3_producers(plan: &Plan, op_lanes: &[usize], products: &[usize]
         .copied()
         .filter(|&i| {
             let Op::Gemm { a, .. } = plan.ops[i] else { return false };
-            after_its_producer(plan, op_lanes, i, producer_output) && unread_after(i, a.buf)
+            after_its_producer(plan, op_lanes, i, producer_output) && unread_from(plan, i + 1, a.buf, &[])
         })
         .collect()
 }

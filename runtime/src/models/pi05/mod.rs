@@ -28,6 +28,7 @@ use crate::weights::WeightData;
 
 use self::norm::{Mode, Modes};
 use super::blocks::{gemma, siglip};
+use super::loader::Loader;
 
 /// FP8 calibration keeps the SigLIP vision tower in bf16 by default: on the full-size model
 /// (synthetic weights, H100, 3 camera slots) its products in e4m3 move the actions to a worst
@@ -36,7 +37,6 @@ use super::blocks::{gemma, siglip};
 /// (`bench/results/h100-fp8-vision-variants.json`: keeping only its first 14 blocks or its MLPs
 /// also met the bound, with less margin, at the same speed).
 pub const FP8_KEEP_BF16: &[&str] = &["vision."];
-use super::loader::Loader;
 
 const P: &str = "paligemma_with_expert.paligemma.model.";
 const VT: &str = "paligemma_with_expert.paligemma.model.vision_tower.vision_model.";
