@@ -705,6 +705,36 @@ fn fp8_producers_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<Pr
     (c, scales)
 }
 
+/// The expert's layer start in FP8 (sm_90a: `qkv_rope_stream`, the QKV product and its RoPE in
+/// one launch, its input written in e4m3 by the gated residual norm before it): the gated residual
+/// (an f32 branch, as the streamed MLP writes) and the adaRMS norm, the QKV product, RoPE with
+/// the K/V cache write; seed 0 at Pi0.5's shape, others random in whole 128-column chunks and
+/// 64-column heads. qkv (rotated q, unrotated k and v) and both caches compared; the input
+/// scale from the norm's output range on the CPU.
+fn fp8_qkv_rope_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<ProductScales>>) {
+    let mut c = Case::new(String::new(), seed);
+    let (rows, width, heads, head_dim) = if seed == 0 {
+        (50, 1024, 8, 256)
+    } else {
+        (c.rng.random_range(1..=64), 128 * c.rng.random_range(1..=16), c.rng.random_range(1..=8), 64 * c.rng.random_range(1..=4))
+    };
+    c.name = format!("fp8 qkv product + rope {rows}x{width}, {heads} heads of {head_dim}");
+    let (x, y) = (c.input("x", rows, width), c.input("y", rows, width));
+    let [gate, norm] = [0; 2].map(|_| {
+        let m = c.normal(3 * width, 0.3);
+        c.vector_weight(m)
+    });
+    let h = c.plan.matrix("h", rows, width);
+    c.plan.push(Op::GatedResidual { x, y, modulation: gate });
+    c.plan.push(Op::AdaRmsNorm { x, out: h, modulation: norm, eps: 1e-6 });
+    let w = push_qkv_rope(&mut c, h, heads, head_dim);
+    let mut scales = vec![None; c.plan.weights.len()];
+    let activation_amax = fp8::amax(&c.cpu_values(ckpt, "h"));
+    scales[w.0] = Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(fp8::amax(&c.weights[w.0])) });
+    c.lowering_says = Some("1 few-row FP8 product(s) as streamed launches, 1 of them QKV products with their RoPE".into());
+    (c, scales)
+}
+
 /// Two few-row products of `a` without bias: one into an f32 output (the form the backend streams
 /// in FP8 on sm_90a, K split over the blocks and the sums added), one into a bf16 output
 /// (cuBLASLt's FP8 product). Returns their weights.
@@ -730,11 +760,18 @@ fn qkv_rope_case(seed: u64) -> Case {
         (c.rng.random_range(1..=64), 64 * c.rng.random_range(1..=16), c.rng.random_range(1..=8), 64 * c.rng.random_range(1..=4))
     };
     c.name = format!("qkv product + rope {rows}x{width}, {heads} heads of {head_dim}");
-    let slots = rows + 20;
-    let positions = c.host_i32("positions", (0..slots as i32).map(|p| (p * 7) % slots as i32).collect());
     let a = c.input("a", rows, width);
-    let w = c.matrix_weight((heads + 2) * head_dim, width);
-    let qkv = c.plan.matrix("qkv", rows, (heads + 2) * head_dim);
+    push_qkv_rope(&mut c, a, heads, head_dim);
+    c
+}
+
+/// The QKV product of `a` (`heads` query heads and one K/V head of `head_dim`) and its RoPE at
+/// scattered positions into rows 20.. of the K/V caches, all three compared. Returns the weight.
+fn push_qkv_rope(c: &mut Case, a: View, heads: usize, head_dim: usize) -> WeightId {
+    let slots = a.rows + 20;
+    let positions = c.host_i32("positions", (0..slots as i32).map(|p| (p * 7) % slots as i32).collect());
+    let w = c.matrix_weight((heads + 2) * head_dim, a.cols);
+    let qkv = c.plan.matrix("qkv", a.rows, (heads + 2) * head_dim);
     let (k_cache, v_cache) = (c.plan.matrix("k_cache", slots, head_dim), c.plan.matrix("v_cache", slots, head_dim));
     c.plan.push(Op::Gemm { a, w, bias: None, out: qkv, accumulate: false });
     c.plan.push(Op::RopeQkv {
@@ -753,7 +790,7 @@ fn qkv_rope_case(seed: u64) -> Case {
     for v in [qkv, k_cache, v_cache] {
         c.check(v);
     }
-    c
+    w
 }
 
 fn embed_case(seed: u64, ckpt_dir: &Path) -> (Case, Arc<Checkpoint>) {
@@ -1311,6 +1348,7 @@ fn fp8_products_match_the_cpu_emulation() {
         .map(single)
         .chain((0..3).map(fp8_product_case).map(single))
         .chain((0..2).map(|seed| fp8_producers_case(seed, &dummy)).map(single))
+        .chain((0..2).map(|seed| fp8_qkv_rope_case(seed, &dummy)).map(single))
         .chain((0..2).map(|seed| fp8_mlp_case(seed, &dummy)).map(|(case, scales)| (case, scales, OP_NMSE_FP8_REQUANTIZED)));
     for (case, scales, bound) in cases {
         let emulated = case.run(&dummy, &scales, true);

@@ -20,16 +20,23 @@
 
 // Row-major w [n, k] (`k_bytes` bytes per row: bf16 or e4m3) into 64-row tiles of 128 bytes per
 // row in the 128-byte swizzle the warpgroup MMA reads, tile (nt, kc) at byte
-// (nt · k_bytes / 128 + kc) · 8192; with `paired_half` > 0 a tile's rows 0-31 are rows 32·nt … of
-// w and rows 32-63 those `paired_half` further (gate/up pairs). One thread per 16-byte piece.
-// Compiled for every architecture (the module is never empty); used where `mlp_stream_wgmma*` runs.
+// (nt · k_bytes / 128 + kc) · 8192. With `paired_half` > 0 the rows of w pair up within blocks
+// of 2 · paired_half rows, row j with row j + paired_half, and a tile's rows 0-31 are 32 rows of
+// a block's first half, its rows 32-63 their partners: gate/up pairs (one block, paired_half
+// the GeGLU width) or RoPE's rotation pairs (a block per head, paired_half half the head).
+// One thread per 16-byte piece. Compiled for every architecture (the module is never empty);
+// used where `mlp_stream_wgmma*` runs.
 extern "C" __global__ void retile_weight(unsigned char* out, const unsigned char* w, int n, int k_bytes, int paired_half) {
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)n * k_bytes / 16) return;
     const int piece = i % 8, r = (i / 8) % 64;
     const long tile = i / 512;
     const int kc = tile % (k_bytes / 128), nt = tile / (k_bytes / 128);
-    const int row = paired_half > 0 ? (r < 32 ? nt * 32 + r : paired_half + nt * 32 + r - 32) : nt * 64 + r;
+    int row = nt * 64 + r;
+    if (paired_half > 0) {
+        const int block = nt / (paired_half / 32), first = nt % (paired_half / 32) * 32;
+        row = block * 2 * paired_half + (r < 32 ? first + r : paired_half + first + r - 32);
+    }
     *(uint4*)(out + tile * 8192 + swizzle128(r, piece)) = *(const uint4*)(w + (long)row * k_bytes + kc * 128 + piece * 16);
 }
 
@@ -325,5 +332,75 @@ extern "C" __global__ void __launch_bounds__(160, 1)
     product_stream_wgmma_e4m3(float* out, int out_stride, const bf16* a, int a_stride, const unsigned char* w, int rows, int n, int k,
                               int splits, unsigned* barrier, float a_inverse_scale, float scale) {
     product_stream(out, out_stride, a, a_stride, w, rows, n, k, splits, barrier, a_inverse_scale, scale);
+}
+
+// The action expert's QKV product and its RoPE (`rope_qkv` in sequence.cu) as one FP8 launch:
+// (a · wᵀ) · scale with `a` already in e4m3 (its norm wrote it so, with the product's calibrated
+// input scale; `a_stride` in bytes) and w tiled by retile_weight with each head's rotation pairs
+// paired (paired_half = head_dim / 2), so a block's accumulator holds 32 columns of one head's
+// first half and their partners. One block per 64 output columns, K whole (no split, no barrier).
+// The block rotates its pairs in f32 and writes what the product and rope_qkv together leave:
+// the q heads rotated in place in `qkv`, the k heads rotated and the v heads as they are into
+// rows cache_row.. of the K/V caches, and the k and v heads unrotated in `qkv`. Against cuBLASLt
+// in bf16 and RoPE's launch: half the weight bytes, A a quarter of the bf16 rows a quantizing
+// load stages (each block needs all of A), and no launch for RoPE.
+__device__ void qkv_rope_stream(bf16* qkv, int qkv_stride, const unsigned char* a, int a_stride, const unsigned char* w, int rows,
+                                int k, float scale, int heads, int kv_heads, int head_dim, const int* positions,
+                                int position_offset, bf16* k_cache, int k_stride, bf16* v_cache, int v_stride, int cache_row,
+                                const float* cos_table, const float* sin_table) {
+    extern __shared__ __align__(16) unsigned char mlp_shared[];
+    __shared__ __align__(8) unsigned long long bars[2 * MLP_STAGES];
+    const StreamRing ring = stream_ring(mlp_shared, bars);
+    const int k_chunks = k / 128, tile = blockIdx.x;
+    // The attention after it may start its own loads (of keys no launch here writes) meanwhile.
+    launch_dependents();
+    if (threadIdx.x >> 5 == 4) {
+        stream_tiles(ring, k_chunks, [&](int g) { return w + ((long)tile * k_chunks + g) * MLP_TILE_BYTES; });
+        return;
+    }
+    wait_for_prior_grid();  // the norm writing `a`, when launched as its programmatic dependent
+    float acc[32];
+    int g = 0;
+    mlp_load_a(ring.a_tiles, a, a_stride, rows, 0, k_chunks);
+    mlp_product<true>(acc, ring, k_chunks, g);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row0 = warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
+    const int half = head_dim / 2, head = tile / (head_dim / 64), first = tile % (head_dim / 64) * 32;
+    for (int h = 0; h < 2; ++h) {
+        const int r = row0 + 8 * h;
+        if (r >= rows) continue;
+        const long at = (positions ? max(positions[position_offset + r], 0) : position_offset + r) * (long)half;
+        bf16* row = qkv + (long)r * qkv_stride + head * head_dim;
+        const bool is_k = head >= heads && head < heads + kv_heads;
+        bf16* cache = is_k ? k_cache + (long)(cache_row + r) * k_stride + (head - heads) * head_dim
+                           : v_cache + (long)(cache_row + r) * v_stride + (head - heads - kv_heads) * head_dim;
+        for (int j = 0; j < 4; ++j) {
+            const int d = first + 8 * j + col0;  // pair (d, d + 1) of the head's first half, and d + half …
+            float x[2], y[2], lo[2], hi[2];
+            for (int e = 0; e < 2; ++e) {
+                x[e] = acc[4 * j + 2 * h + e] * scale;
+                y[e] = acc[4 * (j + 4) + 2 * h + e] * scale;
+                const float c = cos_table[at + d + e], s = sin_table[at + d + e];
+                lo[e] = x[e] * c - y[e] * s;
+                hi[e] = y[e] * c + x[e] * s;
+            }
+            if (head < heads) {
+                *(unsigned*)&row[d] = pack_bf16x2(lo[0], lo[1]);
+                *(unsigned*)&row[d + half] = pack_bf16x2(hi[0], hi[1]);
+                continue;
+            }
+            *(unsigned*)&row[d] = pack_bf16x2(x[0], x[1]);
+            *(unsigned*)&row[d + half] = pack_bf16x2(y[0], y[1]);
+            *(unsigned*)&cache[d] = is_k ? pack_bf16x2(lo[0], lo[1]) : pack_bf16x2(x[0], x[1]);
+            *(unsigned*)&cache[d + half] = is_k ? pack_bf16x2(hi[0], hi[1]) : pack_bf16x2(y[0], y[1]);
+        }
+    }
+}
+extern "C" __global__ void __launch_bounds__(160, 1)
+    qkv_rope_stream_wgmma_e4m3(bf16* qkv, int qkv_stride, const unsigned char* a, int a_stride, const unsigned char* w, int rows,
+                               int k, float scale, int heads, int kv_heads, int head_dim, const int* positions, int position_offset,
+                               bf16* k_cache, int k_stride, bf16* v_cache, int v_stride, int cache_row, const float* cos_table,
+                               const float* sin_table) {
+    qkv_rope_stream(qkv, qkv_stride, a, a_stride, w, rows, k, scale, heads, kv_heads, head_dim, positions, position_offset, k_cache,
+                    k_stride, v_cache, v_stride, cache_row, cos_table, sin_table);
 }
 #endif

@@ -1,5 +1,5 @@
 // Row normalisations: one block per row, f32 statistics, any mix of f32/bf16 input and output;
-// the plain layer and RMS norms also into e4m3 (an FP8 product's input), each value times
+// the plain layer and RMS norms and the gated residual RMS norm also into e4m3 (an FP8 product's input), each value times
 // `out_scale` (1 for f32 and bf16) before it is stored.
 // Rows are at most a few thousand wide, so the second pass re-reads the row from L1/L2 instead of
 // staging it in shared memory.
@@ -197,7 +197,7 @@ __device__ __forceinline__ float gated_residual8(float* xr, const Ty* yr, const 
 template <typename Ty, typename Tout>
 __device__ void gated_residual_rms_norm(Tout* out, int out_stride, float* x, int x_stride, const Ty* y,
                                         int y_stride, const float* gate_modulation,
-                                        const float* norm_modulation, int cols, float eps, int per) {
+                                        const float* norm_modulation, int cols, float eps, int per, float out_scale) {
     __shared__ float scratch[32];
     float* xr = x + (long)blockIdx.x * x_stride;
     const Ty* yr = y + (long)blockIdx.x * y_stride;
@@ -209,7 +209,7 @@ __device__ void gated_residual_rms_norm(Tout* out, int out_stride, float* x, int
         const bool mine = c < cols;
         float v[8];
         ss = gated_residual8(xr, yr, gate_modulation, cols, c, mine, v);
-        rms_finish8<Tout>(orow, c, mine, v, ss, norm_modulation, cols, eps, scratch);
+        rms_finish8<Tout>(orow, c, mine, v, ss, norm_modulation, cols, eps, scratch, nullptr, out_scale);
         return;
     }
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
@@ -218,19 +218,21 @@ __device__ void gated_residual_rms_norm(Tout* out, int out_stride, float* x, int
         ss += v * v;
     }
     // Each thread reads back only the elements it wrote itself: no barrier needed for x.
-    rms_finish<float, Tout>(orow, xr, ss, norm_modulation, cols, eps, scratch);
+    rms_finish<float, Tout>(orow, xr, ss, norm_modulation, cols, eps, scratch, nullptr, out_scale);
 }
 
 #define GATED_RESIDUAL_RMS_NORM(NAME, TY, TOUT)                                                     \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, float* x, int x_stride, const TY* y, \
                                     int y_stride, const float* gate_modulation,                     \
-                                    const float* norm_modulation, int cols, float eps, int per) {   \
+                                    const float* norm_modulation, int cols, float eps, int per,     \
+                                    float out_scale) {                                              \
         launch_dependents();                                                                        \
         wait_for_prior_grid();                                                                      \
         gated_residual_rms_norm<TY, TOUT>(out, out_stride, x, x_stride, y, y_stride,                \
-                                          gate_modulation, norm_modulation, cols, eps, per);        \
+                                          gate_modulation, norm_modulation, cols, eps, per, out_scale); \
     }
 FOR_IN_OUT(GATED_RESIDUAL_RMS_NORM, gated_residual_rms_norm)
+FOR_IN_E4M3(GATED_RESIDUAL_RMS_NORM, gated_residual_rms_norm)
 
 // ---- The denoise loop's step boundary: the narrow action products fused with their norms -------
 //

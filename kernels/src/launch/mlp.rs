@@ -1,8 +1,9 @@
 //! Launchers of the streamed kernels (mlp.cu, sm_90a): the action expert's MLP (gate/up, GeGLU
-//! and down in one persistent launch, bf16 or e4m3) and its single few-row FP8 products, and the
-//! weight retiling they read.
+//! and down in one persistent launch, bf16 or e4m3), its single few-row FP8 products (the QKV
+//! one with its RoPE), and the weight retiling they read.
 
 use super::*;
+use crate::RopeArgs;
 
 /// The calibrated per-tensor scales of an MLP that [`Kernels::mlp_stream`] runs in FP8 (W8A8, as
 /// the CPU emulation's products): its input into e4m3 times `1 / gate_up.activation`, gate/up's
@@ -216,10 +217,103 @@ impl Kernels {
         unsafe { self.launch_with_attributes(what, ((n / 64 * splits) as u32, 1, 1), 160, MLP_SHARED_BYTES, stream, args, attrs) }
     }
 
+    /// Whether [`Kernels::qkv_rope_stream`] runs a QKV product of `rows` rows, `n` outputs and
+    /// depth `k` with RoPE over heads of `head_dim` on this device: sm_90a, at most 64 rows,
+    /// heads of whole 64-column tiles, `k` whole 128-column chunks a block holds (at most 16),
+    /// one block per tile within `multiprocessors` SMs.
+    pub fn qkv_rope_stream_fits(&self, rows: usize, n: usize, k: usize, head_dim: usize, multiprocessors: usize) -> bool {
+        self.mlp_stream
+            && (1..=64).contains(&rows)
+            && head_dim > 0
+            && head_dim % 64 == 0
+            && n % head_dim == 0
+            && n / 64 <= multiprocessors
+            && k % 128 == 0
+            && (1..=MLP_A_CHUNKS).contains(&(k / 128))
+    }
+
+    /// The few-row QKV product `qkv = (a · wᵀ) · a_scale · w_scale` and its RoPE (`rope`, whose
+    /// `qkv` it writes) in one FP8 launch (mlp.cu's `qkv_rope_stream_wgmma_e4m3`): `a` in e4m3,
+    /// already divided by its scale (its norm writes it so), `w` tiled in e4m3 by
+    /// [`Kernels::retile_weight`] with `paired_half` = head_dim / 2. It leaves what
+    /// [`Kernels::rope_qkv`] after the product would (the q heads rotated in place, the k heads
+    /// rotated and the v heads into the caches, the k and v heads unrotated in `qkv`), rotating
+    /// the f32 sums. `programmatic`: launched as a programmatic dependent of the kernel before it
+    /// on the stream, which writes `a` (it waits for it before reading `a`).
+    ///
+    /// # Safety
+    /// All pointers must be live device memory of the stated shapes; the caches must have
+    /// `cache_row + a.rows` rows and the tables a row for every position the positions hold.
+    #[allow(clippy::too_many_arguments)] // the product's operands and the RoPE it ends with
+    pub unsafe fn qkv_rope_stream(
+        &self,
+        a: Mat,
+        w: DevPtr,
+        (a_scale, w_scale): (f32, f32),
+        rope: &RopeArgs,
+        multiprocessors: usize,
+        programmatic: bool,
+        stream: CUstream,
+    ) -> Result<()> {
+        let what = "qkv_rope_stream_wgmma_e4m3";
+        let (rows, n, k) = (a.rows, (rope.heads + 2 * rope.kv_heads) * rope.head_dim, a.cols);
+        let aligned = |m: &Mat| m.ptr % 16 == 0 && (m.stride * m.dtype.size()) % 16 == 0;
+        let even = |m: &Mat| m.ptr % 4 == 0 && m.stride % 2 == 0;
+        let fits = self.qkv_rope_stream_fits(rows, n, k, rope.head_dim, multiprocessors)
+            && a.dtype == Dtype::E4m3
+            && aligned(&a)
+            && [rope.qkv.dtype, rope.k_cache.dtype, rope.v_cache.dtype] == [Dtype::Bf16; 3]
+            && (rope.qkv.rows, rope.qkv.cols) == (rows, n)
+            && rope.k_cache.cols >= rope.kv_heads * rope.head_dim
+            && rope.v_cache.cols >= rope.kv_heads * rope.head_dim
+            && rope.kv_heads > 0
+            && [&rope.qkv, &rope.k_cache, &rope.v_cache].into_iter().all(even)
+            && rope.multi_axis.is_none();
+        if !fits {
+            return Err(shape_error(
+                what,
+                format!(
+                    "needs e4m3 a [1-64 rows, 128·(1-16)] (16-byte aligned rows), bf16 qkv [rows, (heads + 2·kv_heads)·head_dim] \
+                     and caches, head_dim a multiple of 64, one position per row, sm_90a with n / 64 ≤ {multiprocessors} SMs; got \
+                     a {}x{} {:?}, qkv {}x{} {:?}, {} + 2·{} heads of {}",
+                    a.rows, a.cols, a.dtype, rope.qkv.rows, rope.qkv.cols, rope.qkv.dtype, rope.heads, rope.kv_heads, rope.head_dim
+                ),
+            ));
+        }
+        let args = [
+            Arg::P(rope.qkv.ptr),
+            Arg::I(i32_of(rope.qkv.stride, what)?),
+            Arg::P(a.ptr),
+            Arg::I(i32_of(a.stride, what)?),
+            Arg::P(w),
+            Arg::I(rows as i32),
+            Arg::I(i32_of(k, what)?),
+            Arg::F(a_scale * w_scale),
+            Arg::I(i32_of(rope.heads, what)?),
+            Arg::I(i32_of(rope.kv_heads, what)?),
+            Arg::I(i32_of(rope.head_dim, what)?),
+            Arg::P(rope.positions.unwrap_or(0)),
+            Arg::I(i32_of(rope.position_offset, what)?),
+            Arg::P(rope.k_cache.ptr),
+            Arg::I(i32_of(rope.k_cache.stride, what)?),
+            Arg::P(rope.v_cache.ptr),
+            Arg::I(i32_of(rope.v_cache.stride, what)?),
+            Arg::I(i32_of(rope.cache_row, what)?),
+            Arg::P(rope.cos),
+            Arg::P(rope.sin),
+        ];
+        let mut attrs = [programmatic_attribute()];
+        let attrs = if programmatic { &mut attrs[..] } else { &mut attrs[..0] };
+        // SAFETY: the arguments match `qkv_rope_stream_wgmma_e4m3`'s signature: 160 threads, one
+        // block per 64 output columns.
+        unsafe { self.launch_with_attributes(what, ((n / 64) as u32, 1, 1), 160, MLP_SHARED_BYTES, stream, args, attrs) }
+    }
+
     /// Copies the row-major weight `src` (`n` rows of `row_bytes` bytes: bf16 or e4m3 values)
     /// into `out` as [`Kernels::mlp_stream`] reads it: 64-row tiles of 128 bytes per row,
-    /// swizzled, with `paired_half` > 0 each tile's rows 32-63 the rows `paired_half` below its
-    /// rows 0-31 (gate/up).
+    /// swizzled. With `paired_half` > 0 rows pair up within blocks of `2 · paired_half` rows
+    /// (row j with row j + `paired_half`), each tile's rows 32-63 the partners of its rows 0-31:
+    /// gate/up (one block) or the rotation pairs of RoPE's heads (a block per head).
     ///
     /// # Safety
     /// `out` and `src` must be live, disjoint device memory of `n · row_bytes` bytes.
@@ -233,7 +327,7 @@ impl Kernels {
         stream: CUstream,
     ) -> Result<()> {
         let what = "retile_weight";
-        let rows_ok = if paired_half > 0 { n == 2 * paired_half && paired_half % 32 == 0 } else { n % 64 == 0 };
+        let rows_ok = if paired_half > 0 { paired_half % 32 == 0 && n % (2 * paired_half) == 0 } else { n % 64 == 0 };
         if !rows_ok || row_bytes == 0 || row_bytes % 128 != 0 || out % 16 != 0 || src % 16 != 0 {
             return Err(shape_error(
                 what,

@@ -134,7 +134,7 @@ const MLP_SHARED_BYTES: u32 = 1024 + (8 + MLP_A_CHUNKS as u32) * 8192;
 pub const ROW_PRODUCT_MAX: usize = 32;
 
 /// The streamed kernels of mlp.cu (sm_90a), each granted MLP_SHARED_BYTES.
-const STREAMED: [&str; 3] = ["mlp_stream_wgmma", "mlp_stream_wgmma_e4m3", "product_stream_wgmma_e4m3"];
+const STREAMED: [&str; 4] = ["mlp_stream_wgmma", "mlp_stream_wgmma_e4m3", "product_stream_wgmma_e4m3", "qkv_rope_stream_wgmma_e4m3"];
 
 /// Most 128-byte column chunks of A a block of `mlp_stream_wgmma*` holds (MLP_A_CHUNKS): 64
 /// columns of bf16, 128 of e4m3.
@@ -144,7 +144,7 @@ const IN_OUT: [&str; 7] =
     ["layer_norm", "rms_norm", "gated_residual_rms_norm", "gated_residual_rms_norm_product", "copy", "gated_activation", "scatter_rows"];
 /// The `IN_OUT` kernels also instantiated into e4m3 (`FOR_IN_E4M3`, sm_89 on): the producers of
 /// FP8 products' inputs.
-const INTO_E4M3: [&str; 3] = ["layer_norm", "rms_norm", "gated_activation"];
+const INTO_E4M3: [&str; 4] = ["layer_norm", "rms_norm", "gated_residual_rms_norm", "gated_activation"];
 const TYPED: [&str; 15] = [
     "product_rms_norm",
     "gated_residual",
@@ -507,15 +507,16 @@ mod tests {
                     n.starts_with("attention_mq256_wgmma")
                         || n.starts_with("mlp_stream")
                         || n.starts_with("product_stream")
+                        || n.starts_with("qkv_rope_stream")
                         || *n == "retile_weight"
                 })
                 .count()
         };
-        assert_eq!(wgmma("sm_90a"), 6);
+        assert_eq!(wgmma("sm_90a"), 7);
         for arch in ["sm_87", "sm_90", "sm_110"] {
             assert_eq!(wgmma(arch), 0, "{arch}");
         }
-        assert_eq!(kernel_names("sm_90a").len(), kernel_names("sm_90").len() + 6);
+        assert_eq!(kernel_names("sm_90a").len(), kernel_names("sm_90").len() + 7);
         // MLP_SHARED_BYTES in mlp.cu: 1024 + (8 + 16) · 8 KB.
         assert_eq!(MLP_SHARED_BYTES, 197_632);
         // ATTW_SHARED_BYTES in attention_mq256.cu: 1024 + 5 · 32 KB + 2 · 64 · 4 + 4 · 8.

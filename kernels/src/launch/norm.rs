@@ -118,7 +118,8 @@ impl Kernels {
     }
 
     /// `x += y ⊙ gate(gate_modulation)`, then `out = rms(x) · (1 + scale) + shift` with
-    /// `norm_modulation`, in one pass per row.
+    /// `norm_modulation`, in one pass per row; each output value times `out_scale` (an FP8
+    /// product's inverse input scale when `out` is e4m3, 1 otherwise).
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
@@ -131,6 +132,7 @@ impl Kernels {
         gate_modulation: DevPtr,
         norm_modulation: DevPtr,
         eps: f32,
+        out_scale: f32,
         early: bool,
         stream: CUstream,
     ) -> Result<()> {
@@ -153,6 +155,7 @@ impl Kernels {
             Arg::I(i32_of(x.cols, &name)?),
             Arg::F(eps),
             Arg::I(per),
+            Arg::F(out_scale),
         ];
         // SAFETY: matches `gated_residual_rms_norm_*` in norm.cu, which waits for the kernel
         // before it first.

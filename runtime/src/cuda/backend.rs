@@ -43,6 +43,7 @@ use super::gemm::WORKSPACE_BYTES;
 use super::graph::Launcher;
 use super::lowering::{Lowered, Lowering};
 pub use super::options::CudaOptions;
+use super::options::Switches;
 use super::steps::{LANES, RopeRows};
 use super::weights::{Selections, retile_streamed_weights, upload_weights};
 use crate::backend::Backend;
@@ -144,12 +145,11 @@ impl CudaBackend {
             Fusions::run(&plan, &elems, &op_lanes, switches, kernels.has_fused_attention(), multiprocessors, |rows, width, hidden| {
                 kernels.mlp_stream_splits(rows, width, hidden, multiprocessors, false).is_some()
             });
-        let fp8_shapes = Fp8Shapes { kernels: &kernels, multiprocessors, on: switches.fp8_streamed };
+        let fp8_shapes = Fp8Shapes { kernels: &kernels, multiprocessors, switches };
         let candidates =
             if !opts.fp8_scales.is_empty() { streamed_products(&plan, &elems, &op_lanes, &fusions.mlps, &fp8_shapes) } else { Vec::new() };
         let fp8 = Fp8Products::choose(
             &plan,
-            &elems,
             &opts.fp8_scales,
             &fusions.mlps,
             &candidates,
@@ -172,7 +172,10 @@ impl CudaBackend {
                     AttentionLowering::Heads => {}
                     AttentionLowering::Products => size.scores = size.scores.max(heads * (q.rows / groups) * (k.rows / groups)),
                 },
-                Op::Gemm { a, w, .. } if fp8.chosen.contains_key(&w.0) => size.fp8_input = size.fp8_input.max(a.rows * a.cols),
+                // Their e4m3 input: cuBLASLt's FP8 products' and the QKV products run with their RoPE.
+                Op::Gemm { a, w, .. } if fp8.chosen.contains_key(&w.0) || fusions.qkv_rope(i).is_some() => {
+                    size.fp8_input = size.fp8_input.max(a.rows * a.cols)
+                }
                 Op::Gemm { a, .. } if elems[a.buf.0] == Elem::F32 => size.shadow = size.shadow.max(a.rows * a.cols),
                 Op::Positions { positions, .. } => positions_bufs.push(positions),
                 _ => {}
@@ -529,14 +532,19 @@ impl Drop for CudaBackend {
 struct Fp8Shapes<'a> {
     kernels: &'a Kernels,
     multiprocessors: usize,
-    on: bool,
+    switches: Switches,
 }
 
 impl StreamedShapes for Fp8Shapes<'_> {
     fn mlp(&self, rows: usize, width: usize, hidden: usize) -> bool {
-        self.on && self.kernels.mlp_stream_splits(rows, width, hidden, self.multiprocessors, true).is_some()
+        self.switches.fp8_streamed && self.kernels.mlp_stream_splits(rows, width, hidden, self.multiprocessors, true).is_some()
     }
-    fn product(&self, rows: usize, n: usize, k: usize, out: Elem) -> bool {
-        self.on && out == Elem::F32 && self.kernels.product_stream_splits(rows, n, k, self.multiprocessors).is_some()
+    fn product(&self, rows: usize, n: usize, k: usize) -> bool {
+        self.switches.fp8_streamed && self.kernels.product_stream_splits(rows, n, k, self.multiprocessors).is_some()
+    }
+    fn qkv_rope(&self, rows: usize, n: usize, k: usize, head_dim: usize) -> bool {
+        self.switches.fp8_streamed
+            && self.switches.fp8_qkv_rope
+            && self.kernels.qkv_rope_stream_fits(rows, n, k, head_dim, self.multiprocessors)
     }
 }

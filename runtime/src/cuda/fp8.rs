@@ -19,7 +19,6 @@ use std::collections::{BTreeMap, HashMap};
 use cudarc::driver::result;
 use flashrt_kernels::{DevPtr, MlpFp8Scales};
 
-use super::arena::Elem;
 use super::device::{DeviceMemory, check};
 use super::fusion::StreamedShapes;
 use crate::error::Result;
@@ -62,7 +61,6 @@ impl Fp8Products {
     /// with at least `min_rows` rows and N and K multiples of 16 (cuBLASLt's FP8 operands).
     pub(super) fn choose(
         plan: &Plan,
-        elems: &[Elem],
         scales: &[Option<ProductScales>],
         fused_mlps: &[usize],
         streamed_products: &[usize],
@@ -87,10 +85,8 @@ impl Fp8Products {
             }
         }
         for &i in streamed_products {
-            let Op::Gemm { a, w, out, .. } = plan.ops[i] else { continue };
-            if let Some(scales) = scales_of(w)
-                && fp8_shapes.product(a.rows, out.cols, a.cols, elems[out.buf.0])
-            {
+            let Op::Gemm { w, .. } = plan.ops[i] else { continue };
+            if let Some(scales) = scales_of(w) {
                 products.streamed_products.insert(i, scales);
                 products.streamed_weights.insert(w.0, scales);
             }
@@ -221,9 +217,8 @@ mod tests {
         calibrated[uncalibrated.0] = None;
         calibrated[down.0] = Some(down_scales);
 
-        let elems = crate::cuda::arena::element_types(&plan);
         let choose = |calibrated: &[Option<ProductScales>], products: &[usize], min_rows: usize, streams: bool| {
-            Fp8Products::choose(&plan, &elems, calibrated, &[fused_at], products, min_rows, &Shapes(streams))
+            Fp8Products::choose(&plan, calibrated, &[fused_at], products, min_rows, &Shapes(streams))
         };
 
         // A device without the FP8 streamed form keeps the MLP's weights in bf16.
@@ -274,7 +269,10 @@ mod tests {
         fn mlp(&self, _: usize, _: usize, _: usize) -> bool {
             self.0
         }
-        fn product(&self, _: usize, _: usize, _: usize, _: Elem) -> bool {
+        fn product(&self, _: usize, _: usize, _: usize) -> bool {
+            self.0
+        }
+        fn qkv_rope(&self, _: usize, _: usize, _: usize, _: usize) -> bool {
             self.0
         }
     }

@@ -27,6 +27,9 @@ pub(super) struct Fusions {
     pub(super) products: Vec<usize>,
     /// Those of `products` launched as programmatic dependents of their norm.
     pub(super) early_products: Vec<usize>,
+    /// Those of `products` that run with the RoPE op after them ([`rope_after`]), with its head
+    /// dimension, ascending.
+    pub(super) qkv_ropes: Vec<(usize, usize)>,
     /// The attentions launched under their RoPE, with the keys it does not write
     /// ([`attentions_after_their_rope`]).
     pub(super) early_attentions: Vec<(usize, usize)>,
@@ -112,6 +115,7 @@ impl Fusions {
             early_mlps,
             products: Vec::new(),
             early_products: Vec::new(),
+            qkv_ropes: Vec::new(),
             early_attentions,
             e4m3_producers: Vec::new(),
             fp8_products: 0,
@@ -131,7 +135,13 @@ impl Fusions {
     pub(super) fn stream_products(&mut self, plan: &Plan, op_lanes: &[usize], mut products: Vec<usize>) {
         products.sort_unstable();
         self.early_products = if self.switches.early_launch { after_their_norm(plan, &products, op_lanes) } else { Vec::new() };
+        self.qkv_ropes = products.iter().filter_map(|&i| Some((i, rope_after(plan, op_lanes, i)?))).collect();
         self.products = products;
+    }
+
+    /// The head dimension of the RoPE that product `i` runs with, if it does.
+    pub(super) fn qkv_rope(&self, i: usize) -> Option<usize> {
+        self.qkv_ropes.binary_search_by_key(&i, |&(op, _)| op).ok().map(|at| self.qkv_ropes[at].1)
     }
 
     /// The kernel of attention op `op`.
@@ -160,8 +170,9 @@ impl Fusions {
         }
         let _ = writeln!(
             s,
-            "  pass streamed products: {} few-row FP8 product(s) as streamed launches{}",
+            "  pass streamed products: {} few-row FP8 product(s) as streamed launches, {} of them QKV products with their RoPE{}",
             self.products.len(),
+            self.qkv_ropes.len(),
             off(self.switches.fp8_streamed)
         );
         let _ = writeln!(
@@ -334,20 +345,23 @@ pub(super) fn fused_mlps(
 }
 
 /// Which shapes this device's streamed FP8 kernels run (`Kernels::mlp_stream_splits`,
-/// `Kernels::product_stream_splits`).
+/// `Kernels::product_stream_splits`, `Kernels::qkv_rope_stream_fits`).
 pub(super) trait StreamedShapes {
     fn mlp(&self, rows: usize, width: usize, hidden: usize) -> bool;
-    fn product(&self, rows: usize, n: usize, k: usize, out: Elem) -> bool;
+    /// `Kernels::product_stream` into f32.
+    fn product(&self, rows: usize, n: usize, k: usize) -> bool;
+    /// `Kernels::qkv_rope_stream` with heads of `head_dim`.
+    fn qkv_rope(&self, rows: usize, n: usize, k: usize, head_dim: usize) -> bool;
 }
 
-/// The few-row products the lowering can run as one streamed FP8 launch each
-/// (`Kernels::product_stream`): on the main stream, outside the fused MLPs, bf16 A, no bias,
-/// overwriting an f32 output, of a weight no op selects (selection rewrites the row-major form)
-/// and of a shape the kernel takes (`StreamedShapes::product` decides the output type). On Pi0.5
-/// this is the action expert's output projection. In bf16 they stay on cuBLASLt: a streamed bf16
-/// form measured no faster there (QKV 6.2 against 5.5 µs, the output projection 5.9 against
-/// 5.7 µs on an H100); in e4m3 the stream carries half the bytes and cuBLASLt would need a
-/// quantizing launch before each.
+/// The few-row products the lowering can run as one streamed FP8 launch each: on the main
+/// stream, outside the fused MLPs, bf16 A, no bias, of a weight no op selects (selection rewrites
+/// the row-major form) and of a shape the kernel takes; either overwriting an f32 output
+/// (`Kernels::product_stream`: the action expert's output projection) or a QKV product with the
+/// RoPE after it ([`rope_after`], `Kernels::qkv_rope_stream`: the expert's QKV). In bf16 they
+/// stay on cuBLASLt: a streamed bf16 form measured no faster there (QKV 6.2 against 5.5 µs, the
+/// output projection 5.9 against 5.7 µs on an H100); in e4m3 the stream carries half the bytes
+/// and cuBLASLt would need a quantizing launch before each.
 pub(super) fn streamed_products(
     plan: &Plan,
     elems: &[Elem],
@@ -366,11 +380,34 @@ pub(super) fn streamed_products(
                 && !in_mlp(i)
                 && !selected.contains(&w)
                 && elems[a.buf.0] == Elem::Bf16
-                && matches!(out_elem, Elem::Bf16 | Elem::F32)
                 && (n, k) == (out.cols, a.cols)
-                && streams.product(a.rows, n, k, out_elem)
+                && match out_elem {
+                    Elem::F32 => streams.product(a.rows, n, k),
+                    Elem::Bf16 => rope_after(plan, op_lanes, i).is_some_and(|head_dim| streams.qkv_rope(a.rows, n, k, head_dim)),
+                    _ => false,
+                }
         })
         .collect()
+}
+
+/// The head dimension of the RoPE op right after product `i` when the two run as one launch
+/// (`Kernels::qkv_rope_stream`): the product follows the gated residual and the adaRMS norm that
+/// writes its whole input (the expert's layer start; that norm then writes it in e4m3, and nothing
+/// after reads it before it is written again) and precedes the single-axis RoPE of its whole
+/// output, all on the main stream and in one phase.
+pub(super) fn rope_after(plan: &Plan, op_lanes: &[usize], i: usize) -> Option<usize> {
+    let ops = plan.ops.get(i.checked_sub(2)?..i + 2)?;
+    let [
+        Op::GatedResidual { x, .. },
+        Op::AdaRmsNorm { x: normed, out: norm_out, .. },
+        Op::Gemm { a, out, .. },
+        Op::RopeQkv { qkv, axes: RopeAxes::Single, head_dim, .. },
+    ] = ops
+    else {
+        return None;
+    };
+    let one_run = (i - 2..i + 2).all(|j| op_lanes[j] == 0) && (i - 1..i + 2).all(|j| plan.phase_starting_at(j).is_none());
+    (x == normed && norm_out == a && qkv == out && one_run && unread_from(plan, i + 1, a.buf, &[])).then_some(*head_dim)
 }
 
 /// The streamed launches (first ops in `firsts`: fused MLPs or products) that directly follow, on
@@ -535,7 +572,10 @@ mod tests {
         assert_eq!(fused(&plan, true), vec![first]);
         let (w_gate_up, w_down) = (WeightId(0), WeightId(1));
         let tiling = |plan: &Plan| -> Vec<(WeightId, usize, bool)> {
-            stream_weight_tiling(plan, &[first], &[], &Fp8Products::default()).iter().map(|t| (t.w, t.paired_half, t.in_place)).collect()
+            stream_weight_tiling(plan, &[first], &[], &[], &Fp8Products::default())
+                .iter()
+                .map(|t| (t.w, t.paired_half, t.in_place))
+                .collect()
         };
         assert_eq!(tiling(&plan), vec![(w_gate_up, 128, true), (w_down, 0, true)]);
         // The kernel cannot run the shape or on that stream: named as the reason.
@@ -551,13 +591,15 @@ mod tests {
         // stays bf16 under the row bound): both tiled in place over their e4m3 upload.
         let scales = Some(crate::fp8::ProductScales { activation: 0.5, weight: 0.25 });
         let every_shape = Shapes { mlp: true, product: true };
-        let fp8 = Fp8Products::choose(&plan, &element_types(&plan), &[scales, scales], &[first], &[], 128, &every_shape);
+        let fp8 = Fp8Products::choose(&plan, &[scales, scales], &[first], &[], 128, &every_shape);
         let e4m3 = |w: WeightId, paired_half: usize| Tiling { w, paired_half, elem: Elem::E4m3, in_place: true };
-        assert_eq!(stream_weight_tiling(&plan, &[first], &[], &fp8), vec![e4m3(w_gate_up, 128), e4m3(w_down, 0)]);
+        assert_eq!(stream_weight_tiling(&plan, &[first], &[], &[], &fp8), vec![e4m3(w_gate_up, 128), e4m3(w_down, 0)]);
         // Unfused, the other product of down streams too: down tiled once, and in place.
         let products = [first, first + 2, first + 4];
-        let fp8 = Fp8Products::choose(&plan, &element_types(&plan), &[scales, scales], &[], &products, 128, &every_shape);
-        assert_eq!(stream_weight_tiling(&plan, &[], &products, &fp8), vec![e4m3(w_gate_up, 0), e4m3(w_down, 0)]);
+        let fp8 = Fp8Products::choose(&plan, &[scales, scales], &[], &products, 128, &every_shape);
+        assert_eq!(stream_weight_tiling(&plan, &[], &products, &[], &fp8), vec![e4m3(w_gate_up, 0), e4m3(w_down, 0)]);
+        // A QKV product run with its RoPE pairs each head's halves.
+        assert_eq!(stream_weight_tiling(&plan, &[], &products[..1], &[(products[0], 64)], &fp8), vec![e4m3(w_gate_up, 32)]);
         // Another op reads the gate/up output the fused kernel never writes.
         let (plan, _) = mlp_plan(|plan, _, gate_up| plan.push(Op::Activation { x: gate_up, kind: Activation::GeluTanh }));
         let (none, why) = fused_mlps(&plan, &element_types(&plan), refuse(true));
@@ -617,7 +659,7 @@ mod tests {
         unfused.stream_products(&plan, &lanes, vec![first + 2, first]);
         assert_eq!((unfused.products.clone(), unfused.early_products.clone()), (vec![first, first + 2], vec![first]));
         assert!(
-            unfused.describe().contains("pass streamed products: 2 few-row FP8 product(s) as streamed launches\n"),
+            unfused.describe().contains("pass streamed products: 2 few-row FP8 product(s) as streamed launches, 0 of them QKV"),
             "{}",
             unfused.describe()
         );
@@ -637,7 +679,10 @@ mod tests {
         fn mlp(&self, _: usize, _: usize, _: usize) -> bool {
             self.mlp
         }
-        fn product(&self, _: usize, _: usize, _: usize, _: Elem) -> bool {
+        fn product(&self, _: usize, _: usize, _: usize) -> bool {
+            self.product
+        }
+        fn qkv_rope(&self, _: usize, _: usize, _: usize, _: usize) -> bool {
             self.product
         }
     }
@@ -648,13 +693,14 @@ mod tests {
             |plan: &Plan, lanes: &[usize]| streamed_products(plan, &element_types(plan), lanes, &[], &Shapes { mlp: false, product: true });
         let (plan, first) = mlp_plan(|_, _, _| {});
         let lanes = vec![0; plan.ops.len()];
-        assert_eq!(streamed(&plan, &lanes), vec![first, first + 2]);
+        // Down (into f32); not gate/up, whose bf16 output no RoPE follows.
+        assert_eq!(streamed(&plan, &lanes), vec![first + 2]);
         // Inside a fused MLP: the MLP's kernel runs them.
         assert!(streamed_products(&plan, &element_types(&plan), &lanes, &[first], &Shapes { mlp: true, product: true }).is_empty());
         // Not on the second stream, nor where the kernel refuses the shape.
         let mut second = lanes.clone();
-        second[first] = 1;
-        assert_eq!(streamed(&plan, &second), vec![first + 2]);
+        second[first + 2] = 1;
+        assert!(streamed(&plan, &second).is_empty());
         assert!(streamed_products(&plan, &element_types(&plan), &lanes, &[], &Shapes { mlp: false, product: false }).is_empty());
         // Not with a bias, nor accumulating, nor of a selected weight.
         let mut plain = plan.clone();
@@ -667,10 +713,99 @@ mod tests {
         }
         assert!(streamed(&plain, &lanes).is_empty());
         let (mut selecting, _) = mlp_plan(|_, _, _| {});
-        let table = selecting.weight("table", WeightRole::MatrixStack { entries: 2, n: 256, k: 64 });
+        let table = selecting.weight("table", WeightRole::MatrixStack { entries: 2, n: 64, k: 128 });
         let index = selecting.host_buffer("index", BufType::I32, 1, crate::plan::HostIo::Input);
-        selecting.ops.insert(0, Op::SelectWeight { index, entries: 2, table, dst: WeightId(0) });
-        assert_eq!(streamed(&selecting, &vec![0; selecting.ops.len()]), vec![first + 3]);
+        selecting.ops.insert(0, Op::SelectWeight { index, entries: 2, table, dst: WeightId(1) });
+        assert!(streamed(&selecting, &vec![0; selecting.ops.len()]).is_empty());
+    }
+
+    /// The expert's layer start in small: gated residual, adaRMS norm, QKV product, RoPE (two
+    /// query heads of 64 and one K/V head), then an attention reading the queries; `change`
+    /// alters it before the pass looks.
+    fn qkv_rope_plan(change: impl FnOnce(&mut Plan)) -> (Plan, usize) {
+        let mut plan = Plan::default();
+        let (x, y, h, qkv) = (plan.matrix("x", 4, 128), plan.matrix("y", 4, 128), plan.matrix("h", 4, 128), plan.matrix("qkv", 4, 256));
+        let (k_cache, v_cache, out) = (plan.matrix("k", 4, 64), plan.matrix("v", 4, 64), plan.matrix("out", 4, 128));
+        let positions = plan.buffer("positions", BufType::I32, 4);
+        let (gate, norm) = (plan.weight("gate", WeightRole::Vector), plan.weight("norm", WeightRole::Vector));
+        let w = plan.weight("qkv", WeightRole::Matrix { n: 256, k: 128 });
+        plan.push(Op::GatedResidual { x, y, modulation: gate });
+        plan.push(Op::AdaRmsNorm { x, out: h, modulation: norm, eps: 1e-6 });
+        let first = plan.ops.len();
+        plan.push(Op::Gemm { a: h, w, bias: None, out: qkv, accumulate: false });
+        let rope = Op::RopeQkv {
+            qkv,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 64,
+            theta: 1e4,
+            axes: RopeAxes::Single,
+            positions,
+            position_offset: 0,
+            k_cache,
+            v_cache,
+            cache_row: 0,
+        };
+        plan.push(rope);
+        let (q, heads, kv_heads, head_dim, groups) = (qkv.cols(0, 128), 2, 1, 64, 1);
+        let attention = Op::Attention {
+            q,
+            k: k_cache,
+            v: v_cache,
+            out,
+            heads,
+            kv_heads,
+            head_dim,
+            groups,
+            key_valid: None,
+            query_valid: None,
+            causal: None,
+        };
+        plan.push(attention);
+        change(&mut plan);
+        (plan, first)
+    }
+
+    #[test]
+    fn a_qkv_product_streams_with_its_rope_only_between_its_norm_and_that_rope() {
+        let streamed = |plan: &Plan| {
+            let lanes = vec![0; plan.ops.len()];
+            let products = streamed_products(plan, &element_types(plan), &lanes, &[], &Shapes { mlp: false, product: true });
+            (products, (0..plan.ops.len()).filter_map(|i| rope_after(plan, &lanes, i)).collect::<Vec<_>>())
+        };
+        let (plan, first) = qkv_rope_plan(|_| {});
+        assert_eq!(streamed(&plan), (vec![first], vec![64]));
+        let mut fusions =
+            Fusions::run(&plan, &element_types(&plan), &vec![0; plan.ops.len()], Switches::default(), false, 132, |_, _, _| false);
+        fusions.stream_products(&plan, &vec![0; plan.ops.len()], vec![first]);
+        assert_eq!(
+            (fusions.qkv_ropes.clone(), fusions.qkv_rope(first), fusions.early_products.clone()),
+            (vec![(first, 64)], Some(64), vec![first])
+        );
+        assert!(fusions.describe().contains("1 few-row FP8 product(s) as streamed launches, 1 of them QKV products with their RoPE"));
+        // Not when something later reads the norm's output, nor without the RoPE right after,
+        // nor with the norm in another phase, nor after a plain norm (no gated residual).
+        let (reread, _) = qkv_rope_plan(|plan| {
+            let (h, w) = (plan.find_buffer("h").unwrap(), plan.weight("reader", WeightRole::Matrix { n: 8, k: 128 }));
+            let out = plan.matrix("reader.out", 4, 8);
+            let a = View { buf: h, offset: 0, rows: 4, cols: 128, stride: 128 };
+            plan.push(Op::Gemm { a, w, bias: None, out, accumulate: false });
+        });
+        let (products, ropes) = streamed(&reread);
+        assert!(!products.contains(&first) && ropes.is_empty(), "{products:?}");
+        let (no_rope, _) = qkv_rope_plan(|plan| {
+            plan.ops.remove(first + 1);
+        });
+        assert!(streamed(&no_rope).0.is_empty());
+        let (phased, _) = qkv_rope_plan(|plan| {
+            plan.phase("qkv");
+            plan.phases.last_mut().unwrap().first_op = first;
+        });
+        assert!(streamed(&phased).0.is_empty());
+        let (plain_norm, _) = qkv_rope_plan(|plan| {
+            plan.ops.remove(first - 2);
+        });
+        assert!(streamed(&plain_norm).0.is_empty());
     }
 
     #[test]

@@ -162,8 +162,8 @@ impl Launcher {
                     k.rms_norm(out, out_scale, x, heads, weight, modulation, eps, s)
                 }
                 Step::GatedResidual { x, y, modulation } => k.gated_residual(x, y, modulation, s),
-                Step::GatedResidualRmsNorm { out, x, y, gate, norm, eps, early } => {
-                    k.gated_residual_rms_norm(out, x, y, gate, norm, eps, early, s)
+                Step::GatedResidualRmsNorm { out, out_scale, x, y, gate, norm, eps, early } => {
+                    k.gated_residual_rms_norm(out, x, y, gate, norm, eps, out_scale, early, s)
                 }
                 Step::GatedResidualRmsNormProduct { out, x, y, gate, norm, eps, w, bias, acc, accumulate } => {
                     k.gated_residual_rms_norm_product((out, x, y), gate, norm, eps, w, bias, (acc, accumulate), s)
@@ -178,6 +178,9 @@ impl Launcher {
                 }
                 Step::StreamedProduct { out, a, w, barrier, scales, multiprocessors, programmatic } => {
                     k.product_stream(out, a, w, barrier, scales, multiprocessors, programmatic, s)
+                }
+                Step::StreamedQkvRope { a, w, scales, ref rope, multiprocessors, programmatic } => {
+                    k.qkv_rope_stream(a, w, scales, rope, multiprocessors, programmatic, s)
                 }
                 Step::Embed { out, tokens, table, vocab, scale } => k.embed(out, tokens, table, vocab, scale, s),
                 Step::Positions { valid, positions, frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix, rope_rows } => k

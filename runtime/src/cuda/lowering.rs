@@ -197,6 +197,7 @@ impl Lowering<'_> {
                     let early = self.early_after_product();
                     let step = Step::GatedResidualRmsNorm {
                         out: self.mat(*out)?,
+                        out_scale: 1.0,
                         x: self.mat(*x)?,
                         y: self.mat(*y)?,
                         gate: self.weight(*modulation, Elem::F32),
@@ -236,8 +237,24 @@ impl Lowering<'_> {
                 self.tag_steps(from, i..i + 3);
                 continue;
             }
-            // A few-row FP8 product as one streamed launch.
+            // A few-row FP8 product as one streamed launch, a QKV product with its RoPE.
             if let (Op::Gemm { a, w, out, .. }, Some(scales)) = (op, self.fp8_streamed.streamed_products.get(&i)) {
+                let programmatic = self.fusions.early_products.binary_search(&i).is_ok();
+                if self.fusions.qkv_rope(i).is_some() {
+                    let Some((_, rope)) = ops.next() else { unreachable!("`fusion::rope_after` found the RoPE op after it") };
+                    let rope = self.rope_args(rope)?;
+                    let a = self.e4m3_input(self.mat(*a)?, scales.activation, true);
+                    self.steps.push(Step::StreamedQkvRope {
+                        a,
+                        w: self.tiled[&(w.0, Elem::E4m3)],
+                        scales: (scales.activation, scales.weight),
+                        rope,
+                        multiprocessors: self.multiprocessors,
+                        programmatic,
+                    });
+                    self.tag_steps(from, i..i + 2);
+                    continue;
+                }
                 self.steps.push(Step::StreamedProduct {
                     out: self.mat(*out)?,
                     a: self.mat(*a)?,
@@ -245,7 +262,7 @@ impl Lowering<'_> {
                     barrier: self.scratch().grid_barrier,
                     scales: (scales.activation, scales.weight),
                     multiprocessors: self.multiprocessors,
-                    programmatic: self.fusions.early_products.binary_search(&i).is_ok(),
+                    programmatic,
                 });
                 self.tag_steps(from, i..i + 1);
                 continue;
@@ -439,39 +456,9 @@ impl Lowering<'_> {
                 suffix,
                 rope_rows: self.rope_rows.filter(|r| r.positions == positions),
             },
-            Op::RopeQkv { qkv, heads, kv_heads, head_dim, theta, axes, positions, position_offset, k_cache, v_cache, cache_row } => {
-                let halves = matches!(axes, RopeAxes::Rows2d { .. });
-                let Some(&(_, tables)) = self.rope.iter().find(|(spec, _)| spec.serves(theta, head_dim, halves)) else {
-                    unreachable!("a table per RoPE spec of the plan")
-                };
-                let multi_axis = match axes {
-                    RopeAxes::Single => None,
-                    RopeAxes::Interleaved { sections, slots } => {
-                        Some(MultiAxis::Interleaved { slots, height: sections[1], width: sections[2] })
-                    }
-                    RopeAxes::Rows2d { slots } => Some(MultiAxis::Rows2d { slots }),
-                };
-                // The gathered rows exist only for a plan with one table (this one), single-axis.
-                let rows = self.rope_rows.filter(|r| r.positions == positions && multi_axis.is_none());
-                let (positions, (cos, sin)) = match rows {
-                    Some(r) => (None, r.rows),
-                    None => (Some(self.ptr(positions)), tables),
-                };
-                Step::Rope(RopeArgs {
-                    qkv: self.mat(qkv)?,
-                    heads,
-                    kv_heads,
-                    head_dim,
-                    positions,
-                    position_offset,
-                    k_cache: self.mat(k_cache)?,
-                    v_cache: self.mat(v_cache)?,
-                    cache_row,
-                    cos,
-                    sin,
-                    early: multi_axis.is_none() && self.early_after_product(),
-                    multi_axis,
-                })
+            Op::RopeQkv { .. } => {
+                let rope = self.rope_args(op)?;
+                Step::Rope(RopeArgs { early: rope.multi_axis.is_none() && self.early_after_product(), ..rope })
             }
             Op::Attention { q, k, v, out, heads, kv_heads, head_dim, groups, key_valid, query_valid, causal } => {
                 return self.attention(q, k, v, out, [heads, kv_heads, head_dim, groups], key_valid, query_valid, causal);
@@ -550,24 +537,62 @@ impl Lowering<'_> {
         Ok(())
     }
 
-    /// When the current op is an FP8 product whose input `a` the step before writes
-    /// ([`Fusions::e4m3_producers`]: nothing else reads it), turns that step's output into
-    /// `quantized` (e4m3, times `inverse_scale`) and says so.
-    fn producer_writes_e4m3(&mut self, a: Mat, quantized: Mat, inverse_scale: f32) -> bool {
-        if self.fusions.e4m3_producers.binary_search(&self.op_index).is_err() {
-            return false;
-        }
+    /// The RoPE op `op`'s arguments (launched plainly): the gathered table rows where the plan
+    /// has them, else the tables and positions.
+    fn rope_args(&self, op: &Op) -> Result<RopeArgs> {
+        let Op::RopeQkv { qkv, heads, kv_heads, head_dim, theta, axes, positions, position_offset, k_cache, v_cache, cache_row } = *op
+        else {
+            return Err(self.error(format!("op {} ({}) is not a RoPE", self.op_index, op.name())));
+        };
+        let halves = matches!(axes, RopeAxes::Rows2d { .. });
+        let Some(&(_, tables)) = self.rope.iter().find(|(spec, _)| spec.serves(theta, head_dim, halves)) else {
+            unreachable!("a table per RoPE spec of the plan")
+        };
+        let multi_axis = match axes {
+            RopeAxes::Single => None,
+            RopeAxes::Interleaved { sections, slots } => Some(MultiAxis::Interleaved { slots, height: sections[1], width: sections[2] }),
+            RopeAxes::Rows2d { slots } => Some(MultiAxis::Rows2d { slots }),
+        };
+        // The gathered rows exist only for a plan with one table (this one), single-axis.
+        let rows = self.rope_rows.filter(|r| r.positions == positions && multi_axis.is_none());
+        let (positions, (cos, sin)) = match rows {
+            Some(r) => (None, r.rows),
+            None => (Some(self.ptr(positions)), tables),
+        };
+        Ok(RopeArgs {
+            qkv: self.mat(qkv)?,
+            heads,
+            kv_heads,
+            head_dim,
+            positions,
+            position_offset,
+            k_cache: self.mat(k_cache)?,
+            v_cache: self.mat(v_cache)?,
+            cache_row,
+            cos,
+            sin,
+            early: false,
+            multi_axis,
+        })
+    }
+
+    /// The current FP8 product's input `a` in e4m3 with its calibrated scale (from f32 or bf16
+    /// alike), in the lane's FP8 input scratch: with `from_producer` (a fusion pass found that
+    /// nothing else reads `a`) written so by the norm or gated activation step just before when
+    /// that step writes `a`, else quantized by a launch of its own.
+    fn e4m3_input(&mut self, a: Mat, activation_scale: f32, from_producer: bool) -> Mat {
+        let quantized = Mat { ptr: self.scratch().fp8_input, rows: a.rows, cols: a.cols, stride: a.cols, dtype: Dtype::E4m3 };
+        let inverse_scale = 1.0 / activation_scale;
         match self.steps.last_mut() {
             Some(
                 Step::LayerNorm { out, out_scale, .. }
                 | Step::RmsNorm { out, out_scale, .. }
+                | Step::GatedResidualRmsNorm { out, out_scale, .. }
                 | Step::GatedActivation { out, out_scale, .. },
-            ) if *out == a => {
-                (*out, *out_scale) = (quantized, inverse_scale);
-                true
-            }
-            _ => false,
+            ) if from_producer && *out == a => (*out, *out_scale) = (quantized, inverse_scale),
+            _ => self.steps.push(Step::QuantizeE4m3 { dst: quantized, src: a, inverse_scale }),
         }
+        quantized
     }
 
     /// `out (+)= a · wᵀ (+ bias)`: see the column-major mapping in `gemm.rs`.
@@ -581,14 +606,8 @@ impl Lowering<'_> {
         let mut a_mat = self.mat(a)?;
         let fp8 = self.fp8.get(&w.0).copied();
         if let Some((scales, _)) = fp8 {
-            // The input in e4m3 with its calibrated scale (from f32 or bf16 alike): written so by
-            // the step before when that is its producer, else quantized by a launch of its own.
-            let quantized = Mat { ptr: self.scratch().fp8_input, rows: a.rows, cols: a.cols, stride: a.cols, dtype: Dtype::E4m3 };
-            let inverse_scale = 1.0 / scales.activation;
-            if !self.producer_writes_e4m3(a_mat, quantized, inverse_scale) {
-                self.steps.push(Step::QuantizeE4m3 { dst: quantized, src: a_mat, inverse_scale });
-            }
-            a_mat = quantized;
+            let from_producer = self.fusions.e4m3_producers.binary_search(&self.op_index).is_ok();
+            a_mat = self.e4m3_input(a_mat, scales.activation, from_producer);
         } else if a_mat.dtype == Dtype::F32 {
             let shadow = Mat { ptr: self.scratch().shadow, rows: a.rows, cols: a.cols, stride: a.cols, dtype: Dtype::Bf16 };
             self.steps.push(Step::Copy { dst: shadow, src: a_mat });

@@ -166,7 +166,7 @@ impl Launcher {
                 format!("{kind}{}", into_e4m3(out))
             }
             Step::GatedResidual { .. } => "gated_residual".into(),
-            Step::GatedResidualRmsNorm { .. } => "gated_residual_rms_norm".into(),
+            Step::GatedResidualRmsNorm { out, .. } => format!("gated_residual_rms_norm{}", into_e4m3(out)),
             Step::GatedResidualRmsNormProduct { .. } => "gated_residual_rms_norm_product".into(),
             Step::ProductRmsNorm { .. } => "product_rms_norm".into(),
             Step::Activation { kind, .. } => kind.name().into(),
@@ -174,6 +174,7 @@ impl Launcher {
             Step::StreamedMlp { fp8: None, .. } => "mlp_stream".into(),
             Step::StreamedMlp { fp8: Some(_), .. } => "mlp_stream e4m3".into(),
             Step::StreamedProduct { out, a, .. } => format!("product_stream {}x{} (k {}) e4m3", out.rows, out.cols, a.cols),
+            Step::StreamedQkvRope { a, rope, .. } => format!("qkv_rope_stream {}x{} (k {}) e4m3", a.rows, rope.qkv.cols, a.cols),
             Step::Embed { .. } => "embed".into(),
             Step::Positions { .. } => "positions".into(),
             Step::Rope(a) if a.multi_axis.is_some() => "rope_qkv_axes".into(),

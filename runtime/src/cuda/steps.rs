@@ -50,9 +50,10 @@ pub(super) enum Step {
         table: DevPtr,
         table_rows: usize,
     },
-    /// Here and in `RmsNorm` and `GatedActivation`: `out` is in e4m3 when it is an FP8 product's
-    /// input (`fusion::e4m3_producers`), each value times `out_scale` (that product's inverse
-    /// input scale; 1 otherwise) before it is stored.
+    /// Here and in `RmsNorm`, `GatedResidualRmsNorm` and `GatedActivation`: `out` is in e4m3
+    /// when it is an FP8 product's input (`fusion::e4m3_producers`, `fusion::rope_after`), each
+    /// value times `out_scale` (that product's inverse input scale; 1 otherwise) before it is
+    /// stored.
     LayerNorm {
         out: Mat,
         out_scale: f32,
@@ -78,6 +79,7 @@ pub(super) enum Step {
     },
     GatedResidualRmsNorm {
         out: Mat,
+        out_scale: f32,
         x: Mat,
         y: Mat,
         gate: DevPtr,
@@ -145,6 +147,19 @@ pub(super) enum Step {
         barrier: DevPtr,
         /// Its (input, weight) scales.
         scales: (f32, f32),
+        multiprocessors: usize,
+        /// Launched as a programmatic dependent of the norm step before it.
+        programmatic: bool,
+    },
+    /// A few-row QKV product in FP8 and its RoPE as one streamed launch
+    /// (`Kernels::qkv_rope_stream`): `a` in e4m3, the weight tiled in e4m3 with each head's
+    /// halves paired, `rope` what the RoPE op writes.
+    StreamedQkvRope {
+        a: Mat,
+        w: DevPtr,
+        /// Its (input, weight) scales.
+        scales: (f32, f32),
+        rope: RopeArgs,
         multiprocessors: usize,
         /// Launched as a programmatic dependent of the norm step before it.
         programmatic: bool,

@@ -135,11 +135,12 @@ pub(super) fn parallel_ranges(n: usize, f: impl Fn(std::ops::Range<usize>) + Syn
 /// Device addresses of weights, by weight index and element type.
 pub(super) type WeightPtrs = HashMap<(usize, Elem), DevPtr>;
 
-/// One weight of a fused MLP as [`Kernels::mlp_stream`] reads it.
+/// One weight of a streamed launch as its kernel reads it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Tiling {
     pub(super) w: WeightId,
-    /// The gate/up pairing's half, 0 for down.
+    /// The pairing's half (`Kernels::retile_weight`): gate/up's GeGLU width, half a head for a
+    /// QKV product run with its RoPE, 0 for the others.
     pub(super) paired_half: usize,
     /// bf16, or e4m3 in an MLP that runs in FP8.
     pub(super) elem: Elem,
@@ -147,12 +148,19 @@ pub(super) struct Tiling {
     pub(super) in_place: bool,
 }
 
-/// The weights of the fused MLPs (first ops `mlps`) and streamed products (`products`) as
-/// [`Kernels::mlp_stream`] and [`Kernels::product_stream`] read them, in e4m3 where `fp8`
+/// The weights of the fused MLPs (first ops `mlps`) and streamed products (`products`; those in
+/// `qkv_ropes` run with their RoPE, whose head dimension it gives) as [`Kernels::mlp_stream`],
+/// [`Kernels::product_stream`] and [`Kernels::qkv_rope_stream`] read them, in e4m3 where `fp8`
 /// streams them. A weight that also serves an unfused product in the same element type (the
 /// expert's in the first denoise step, which runs beside the prefix on cuBLASLt in bf16) is tiled
 /// into a copy; the others replace their row-major form.
-pub(super) fn stream_weight_tiling(plan: &Plan, mlps: &[usize], products: &[usize], fp8: &Fp8Products) -> Vec<Tiling> {
+pub(super) fn stream_weight_tiling(
+    plan: &Plan,
+    mlps: &[usize],
+    products: &[usize],
+    qkv_ropes: &[(usize, usize)],
+    fp8: &Fp8Products,
+) -> Vec<Tiling> {
     let elem = |i: usize| if fp8.streams(i) { Elem::E4m3 } else { Elem::Bf16 };
     let mut tiled = Vec::new();
     for &i in mlps {
@@ -164,7 +172,8 @@ pub(super) fn stream_weight_tiling(plan: &Plan, mlps: &[usize], products: &[usiz
     }
     for &i in products {
         if let Op::Gemm { w, .. } = plan.ops[i] {
-            tiled.push((w, 0, elem(i)));
+            let paired_half = qkv_ropes.iter().find(|&&(op, _)| op == i).map_or(0, |&(_, head_dim)| head_dim / 2);
+            tiled.push((w, paired_half, elem(i)));
         }
     }
     tiled.sort_unstable_by_key(|&(w, _, elem)| (w.0, elem.size()));
@@ -193,7 +202,7 @@ pub(super) fn retile_streamed_weights(
     ptrs: &WeightPtrs,
     stream: sys::CUstream,
 ) -> Result<(Option<DeviceMemory>, WeightPtrs)> {
-    let tiling = stream_weight_tiling(plan, &fusions.mlps, &fusions.products, fp8);
+    let tiling = stream_weight_tiling(plan, &fusions.mlps, &fusions.products, &fusions.qkv_ropes, fp8);
     let bytes = |t: &Tiling| match plan.weights[t.w.0].role {
         WeightRole::Matrix { n, k } => n * k * t.elem.size(),
         _ => 0,

@@ -12,8 +12,8 @@
 #   bash tools/device/checks/cuda_checks.sh views        # 1 and 3 views
 #   bash tools/device/checks/cuda_checks.sh full         # lerobot f32 reference on the same weights, 5c
 #   bash tools/device/checks/cuda_checks.sh fp8-tests    # the FP8 tests of `tests` alone
-#   bash tools/device/checks/cuda_checks.sh fp8          # pi05-2v calibrated here (synthetic), bf16 vs FP8 (inputs from
-#                                                 # their producers and quantized alone) alternating, FP8 profile
+#   bash tools/device/checks/cuda_checks.sh fp8          # pi05-2v calibrated here (synthetic), bf16 vs FP8 (and FP8 with the
+#                                                 # expert's QKV on cuBLASLt, RoPE alone) alternating, FP8 profile
 #   bash tools/device/checks/cuda_checks.sh fp8-accuracy # FP8 vs bf16 actions on 32 observations (1-3 cameras)
 #   bash tools/device/checks/cuda_checks.sh groot-fp8    # gr00t-2v bf16 vs FP8, FP8 vs bf16 actions on 32 observations
 #   bash tools/device/checks/cuda_checks.sh fp8-variants # pi05 FP8 vs bf16 actions under each carried 3-camera calibration variant
@@ -267,12 +267,12 @@ for phase in "$@"; do
         synth_full
         cal=$(calibration "$FULL" pi05-full-2v 2)
         cp "$cal" "$OUT/fp8-calibration-pi05-full-synthetic.json" || status=1
-        # FP8 also with every product input quantized by a launch of its own (the norms and
-        # GeGLUs before them writing bf16): what writing e4m3 in the producers changes.
+        # FP8 also with the expert's QKV product on cuBLASLt in bf16 and RoPE a launch of its own
+        # (FRT_NO_FP8_QKV_ROPE=1): what the streamed e4m3 QKV with its RoPE changes.
         for _ in $(seq "${ROUNDS:-2}"); do
             bench 2 pi05-2v-bf16
             bench 2 pi05-2v-fp8 --precision fp8 --fp8-calibration "$cal"
-            FRT_NO_FP8_PRODUCERS=1 bench 2 pi05-2v-fp8-quantize-launches --precision fp8 --fp8-calibration "$cal"
+            FRT_NO_FP8_QKV_ROPE=1 bench 2 pi05-2v-fp8-qkv-cublaslt --precision fp8 --fp8-calibration "$cal"
         done
         FRT_PROFILE="$OUT/profile_fp8_2v.json" bench 2 pi05-2v-fp8-profiled --precision fp8 --fp8-calibration "$cal"
         ;;
