@@ -638,9 +638,10 @@ fn fp8_product_case(seed: u64) -> (Case, Vec<Option<ProductScales>>) {
     (c, scales)
 }
 
-/// The streamed MLP in FP8 (sm_90a's e4m3 form of `mlp_stream`): seed 0 Pi0.5's expert shape,
-/// others random in whole 128-column chunks. A is bf16-exact, so the device's bf16 copy of it
-/// quantizes as the emulation's f32 does; each product's input scale from its input's range on
+/// The streamed MLP in FP8 (sm_90a's e4m3 form of `mlp_stream`): seed 0 Pi0.5's expert shape
+/// after its gated residual norm (which writes the input in e4m3), others random in whole
+/// 128-column chunks with the input quantized as it loads (an input, bf16-exact, so the device's
+/// bf16 copy of it quantizes as the emulation's f32 does); each product's input scale from its input's range on
 /// the CPU (gate/up: A; down: the GeGLU output), as the calibration takes them. The GeGLU output
 /// holds e4m3 codes on the device, so only `out` is compared.
 fn fp8_mlp_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<ProductScales>>) {
@@ -651,7 +652,12 @@ fn fp8_mlp_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<ProductS
         (c.rng.random_range(1..=64), 128 * c.rng.random_range(1..=16), 128 * c.rng.random_range(1..=32))
     };
     c.name = format!("fp8 streamed mlp {rows}x{width}, hidden {hidden}");
-    let a = c.input("a", rows, width);
+    let a = if seed == 0 {
+        c.lowering_says = Some("0 streamed QKV product and 1 streamed MLP input(s) written in e4m3 by their gated residual norm".into());
+        push_gated_norm(&mut c, "a", rows, width)
+    } else {
+        c.input("a", rows, width)
+    };
     let ([w_gate_up, w_down], _) = push_mlp(&mut c, a, hidden);
     let range = |name: &str| fp8::amax(&c.cpu_values(ckpt, name));
     let (a_amax, hidden_amax) = (range("a"), range("hidden"));
@@ -705,6 +711,20 @@ fn fp8_producers_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<Pr
     (c, scales)
 }
 
+/// The expert's gated residual (an f32 branch, as its streamed kernels write) and the adaRMS norm
+/// after it, into a new `rows × width` matrix `name`.
+fn push_gated_norm(c: &mut Case, name: &str, rows: usize, width: usize) -> View {
+    let (x, y) = (c.input("x", rows, width), c.input("y", rows, width));
+    let [gate, norm] = [0; 2].map(|_| {
+        let m = c.normal(3 * width, 0.3);
+        c.vector_weight(m)
+    });
+    let out = c.plan.matrix(name, rows, width);
+    c.plan.push(Op::GatedResidual { x, y, modulation: gate });
+    c.plan.push(Op::AdaRmsNorm { x, out, modulation: norm, eps: 1e-6 });
+    out
+}
+
 /// The expert's layer start in FP8 (sm_90a: `qkv_rope_stream`, the QKV product and its RoPE in
 /// one launch, its input written in e4m3 by the gated residual norm before it): the gated residual
 /// (an f32 branch, as the streamed MLP writes) and the adaRMS norm, the QKV product, RoPE with
@@ -719,14 +739,7 @@ fn fp8_qkv_rope_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<Pro
         (c.rng.random_range(1..=64), 128 * c.rng.random_range(1..=16), c.rng.random_range(1..=8), 64 * c.rng.random_range(1..=4))
     };
     c.name = format!("fp8 qkv product + rope {rows}x{width}, {heads} heads of {head_dim}");
-    let (x, y) = (c.input("x", rows, width), c.input("y", rows, width));
-    let [gate, norm] = [0; 2].map(|_| {
-        let m = c.normal(3 * width, 0.3);
-        c.vector_weight(m)
-    });
-    let h = c.plan.matrix("h", rows, width);
-    c.plan.push(Op::GatedResidual { x, y, modulation: gate });
-    c.plan.push(Op::AdaRmsNorm { x, out: h, modulation: norm, eps: 1e-6 });
+    let h = push_gated_norm(&mut c, "h", rows, width);
     let w = push_qkv_rope(&mut c, h, heads, head_dim);
     let mut scales = vec![None; c.plan.weights.len()];
     let activation_amax = fp8::amax(&c.cpu_values(ckpt, "h"));

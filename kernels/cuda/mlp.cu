@@ -217,13 +217,14 @@ struct MlpScales {
 // out[rows, width] (f32, zeroed here) = (gelu(a · w_gateᵀ) ⊙ (a · w_upᵀ)) · w_downᵀ, with
 // hidden[rows, hidden_width] (`hidden_stride` bytes per row) the GeGLU output, bf16 or (E4M3) its
 // e4m3 codes. Weights tiled by retile_weight in the same element type; the FP8 form's A chunks
-// and tiles hold 128 of k, the bf16 form's 64. Grid: hidden_width / 32 blocks (gate/up's tiles);
+// and tiles hold 128 of k, the bf16 form's 64. With `a_e4m3` (FP8 form only) `a` holds e4m3 codes
+// already divided by its scale (its norm wrote them so; `a_stride` in bytes) and loads as it is. Grid: hidden_width / 32 blocks (gate/up's tiles);
 // down's (width / 64) × down_splits units go to the first blocks. 160 threads: one warpgroup of
 // consumers and a producer warp.
 template <bool E4M3>
 __device__ void mlp_stream(float* out, int out_stride, unsigned char* hidden, int hidden_stride, const bf16* a, int a_stride,
                            const unsigned char* w_gate_up, const unsigned char* w_down, int rows, int width, int hidden_width,
-                           int down_splits, unsigned* barrier, MlpScales scales) {
+                           int down_splits, unsigned* barrier, MlpScales scales, bool a_e4m3) {
     extern __shared__ __align__(16) unsigned char mlp_shared[];
     __shared__ __align__(8) unsigned long long bars[2 * MLP_STAGES];
     constexpr int chunk_k = E4M3 ? 128 : 64;
@@ -251,7 +252,8 @@ __device__ void mlp_stream(float* out, int out_stride, unsigned char* hidden, in
     float acc[32];
     int g = 0;
     const int row0 = warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
-    load_a<E4M3>(ring, a, a_stride, rows, 0, width_chunks, scales.a_inverse);
+    if (E4M3 && a_e4m3) mlp_load_a(ring.a_tiles, (const unsigned char*)a, a_stride, rows, 0, width_chunks);
+    else load_a<E4M3>(ring, a, a_stride, rows, 0, width_chunks, scales.a_inverse);
     mlp_product<E4M3>(acc, ring, width_chunks, g);
     // Accumulator columns 8j + col0 (+1) of j < 4 are gate columns, those of j + 4 the matching up.
     const float gate_up_scale = E4M3 ? scales.gate_up : 1.0f;
@@ -280,18 +282,18 @@ extern "C" __global__ void __launch_bounds__(160, 1)
                      const bf16* w_gate_up, const bf16* w_down, int rows, int width, int hidden_width, int down_splits,
                      unsigned* barrier) {
     mlp_stream<false>(out, out_stride, (unsigned char*)hidden, 2 * hidden_stride, a, a_stride, (const unsigned char*)w_gate_up,
-                      (const unsigned char*)w_down, rows, width, hidden_width, down_splits, barrier, MlpScales{});
+                      (const unsigned char*)w_down, rows, width, hidden_width, down_splits, barrier, MlpScales{}, false);
 }
 
-// The FP8 form (W8A8): e4m3 weights, A quantized on its way into shared memory, the GeGLU output
-// written in e4m3 (hidden_stride in bytes), f32 accumulation.
+// The FP8 form (W8A8): e4m3 weights, A quantized on its way into shared memory (or, `a_e4m3`,
+// already e4m3), the GeGLU output written in e4m3 (hidden_stride in bytes), f32 accumulation.
 extern "C" __global__ void __launch_bounds__(160, 1)
     mlp_stream_wgmma_e4m3(float* out, int out_stride, unsigned char* hidden, int hidden_stride, const bf16* a, int a_stride,
                           const unsigned char* w_gate_up, const unsigned char* w_down, int rows, int width, int hidden_width,
                           int down_splits, unsigned* barrier, float a_inverse_scale, float gate_up_scale,
-                          float hidden_inverse_scale, float down_scale) {
+                          float hidden_inverse_scale, float down_scale, int a_e4m3) {
     mlp_stream<true>(out, out_stride, hidden, hidden_stride, a, a_stride, w_gate_up, w_down, rows, width, hidden_width, down_splits,
-                     barrier, MlpScales{a_inverse_scale, gate_up_scale, hidden_inverse_scale, down_scale});
+                     barrier, MlpScales{a_inverse_scale, gate_up_scale, hidden_inverse_scale, down_scale}, a_e4m3 != 0);
 }
 
 // One few-row FP8 product out[rows, n] = (a · wᵀ) · scale into f32 (the action expert's output

@@ -58,8 +58,9 @@ impl Kernels {
 
     /// The few-row MLP `out = (gelu(a · w_gateᵀ) ⊙ (a · w_upᵀ)) · w_downᵀ` in one cooperative
     /// launch (mlp.cu), `hidden` receiving the GeGLU output and `out` (f32) overwritten. In bf16,
-    /// or with `fp8` in e4m3 with those scales: the weights then e4m3, and `hidden` (a bf16
-    /// buffer) holding the GeGLU output's e4m3 codes in the first `cols` bytes of each row.
+    /// or with `fp8` in e4m3 with those scales: the weights then e4m3, `a` bf16 (quantized as it
+    /// loads) or e4m3 (already divided by its scale), and `hidden` (a bf16 buffer) holding the
+    /// GeGLU output's e4m3 codes in the first `cols` bytes of each row.
     /// The weights must be tiled by [`Kernels::retile_weight`] (gate/up paired); `barrier` is a
     /// device word no concurrent launch uses. `programmatic`: launched as a programmatic dependent
     /// of the kernel before it on the stream, which must be the RMS norm writing `a` (it lets the
@@ -85,8 +86,10 @@ impl Kernels {
         let (rows, width, hid) = (a.rows, a.cols, hidden.cols);
         let splits = self.mlp_stream_splits(rows, width, hid, multiprocessors, fp8.is_some());
         let aligned = |m: &Mat, bytes: u64| m.ptr % 16 == 0 && (m.stride as u64 * m.dtype.size() as u64) % bytes == 0;
+        let a_e4m3 = a.dtype == Dtype::E4m3 && fp8.is_some();
         let Some(splits) = splits.filter(|_| {
-            (a.dtype, hidden.dtype, out.dtype) == (Dtype::Bf16, Dtype::Bf16, Dtype::F32)
+            (a.dtype == Dtype::Bf16 || a_e4m3)
+                && (hidden.dtype, out.dtype) == (Dtype::Bf16, Dtype::F32)
                 && (hidden.rows, out.rows, out.cols) == (rows, rows, width)
                 && aligned(&a, 16)
                 && aligned(&hidden, 16)
@@ -97,7 +100,7 @@ impl Kernels {
             return Err(shape_error(
                 what,
                 format!(
-                    "needs bf16 a [1-64 rows, {chunk}], bf16 hidden [rows, {chunk}], f32 out [rows, a's width], 16-byte aligned \
+                    "needs bf16 (FP8: or e4m3) a [1-64 rows, {chunk}], bf16 hidden [rows, {chunk}], f32 out [rows, a's width], 16-byte aligned \
                      rows, sm_90a with hidden / 32 ≤ {multiprocessors} SMs; got a {}x{} {:?}, hidden {}x{} {:?}, out {}x{} {:?}",
                     a.rows, a.cols, a.dtype, hidden.rows, hidden.cols, hidden.dtype, out.rows, out.cols, out.dtype
                 ),
@@ -123,15 +126,21 @@ impl Kernels {
         let mut attrs = [cooperative_attribute(), programmatic_attribute()];
         let attrs = if programmatic { &mut attrs[..] } else { &mut attrs[..1] };
         let grid = ((hid / 32) as u32, 1, 1);
-        // SAFETY: the arguments match the kernel's signature (the FP8 form's four scales after the
-        // bf16 form's arguments, its hidden stride in bytes): 160 threads, one block per 32 GeGLU
+        // SAFETY: the arguments match the kernel's signature (the FP8 form's four scales and its A
+        // flag after the bf16 form's arguments, its hidden stride in bytes): 160 threads, one block per 32 GeGLU
         // columns; it waits for the norm before it (programmatic) before reading `a`.
         unsafe {
             match fp8 {
                 None => self.launch_with_attributes(what, grid, 160, MLP_SHARED_BYTES, stream, args, attrs),
                 Some(MlpFp8Scales { gate_up: (a_scale, w_scale), down: (h_scale, d_scale) }) => {
-                    let scales = [Arg::F(1.0 / a_scale), Arg::F(a_scale * w_scale), Arg::F(1.0 / h_scale), Arg::F(h_scale * d_scale)];
-                    let mut all = [Arg::I(0); 17];
+                    let scales = [
+                        Arg::F(1.0 / a_scale),
+                        Arg::F(a_scale * w_scale),
+                        Arg::F(1.0 / h_scale),
+                        Arg::F(h_scale * d_scale),
+                        Arg::I(a_e4m3 as i32),
+                    ];
+                    let mut all = [Arg::I(0); 18];
                     all[..13].copy_from_slice(&args);
                     all[13..].copy_from_slice(&scales);
                     self.launch_with_attributes(what, grid, 160, MLP_SHARED_BYTES, stream, all, attrs)

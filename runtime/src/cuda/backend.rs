@@ -160,6 +160,7 @@ impl CudaBackend {
         let cublaslt_fp8: Vec<usize> =
             (0..plan.ops.len()).filter(|&i| matches!(plan.ops[i], Op::Gemm { w, .. } if fp8.chosen.contains_key(&w.0))).collect();
         fusions.fp8_producers(&plan, &op_lanes, &cublaslt_fp8);
+        fusions.e4m3_mlp_inputs(&plan, &op_lanes, &fp8.streamed.keys().copied().collect::<Vec<_>>());
         let mut sizes = [ScratchSizes::default(); LANES];
         for (i, (op, &lane)) in plan.ops.iter().zip(&op_lanes).enumerate() {
             let size = &mut sizes[lane];
@@ -172,8 +173,8 @@ impl CudaBackend {
                     AttentionLowering::Heads => {}
                     AttentionLowering::Products => size.scores = size.scores.max(heads * (q.rows / groups) * (k.rows / groups)),
                 },
-                // Their e4m3 input: cuBLASLt's FP8 products' and the QKV products run with their RoPE.
-                Op::Gemm { a, w, .. } if fp8.chosen.contains_key(&w.0) || fusions.qkv_rope(i).is_some() => {
+                // Their e4m3 input: cuBLASLt's FP8 products', and those the expert's gated norms write.
+                Op::Gemm { a, w, .. } if fp8.chosen.contains_key(&w.0) || fusions.takes_e4m3_from_its_norm(i) => {
                     size.fp8_input = size.fp8_input.max(a.rows * a.cols)
                 }
                 Op::Gemm { a, .. } if elems[a.buf.0] == Elem::F32 => size.shadow = size.shadow.max(a.rows * a.cols),
@@ -544,7 +545,7 @@ impl StreamedShapes for Fp8Shapes<'_> {
     }
     fn qkv_rope(&self, rows: usize, n: usize, k: usize, head_dim: usize) -> bool {
         self.switches.fp8_streamed
-            && self.switches.fp8_qkv_rope
+            && self.switches.fp8_expert_e4m3
             && self.kernels.qkv_rope_stream_fits(rows, n, k, head_dim, self.multiprocessors)
     }
 }

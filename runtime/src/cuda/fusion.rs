@@ -30,6 +30,9 @@ pub(super) struct Fusions {
     /// Those of `products` that run with the RoPE op after them ([`rope_after`]), with its head
     /// dimension, ascending.
     pub(super) qkv_ropes: Vec<(usize, usize)>,
+    /// The FP8 streamed MLPs whose input their gated residual norm writes in e4m3
+    /// ([`mlps_after_their_gated_norm`]), ascending.
+    pub(super) e4m3_mlps: Vec<usize>,
     /// The attentions launched under their RoPE, with the keys it does not write
     /// ([`attentions_after_their_rope`]).
     pub(super) early_attentions: Vec<(usize, usize)>,
@@ -116,6 +119,7 @@ impl Fusions {
             products: Vec::new(),
             early_products: Vec::new(),
             qkv_ropes: Vec::new(),
+            e4m3_mlps: Vec::new(),
             early_attentions,
             e4m3_producers: Vec::new(),
             fp8_products: 0,
@@ -137,6 +141,18 @@ impl Fusions {
         self.early_products = if self.switches.early_launch { after_their_norm(plan, &products, op_lanes) } else { Vec::new() };
         self.qkv_ropes = products.iter().filter_map(|&i| Some((i, rope_after(plan, op_lanes, i)?))).collect();
         self.products = products;
+    }
+
+    /// Which of the FP8 streamed MLPs (`fp8_mlps`: first ops) take their input in e4m3 from their
+    /// gated residual norm ([`mlps_after_their_gated_norm`]).
+    pub(super) fn e4m3_mlp_inputs(&mut self, plan: &Plan, op_lanes: &[usize], fp8_mlps: &[usize]) {
+        self.e4m3_mlps = if self.switches.fp8_expert_e4m3 { mlps_after_their_gated_norm(plan, op_lanes, fp8_mlps) } else { Vec::new() };
+    }
+
+    /// Whether op `i` is a product or fused MLP whose e4m3 input the step before writes into the
+    /// FP8 input scratch (a QKV product run with its RoPE, an FP8 MLP after its gated norm).
+    pub(super) fn takes_e4m3_from_its_norm(&self, i: usize) -> bool {
+        self.qkv_rope(i).is_some() || self.e4m3_mlps.binary_search(&i).is_ok()
     }
 
     /// The head dimension of the RoPE that product `i` runs with, if it does.
@@ -178,10 +194,14 @@ impl Fusions {
         let _ = writeln!(
             s,
             "  pass FP8 producers: {} of {} cuBLASLt FP8 product input(s) written in e4m3 by their norm or gated activation, the \
-             others quantized by a launch of their own{}",
+             others quantized by a launch of their own{}; {} streamed QKV product and {} streamed MLP input(s) written in e4m3 \
+             by their gated residual norm{}",
             self.e4m3_producers.len(),
             self.fp8_products,
-            off(self.switches.fp8_producers)
+            off(self.switches.fp8_producers),
+            self.qkv_ropes.len(),
+            self.e4m3_mlps.len(),
+            off(self.switches.fp8_expert_e4m3)
         );
         let _ = writeln!(
             s,
@@ -391,23 +411,39 @@ pub(super) fn streamed_products(
 }
 
 /// The head dimension of the RoPE op right after product `i` when the two run as one launch
-/// (`Kernels::qkv_rope_stream`): the product follows the gated residual and the adaRMS norm that
-/// writes its whole input (the expert's layer start; that norm then writes it in e4m3, and nothing
-/// after reads it before it is written again) and precedes the single-axis RoPE of its whole
-/// output, all on the main stream and in one phase.
+/// (`Kernels::qkv_rope_stream`): the product's input comes from its gated residual norm
+/// ([`from_gated_norm`]) and the single-axis RoPE of its whole output follows on the main stream
+/// in the same phase (the expert's QKV).
 pub(super) fn rope_after(plan: &Plan, op_lanes: &[usize], i: usize) -> Option<usize> {
-    let ops = plan.ops.get(i.checked_sub(2)?..i + 2)?;
-    let [
-        Op::GatedResidual { x, .. },
-        Op::AdaRmsNorm { x: normed, out: norm_out, .. },
-        Op::Gemm { a, out, .. },
-        Op::RopeQkv { qkv, axes: RopeAxes::Single, head_dim, .. },
-    ] = ops
-    else {
+    let [Op::Gemm { a, out, .. }, Op::RopeQkv { qkv, axes: RopeAxes::Single, head_dim, .. }] = plan.ops.get(i..i + 2)? else {
         return None;
     };
-    let one_run = (i - 2..i + 2).all(|j| op_lanes[j] == 0) && (i - 1..i + 2).all(|j| plan.phase_starting_at(j).is_none());
-    (x == normed && norm_out == a && qkv == out && one_run && unread_from(plan, i + 1, a.buf, &[])).then_some(*head_dim)
+    let same_run = op_lanes[i + 1] == 0 && plan.phase_starting_at(i + 1).is_none();
+    (qkv == out && same_run && from_gated_norm(plan, op_lanes, i, *a, i + 1, &[])).then_some(*head_dim)
+}
+
+/// Whether input `a` of op `i` (a product, or the first op of a fused MLP) is written whole by the
+/// gated residual and adaRMS norm right before it (the action expert's layer pattern, one
+/// `gated_residual_rms_norm` launch), all on the main stream and in one phase, and read by
+/// nothing from op `after` on (passing over the fused MLPs at `skipped`) before something writes
+/// it again: that norm may write it in e4m3 for an FP8 product.
+fn from_gated_norm(plan: &Plan, op_lanes: &[usize], i: usize, a: View, after: usize, skipped: &[usize]) -> bool {
+    let Some([Op::GatedResidual { x, .. }, Op::AdaRmsNorm { x: normed, out, .. }]) = i.checked_sub(2).and_then(|j| plan.ops.get(j..i))
+    else {
+        return false;
+    };
+    let same_run = (i - 2..=i).all(|j| op_lanes[j] == 0) && (i - 1..=i).all(|j| plan.phase_starting_at(j).is_none());
+    x == normed && *out == a && same_run && unread_from(plan, after, a.buf, skipped)
+}
+
+/// Of the FP8 streamed MLPs (first ops `mlps`, ascending), those whose input comes from their
+/// gated residual norm ([`from_gated_norm`]; the expert's MLPs but the first denoise step's):
+/// that norm writes it in e4m3 and the MLP loads it as it is.
+pub(super) fn mlps_after_their_gated_norm(plan: &Plan, op_lanes: &[usize], mlps: &[usize]) -> Vec<usize> {
+    mlps.iter()
+        .copied()
+        .filter(|&i| matches!(plan.ops[i], Op::Gemm { a, .. } if from_gated_norm(plan, op_lanes, i, a, i + 3, mlps)))
+        .collect()
 }
 
 /// The streamed launches (first ops in `firsts`: fused MLPs or products) that directly follow, on
@@ -717,6 +753,43 @@ mod tests {
         let index = selecting.host_buffer("index", BufType::I32, 1, crate::plan::HostIo::Input);
         selecting.ops.insert(0, Op::SelectWeight { index, entries: 2, table, dst: WeightId(1) });
         assert!(streamed(&selecting, &vec![0; selecting.ops.len()]).is_empty());
+    }
+
+    #[test]
+    fn an_fp8_mlp_takes_its_input_in_e4m3_only_from_its_gated_residual_norm() {
+        // mlp_plan's plain RMS norm before the MLP: no.
+        let (plan, first) = mlp_plan(|_, _, _| {});
+        let lanes = vec![0; plan.ops.len()];
+        assert!(mlps_after_their_gated_norm(&plan, &lanes, &[first]).is_empty());
+        // The expert's gated residual and adaRMS norm before it: yes, unless on the second stream
+        // or something after the MLP reads the norm's output.
+        let gated = |extra: bool| {
+            let (mut plan, first) = mlp_plan(|plan, _, _| {
+                if extra {
+                    let (a, w, out) = (plan.find_buffer("a").unwrap(), WeightId(0), plan.matrix("late", 4, 256));
+                    plan.push(Op::Gemm {
+                        a: View { buf: a, offset: 0, rows: 4, cols: 64, stride: 64 },
+                        w,
+                        bias: None,
+                        out,
+                        accumulate: false,
+                    });
+                }
+            });
+            let Op::RmsNorm { x, out, eps, .. } = plan.ops[first - 1] else { panic!("mlp_plan has the norm before the MLP") };
+            let (y, modulation) = (plan.matrix("y", 4, 64), plan.weight("m", WeightRole::Vector));
+            plan.ops[first - 1] = Op::AdaRmsNorm { x, out, modulation, eps };
+            plan.ops.insert(first - 1, Op::GatedResidual { x, y, modulation });
+            (plan, first + 1)
+        };
+        let (plan, first) = gated(false);
+        let lanes = vec![0; plan.ops.len()];
+        assert_eq!(mlps_after_their_gated_norm(&plan, &lanes, &[first]), vec![first]);
+        let mut second = lanes.clone();
+        second[first - 2] = 1;
+        assert!(mlps_after_their_gated_norm(&plan, &second, &[first]).is_empty());
+        let (reread, first) = gated(true);
+        assert!(mlps_after_their_gated_norm(&reread, &vec![0; reread.ops.len()], &[first]).is_empty());
     }
 
     /// The expert's layer start in small: gated residual, adaRMS norm, QKV product, RoPE (two

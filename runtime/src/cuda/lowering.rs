@@ -223,10 +223,16 @@ impl Lowering<'_> {
                 };
                 let fp8 = self.fp8_streamed.streamed.get(&i).copied();
                 let elem = if fp8.is_some() { Elem::E4m3 } else { Elem::Bf16 };
+                let a = match fp8 {
+                    Some(scales) if self.fusions.e4m3_mlps.binary_search(&i).is_ok() => {
+                        self.e4m3_input(self.mat(*a)?, scales.gate_up.0, true)
+                    }
+                    _ => self.mat(*a)?,
+                };
                 self.steps.push(Step::StreamedMlp {
                     out: self.mat(*out)?,
                     hidden: self.mat(*hidden)?,
-                    a: self.mat(*a)?,
+                    a,
                     w_gate_up: self.tiled[&(w_gate_up.0, elem)],
                     w_down: self.tiled[&(w_down.0, elem)],
                     fp8,

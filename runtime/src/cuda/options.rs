@@ -39,10 +39,11 @@ pub struct Switches {
     /// whole input write it in e4m3 themselves (`FRT_NO_FP8_PRODUCERS=1`: they write bf16 and
     /// a launch of its own quantizes it).
     pub fp8_producers: bool,
-    /// With an FP8 calibration, the action expert's QKV product and its RoPE as one streamed
-    /// e4m3 launch, its input written in e4m3 by the norm before it (`FRT_NO_FP8_QKV_ROPE=1`: the
-    /// QKV product stays on cuBLASLt in bf16, RoPE a launch of its own).
-    pub fp8_qkv_rope: bool,
+    /// With an FP8 calibration, the action expert's gated residual norms write its QKV and MLP
+    /// inputs in e4m3, and its QKV product and RoPE run as one streamed e4m3 launch
+    /// (`FRT_NO_FP8_EXPERT_E4M3=1`: the QKV product stays on cuBLASLt in bf16 with RoPE a launch
+    /// of its own, and the streamed MLP quantizes its bf16 input as it loads it).
+    pub fp8_expert_e4m3: bool,
     /// Concurrent phases on a second stream (`FRT_NO_OVERLAP=1`: one stream).
     pub overlap: bool,
     /// Kernels launched as programmatic dependents of the one before them, starting their
@@ -60,7 +61,7 @@ impl Default for Switches {
             fused_mlp: true,
             fp8_streamed: true,
             fp8_producers: true,
-            fp8_qkv_rope: true,
+            fp8_expert_e4m3: true,
             overlap: true,
             early_launch: true,
         }
@@ -77,7 +78,7 @@ impl Switches {
             fused_mlp: on("FRT_NO_FUSED_MLP"),
             fp8_streamed: on("FRT_NO_FP8_STREAMED"),
             fp8_producers: on("FRT_NO_FP8_PRODUCERS"),
-            fp8_qkv_rope: on("FRT_NO_FP8_QKV_ROPE"),
+            fp8_expert_e4m3: on("FRT_NO_FP8_EXPERT_E4M3"),
             overlap: on("FRT_NO_OVERLAP"),
             early_launch: on("FRT_NO_EARLY_LAUNCH"),
         }
@@ -85,18 +86,18 @@ impl Switches {
 
     /// One line for `explain()`: each switch and whether it is on.
     pub fn describe(&self) -> String {
-        let Switches { wgmma, fused_attention, fused_mlp, fp8_streamed, fp8_producers, fp8_qkv_rope, overlap, early_launch } = *self;
+        let Switches { wgmma, fused_attention, fused_mlp, fp8_streamed, fp8_producers, fp8_expert_e4m3, overlap, early_launch } = *self;
         let state = |on: bool| if on { "on" } else { "off" };
         format!(
-            "wgmma {}, fused attention {}, fused MLP {}, FP8 streamed kernels {}, FP8 inputs from their producers {}, FP8 QKV with \
-             RoPE {}, two streams {}, early launches {} (FRT_NO_WGMMA, FRT_NO_FUSED_ATTENTION, FRT_NO_FUSED_MLP, FRT_NO_FP8_STREAMED, \
-             FRT_NO_FP8_PRODUCERS, FRT_NO_FP8_QKV_ROPE, FRT_NO_OVERLAP, FRT_NO_EARLY_LAUNCH)",
+            "wgmma {}, fused attention {}, fused MLP {}, FP8 streamed kernels {}, FP8 inputs from their producers {}, FP8 expert inputs \
+             in e4m3 {}, two streams {}, early launches {} (FRT_NO_WGMMA, FRT_NO_FUSED_ATTENTION, FRT_NO_FUSED_MLP, FRT_NO_FP8_STREAMED, \
+             FRT_NO_FP8_PRODUCERS, FRT_NO_FP8_EXPERT_E4M3, FRT_NO_OVERLAP, FRT_NO_EARLY_LAUNCH)",
             state(wgmma),
             state(fused_attention),
             state(fused_mlp),
             state(fp8_streamed),
             state(fp8_producers),
-            state(fp8_qkv_rope),
+            state(fp8_expert_e4m3),
             state(overlap),
             state(early_launch)
         )
@@ -116,7 +117,7 @@ mod tests {
                 && all.fused_mlp
                 && all.fp8_streamed
                 && all.fp8_producers
-                && all.fp8_qkv_rope
+                && all.fp8_expert_e4m3
                 && all.overlap
                 && all.early_launch
         );

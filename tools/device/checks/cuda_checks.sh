@@ -267,12 +267,13 @@ for phase in "$@"; do
         synth_full
         cal=$(calibration "$FULL" pi05-full-2v 2)
         cp "$cal" "$OUT/fp8-calibration-pi05-full-synthetic.json" || status=1
-        # FP8 also with the expert's QKV product on cuBLASLt in bf16 and RoPE a launch of its own
-        # (FRT_NO_FP8_QKV_ROPE=1): what the streamed e4m3 QKV with its RoPE changes.
+        # FP8 also with the expert's norms writing bf16, its QKV product on cuBLASLt in bf16 and
+        # RoPE a launch of its own (FRT_NO_FP8_EXPERT_E4M3=1): what the e4m3 inputs and the
+        # streamed QKV with its RoPE change.
         for _ in $(seq "${ROUNDS:-2}"); do
             bench 2 pi05-2v-bf16
             bench 2 pi05-2v-fp8 --precision fp8 --fp8-calibration "$cal"
-            FRT_NO_FP8_QKV_ROPE=1 bench 2 pi05-2v-fp8-qkv-cublaslt --precision fp8 --fp8-calibration "$cal"
+            FRT_NO_FP8_EXPERT_E4M3=1 bench 2 pi05-2v-fp8-expert-bf16-inputs --precision fp8 --fp8-calibration "$cal"
         done
         FRT_PROFILE="$OUT/profile_fp8_2v.json" bench 2 pi05-2v-fp8-profiled --precision fp8 --fp8-calibration "$cal"
         ;;
