@@ -76,6 +76,8 @@ fn open(dir: &Path) -> flashrt::Result<Policy> {
 fn expected(what: &str) -> (fn(&Error) -> bool, &'static str) {
     match what {
         "truncated-decoder" => (|e| matches!(e, Error::Tokenizer(_)), "not well-formed JSON"),
+        "attend-text-every-zero" => (|e| matches!(e, Error::Checkpoint { .. }), "attend_text_every_n_blocks is 0"),
+        "dit-heads-zero" => (|e| matches!(e, Error::Checkpoint { .. }), "inconsistent head counts"),
         other => panic!("tests/data/fuzz: no expectation for {other:?}; add one here"),
     }
 }

@@ -234,11 +234,14 @@ impl Config {
             Some(format!("{} query heads over {} K/V heads of {}", config.heads, config.kv_heads, config.head_dim))
         } else if config.mrope_sections.iter().sum::<usize>() != config.head_dim / 2 {
             Some(format!("M-RoPE sections {:?} do not add up to half the head dim {}", config.mrope_sections, config.head_dim))
-        } else if config.vision_width % config.vision_heads != 0
+        } else if [config.vision_heads, config.dit_heads, config.vl_heads].contains(&0)
+            || config.vision_width % config.vision_heads != 0
             || config.dit_width % config.dit_heads != 0
             || config.lm_width % config.vl_heads != 0
         {
             Some(format!("inconsistent head counts: {config:?}"))
+        } else if config.text_every == 0 {
+            Some("attend_text_every_n_blocks is 0: the DiT's cross-attention alternates text and image every n ≥ 1 blocks".to_string())
         } else if config.horizon > config.action_positions {
             Some(format!("action_horizon {} exceeds the {} action position rows", config.horizon, config.action_positions))
         } else if config.deepstack.iter().any(|&i| i >= config.vision_layers) || config.deepstack.len() > config.lm_layers {
