@@ -136,11 +136,13 @@ impl Fp8Products {
         self.chosen.get(&w).or_else(|| self.streamed_weights.get(&w)).copied()
     }
 
-    /// Lines for `explain()`.
-    pub(super) fn describe(&self) -> String {
+    /// Lines for `explain()`; `fast_accumulation`: the cuBLASLt products accumulate in Hopper's
+    /// fast mode.
+    pub(super) fn describe(&self, fast_accumulation: bool) -> String {
+        let accumulation = if fast_accumulation { "Hopper's fast accumulation (FRT_FP8_FAST_ACCUM)" } else { "f32 accumulation" };
         let mut s = format!(
-            "  fp8: {} weights' products as cuBLASLt e4m3 products (per-tensor scales, f32 accumulation), their inputs quantized \
-             by one launch each\n",
+            "  fp8: {} weights' products as cuBLASLt e4m3 products (per-tensor scales, {accumulation}), their inputs in e4m3 from \
+             their producer or a quantizing launch\n",
             self.chosen.len()
         );
         if !self.streamed.is_empty() || !self.streamed_products.is_empty() {
@@ -230,8 +232,9 @@ mod tests {
         assert!(kept.iter().any(|k| k.0.starts_with("50-row products, under 128")), "{kept:?}");
         assert!(kept.iter().any(|k| k.0.starts_with("40x64: cuBLASLt's FP8 products need N and K multiples of 16")), "{kept:?}");
         assert_eq!(kept.iter().find(|k| k.0.starts_with("in a streamed MLP")).map(|k| k.1), Some(2), "{kept:?}");
-        let text = products.describe();
+        let text = products.describe(false);
         assert!(text.contains("fp8: 1 weights' products as cuBLASLt e4m3 products") && !text.contains("streamed MLP and"), "{text}");
+        assert!(products.describe(true).contains("Hopper's fast accumulation (FRT_FP8_FAST_ACCUM)"), "{}", products.describe(true));
         // A lower row bound takes the 50-row products too.
         assert!(choose(&calibrated, &[], 1, false).chosen.contains_key(&narrow.0));
 
@@ -246,7 +249,7 @@ mod tests {
         assert_eq!(products.weight_scales(wide.0), Some(scales));
         assert_eq!(products.weight_scales(narrow.0), None);
         assert!(!products.kept.keys().any(|k| k.starts_with("in a streamed MLP")), "{:?}", products.kept);
-        let text = products.describe();
+        let text = products.describe(false);
         assert!(text.contains("fp8: 1 streamed MLP and 0 streamed product launches in e4m3 (2 weights tiled in e4m3"), "{text}");
 
         // A streamed product of a calibrated weight runs in FP8 too (its 50 rows would keep it
@@ -255,7 +258,7 @@ mod tests {
         let products = choose(&calibrated, &[narrow_at, 1], 128, true);
         assert_eq!(products.streamed_products, BTreeMap::from([(narrow_at, scales)]));
         assert!(products.streams(narrow_at) && !products.streams(1) && products.weight_scales(narrow.0) == Some(scales));
-        assert!(products.describe().contains("1 streamed MLP and 1 streamed product launches"), "{}", products.describe());
+        assert!(products.describe(false).contains("1 streamed MLP and 1 streamed product launches"), "{}", products.describe(false));
 
         // Both of an MLP's weights need a calibration.
         calibrated[down.0] = None;

@@ -45,6 +45,9 @@ pub struct MatmulSpec {
     /// B's `super::fp8::SCALE_STRIDE` bytes on. A bias is then bf16 whatever D's type (cuBLASLt's
     /// FP8 bias type).
     pub scales: Option<DevPtr>,
+    /// With `scales`: Hopper's fast FP8 accumulation (fewer accumulator bits inside the tensor
+    /// core, no periodic promotion to f32), as `CudaOptions::fp8_fast_accumulation` asks.
+    pub fast_accumulation: bool,
 }
 
 impl MatmulSpec {
@@ -132,9 +135,9 @@ impl Matmul {
                 let (a_scale, b_scale) = (scales, scales + super::fp8::SCALE_STRIDE);
                 set_desc(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale as *const u64 as *const c_void, 8)?;
                 set_desc(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale as *const u64 as *const c_void, 8)?;
-                // Full f32 accumulation, as the calibration measured and the CPU emulation computes
-                // (Hopper's fast mode keeps fewer accumulator bits inside the tensor core).
-                let fast_accumulation: i8 = 0;
+                // Full f32 accumulation unless asked otherwise, as the calibration measured and the
+                // CPU emulation computes (Hopper's fast mode keeps fewer accumulator bits).
+                let fast_accumulation = spec.fast_accumulation as i8;
                 set_desc(CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accumulation as *const i8 as *const c_void, 1)?;
                 if spec.bias.is_some() {
                     let bias_type = sys::cudaDataType::CUDA_R_16BF as i32;

@@ -60,6 +60,8 @@ pub(super) struct Lowering<'a> {
     pub(super) early_after_products: bool,
     /// The streamed MLPs' weights as that kernel reads them, by weight index and element type.
     pub(super) tiled: &'a WeightPtrs,
+    /// The cuBLASLt FP8 products with Hopper's fast accumulation (`CudaOptions`).
+    pub(super) fp8_fast_accumulation: bool,
     /// The FP8 products' weights: their scales and where the pair is on the device.
     pub(super) fp8: &'a HashMap<usize, (ProductScales, DevPtr)>,
     /// The streamed MLPs and products that run in FP8, with their scales.
@@ -631,6 +633,7 @@ impl Lowering<'_> {
             bias: bias.map(|b| self.weight(b, bias_elem)),
             gelu,
             scales: fp8.map(|(_, at)| at),
+            fast_accumulation: self.fp8_fast_accumulation,
         };
         self.matmul(spec)
     }
@@ -752,6 +755,7 @@ impl Lowering<'_> {
                     bias: None,
                     gelu: false,
                     scales: None,
+                    fast_accumulation: false,
                 })?;
             }
             let key_valid = key_valid.map(|b| self.ptr(b) + (g * keys * 4) as u64);
@@ -793,6 +797,7 @@ impl Lowering<'_> {
                     bias: None,
                     gelu: false,
                     scales: None,
+                    fast_accumulation: false,
                 })?;
             }
         }
