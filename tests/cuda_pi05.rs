@@ -1339,10 +1339,11 @@ fn every_op_matches_cpu() {
 /// FP8 products (e4m3 weights, inputs quantized on the device with their scales, cuBLASLt's FP8
 /// product with f32 accumulation) against the CPU's FP8 emulation of the same products: first
 /// every code of PyTorch's e4m3 table exactly ([`fp8_codes_case`]), then random products within
-/// the bf16 tier, as their inputs are bf16-exact and both sides round the same e4m3 codes, and the
-/// streamed MLP's and few-row products' FP8 forms (on sm_90a; cuBLASLt's products elsewhere) at
-/// Pi0.5's expert shapes and random ones. The same GPU results against the CPU in f32 are an FP8 error away (> 10× that
-/// tier): the products did run in e4m3.
+/// the bf16 tier, as their inputs are bf16-exact and both sides round the same e4m3 codes, the
+/// products whose input their producer writes in e4m3, and the streamed MLP's and few-row
+/// products' FP8 forms (on sm_90a; cuBLASLt's products elsewhere), the QKV product with its RoPE
+/// after its gated norm included, at Pi0.5's expert shapes and random ones. The same GPU results
+/// against the CPU in f32 are an FP8 error away (> 10× that tier): the products did run in e4m3.
 #[test]
 #[ignore = "needs a CUDA GPU: tools/device/checks/cuda_checks.sh tests"]
 fn fp8_products_match_the_cpu_emulation() {
