@@ -17,9 +17,10 @@ pub struct CudaOptions {
     pub fp8_scales: Vec<Option<ProductScales>>,
     /// Fewest rows an FP8 product needs (`FRT_FP8_MIN_ROWS`; default [`super::fp8::FP8_MIN_ROWS`]).
     pub fp8_min_rows: Option<usize>,
-    /// The cuBLASLt FP8 products with Hopper's fast accumulation (`FRT_FP8_FAST_ACCUM=1`; off by
-    /// default: the calibration's error measure and the CPU emulation assume f32 accumulation).
-    /// Its speed and accuracy on Pi0.5 are in bench/NOTES.md.
+    /// The cuBLASLt FP8 products with Hopper's fast accumulation (`FRT_FP8_FAST_ACCUM` set and not
+    /// "0", as the switches read theirs; off by default: the calibration's error measure and the
+    /// CPU emulation assume f32 accumulation). Its speed and accuracy on Pi0.5 are in
+    /// bench/NOTES.md.
     pub fp8_fast_accumulation: bool,
 }
 

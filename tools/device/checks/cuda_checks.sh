@@ -13,7 +13,7 @@
 #   bash tools/device/checks/cuda_checks.sh full         # lerobot f32 reference on the same weights, 5c
 #   bash tools/device/checks/cuda_checks.sh fp8-tests    # the FP8 tests of `tests` alone
 #   bash tools/device/checks/cuda_checks.sh fp8          # pi05-2v calibrated here (synthetic), bf16 vs FP8 (and FP8 with the
-#                                                 # expert's QKV on cuBLASLt, RoPE alone) alternating, FP8 profile
+#                                                 # expert's inputs in bf16, FRT_NO_FP8_EXPERT_E4M3) alternating, FP8 profile
 #   bash tools/device/checks/cuda_checks.sh fp8-accuracy # FP8 vs bf16 actions on 32 observations (1-3 cameras)
 #   bash tools/device/checks/cuda_checks.sh fp8-fast-accum # pi05-2v FP8 with and without FRT_FP8_FAST_ACCUM=1, and its accuracy
 #   bash tools/device/checks/cuda_checks.sh groot-fp8    # gr00t-2v bf16 vs FP8, FP8 vs bf16 actions on 32 observations
