@@ -748,6 +748,54 @@ fn fp8_qkv_rope_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<Pro
     (c, scales)
 }
 
+/// The action tokens' attention and the FP8 output projection after it (sm_90a: the split merge
+/// writes the projection's input in e4m3, and the streamed product loads it as it is and starts
+/// under the merge): seed 0 at Pi0.5's shape (50 queries, 8 heads over 626 keys, 2048 into 1024),
+/// others random, always over several key splits. The projection's f32 output compared; its input
+/// scale from the attention's output range on the CPU. Each V column is a common value plus small
+/// noise, so the device's bf16 softmax weights (the CPU keeps them in f32) move the attention's
+/// output by ~1e-6 relative and both sides round it to the same e4m3 codes: with plain random V
+/// they would move it by ~1e-3 and flip about one e4m3 rounding in a hundred.
+fn fp8_attention_projection_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<ProductScales>>) {
+    const HEAD_DIM: usize = 256;
+    let mut c = Case::new(String::new(), seed);
+    let (queries, heads, keys, n) = if seed == 0 {
+        (50, 8, 626, 1024)
+    } else {
+        (c.rng.random_range(1..=64), c.rng.random_range(1..=8), c.rng.random_range(65..=700), 64 * c.rng.random_range(1..=16))
+    };
+    c.name = format!("fp8 attention + output projection {queries}x{heads} over {keys} keys, into {n}");
+    let q = c.input("q", queries, heads * HEAD_DIM);
+    let k = c.input("k", keys, HEAD_DIM);
+    let (column, noise) = (c.normal(HEAD_DIM, 1.0), c.normal(keys * HEAD_DIM, 0.05));
+    let v_values = noise.iter().enumerate().map(|(i, e)| half::bf16::from_f32(column[i % HEAD_DIM] + e).to_f32()).collect();
+    let v = c.input_of("v", keys, HEAD_DIM, v_values);
+    let attn = c.plan.matrix("attn", queries, heads * HEAD_DIM);
+    let attention = Op::Attention {
+        q,
+        k,
+        v,
+        out: attn,
+        heads,
+        kv_heads: 1,
+        head_dim: HEAD_DIM,
+        groups: 1,
+        key_valid: None,
+        query_valid: None,
+        causal: None,
+    };
+    c.plan.push(attention);
+    let w = c.matrix_weight(n, heads * HEAD_DIM);
+    let out = c.plan.matrix("out", queries, n);
+    c.plan.push(Op::Gemm { a: attn, w, bias: None, out, accumulate: false });
+    c.check(out);
+    let mut scales = vec![None; c.plan.weights.len()];
+    let activation_amax = fp8::amax(&c.cpu_values(ckpt, "attn"));
+    scales[w.0] = Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(fp8::amax(&c.weights[w.0])) });
+    c.lowering_says = Some("1 streamed product input(s) written in e4m3 by the attention merge before them".into());
+    (c, scales)
+}
+
 /// Two few-row products of `a` without bias: one into an f32 output (the form the backend streams
 /// in FP8 on sm_90a, K split over the blocks and the sums added), one into a bf16 output
 /// (cuBLASLt's FP8 product). Returns their weights.
@@ -1342,7 +1390,8 @@ fn every_op_matches_cpu() {
 /// the bf16 tier, as their inputs are bf16-exact and both sides round the same e4m3 codes, the
 /// products whose input their producer writes in e4m3, and the streamed MLP's and few-row
 /// products' FP8 forms (on sm_90a; cuBLASLt's products elsewhere), the QKV product with its RoPE
-/// after its gated norm included, at Pi0.5's expert shapes and random ones. The same GPU results
+/// after its gated norm and the output projection after its attention's merge included, at
+/// Pi0.5's expert shapes and random ones. The same GPU results
 /// against the CPU in f32 are an FP8 error away (> 10× that tier): the products did run in e4m3.
 #[test]
 #[ignore = "needs a CUDA GPU: tools/device/checks/cuda_checks.sh tests"]
@@ -1363,6 +1412,7 @@ fn fp8_products_match_the_cpu_emulation() {
         .chain((0..3).map(fp8_product_case).map(single))
         .chain((0..2).map(|seed| fp8_producers_case(seed, &dummy)).map(single))
         .chain((0..2).map(|seed| fp8_qkv_rope_case(seed, &dummy)).map(single))
+        .chain((0..2).map(|seed| fp8_attention_projection_case(seed, &dummy)).map(single))
         .chain((0..2).map(|seed| fp8_mlp_case(seed, &dummy)).map(|(case, scales)| (case, scales, OP_NMSE_FP8_REQUANTIZED)));
     for (case, scales, bound) in cases {
         let emulated = case.run(&dummy, &scales, true);

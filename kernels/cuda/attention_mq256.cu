@@ -448,7 +448,10 @@ __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, 
 FOR_TYPE(ATTENTION_MQ256_WGMMA, attention_mq256_wgmma)
 #endif
 
-// Merges the splits of `attention_mq256_*`: out = Σ_s 2^(m_s - M) o_s / Σ_s 2^(m_s - M) l_s.
+// Merges the splits of `attention_mq256_*`: out = out_scale · Σ_s 2^(m_s - M) o_s / Σ_s 2^(m_s - M) l_s
+// (`out_scale` 1, or an FP8 product's inverse input scale for the e4m3 form, which writes that
+// product's input: the expert's output projection, `product_stream` in mlp.cu). It lets the
+// launch after it start at once: that product streams its weights while the merge runs.
 // ATT_MERGE_DIMS head dimensions per thread in 16-byte loads, so 256 / ATT_MERGE_DIMS threads per
 // row and ATT_MERGE_ROWS rows per block of 256 threads (one thread per dimension, a block per
 // row, cost 0.7 us more per expert layer). Lane s of each warp holds
@@ -463,12 +466,16 @@ FOR_TYPE(ATTENTION_MQ256_WGMMA, attention_mq256_wgmma)
 #define ATT_MERGE_ROWS (ATT_MERGE_DIMS)  // 256 threads / (ATT_D / ATT_MERGE_DIMS) per row
 __device__ __forceinline__ void store4(float* p, float4 v) { *(float4*)p = v; }
 __device__ __forceinline__ void store4(bf16* p, float4 v) { *(uint2*)p = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w)); }
+#if __CUDA_ARCH__ >= 890
+__device__ __forceinline__ void store4(e4m3* p, float4 v) { *(unsigned*)p = e4m3x2(v.x, v.y) | (unsigned)e4m3x2(v.z, v.w) << 16; }
+#endif
 __device__ __forceinline__ void fma4(float4& acc, float w, float4 x) {
     acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
 }
 template <typename Tout>
 __device__ void attention_mq256_combine(Tout* out, int out_stride, const float* partial_o, const float* partial_ml,
-                                        const float* query_valid, int queries, int heads, int splits) {
+                                        const float* query_valid, int queries, int heads, int splits, float out_scale) {
+    launch_dependents();
     constexpr int per_row = ATT_D / ATT_MERGE_DIMS, vecs = ATT_MERGE_DIMS / 4;
     const int rows = queries * heads, r = blockIdx.x * ATT_MERGE_ROWS + threadIdx.x / per_row, lane = threadIdx.x & 31;
     const int d = (threadIdx.x % per_row) * ATT_MERGE_DIMS;
@@ -517,7 +524,7 @@ __device__ void attention_mq256_combine(Tout* out, int out_stride, const float* 
         }
         den = warp_sum(den);
     }
-    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+    const float inv = den > 0.0f ? out_scale / den : 0.0f;
 #pragma unroll
     for (int v = 0; v < vecs; ++v)
         store4(out + (long)t * out_stride + h * ATT_D + d + 4 * v,
@@ -525,8 +532,12 @@ __device__ void attention_mq256_combine(Tout* out, int out_stride, const float* 
 }
 #define ATTENTION_MQ256_COMBINE(NAME, TOUT)                                                                 \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const float* partial_o, const float* partial_ml, \
-                                    const float* query_valid, int queries, int heads, int splits) {          \
+                                    const float* query_valid, int queries, int heads, int splits,            \
+                                    float out_scale) {                                                       \
         attention_mq256_combine<TOUT>(out, out_stride, partial_o, partial_ml, query_valid, queries, heads,  \
-                                      splits);                                                              \
+                                      splits, out_scale);                                                   \
     }
 FOR_TYPE(ATTENTION_MQ256_COMBINE, attention_mq256_combine)
+#if __CUDA_ARCH__ >= 890
+ATTENTION_MQ256_COMBINE(attention_mq256_combine_e4m3, e4m3)
+#endif

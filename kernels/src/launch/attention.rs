@@ -13,8 +13,11 @@ pub struct AttentionArgs {
     /// `[keys, 256]` bf16 each.
     pub k: Mat,
     pub v: Mat,
-    /// `[queries, heads · 256]` bf16.
+    /// `[queries, heads · 256]` bf16, or e4m3 (several splits only, sm_89 on): an FP8 product's
+    /// input, the merge's output times `out_scale`.
     pub out: Mat,
+    /// 1, or the inverse input scale of the FP8 product that reads an e4m3 `out`.
+    pub out_scale: f32,
     pub heads: usize,
     /// f32 per key (0 masks the key out) and per query (0 gives a zero output row).
     pub key_valid: Option<DevPtr>,
@@ -207,6 +210,10 @@ impl Kernels {
         if k.rows == 0 {
             return Err(shape_error(what, "no keys".into()));
         }
+        // (The e4m3 merge exists from sm_89 on; elsewhere its lookup fails by name.)
+        if out.dtype == Dtype::E4m3 && split.splits < 2 {
+            return Err(shape_error(what, format!("writes e4m3 only through its split merge, got {split:?}")));
+        }
         if [q, k, v, out].iter().any(|m| m.ptr % 16 != 0 || m.stride % 8 != 0) || args.partial_o % 16 != 0 {
             return Err(shape_error(what, "q, k, v, out and the partial outputs must be 16-byte aligned".into()));
         }
@@ -252,7 +259,9 @@ impl Kernels {
             Arg::M(v_map),
         ];
         let grid = (rows.div_ceil(ATTENTION_ROWS) as u32, split.splits as u32, 1);
-        let name = format!("{}_{}", self.attention_kernel, out.dtype.suffix());
+        // With several splits the split kernel writes only its partials: an e4m3 `out` is the merge's.
+        let split_out = if out.dtype == Dtype::E4m3 { Dtype::Bf16 } else { out.dtype };
+        let name = format!("{}_{}", self.attention_kernel, split_out.suffix());
         // SAFETY: matches `attention_mq256_*` and `attention_mq256_wgmma_*` (the same signature):
         // 128 threads, grid (row tiles, splits), the shared memory granted at load; the Hopper
         // form waits for the kernel before it before reading Q or keys from `keys_ready` on.
@@ -270,6 +279,7 @@ impl Kernels {
             Arg::I(i32_of(q.rows, name)?),
             Arg::I(i32_of(heads, name)?),
             Arg::I(split.splits as i32),
+            Arg::F(args.out_scale),
         ];
         // SAFETY: matches `attention_mq256_combine`: blocks of 256 threads, ATTENTION_MERGE_ROWS rows each.
         unsafe { self.launch(name, (rows.div_ceil(ATTENTION_MERGE_ROWS) as u32, 1, 1), 256, stream, combine) }

@@ -164,7 +164,7 @@ impl Kernels {
 
     /// The few-row FP8 product `out = a · wᵀ` (f32, no bias, overwritten) streamed as the MLP's
     /// down is (mlp.cu's `product_stream_wgmma_e4m3`), `scales` = (input scale, weight scale),
-    /// `a` quantized as it loads. `w` must be tiled in e4m3 by [`Kernels::retile_weight`]
+    /// `a` bf16 (quantized as it loads) or e4m3 (already divided by its scale). `w` must be tiled in e4m3 by [`Kernels::retile_weight`]
     /// (unpaired); `barrier` is a device word no concurrent launch uses. `programmatic`: launched
     /// as a programmatic dependent of the kernel before it on the stream, which writes `a` (the
     /// product waits for it before reading `a` or writing `out`).
@@ -188,12 +188,17 @@ impl Kernels {
         let aligned = |m: &Mat| m.ptr % 16 == 0 && (m.stride * m.dtype.size()) % 16 == 0;
         let splits = self.product_stream_splits(rows, n, k, multiprocessors);
         let Some(splits) = splits.filter(|_| {
-            (a.dtype, out.dtype) == (Dtype::Bf16, Dtype::F32) && out.rows == rows && aligned(&a) && aligned(&out) && barrier % 4 == 0
+            matches!(a.dtype, Dtype::Bf16 | Dtype::E4m3)
+                && out.dtype == Dtype::F32
+                && out.rows == rows
+                && aligned(&a)
+                && aligned(&out)
+                && barrier % 4 == 0
         }) else {
             return Err(shape_error(
                 what,
                 format!(
-                    "needs bf16 a [1-64 rows, 128·n], f32 out [rows, 64·n], 16-byte aligned rows, sm_90a with n / 64 ≤ \
+                    "needs bf16 or e4m3 a [1-64 rows, 128·n], f32 out [rows, 64·n], 16-byte aligned rows, sm_90a with n / 64 ≤ \
                      {multiprocessors} SMs; got a {}x{} {:?}, out {}x{} {:?}",
                     a.rows, a.cols, a.dtype, out.rows, out.cols, out.dtype
                 ),
@@ -212,6 +217,7 @@ impl Kernels {
             Arg::P(barrier),
             Arg::F(1.0 / a_scale),
             Arg::F(a_scale * w_scale),
+            Arg::I((a.dtype == Dtype::E4m3) as i32),
         ];
         // Several splits meet at a grid barrier: cooperative, so all blocks are resident at once.
         let mut attrs = [cooperative_attribute(), programmatic_attribute()];
@@ -221,8 +227,8 @@ impl Kernels {
             (false, true) => &mut attrs[1..],
             (false, false) => &mut attrs[..0],
         };
-        // SAFETY: the arguments match `product_stream_wgmma_e4m3`'s signature: 160 threads, one
-        // block per output tile and split.
+        // SAFETY: the arguments match `product_stream_wgmma_e4m3`'s signature (its A flag last):
+        // 160 threads, one block per output tile and split.
         unsafe { self.launch_with_attributes(what, ((n / 64 * splits) as u32, 1, 1), 160, MLP_SHARED_BYTES, stream, args, attrs) }
     }
 

@@ -220,6 +220,7 @@ pub fn kernel_names(arch: &str) -> Vec<String> {
     }
     if has_fp8(arch) {
         names.extend(types.map(|t| format!("quantize_e4m3_{t}")));
+        names.push("attention_mq256_combine_e4m3".to_string());
         for base in INTO_E4M3 {
             names.extend(types.map(|t| format!("{base}_{t}_e4m3")));
         }

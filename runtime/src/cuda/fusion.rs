@@ -33,6 +33,10 @@ pub(super) struct Fusions {
     /// The FP8 streamed MLPs whose input their gated residual norm writes in e4m3
     /// ([`mlps_after_their_gated_norm`]), ascending.
     pub(super) e4m3_mlps: Vec<usize>,
+    /// Those of `products` whose input the action tokens' attention right before them writes
+    /// through its split merge, in e4m3, and that start under that merge
+    /// ([`after_their_attention_merge`]), ascending.
+    pub(super) merge_fed_products: Vec<usize>,
     /// The attentions launched under their RoPE, with the keys it does not write
     /// ([`attentions_after_their_rope`]).
     pub(super) early_attentions: Vec<(usize, usize)>,
@@ -119,6 +123,7 @@ impl Fusions {
             products: Vec::new(),
             early_products: Vec::new(),
             qkv_ropes: Vec::new(),
+            merge_fed_products: Vec::new(),
             e4m3_mlps: Vec::new(),
             early_attentions,
             e4m3_producers: Vec::new(),
@@ -140,7 +145,19 @@ impl Fusions {
         products.sort_unstable();
         self.early_products = if self.switches.early_launch { after_their_norm(plan, &products, op_lanes) } else { Vec::new() };
         self.qkv_ropes = products.iter().filter_map(|&i| Some((i, rope_after(plan, op_lanes, i)?))).collect();
+        self.merge_fed_products = if self.switches.fp8_expert_e4m3 && self.switches.early_launch {
+            let merges = |op: usize| matches!(self.attention[op], Some(AttentionLowering::ActionTokens(split)) if split.splits > 1);
+            after_their_attention_merge(plan, op_lanes, &products, merges)
+        } else {
+            Vec::new()
+        };
         self.products = products;
+    }
+
+    /// Whether streamed product `i` takes its input in e4m3 from the attention merge before it
+    /// and starts under it.
+    pub(super) fn merge_fed(&self, i: usize) -> bool {
+        self.merge_fed_products.binary_search(&i).is_ok()
     }
 
     /// Which of the FP8 streamed MLPs (`fp8_mlps`: first ops) take their input in e4m3 from their
@@ -149,10 +166,11 @@ impl Fusions {
         self.e4m3_mlps = if self.switches.fp8_expert_e4m3 { mlps_after_their_gated_norm(plan, op_lanes, fp8_mlps) } else { Vec::new() };
     }
 
-    /// Whether op `i` is a product or fused MLP whose e4m3 input the step before writes into the
-    /// FP8 input scratch (a QKV product run with its RoPE, an FP8 MLP after its gated norm).
-    pub(super) fn takes_e4m3_from_its_norm(&self, i: usize) -> bool {
-        self.qkv_rope(i).is_some() || self.e4m3_mlps.binary_search(&i).is_ok()
+    /// Whether op `i` is a streamed product or fused MLP whose e4m3 input the step before writes
+    /// into the FP8 input scratch (a QKV product run with its RoPE or an FP8 MLP after its gated
+    /// norm, an output projection after its attention's merge).
+    pub(super) fn takes_e4m3_from_its_producer(&self, i: usize) -> bool {
+        self.qkv_rope(i).is_some() || self.e4m3_mlps.binary_search(&i).is_ok() || self.merge_fed(i)
     }
 
     /// The head dimension of the RoPE that product `i` runs with, if it does.
@@ -195,19 +213,21 @@ impl Fusions {
             s,
             "  pass FP8 producers: {} of {} cuBLASLt FP8 product input(s) written in e4m3 by their norm or gated activation, the \
              others quantized by a launch of their own{}; {} streamed QKV product and {} streamed MLP input(s) written in e4m3 \
-             by their gated residual norm{}",
+             by their gated residual norm; {} streamed product input(s) written in e4m3 by the attention merge before them{}",
             self.e4m3_producers.len(),
             self.fp8_products,
             off(self.switches.fp8_producers),
             self.qkv_ropes.len(),
             self.e4m3_mlps.len(),
+            self.merge_fed_products.len(),
             off(self.switches.fp8_expert_e4m3)
         );
         let _ = writeln!(
             s,
-            "  pass early launch: {} streamed MLP(s) and {} streamed product(s) under their norm, {} attention(s) under their RoPE{}",
+            "  pass early launch: {} streamed MLP(s) and {} streamed product(s) under their norm, {} under their attention's merge,              {} attention(s) under their RoPE{}",
             self.early_mlps.len(),
             self.early_products.len(),
+            self.merge_fed_products.len(),
             self.early_attentions.len(),
             off(self.switches.early_launch)
         );
@@ -455,6 +475,35 @@ pub(super) fn after_their_norm(plan: &Plan, firsts: &[usize], op_lanes: &[usize]
         _ => None,
     };
     firsts.iter().copied().filter(|&i| after_its_producer(plan, op_lanes, i, norm_output)).collect()
+}
+
+/// Of the streamed FP8 `products` (ascending), those whose whole input the attention op right
+/// before them writes, on the main stream and in the same phase, through a split merge
+/// (`merges(op)`: its lowering has several key splits), and that nothing after them reads before
+/// something writes it again: the merge writes the input in e4m3 with the product's scale and
+/// lets the product start at once, so its weights stream while the merge runs (the action
+/// expert's output projection).
+pub(super) fn after_their_attention_merge(
+    plan: &Plan,
+    op_lanes: &[usize],
+    products: &[usize],
+    merges: impl Fn(usize) -> bool,
+) -> Vec<usize> {
+    let attention_output = |op: &Op| match *op {
+        Op::Attention { out, .. } => Some(out),
+        _ => None,
+    };
+    products
+        .iter()
+        .copied()
+        .filter(|&i| {
+            let Op::Gemm { a, .. } = plan.ops[i] else { return false };
+            op_lanes[i] == 0
+                && after_its_producer(plan, op_lanes, i, attention_output)
+                && merges(i - 1)
+                && unread_from(plan, i + 1, a.buf, &[])
+        })
+        .collect()
 }
 
 /// Whether, from op `start` on, the first op to touch `buf` writes it (or none touches it): what
@@ -879,6 +928,58 @@ mod tests {
             plan.ops.remove(first - 2);
         });
         assert!(streamed(&plain_norm).0.is_empty());
+    }
+
+    #[test]
+    fn an_output_projection_takes_e4m3_from_the_attention_merge_only_right_after_it() {
+        // qkv_rope_plan's attention, then its output projection into an f32 branch.
+        let with_projection = |change: fn(&mut Plan, usize)| {
+            qkv_rope_plan(|plan| {
+                let (attention_out, w) = (plan.find_buffer("out").unwrap(), plan.weight("o_proj", WeightRole::Matrix { n: 128, k: 128 }));
+                let a = View { buf: attention_out, offset: 0, rows: 4, cols: 128, stride: 128 };
+                let branch = plan.buffer("branch", BufType::F32, 4 * 128);
+                let out = View { buf: branch, offset: 0, rows: 4, cols: 128, stride: 128 };
+                plan.push(Op::Gemm { a, w, bias: None, out, accumulate: false });
+                change(plan, plan.ops.len() - 1);
+            })
+            .0
+        };
+        let fed = |plan: &Plan, lanes: &[usize], split: bool| {
+            let projection = plan.ops.iter().rposition(|op| matches!(op, Op::Gemm { .. })).unwrap();
+            let merges = |op: usize| split && matches!(plan.ops[op], Op::Attention { .. });
+            after_their_attention_merge(plan, lanes, &[projection], merges)
+        };
+        let plan = with_projection(|_, _| {});
+        let lanes = vec![0; plan.ops.len()];
+        let projection = plan.ops.len() - 1;
+        assert_eq!(fed(&plan, &lanes, true), vec![projection]);
+        // Not without a merge (one key split), nor on the second stream, nor into another phase,
+        // nor when something else reads the attention's output, nor after anything but the attention.
+        assert!(fed(&plan, &lanes, false).is_empty());
+        let mut second = lanes.clone();
+        second[projection - 1] = 1;
+        assert!(fed(&plan, &second, true).is_empty());
+        let phased = with_projection(|plan, projection| {
+            plan.phase("o_proj");
+            plan.phases.last_mut().unwrap().first_op = projection;
+        });
+        assert!(fed(&phased, &vec![0; phased.ops.len()], true).is_empty());
+        let reread = with_projection(|plan, _| {
+            let (out, w) = (plan.find_buffer("out").unwrap(), plan.weight("reader", WeightRole::Matrix { n: 8, k: 128 }));
+            let a = View { buf: out, offset: 0, rows: 4, cols: 128, stride: 128 };
+            let reader_out = plan.matrix("reader.out", 4, 8);
+            plan.push(Op::Gemm { a, w, bias: None, out: reader_out, accumulate: false });
+        });
+        let first_projection = reread.ops.len() - 2;
+        let merges = |op: usize| matches!(reread.ops[op], Op::Attention { .. });
+        assert!(after_their_attention_merge(&reread, &vec![0; reread.ops.len()], &[first_projection], merges).is_empty());
+        let apart = with_projection(|plan, projection| {
+            let attention_out = plan.find_buffer("out").unwrap();
+            let a = View { buf: attention_out, offset: 0, rows: 4, cols: 128, stride: 128 };
+            let copy = plan.matrix("copy", 4, 128);
+            plan.ops.insert(projection, Op::Copy { src: a, dst: copy });
+        });
+        assert!(fed(&apart, &vec![0; apart.ops.len()], true).is_empty());
     }
 
     #[test]

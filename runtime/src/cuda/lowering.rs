@@ -263,14 +263,16 @@ impl Lowering<'_> {
                     self.tag_steps(from, i..i + 2);
                     continue;
                 }
+                let merge_fed = self.fusions.merge_fed(i);
+                let a = if merge_fed { self.e4m3_input(self.mat(*a)?, scales.activation, true) } else { self.mat(*a)? };
                 self.steps.push(Step::StreamedProduct {
                     out: self.mat(*out)?,
-                    a: self.mat(*a)?,
+                    a,
                     w: self.tiled[&(w.0, Elem::E4m3)],
                     barrier: self.scratch().grid_barrier,
                     scales: (scales.activation, scales.weight),
                     multiprocessors: self.multiprocessors,
-                    programmatic,
+                    programmatic: programmatic || merge_fed,
                 });
                 self.tag_steps(from, i..i + 1);
                 continue;
@@ -586,8 +588,8 @@ impl Lowering<'_> {
 
     /// The current FP8 product's input `a` in e4m3 with its calibrated scale (from f32 or bf16
     /// alike), in the lane's FP8 input scratch: with `from_producer` (a fusion pass found that
-    /// nothing else reads `a`) written so by the norm or gated activation step just before when
-    /// that step writes `a`, else quantized by a launch of its own.
+    /// nothing else reads `a`) written so by the norm, gated activation or split attention's merge
+    /// just before when that step writes `a`, else quantized by a launch of its own.
     fn e4m3_input(&mut self, a: Mat, activation_scale: f32, from_producer: bool) -> Mat {
         let quantized = Mat { ptr: self.scratch().fp8_input, rows: a.rows, cols: a.cols, stride: a.cols, dtype: Dtype::E4m3 };
         let inverse_scale = 1.0 / activation_scale;
@@ -598,6 +600,9 @@ impl Lowering<'_> {
                 | Step::GatedResidualRmsNorm { out, out_scale, .. }
                 | Step::GatedActivation { out, out_scale, .. },
             ) if from_producer && *out == a => (*out, *out_scale) = (quantized, inverse_scale),
+            Some(Step::FusedAttention(args)) if from_producer && args.out == a && args.split.splits > 1 => {
+                (args.out, args.out_scale) = (quantized, inverse_scale)
+            }
             _ => self.steps.push(Step::QuantizeE4m3 { dst: quantized, src: a, inverse_scale }),
         }
         quantized
@@ -669,6 +674,7 @@ impl Lowering<'_> {
                     k: ks,
                     v: vs,
                     out: self.mat(out)?,
+                    out_scale: 1.0,
                     heads,
                     key_valid: key_valid.map(|b| self.ptr(b)),
                     query_valid: query_valid.map(|b| self.ptr(b)),
