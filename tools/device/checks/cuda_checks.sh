@@ -32,7 +32,7 @@
 #   bash tools/device/checks/cuda_checks.sh versus       # pi05-2v, this build against .device-carry/base/flashrt
 #                                                 # (another commit's CLI), alternating, twice each
 #   bash tools/device/checks/cuda_checks.sh fp8-versus   # pi05-2v FP8, this build against .device-carry/base/flashrt (and
-#                                                 # mid/flashrt when carried), alternating ROUNDS (2) times, both
+#                                                 # every other carried */flashrt), alternating ROUNDS (2) times, both
 #                                                 # builds' bf16 beside them, then this build's FP8 profile
 #   SETTINGS="FRT_X=0 FRT_X=1,FRT_Y=1" bash tools/device/checks/cuda_checks.sh settings
 #                                                 # pi05-2v under each environment setting (assignments
@@ -240,11 +240,11 @@ for phase in "$@"; do
         for round in $(seq "${ROUNDS:-2}"); do
             bench 2 "pi05-2v-bf16-$round"
             FLASHRT="$BIN/base/flashrt" FRT_COMMIT="$(cat "$BIN/base/COMMIT")" bench 2 "pi05-2v-bf16-base-$round"
-            # base/ and, when carried, mid/ (a build between the two).
-            for other in base mid; do
-                [ -x "$BIN/$other/flashrt" ] || continue
-                FLASHRT="$BIN/$other/flashrt" FRT_COMMIT="$(cat "$BIN/$other/COMMIT")" \
-                    bench 2 "pi05-2v-fp8-$other-$round" --precision fp8 --fp8-calibration "$cal"
+            # base/ and every other carried build (builds between the two: mid/, ...).
+            for other in "$BIN"/*/flashrt; do
+                name=$(basename "$(dirname "$other")")
+                FLASHRT="$other" FRT_COMMIT="$(cat "$BIN/$name/COMMIT")" \
+                    bench 2 "pi05-2v-fp8-$name-$round" --precision fp8 --fp8-calibration "$cal"
             done
             bench 2 "pi05-2v-fp8-this-$round" --precision fp8 --fp8-calibration "$cal"
         done
