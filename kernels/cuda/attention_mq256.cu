@@ -370,7 +370,6 @@ __device__ void attention_mq256_wgmma(Tout* out, int out_stride, const bf16* q, 
     // (the K barrier's phase counts Q's bytes from the start, so it still waits for them).
     const int row0 = blockIdx.x * ATT_ROWS;
     const bool chunk_first = q_by_map && key_begin + ATT_KEYS <= keys_ready;
-    launch_dependents();  // the merge, launched as its programmatic dependent, waits for it
     if (chunk_first) {
         if (threadIdx.x == 0) attw_expect_operand(bars, false);
         attw_load_chunk(k_tiles, v_tiles, valid_tiles, k_map, v_map, bars, bars + 16, key_valid, key_begin, key_end);
@@ -452,9 +451,7 @@ FOR_TYPE(ATTENTION_MQ256_WGMMA, attention_mq256_wgmma)
 // Merges the splits of `attention_mq256_*`: out = out_scale · Σ_s 2^(m_s - M) o_s / Σ_s 2^(m_s - M) l_s
 // (`out_scale` 1, or an FP8 product's inverse input scale for the e4m3 form, which writes that
 // product's input: the expert's output projection, `product_stream` in mlp.cu). It lets the
-// launch after it start at once: that product streams its weights while the merge runs. After
-// the Hopper form it is launched as the splits' programmatic dependent (they trigger at once), so
-// its blocks are in place, waiting, when the last split ends.
+// launch after it start at once: that product streams its weights while the merge runs.
 // ATT_MERGE_DIMS head dimensions per thread in 16-byte loads, so 256 / ATT_MERGE_DIMS threads per
 // row and ATT_MERGE_ROWS rows per block of 256 threads (one thread per dimension, a block per
 // row, cost 0.7 us more per expert layer). Lane s of each warp holds
@@ -479,7 +476,6 @@ template <typename Tout>
 __device__ void attention_mq256_combine(Tout* out, int out_stride, const float* partial_o, const float* partial_ml,
                                         const float* query_valid, int queries, int heads, int splits, float out_scale) {
     launch_dependents();
-    wait_for_prior_grid();  // the splits, when launched as their programmatic dependent
     constexpr int per_row = ATT_D / ATT_MERGE_DIMS, vecs = ATT_MERGE_DIMS / 4;
     const int rows = queries * heads, r = blockIdx.x * ATT_MERGE_ROWS + threadIdx.x / per_row, lane = threadIdx.x & 31;
     const int d = (threadIdx.x % per_row) * ATT_MERGE_DIMS;

@@ -233,8 +233,6 @@ __device__ void mlp_stream(float* out, int out_stride, unsigned char* hidden, in
     const int width_chunks = width / chunk_k, hidden_chunks = hidden_width / chunk_k, down_chunks = hidden_chunks / down_splits;
     const int out_tiles = width / 64, down_tile = blockIdx.x % out_tiles, down_c0 = blockIdx.x / out_tiles * down_chunks;
     const bool down_active = blockIdx.x < out_tiles * down_splits;
-    // The gated residual norm after it may start meanwhile (it waits for this launch before reading).
-    launch_dependents();
 
     if (warp == 4) {  // producer: this block's gate/up tiles, then its down tiles, one stream
         stream_tiles(ring, width_chunks + (down_active ? down_chunks : 0), [&](int g) {
@@ -316,7 +314,6 @@ __device__ void product_stream(float* out, int out_stride, const bf16* a, int a_
     const StreamRing ring = stream_ring(mlp_shared, bars);
     const int out_tiles = n / 64, k_chunks = k / 128, chunks = k_chunks / splits;
     const int tile = blockIdx.x % out_tiles, c0 = blockIdx.x / out_tiles * chunks;
-    launch_dependents();  // as the MLP's
     if (threadIdx.x >> 5 == 4) {
         stream_tiles(ring, chunks, [&](int g) { return w + ((long)tile * k_chunks + c0 + g) * MLP_TILE_BYTES; });
         return;

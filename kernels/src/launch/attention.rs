@@ -281,10 +281,8 @@ impl Kernels {
             Arg::I(split.splits as i32),
             Arg::F(args.out_scale),
         ];
-        // SAFETY: matches `attention_mq256_combine`: blocks of 256 threads, ATTENTION_MERGE_ROWS rows
-        // each; after the Hopper form (which lets it start at once) a programmatic dependent that
-        // waits for the splits before reading their partials.
-        unsafe { self.launch_maybe_early(hopper, name, (rows.div_ceil(ATTENTION_MERGE_ROWS) as u32, 1, 1), 256, 0, stream, combine) }
+        // SAFETY: matches `attention_mq256_combine`: blocks of 256 threads, ATTENTION_MERGE_ROWS rows each.
+        unsafe { self.launch(name, (rows.div_ceil(ATTENTION_MERGE_ROWS) as u32, 1, 1), 256, stream, combine) }
     }
 
     /// Fused attention of `heads` query heads of dimension `head_dim` (one of

@@ -83,14 +83,13 @@ impl Lowering<'_> {
     }
 
     /// Whether the step about to be lowered from the current op is launched as the programmatic
-    /// dependent of a product: it directly follows a cuBLASLt product or a streamed product or MLP
-    /// (each lets its dependents start at once) on its stream and in its phase, and
-    /// `early_after_products` is on.
+    /// dependent of a cuBLASLt product: it directly follows one on its stream and in its phase,
+    /// and `early_after_products` is on.
     pub(super) fn early_after_product(&self) -> bool {
         self.early_after_products
             && self.plan.phase_starting_at(self.op_index).is_none()
             && self.step_lanes.last() == Some(&self.lane)
-            && matches!(self.steps.last(), Some(Step::Gemm { .. } | Step::StreamedProduct { .. } | Step::StreamedMlp { .. }))
+            && matches!(self.steps.last(), Some(Step::Gemm { .. }))
     }
 
     /// Marks the steps pushed since step `from` as running on `lane` with these accesses.
