@@ -493,15 +493,22 @@ pub(super) fn after_their_attention_merge(
         Op::Attention { out, .. } => Some(out),
         _ => None,
     };
+    let mut fed = fed_whole_by(plan, op_lanes, products, attention_output);
+    fed.retain(|&i| op_lanes[i] == 0 && merges(i - 1));
+    fed
+}
+
+/// Of `products` (op indices of products), those whose whole input the op just before them
+/// writes, on the same stream and in the same phase (an op of a kind `output` gives the written
+/// view of), and nothing after them reads before something writes it again: that op may write
+/// the input in the product's e4m3 in place of the buffer.
+fn fed_whole_by(plan: &Plan, op_lanes: &[usize], products: &[usize], output: impl Fn(&Op) -> Option<View>) -> Vec<usize> {
     products
         .iter()
         .copied()
         .filter(|&i| {
             let Op::Gemm { a, .. } = plan.ops[i] else { return false };
-            op_lanes[i] == 0
-                && after_its_producer(plan, op_lanes, i, attention_output)
-                && merges(i - 1)
-                && unread_from(plan, i + 1, a.buf, &[])
+            after_its_producer(plan, op_lanes, i, &output) && unread_from(plan, i + 1, a.buf, &[])
         })
         .collect()
 }
@@ -548,14 +555,7 @@ pub(super) fn e4m3_producers(plan: &Plan, op_lanes: &[usize], products: &[usize]
         Op::LayerNorm { out, .. } | Op::RmsNorm { out, .. } | Op::AdaRmsNorm { out, .. } | Op::GatedActivation { out, .. } => Some(out),
         _ => None,
     };
-    products
-        .iter()
-        .copied()
-        .filter(|&i| {
-            let Op::Gemm { a, .. } = plan.ops[i] else { return false };
-            after_its_producer(plan, op_lanes, i, producer_output) && unread_from(plan, i + 1, a.buf, &[])
-        })
-        .collect()
+    fed_whole_by(plan, op_lanes, products, producer_output)
 }
 
 /// The attentions that directly follow, on the main stream and in the same phase, the RoPE op
