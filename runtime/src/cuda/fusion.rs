@@ -224,7 +224,8 @@ impl Fusions {
         );
         let _ = writeln!(
             s,
-            "  pass early launch: {} streamed MLP(s) and {} streamed product(s) under their norm, {} under their attention's merge,              {} attention(s) under their RoPE{}",
+            "  pass early launch: {} streamed MLP(s) and {} streamed product(s) under their norm, {} under their attention's merge, \
+             {} attention(s) under their RoPE{}",
             self.early_mlps.len(),
             self.early_products.len(),
             self.merge_fed_products.len(),
@@ -727,7 +728,10 @@ mod tests {
         let text = all.describe();
         assert!(
             text.contains("pass streamed MLP: 1 MLP(s) as one launch\n")
-                && text.contains("1 streamed MLP(s) and 0 streamed product(s) under their norm"),
+                && text.contains(
+                    "1 streamed MLP(s) and 0 streamed product(s) under their norm, 0 under their attention's merge, 0 attention(s) \
+                     under their RoPE"
+                ),
             "{text}"
         );
         let refused = run(Switches::default(), &lanes, false).describe();
