@@ -45,16 +45,17 @@ pub struct Switches {
     /// a launch of its own quantizes it).
     pub fp8_producers: bool,
     /// With an FP8 calibration, the action expert's gated residual norms write its QKV and MLP
-    /// inputs in e4m3, and its QKV product and RoPE run as one streamed e4m3 launch
-    /// (`FRT_NO_FP8_EXPERT_E4M3=1`: the QKV product stays on cuBLASLt in bf16 with RoPE a launch
-    /// of its own, and the streamed MLP quantizes its bf16 input as it loads it).
+    /// inputs in e4m3, its attention's split merge writes the output projection's, and its QKV
+    /// product and RoPE run as one streamed e4m3 launch (`FRT_NO_FP8_EXPERT_E4M3=1`: the QKV
+    /// product stays on cuBLASLt in bf16 with RoPE a launch of its own, and the streamed MLP and
+    /// output projection quantize their bf16 inputs as they load them).
     pub fp8_expert_e4m3: bool,
     /// Concurrent phases on a second stream (`FRT_NO_OVERLAP=1`: one stream).
     pub overlap: bool,
     /// Kernels launched as programmatic dependents of the one before them, starting their
     /// independent loads while it finishes: a fused MLP under its norm, an attention under its
-    /// RoPE, RoPE and the gated residual norms under a cuBLASLt product (`FRT_NO_EARLY_LAUNCH=1`:
-    /// every launch plain).
+    /// RoPE, RoPE and the gated residual norms under a cuBLASLt product, the FP8 output projection
+    /// under its attention's merge (`FRT_NO_EARLY_LAUNCH=1`: every launch plain).
     pub early_launch: bool,
 }
 
