@@ -8,7 +8,8 @@
 # 2. `flashrt` type-checks with the cuda-12 flavour (cudarc cuda-12060, JetPack 6). The cuda-13
 #    flavour (cudarc cuda-13000, the default: JetPack 7, the H200) is built by the workspace tests.
 # 3. Every kernel compiles with NVRTC: sm_87, sm_89, sm_90 and sm_90a with NVRTC 12.6; sm_87, sm_89, sm_90, sm_90a and sm_110
-#    with NVRTC 13.0 (kernels/tests/nvrtc_compile.rs), plus the crate's unit tests.
+#    with NVRTC 13.0 (kernels/tests/nvrtc_compile.rs), plus the crate's unit tests; with NVRTC 13.0,
+#    ptxas's report of the sm_90a build names no warpgroup MMA it serializes.
 #
 # Options (tools/test.sh passes both when it runs the Jetson cross-builds):
 #   --reuse-workspace-build  run the NVRTC 13.0 test binary that the caller's `cargo test

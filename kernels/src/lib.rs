@@ -20,7 +20,7 @@ mod launch;
 
 pub use compile::{
     COMMON_HEADER, Cubin, SOURCES, Source, cubin_file_name, default_cache_dir, device_arch, load_or_compile, nvrtc_available,
-    nvrtc_version, supported_archs, write_cubins,
+    nvrtc_version, ptxas_report, supported_archs, write_cubins,
 };
 pub use launch::attention::{AttentionArgs, AttentionSplit, HeadsAttentionArgs};
 pub use launch::elementwise::{QwenImageArgs, QwenImageSizes};
