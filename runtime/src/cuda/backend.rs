@@ -328,7 +328,7 @@ impl CudaBackend {
             op_index: 0,
             early_after_products: switches.early_launch,
             tiled: &tiled,
-            fp8_fast_accumulation: opts.fp8_fast_accumulation,
+            fp8_fast_accumulation: switches.fp8_fast_accumulation,
             fp8: &fp8_products,
             fp8_streamed: &fp8,
             selections: &selections,
@@ -370,7 +370,7 @@ impl CudaBackend {
             "  switches: {}\n{}{}  ops on the second stream: {}\n  launches: {}\n",
             switches.describe(),
             fusions.describe(),
-            if opts.fp8_scales.is_empty() { String::new() } else { fp8.describe(opts.fp8_fast_accumulation) },
+            if opts.fp8_scales.is_empty() { String::new() } else { fp8.describe(switches.fp8_fast_accumulation) },
             op_lanes.iter().filter(|&&l| l != 0).count(),
             launcher.launch_counts()
         );

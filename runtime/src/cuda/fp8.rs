@@ -139,7 +139,7 @@ impl Fp8Products {
     /// Lines for `explain()`; `fast_accumulation`: the cuBLASLt products accumulate in Hopper's
     /// fast mode.
     pub(super) fn describe(&self, fast_accumulation: bool) -> String {
-        let accumulation = if fast_accumulation { "Hopper's fast accumulation (FRT_FP8_FAST_ACCUM)" } else { "f32 accumulation" };
+        let accumulation = if fast_accumulation { "Hopper's fast accumulation" } else { "f32 accumulation (FRT_NO_FP8_FAST_ACCUM)" };
         let mut s = format!(
             "  fp8: {} weights' products as cuBLASLt e4m3 products (per-tensor scales, {accumulation}), their inputs in e4m3 from \
              their producer or a quantizing launch\n",
@@ -234,7 +234,8 @@ mod tests {
         assert_eq!(kept.iter().find(|k| k.0.starts_with("in a streamed MLP")).map(|k| k.1), Some(2), "{kept:?}");
         let text = products.describe(false);
         assert!(text.contains("fp8: 1 weights' products as cuBLASLt e4m3 products") && !text.contains("streamed MLP and"), "{text}");
-        assert!(products.describe(true).contains("Hopper's fast accumulation (FRT_FP8_FAST_ACCUM)"), "{}", products.describe(true));
+        assert!(products.describe(true).contains("Hopper's fast accumulation)"), "{}", products.describe(true));
+        assert!(products.describe(false).contains("f32 accumulation (FRT_NO_FP8_FAST_ACCUM)"), "{}", products.describe(false));
         // A lower row bound takes the 50-row products too.
         assert!(choose(&calibrated, &[], 1, false).chosen.contains_key(&narrow.0));
 

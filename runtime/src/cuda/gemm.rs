@@ -46,7 +46,7 @@ pub struct MatmulSpec {
     /// FP8 bias type).
     pub scales: Option<DevPtr>,
     /// With `scales`: Hopper's fast FP8 accumulation (fewer accumulator bits inside the tensor
-    /// core, no periodic promotion to f32), as `CudaOptions::fp8_fast_accumulation` asks.
+    /// core, no periodic promotion to f32), as `Switches::fp8_fast_accumulation` asks.
     pub fast_accumulation: bool,
 }
 

@@ -89,10 +89,7 @@ pub fn open(
             Ok(v) => Some(v.parse().map_err(|_| crate::Error::invalid("FRT_FP8_MIN_ROWS", format!("{v:?}: expected a row count")))?),
             Err(_) => None,
         };
-        // Set and not "0", as the `FRT_NO_*` switches read.
-        let fp8_fast_accumulation = std::env::var_os("FRT_FP8_FAST_ACCUM").is_some_and(|v| v != "0");
-        let opts =
-            CudaOptions { device, kernel_cache_dir, switches: Switches::from_env(), fp8_scales, fp8_min_rows, fp8_fast_accumulation };
+        let opts = CudaOptions { device, kernel_cache_dir, switches: Switches::from_env(), fp8_scales, fp8_min_rows };
         Ok(Box::new(CudaBackend::new(plan, weights, checkpoint, &opts)?))
     }
     #[cfg(not(feature = "cuda"))]

@@ -17,11 +17,6 @@ pub struct CudaOptions {
     pub fp8_scales: Vec<Option<ProductScales>>,
     /// Fewest rows an FP8 product needs (`FRT_FP8_MIN_ROWS`; default [`super::fp8::FP8_MIN_ROWS`]).
     pub fp8_min_rows: Option<usize>,
-    /// The cuBLASLt FP8 products with Hopper's fast accumulation (`FRT_FP8_FAST_ACCUM` set and not
-    /// "0", as the switches read theirs; off by default: the calibration's error measure and the
-    /// CPU emulation assume f32 accumulation). Its speed and accuracy on Pi0.5 are in
-    /// bench/NOTES.md.
-    pub fp8_fast_accumulation: bool,
 }
 
 /// The backend's optimisations, each of which can be switched off without changing what a step
@@ -50,6 +45,12 @@ pub struct Switches {
     /// product stays on cuBLASLt in bf16 with RoPE a launch of its own, and the streamed MLP and
     /// output projection quantize their bf16 inputs as they load them).
     pub fp8_expert_e4m3: bool,
+    /// With an FP8 calibration, cuBLASLt's FP8 products accumulate in Hopper's fast mode, as
+    /// inference engines and Transformer Engine's forward products run them
+    /// (`FRT_NO_FP8_FAST_ACCUM=1`: the tensor core's partial sums promoted to f32 as the CPU
+    /// emulation and the calibration's error measure assume; the streamed kernels sum each
+    /// 128-deep chunk in f32 either way). Its speed and accuracy on Pi0.5 are in bench/NOTES.md.
+    pub fp8_fast_accumulation: bool,
     /// Concurrent phases on a second stream (`FRT_NO_OVERLAP=1`: one stream).
     pub overlap: bool,
     /// Kernels launched as programmatic dependents of the one before them, starting their
@@ -68,6 +69,7 @@ impl Default for Switches {
             fp8_streamed: true,
             fp8_producers: true,
             fp8_expert_e4m3: true,
+            fp8_fast_accumulation: true,
             overlap: true,
             early_launch: true,
         }
@@ -85,6 +87,7 @@ impl Switches {
             fp8_streamed: on("FRT_NO_FP8_STREAMED"),
             fp8_producers: on("FRT_NO_FP8_PRODUCERS"),
             fp8_expert_e4m3: on("FRT_NO_FP8_EXPERT_E4M3"),
+            fp8_fast_accumulation: on("FRT_NO_FP8_FAST_ACCUM"),
             overlap: on("FRT_NO_OVERLAP"),
             early_launch: on("FRT_NO_EARLY_LAUNCH"),
         }
@@ -92,18 +95,30 @@ impl Switches {
 
     /// One line for `explain()`: each switch and whether it is on.
     pub fn describe(&self) -> String {
-        let Switches { wgmma, fused_attention, fused_mlp, fp8_streamed, fp8_producers, fp8_expert_e4m3, overlap, early_launch } = *self;
+        let Switches {
+            wgmma,
+            fused_attention,
+            fused_mlp,
+            fp8_streamed,
+            fp8_producers,
+            fp8_expert_e4m3,
+            fp8_fast_accumulation,
+            overlap,
+            early_launch,
+        } = *self;
         let state = |on: bool| if on { "on" } else { "off" };
         format!(
             "wgmma {}, fused attention {}, fused MLP {}, FP8 streamed kernels {}, FP8 inputs from their producers {}, FP8 expert inputs \
-             in e4m3 {}, two streams {}, early launches {} (FRT_NO_WGMMA, FRT_NO_FUSED_ATTENTION, FRT_NO_FUSED_MLP, FRT_NO_FP8_STREAMED, \
-             FRT_NO_FP8_PRODUCERS, FRT_NO_FP8_EXPERT_E4M3, FRT_NO_OVERLAP, FRT_NO_EARLY_LAUNCH)",
+             in e4m3 {}, FP8 fast accumulation {}, two streams {}, early launches {} (FRT_NO_WGMMA, FRT_NO_FUSED_ATTENTION, \
+             FRT_NO_FUSED_MLP, FRT_NO_FP8_STREAMED, FRT_NO_FP8_PRODUCERS, FRT_NO_FP8_EXPERT_E4M3, FRT_NO_FP8_FAST_ACCUM, FRT_NO_OVERLAP, \
+             FRT_NO_EARLY_LAUNCH)",
             state(wgmma),
             state(fused_attention),
             state(fused_mlp),
             state(fp8_streamed),
             state(fp8_producers),
             state(fp8_expert_e4m3),
+            state(fp8_fast_accumulation),
             state(overlap),
             state(early_launch)
         )
@@ -124,6 +139,7 @@ mod tests {
                 && all.fp8_streamed
                 && all.fp8_producers
                 && all.fp8_expert_e4m3
+                && all.fp8_fast_accumulation
                 && all.overlap
                 && all.early_launch
         );

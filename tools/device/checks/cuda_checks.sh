@@ -15,7 +15,8 @@
 #   bash tools/device/checks/cuda_checks.sh fp8          # pi05-2v calibrated here (synthetic), bf16 vs FP8 (and FP8 with the
 #                                                 # expert's inputs in bf16, FRT_NO_FP8_EXPERT_E4M3) alternating, FP8 profile
 #   bash tools/device/checks/cuda_checks.sh fp8-accuracy # FP8 vs bf16 actions on 32 observations (1-3 cameras)
-#   bash tools/device/checks/cuda_checks.sh fp8-fast-accum # pi05-2v FP8 with and without FRT_FP8_FAST_ACCUM=1, and its accuracy
+#   bash tools/device/checks/cuda_checks.sh fp8-fast-accum # pi05-2v FP8 with and without fast accumulation (FRT_NO_FP8_FAST_ACCUM=1),
+#                                                 # and the accuracy without it
 #   bash tools/device/checks/cuda_checks.sh groot-fp8    # gr00t-2v bf16 vs FP8, FP8 vs bf16 actions on 32 observations
 #   bash tools/device/checks/cuda_checks.sh fp8-variants # pi05 FP8 vs bf16 actions under each carried 3-camera calibration variant
 #   bash tools/device/checks/cuda_checks.sh groot-fp8-variants # FP8 vs bf16 actions under each carried calibration variant
@@ -299,18 +300,19 @@ for phase in "$@"; do
         FRT_PROFILE="$OUT/profile_fp8_2v.json" bench 2 pi05-2v-fp8-profiled --precision fp8 --fp8-calibration "$cal"
         ;;
     fp8-fast-accum)
-        # cuBLASLt's FP8 products with Hopper's fast accumulation (FRT_FP8_FAST_ACCUM=1, an
-        # opt-in): pi05-2v against the default FP8 build, alternating ROUNDS (2) times, then its
-        # actions against bf16 on the 32 observations of fp8-accuracy.
-        echo "== fp8-fast-accum: pi05-2v FP8 with and without fast accumulation, and its accuracy"
+        # cuBLASLt's FP8 products with Hopper's fast accumulation (the default) against f32
+        # promotion (FRT_NO_FP8_FAST_ACCUM=1): pi05-2v alternating ROUNDS (2) times, then the
+        # f32-promoting build's actions against bf16 on the 32 observations of fp8-accuracy (which
+        # measures the default's).
+        echo "== fp8-fast-accum: pi05-2v FP8 with and without fast accumulation, and the accuracy without it"
         synth_full
         cal=$(calibration "$FULL" pi05-full-2v 2)
         for _ in $(seq "${ROUNDS:-2}"); do
             bench 2 pi05-2v-fp8 --precision fp8 --fp8-calibration "$cal"
-            FRT_FP8_FAST_ACCUM=1 bench 2 pi05-2v-fp8-fast-accum --precision fp8 --fp8-calibration "$cal"
+            FRT_NO_FP8_FAST_ACCUM=1 bench 2 pi05-2v-fp8-f32-accumulation --precision fp8 --fp8-calibration "$cal"
         done
         calc=$(calibration "$FULL" pi05-full-3v 3)
-        FRT_FP8_FAST_ACCUM=1 fp8_compare "$FULL" 3 "$calc" pi05-3cam-fp8-fast-accum-vs-bf16 "$OUT/fp8-fast-accum-vs-bf16-accuracy.json"
+        FRT_NO_FP8_FAST_ACCUM=1 fp8_compare "$FULL" 3 "$calc" pi05-3cam-fp8-f32-accumulation-vs-bf16 "$OUT/fp8-f32-accumulation-vs-bf16-accuracy.json"
         ;;
     fp8-accuracy)
         # FP8 against bf16 on 32 observations (1, 2 and 3 cameras in turn, three prompts, the same
