@@ -60,7 +60,7 @@ pub(super) struct Lowering<'a> {
     pub(super) early_after_products: bool,
     /// The streamed MLPs' weights as that kernel reads them, by weight index and element type.
     pub(super) tiled: &'a WeightPtrs,
-    /// The cuBLASLt FP8 products with Hopper's fast accumulation (`CudaOptions`).
+    /// The cuBLASLt FP8 products with Hopper's fast accumulation (`Switches`).
     pub(super) fp8_fast_accumulation: bool,
     /// The FP8 products' weights: their scales and where the pair is on the device.
     pub(super) fp8: &'a HashMap<usize, (ProductScales, DevPtr)>,

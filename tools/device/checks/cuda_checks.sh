@@ -104,7 +104,7 @@ calibration() { # checkpoint name cameras -> prints the file
 # FP8 against bf16 actions on 32 synthetic observations under issue 30's bounds (mean cosine
 # 0.999, worst 0.995, relative L2 5e-2).
 fp8_compare() { # checkpoint cameras calibration workload out
-    XDG_CACHE_HOME=/tmp/kcache run "$BIN/flashrt" compare --checkpoint "$1" --backend cuda --cameras "$2" --precision fp8 --fp8-calibration "$3" \
+    XDG_CACHE_HOME=/tmp/kcache run "${FLASHRT:-$BIN/flashrt}" compare --checkpoint "$1" --backend cuda --cameras "$2" --precision fp8 --fp8-calibration "$3" \
         --count 32 --min-mean-cosine 0.999 --min-cosine 0.995 --max-rel-l2 5e-2 --workload "$4" --out "$5"
 }
 # FP8 against bf16 under each carried variant NAME-*.json of a calibration (e.g. one group of its
