@@ -147,13 +147,16 @@ __device__ __forceinline__ void load_a(const StreamRing& r, const bf16* a, int a
 
 // Consumers: acc (64 × 64) = A · the next `chunks` weight tiles of the ring; `g` counts the
 // ring's tiles consumed so far (stage and parity), and the stages are handed back as they empty.
-// Hopper's FP8 warpgroup MMA keeps fewer accumulator bits than f32 (DeepSeek-V3 measured ~14),
-// so the FP8 form sums each chunk (128 of k) in its own registers and adds it into `acc` in
-// f32, as cuBLASLt does without fast accumulation (and the CPU emulation assumes): summed whole,
-// a 1024-deep product drifted enough to flip e4m3 roundings of the GeGLU output (7e-5 nmse
-// against the emulation on the H100, 1e-7 for cuBLASLt's FP8 products).
-template <bool E4M3>
-__device__ __forceinline__ void mlp_product(float* acc, const StreamRing& r, int chunks, int& g) {
+// Hopper's FP8 warpgroup MMA keeps fewer accumulator bits than f32 (DeepSeek-V3 measured ~14).
+// By default the FP8 form sums all of K in its accumulator, as the bf16 form does and as
+// cuBLASLt's FP8 products run with fast accumulation (a 1024-deep product then drifts enough to
+// flip e4m3 roundings of the GeGLU output: 7e-5 nmse against the CPU emulation on the H100).
+// With `promote` it sums each chunk (128 of k) in its own registers and adds it into `acc` in
+// f32, as the emulation does and cuBLASLt without fast accumulation, waiting for each chunk's
+// MMAs before the next: an H100 step 0.13 ms slower (bench/NOTES.md). Alternating two sets of
+// chunk registers instead makes ptxas serialize every MMA (C7514), 0.45 ms slower still.
+template <bool E4M3, bool PROMOTE>
+__device__ __forceinline__ void mlp_product_as(float* acc, const StreamRing& r, int chunks, int& g) {
     for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
     float part[32] = {};
     const int lane = threadIdx.x & 31;
@@ -164,11 +167,12 @@ __device__ __forceinline__ void mlp_product(float* acc, const StreamRing& r, int
         for (int kk = 0; kk < 4; ++kk) {
             const unsigned long long a = wg_desc(r.a_tiles + c * MLP_TILE_BYTES + kk * 32, 16, 1024);
             const unsigned long long b = wg_desc(r.ring + s * MLP_TILE_BYTES + kk * 32, 16, 1024);
-            if (E4M3) wg_mma_ss_e4m3(part, a, b, kk > 0);
-            else wg_mma_ss(acc, a, b);
+            if (!E4M3) wg_mma_ss(acc, a, b);
+            else if (PROMOTE) wg_mma_ss_e4m3(part, a, b, kk > 0);
+            else wg_mma_ss_e4m3(acc, a, b, true);
         }
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        if (E4M3) {
+        if (PROMOTE) {
             asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
             for (int i = 0; i < 32; ++i) acc[i] += part[i];
             if (lane == 0) mbarrier_arrive(r.empty + 8 * s);
@@ -177,10 +181,15 @@ __device__ __forceinline__ void mlp_product(float* acc, const StreamRing& r, int
             if (c > 0 && lane == 0) mbarrier_arrive(r.empty + 8 * ((g - 1) % MLP_STAGES));
         }
     }
-    if (!E4M3) {
+    if (!PROMOTE) {
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         if (lane == 0) mbarrier_arrive(r.empty + 8 * ((g - 1) % MLP_STAGES));
     }
+}
+template <bool E4M3>
+__device__ __forceinline__ void mlp_product(float* acc, const StreamRing& r, int chunks, int& g, bool promote) {
+    if (E4M3 && promote) mlp_product_as<E4M3, true>(acc, r, chunks, g);
+    else mlp_product_as<E4M3, false>(acc, r, chunks, g);
 }
 
 // Consumers: `out` [rows, width] (f32) zeroed by the whole grid, before the grid barrier after
@@ -224,7 +233,7 @@ struct MlpScales {
 template <bool E4M3>
 __device__ void mlp_stream(float* out, int out_stride, unsigned char* hidden, int hidden_stride, const bf16* a, int a_stride,
                            const unsigned char* w_gate_up, const unsigned char* w_down, int rows, int width, int hidden_width,
-                           int down_splits, unsigned* barrier, MlpScales scales, bool a_e4m3) {
+                           int down_splits, unsigned* barrier, MlpScales scales, bool a_e4m3, bool promote) {
     extern __shared__ __align__(16) unsigned char mlp_shared[];
     __shared__ __align__(8) unsigned long long bars[2 * MLP_STAGES];
     constexpr int chunk_k = E4M3 ? 128 : 64;
@@ -254,7 +263,7 @@ __device__ void mlp_stream(float* out, int out_stride, unsigned char* hidden, in
     const int row0 = warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
     if (E4M3 && a_e4m3) mlp_load_a(ring.a_tiles, (const unsigned char*)a, a_stride, rows, 0, width_chunks);
     else load_a<E4M3>(ring, a, a_stride, rows, 0, width_chunks, scales.a_inverse);
-    mlp_product<E4M3>(acc, ring, width_chunks, g);
+    mlp_product<E4M3>(acc, ring, width_chunks, g, promote);
     // Accumulator columns 8j + col0 (+1) of j < 4 are gate columns, those of j + 4 the matching up.
     const float gate_up_scale = E4M3 ? scales.gate_up : 1.0f;
     for (int j = 0; j < 4; ++j)
@@ -272,7 +281,7 @@ __device__ void mlp_stream(float* out, int out_stride, unsigned char* hidden, in
     grid_barrier_128(barrier);
     if (!down_active) return;
     mlp_load_a(ring.a_tiles, hidden, hidden_stride, rows, down_c0, down_chunks);
-    mlp_product<E4M3>(acc, ring, down_chunks, g);
+    mlp_product<E4M3>(acc, ring, down_chunks, g, promote);
     write_tile<true>(out, out_stride, rows, down_tile * 64, acc, E4M3 ? scales.down : 1.0f);
 }
 
@@ -282,7 +291,7 @@ extern "C" __global__ void __launch_bounds__(160, 1)
                      const bf16* w_gate_up, const bf16* w_down, int rows, int width, int hidden_width, int down_splits,
                      unsigned* barrier) {
     mlp_stream<false>(out, out_stride, (unsigned char*)hidden, 2 * hidden_stride, a, a_stride, (const unsigned char*)w_gate_up,
-                      (const unsigned char*)w_down, rows, width, hidden_width, down_splits, barrier, MlpScales{}, false);
+                      (const unsigned char*)w_down, rows, width, hidden_width, down_splits, barrier, MlpScales{}, false, false);
 }
 
 // The FP8 form (W8A8): e4m3 weights, A quantized on its way into shared memory (or, `a_e4m3`,
@@ -291,9 +300,9 @@ extern "C" __global__ void __launch_bounds__(160, 1)
     mlp_stream_wgmma_e4m3(float* out, int out_stride, unsigned char* hidden, int hidden_stride, const bf16* a, int a_stride,
                           const unsigned char* w_gate_up, const unsigned char* w_down, int rows, int width, int hidden_width,
                           int down_splits, unsigned* barrier, float a_inverse_scale, float gate_up_scale,
-                          float hidden_inverse_scale, float down_scale, int a_e4m3) {
+                          float hidden_inverse_scale, float down_scale, int a_e4m3, int promote) {
     mlp_stream<true>(out, out_stride, hidden, hidden_stride, a, a_stride, w_gate_up, w_down, rows, width, hidden_width, down_splits,
-                     barrier, MlpScales{a_inverse_scale, gate_up_scale, hidden_inverse_scale, down_scale}, a_e4m3 != 0);
+                     barrier, MlpScales{a_inverse_scale, gate_up_scale, hidden_inverse_scale, down_scale}, a_e4m3 != 0, promote != 0);
 }
 
 // One few-row FP8 product out[rows, n] = (a · wᵀ) · scale into f32 (the action expert's output
@@ -308,7 +317,7 @@ extern "C" __global__ void __launch_bounds__(160, 1)
 // for the expert's on the H200). A bf16 output would take one split, every block quantizing all
 // of A: the expert's QKV took 8.0 µs so, against cuBLASLt's 4.6 in bf16, and is left to it.
 __device__ void product_stream(float* out, int out_stride, const bf16* a, int a_stride, const unsigned char* w, int rows, int n, int k,
-                               int splits, unsigned* barrier, float a_inverse, float scale, bool a_e4m3) {
+                               int splits, unsigned* barrier, float a_inverse, float scale, bool a_e4m3, bool promote) {
     extern __shared__ __align__(16) unsigned char mlp_shared[];
     __shared__ __align__(8) unsigned long long bars[2 * MLP_STAGES];
     const StreamRing ring = stream_ring(mlp_shared, bars);
@@ -324,7 +333,7 @@ __device__ void product_stream(float* out, int out_stride, const bf16* a, int a_
     int g = 0;
     if (a_e4m3) mlp_load_a(ring.a_tiles, (const unsigned char*)a, a_stride, rows, c0, chunks);
     else load_a<true>(ring, a, a_stride, rows, c0, chunks, a_inverse);
-    mlp_product<true>(acc, ring, chunks, g);
+    mlp_product<true>(acc, ring, chunks, g, promote);
     if (splits > 1) {
         grid_barrier_128(barrier);
         write_tile<true>(out, out_stride, rows, tile * 64, acc, scale);
@@ -334,8 +343,8 @@ __device__ void product_stream(float* out, int out_stride, const bf16* a, int a_
 }
 extern "C" __global__ void __launch_bounds__(160, 1)
     product_stream_wgmma_e4m3(float* out, int out_stride, const bf16* a, int a_stride, const unsigned char* w, int rows, int n, int k,
-                              int splits, unsigned* barrier, float a_inverse_scale, float scale, int a_e4m3) {
-    product_stream(out, out_stride, a, a_stride, w, rows, n, k, splits, barrier, a_inverse_scale, scale, a_e4m3 != 0);
+                              int splits, unsigned* barrier, float a_inverse_scale, float scale, int a_e4m3, int promote) {
+    product_stream(out, out_stride, a, a_stride, w, rows, n, k, splits, barrier, a_inverse_scale, scale, a_e4m3 != 0, promote != 0);
 }
 
 // The action expert's QKV product and its RoPE (`rope_qkv` in sequence.cu) as one FP8 launch:
@@ -351,7 +360,7 @@ extern "C" __global__ void __launch_bounds__(160, 1)
 __device__ void qkv_rope_stream(bf16* qkv, int qkv_stride, const unsigned char* a, int a_stride, const unsigned char* w, int rows,
                                 int k, float scale, int heads, int kv_heads, int head_dim, const int* positions,
                                 int position_offset, bf16* k_cache, int k_stride, bf16* v_cache, int v_stride, int cache_row,
-                                const float* cos_table, const float* sin_table) {
+                                const float* cos_table, const float* sin_table, bool promote) {
     extern __shared__ __align__(16) unsigned char mlp_shared[];
     __shared__ __align__(8) unsigned long long bars[2 * MLP_STAGES];
     const StreamRing ring = stream_ring(mlp_shared, bars);
@@ -366,7 +375,7 @@ __device__ void qkv_rope_stream(bf16* qkv, int qkv_stride, const unsigned char* 
     float acc[32];
     int g = 0;
     mlp_load_a(ring.a_tiles, a, a_stride, rows, 0, k_chunks);
-    mlp_product<true>(acc, ring, k_chunks, g);
+    mlp_product<true>(acc, ring, k_chunks, g, promote);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row0 = warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
     const int half = head_dim / 2, head = tile / (head_dim / 64), first = tile % (head_dim / 64) * 32;
     for (int h = 0; h < 2; ++h) {
@@ -403,8 +412,8 @@ extern "C" __global__ void __launch_bounds__(160, 1)
     qkv_rope_stream_wgmma_e4m3(bf16* qkv, int qkv_stride, const unsigned char* a, int a_stride, const unsigned char* w, int rows,
                                int k, float scale, int heads, int kv_heads, int head_dim, const int* positions, int position_offset,
                                bf16* k_cache, int k_stride, bf16* v_cache, int v_stride, int cache_row, const float* cos_table,
-                               const float* sin_table) {
+                               const float* sin_table, int promote) {
     qkv_rope_stream(qkv, qkv_stride, a, a_stride, w, rows, k, scale, heads, kv_heads, head_dim, positions, position_offset, k_cache,
-                    k_stride, v_cache, v_stride, cache_row, cos_table, sin_table);
+                    k_stride, v_cache, v_stride, cache_row, cos_table, sin_table, promote != 0);
 }
 #endif

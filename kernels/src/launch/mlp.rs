@@ -64,7 +64,9 @@ impl Kernels {
     /// The weights must be tiled by [`Kernels::retile_weight`] (gate/up paired); `barrier` is a
     /// device word no concurrent launch uses. `programmatic`: launched as a programmatic dependent
     /// of the kernel before it on the stream, which must be the RMS norm writing `a` (it lets the
-    /// MLP start early; the MLP waits for it before reading `a`).
+    /// MLP start early; the MLP waits for it before reading `a`). `fast_accumulation` (FP8 only):
+    /// the products sum all of K in the MMA's accumulator, else each 128-deep chunk apart and
+    /// added in f32 (as the CPU emulation; slower).
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
@@ -78,6 +80,7 @@ impl Kernels {
         w_down: DevPtr,
         barrier: DevPtr,
         fp8: Option<MlpFp8Scales>,
+        fast_accumulation: bool,
         multiprocessors: usize,
         programmatic: bool,
         stream: CUstream,
@@ -126,8 +129,8 @@ impl Kernels {
         let mut attrs = [cooperative_attribute(), programmatic_attribute()];
         let attrs = if programmatic { &mut attrs[..] } else { &mut attrs[..1] };
         let grid = ((hid / 32) as u32, 1, 1);
-        // SAFETY: the arguments match the kernel's signature (the FP8 form's four scales and its A
-        // flag after the bf16 form's arguments, its hidden stride in bytes): 160 threads, one block per 32 GeGLU
+        // SAFETY: the arguments match the kernel's signature (the FP8 form's four scales, its A
+        // flag and its promotion flag after the bf16 form's arguments, its hidden stride in bytes): 160 threads, one block per 32 GeGLU
         // columns; it waits for the norm before it (programmatic) before reading `a`.
         unsafe {
             match fp8 {
@@ -139,8 +142,9 @@ impl Kernels {
                         Arg::F(1.0 / h_scale),
                         Arg::F(h_scale * d_scale),
                         Arg::I(a_e4m3 as i32),
+                        Arg::I(!fast_accumulation as i32),
                     ];
-                    let mut all = [Arg::I(0); 18];
+                    let mut all = [Arg::I(0); 19];
                     all[..13].copy_from_slice(&args);
                     all[13..].copy_from_slice(&scales);
                     self.launch_with_attributes(what, grid, 160, MLP_SHARED_BYTES, stream, all, attrs)
@@ -167,7 +171,8 @@ impl Kernels {
     /// `a` bf16 (quantized as it loads) or e4m3 (already divided by its scale). `w` must be tiled in e4m3 by [`Kernels::retile_weight`]
     /// (unpaired); `barrier` is a device word no concurrent launch uses. `programmatic`: launched
     /// as a programmatic dependent of the kernel before it on the stream, which writes `a` (the
-    /// product waits for it before reading `a` or writing `out`).
+    /// product waits for it before reading `a` or writing `out`). `fast_accumulation` as
+    /// [`Kernels::mlp_stream`]'s.
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
@@ -179,6 +184,7 @@ impl Kernels {
         w: DevPtr,
         barrier: DevPtr,
         (a_scale, w_scale): (f32, f32),
+        fast_accumulation: bool,
         multiprocessors: usize,
         programmatic: bool,
         stream: CUstream,
@@ -218,6 +224,7 @@ impl Kernels {
             Arg::F(1.0 / a_scale),
             Arg::F(a_scale * w_scale),
             Arg::I((a.dtype == Dtype::E4m3) as i32),
+            Arg::I(!fast_accumulation as i32),
         ];
         // Several splits meet at a grid barrier: cooperative, so all blocks are resident at once.
         let mut attrs = [cooperative_attribute(), programmatic_attribute()];
@@ -227,7 +234,7 @@ impl Kernels {
             (false, true) => &mut attrs[1..],
             (false, false) => &mut attrs[..0],
         };
-        // SAFETY: the arguments match `product_stream_wgmma_e4m3`'s signature (its A flag last):
+        // SAFETY: the arguments match `product_stream_wgmma_e4m3`'s signature (its A and promotion flags last):
         // 160 threads, one block per output tile and split.
         unsafe { self.launch_with_attributes(what, ((n / 64 * splits) as u32, 1, 1), 160, MLP_SHARED_BYTES, stream, args, attrs) }
     }
@@ -254,7 +261,8 @@ impl Kernels {
     /// [`Kernels::rope_qkv`] after the product would (the q heads rotated in place, the k heads
     /// rotated and the v heads into the caches, the k and v heads unrotated in `qkv`), rotating
     /// the f32 sums. `programmatic`: launched as a programmatic dependent of the kernel before it
-    /// on the stream, which writes `a` (it waits for it before reading `a`).
+    /// on the stream, which writes `a` (it waits for it before reading `a`). `fast_accumulation`
+    /// as [`Kernels::mlp_stream`]'s.
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes; the caches must have
@@ -265,6 +273,7 @@ impl Kernels {
         a: Mat,
         w: DevPtr,
         (a_scale, w_scale): (f32, f32),
+        fast_accumulation: bool,
         rope: &RopeArgs,
         multiprocessors: usize,
         programmatic: bool,
@@ -316,6 +325,7 @@ impl Kernels {
             Arg::I(i32_of(rope.cache_row, what)?),
             Arg::P(rope.cos),
             Arg::P(rope.sin),
+            Arg::I(!fast_accumulation as i32),
         ];
         let mut attrs = [programmatic_attribute()];
         let attrs = if programmatic { &mut attrs[..] } else { &mut attrs[..0] };

@@ -136,8 +136,7 @@ impl Fp8Products {
         self.chosen.get(&w).or_else(|| self.streamed_weights.get(&w)).copied()
     }
 
-    /// Lines for `explain()`; `fast_accumulation`: the cuBLASLt products accumulate in Hopper's
-    /// fast mode.
+    /// Lines for `explain()`; `fast_accumulation`: the products accumulate in Hopper's fast mode.
     pub(super) fn describe(&self, fast_accumulation: bool) -> String {
         let accumulation = if fast_accumulation { "Hopper's fast accumulation" } else { "f32 accumulation (FRT_NO_FP8_FAST_ACCUM)" };
         let mut s = format!(
@@ -148,7 +147,7 @@ impl Fp8Products {
         if !self.streamed.is_empty() || !self.streamed_products.is_empty() {
             s += &format!(
                 "  fp8: {} streamed MLP and {} streamed product launches in e4m3 ({} weights tiled in e4m3; inputs quantized as the \
-                 kernel loads them, the MLPs' GeGLU output in e4m3, f32 accumulation); an unfused product of the same weights stays \
+                 kernel loads them, the MLPs' GeGLU output in e4m3, {accumulation}); an unfused product of the same weights stays \
                  bf16\n",
                 self.streamed.len(),
                 self.streamed_products.len(),

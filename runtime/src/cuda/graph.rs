@@ -173,14 +173,14 @@ impl Launcher {
                 Step::GatedActivation { out, out_scale, gate_up, kind } => {
                     k.gated_activation(out, out_scale, gate_up, activation_code(kind), s)
                 }
-                Step::StreamedMlp { out, hidden, a, w_gate_up, w_down, barrier, fp8, multiprocessors, programmatic } => {
-                    k.mlp_stream(out, hidden, a, w_gate_up, w_down, barrier, fp8, multiprocessors, programmatic, s)
+                Step::StreamedMlp { out, hidden, a, w_gate_up, w_down, barrier, fp8, fast_accumulation, multiprocessors, programmatic } => {
+                    k.mlp_stream(out, hidden, a, w_gate_up, w_down, barrier, fp8, fast_accumulation, multiprocessors, programmatic, s)
                 }
-                Step::StreamedProduct { out, a, w, barrier, scales, multiprocessors, programmatic } => {
-                    k.product_stream(out, a, w, barrier, scales, multiprocessors, programmatic, s)
+                Step::StreamedProduct { out, a, w, barrier, scales, fast_accumulation, multiprocessors, programmatic } => {
+                    k.product_stream(out, a, w, barrier, scales, fast_accumulation, multiprocessors, programmatic, s)
                 }
-                Step::StreamedQkvRope { a, w, scales, ref rope, multiprocessors, programmatic } => {
-                    k.qkv_rope_stream(a, w, scales, rope, multiprocessors, programmatic, s)
+                Step::StreamedQkvRope { a, w, scales, fast_accumulation, ref rope, multiprocessors, programmatic } => {
+                    k.qkv_rope_stream(a, w, scales, fast_accumulation, rope, multiprocessors, programmatic, s)
                 }
                 Step::Embed { out, tokens, table, vocab, scale } => k.embed(out, tokens, table, vocab, scale, s),
                 Step::Positions { valid, positions, frame_info, cameras, tokens_per_image, token_mask, prompt_len, suffix, rope_rows } => k

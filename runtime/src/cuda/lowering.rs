@@ -60,7 +60,7 @@ pub(super) struct Lowering<'a> {
     pub(super) early_after_products: bool,
     /// The streamed MLPs' weights as that kernel reads them, by weight index and element type.
     pub(super) tiled: &'a WeightPtrs,
-    /// The cuBLASLt FP8 products with Hopper's fast accumulation (`Switches`).
+    /// The FP8 products with Hopper's fast accumulation, cuBLASLt's and the streamed kernels' (`Switches`).
     pub(super) fp8_fast_accumulation: bool,
     /// The FP8 products' weights: their scales and where the pair is on the device.
     pub(super) fp8: &'a HashMap<usize, (ProductScales, DevPtr)>,
@@ -238,6 +238,7 @@ impl Lowering<'_> {
                     w_gate_up: self.tiled[&(w_gate_up.0, elem)],
                     w_down: self.tiled[&(w_down.0, elem)],
                     fp8,
+                    fast_accumulation: self.fp8_fast_accumulation,
                     barrier: self.scratch().grid_barrier,
                     multiprocessors: self.multiprocessors,
                     programmatic: self.fusions.early_mlps.binary_search(&i).is_ok(),
@@ -256,6 +257,7 @@ impl Lowering<'_> {
                         a,
                         w: self.tiled[&(w.0, Elem::E4m3)],
                         scales: (scales.activation, scales.weight),
+                        fast_accumulation: self.fp8_fast_accumulation,
                         rope,
                         multiprocessors: self.multiprocessors,
                         programmatic,
@@ -271,6 +273,7 @@ impl Lowering<'_> {
                     w: self.tiled[&(w.0, Elem::E4m3)],
                     barrier: self.scratch().grid_barrier,
                     scales: (scales.activation, scales.weight),
+                    fast_accumulation: self.fp8_fast_accumulation,
                     multiprocessors: self.multiprocessors,
                     programmatic: programmatic || merge_fed,
                 });

@@ -45,11 +45,11 @@ pub struct Switches {
     /// product stays on cuBLASLt in bf16 with RoPE a launch of its own, and the streamed MLP and
     /// output projection quantize their bf16 inputs as they load them).
     pub fp8_expert_e4m3: bool,
-    /// With an FP8 calibration, cuBLASLt's FP8 products accumulate in Hopper's fast mode, as
-    /// inference engines and Transformer Engine's forward products run them
-    /// (`FRT_NO_FP8_FAST_ACCUM=1`: the tensor core's partial sums promoted to f32 as the CPU
-    /// emulation and the calibration's error measure assume; the streamed kernels sum each
-    /// 128-deep chunk in f32 either way). Its speed and accuracy on Pi0.5 are in bench/NOTES.md.
+    /// With an FP8 calibration, the FP8 products (cuBLASLt's and the expert's streamed kernels')
+    /// accumulate in Hopper's fast mode, as inference engines and Transformer Engine's forward
+    /// products run them (`FRT_NO_FP8_FAST_ACCUM=1`: the tensor core's partial sums promoted to
+    /// f32 every 128 of K, as the CPU emulation and the calibration's error measure assume). Its
+    /// speed and accuracy on Pi0.5 are in bench/NOTES.md.
     pub fp8_fast_accumulation: bool,
     /// Concurrent phases on a second stream (`FRT_NO_OVERLAP=1`: one stream).
     pub overlap: bool,

@@ -134,6 +134,8 @@ pub(super) enum Step {
         barrier: DevPtr,
         /// In FP8 (e4m3 weights and activations) with these scales, else bf16.
         fp8: Option<MlpFp8Scales>,
+        /// FP8: all of K summed in the MMA's accumulator (`Switches::fp8_fast_accumulation`).
+        fast_accumulation: bool,
         multiprocessors: usize,
         /// Launched as a programmatic dependent of the norm step before it (see `after_their_norm`).
         programmatic: bool,
@@ -147,6 +149,8 @@ pub(super) enum Step {
         barrier: DevPtr,
         /// Its (input, weight) scales.
         scales: (f32, f32),
+        /// All of K summed in the MMA's accumulator (`Switches::fp8_fast_accumulation`).
+        fast_accumulation: bool,
         multiprocessors: usize,
         /// Launched as a programmatic dependent of the norm step before it.
         programmatic: bool,
@@ -159,6 +163,8 @@ pub(super) enum Step {
         w: DevPtr,
         /// Its (input, weight) scales.
         scales: (f32, f32),
+        /// All of K summed in the MMA's accumulator (`Switches::fp8_fast_accumulation`).
+        fast_accumulation: bool,
         rope: RopeArgs,
         multiprocessors: usize,
         /// Launched as a programmatic dependent of the norm step before it.

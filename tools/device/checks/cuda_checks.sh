@@ -300,7 +300,7 @@ for phase in "$@"; do
         FRT_PROFILE="$OUT/profile_fp8_2v.json" bench 2 pi05-2v-fp8-profiled --precision fp8 --fp8-calibration "$cal"
         ;;
     fp8-fast-accum)
-        # cuBLASLt's FP8 products with Hopper's fast accumulation (the default) against f32
+        # The FP8 products (cuBLASLt's and the streamed kernels') with Hopper's fast accumulation (the default) against f32
         # promotion (FRT_NO_FP8_FAST_ACCUM=1): pi05-2v alternating ROUNDS (2) times, then the
         # f32-promoting build's actions against bf16 on the 32 observations of fp8-accuracy (which
         # measures the default's).
