@@ -17,7 +17,8 @@
 #   bash tools/device/checks/cuda_checks.sh fp8-accuracy # FP8 vs bf16 actions on 32 observations (1-3 cameras)
 #   bash tools/device/checks/cuda_checks.sh fp8-fast-accum # pi05-2v FP8 with and without fast accumulation (FRT_NO_FP8_FAST_ACCUM=1),
 #                                                 # and the accuracy without it
-#   bash tools/device/checks/cuda_checks.sh groot-fp8    # gr00t-2v bf16 vs FP8, FP8 vs bf16 actions on 32 observations
+#   bash tools/device/checks/cuda_checks.sh groot-fp8    # gr00t-2v bf16 vs FP8, FP8 vs bf16 actions on 32 observations (fast
+#                                                 # accumulation, then FRT_NO_FP8_FAST_ACCUM=1)
 #   bash tools/device/checks/cuda_checks.sh fp8-variants # pi05 FP8 vs bf16 actions under each carried 3-camera calibration variant
 #   bash tools/device/checks/cuda_checks.sh groot-fp8-variants # FP8 vs bf16 actions under each carried calibration variant
 #   bash tools/device/checks/cuda_checks.sh groot-full   # GR00T N1.7 full size: lerobot f32 on the same weights vs CUDA,
@@ -90,14 +91,17 @@ synth_groot_full() {
     [ -f "$GROOT_FULL/model.safetensors" ] || run "$BIN/flashrt" synth --model groot-n17 --size full --out "$GROOT_FULL"
 }
 # The FP8 calibration of a full-size checkpoint for a camera count: the one carried in
-# .device-carry/calibration/NAME.json when there is one, else made here on every core (synthetic).
+# .device-carry/calibration/NAME.json when there is one, else made here on every core (synthetic;
+# CAL_STEPS and CAL_MEASURE_STEPS override the quick default of one step per camera count, at
+# least 2, and 1 measured; `flashrt calibrate` itself defaults to 8 and 2).
 calibration() { # checkpoint name cameras -> prints the file
     local file="/tmp/$2.json"
     if [ -f "$BIN/calibration/$2.json" ]; then
         cp "$BIN/calibration/$2.json" "$file"
     elif [ ! -f "$file" ]; then
         # At least one step per camera count: the synthetic set goes from all cameras down to one.
-        run "$BIN/flashrt" calibrate --checkpoint "$1" --cameras "$3" --steps $(($3 > 2 ? $3 : 2)) --measure-steps 1 --threads 16 --out "$file" >&2
+        run "$BIN/flashrt" calibrate --checkpoint "$1" --cameras "$3" --steps "${CAL_STEPS:-$(($3 > 2 ? $3 : 2))}" \
+            --measure-steps "${CAL_MEASURE_STEPS:-1}" --threads 16 --out "$file" >&2
     fi
     echo "$file"
 }
@@ -336,6 +340,10 @@ for phase in "$@"; do
         CKPT="$GROOT_FULL" bench 2 gr00t-2v-bf16
         CKPT="$GROOT_FULL" bench 2 gr00t-2v-fp8 --precision fp8 --fp8-calibration "$calg"
         fp8_compare "$GROOT_FULL" 2 "$calg" gr00t-2cam-fp8-vs-bf16 "$OUT/groot-fp8-vs-bf16-accuracy.json"
+        # The same with every product promoting its sums to f32 (fast accumulation off): whether
+        # fast accumulation moves GR00T's tail (its DiT cross-attends to the backbone's features).
+        FRT_NO_FP8_FAST_ACCUM=1 fp8_compare "$GROOT_FULL" 2 "$calg" gr00t-2cam-fp8-f32-accumulation-vs-bf16 \
+            "$OUT/groot-fp8-f32-accumulation-vs-bf16-accuracy.json"
         ;;
     fp8-variants)
         # Which part of Pi0.5 sets FP8's error, and what keeping it in bf16 costs: each carried
