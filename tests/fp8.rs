@@ -137,20 +137,24 @@ fn products_named_to_keep_stay_in_bf16_and_each_model_keeps_its_default() {
         let settings = CalibrationSettings { keep_bf16, min_product_features: 16, ..settings() };
         calibration::calibrate_synthetic(&mut policy, &settings, 7).unwrap()
     };
-    let language = |c: &Calibration| {
+    // The backbone's products: its language model's and its vision tower's.
+    let backbone = |c: &Calibration, part: &str| {
         let products: Vec<_> = c
             .products
             .iter()
-            .filter(|(name, _)| name.starts_with("backbone.model.model.language_model."))
+            .filter(|(name, _)| name.starts_with(&format!("backbone.model.model.{part}.")))
             .map(|(_, p)| p.clone())
             .collect();
-        assert!(!products.is_empty(), "{}", c.describe());
+        assert!(!products.is_empty(), "{part}: {}", c.describe());
         products
     };
-    let default = groot_calibration(None);
-    assert_eq!(default.settings.keep_bf16, Some(vec!["backbone.model.model.language_model.".to_string()]));
-    assert!(language(&default).iter().all(|p| p.precision == ProductPrecision::Bf16 && p.why.contains("keep_bf16")));
-    assert!(language(&groot_calibration(Some(vec![]))).iter().any(|p| p.precision == ProductPrecision::Fp8));
+    let (default, nothing_kept) = (groot_calibration(None), groot_calibration(Some(vec![])));
+    assert_eq!(default.settings.keep_bf16, Some(vec!["backbone.".to_string()]));
+    for part in ["language_model", "visual"] {
+        assert!(backbone(&default, part).iter().all(|p| p.precision == ProductPrecision::Bf16 && p.why.contains("keep_bf16")), "{part}");
+        assert!(backbone(&nothing_kept, part).iter().any(|p| p.precision == ProductPrecision::Fp8), "{part}");
+    }
+    assert!(default.products.iter().any(|(name, p)| name.starts_with("action_head.") && p.precision == ProductPrecision::Fp8));
 }
 
 /// The calibration measures how far its FP8 products move the actions on the measured

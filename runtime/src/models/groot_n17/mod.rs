@@ -23,8 +23,11 @@ pub mod sidecar;
 pub mod spec;
 pub mod synth;
 
-/// FP8 calibration keeps the backbone's language model in bf16 by default: on the full-size model
-/// (synthetic weights, H100) its products in e4m3 move the actions to a worst cosine of 0.9926
-/// against bf16 on 32 observations, where with it in bf16 the worst is 0.99886 (every other
-/// product in FP8; `bench/results/h100-groot-2v-fp8-groups.json`).
-pub const FP8_KEEP_BF16: &[&str] = &["backbone.model.model.language_model."];
+/// FP8 calibration keeps the Qwen3-VL backbone (vision tower and language model) in bf16 by
+/// default; the DiT action head and the encoders run in FP8. On the full-size model (synthetic
+/// weights) the backbone's products in e4m3 move the actions past issue 30's bounds: with only
+/// the language model kept, one of 32 observations reached relative L2 5.3e-2 against bf16 on an
+/// H100, and the CPU's emulation puts it at 5.8e-2 and 6.1e-2 against f32 (2- and 8-step
+/// calibrations); with the whole backbone kept, 2.7e-2 on the GPU and 3.4e-2 on the CPU
+/// (`bench/results/h100-groot-2v-fp8-groups.json`, `cpu-groot-2v-fp8-emulated-tail.json`).
+pub const FP8_KEEP_BF16: &[&str] = &["backbone."];
