@@ -130,8 +130,9 @@ impl Kernels {
         let attrs = if programmatic { &mut attrs[..] } else { &mut attrs[..1] };
         let grid = ((hid / 32) as u32, 1, 1);
         // SAFETY: the arguments match the kernel's signature (the FP8 form's four scales, its A
-        // flag and its promotion flag after the bf16 form's arguments, its hidden stride in bytes): 160 threads, one block per 32 GeGLU
-        // columns; it waits for the norm before it (programmatic) before reading `a`.
+        // flag and its promotion flag after the bf16 form's arguments, its hidden stride in
+        // bytes): 160 threads, one block per 32 GeGLU columns; it waits for the norm before it
+        // (programmatic) before reading `a`.
         unsafe {
             match fp8 {
                 None => self.launch_with_attributes(what, grid, 160, MLP_SHARED_BYTES, stream, args, attrs),
@@ -234,8 +235,8 @@ impl Kernels {
             (false, true) => &mut attrs[1..],
             (false, false) => &mut attrs[..0],
         };
-        // SAFETY: the arguments match `product_stream_wgmma_e4m3`'s signature (its A and promotion flags last):
-        // 160 threads, one block per output tile and split.
+        // SAFETY: the arguments match `product_stream_wgmma_e4m3`'s signature (its A and promotion
+        // flags last): 160 threads, one block per output tile and split.
         unsafe { self.launch_with_attributes(what, ((n / 64 * splits) as u32, 1, 1), 160, MLP_SHARED_BYTES, stream, args, attrs) }
     }
 

@@ -4,8 +4,9 @@
 //! Two forms. A plain product stores its weight in e4m3 (half the bytes of bf16) and quantizes
 //! its input with the calibrated per-tensor scale in one launch right before the product
 //! ([`Step::QuantizeE4m3`] in the lowering); cuBLASLt multiplies the two in e4m3, accumulating
-//! in Hopper's fast mode (`Switches::fp8_fast_accumulation`), and applies both scales. That launch is what FP8 costs, so a plain product runs
-//! in FP8 only where its arithmetic dominates: enough rows (the prefix and the vision tower, not
+//! in Hopper's fast mode (`Switches::fp8_fast_accumulation`), and applies both scales. That
+//! launch is what FP8 costs, so a plain product runs in FP8 only where its arithmetic dominates:
+//! enough rows (the prefix and the vision tower, not
 //! the action expert's 50-row products, whose time is latency). A streamed MLP (the action
 //! expert's gate/up, GeGLU and down in one launch, `Kernels::mlp_stream`) runs in FP8 inside its
 //! own kernel: its weights tiled in e4m3, its input quantized as the kernel loads it and the

@@ -304,10 +304,10 @@ for phase in "$@"; do
         FRT_PROFILE="$OUT/profile_fp8_2v.json" bench 2 pi05-2v-fp8-profiled --precision fp8 --fp8-calibration "$cal"
         ;;
     fp8-fast-accum)
-        # The FP8 products (cuBLASLt's and the streamed kernels') with Hopper's fast accumulation (the default) against f32
-        # promotion (FRT_NO_FP8_FAST_ACCUM=1): pi05-2v alternating ROUNDS (2) times, then the
-        # f32-promoting build's actions against bf16 on the 32 observations of fp8-accuracy (which
-        # measures the default's).
+        # The FP8 products (cuBLASLt's and the streamed kernels') with Hopper's fast accumulation
+        # (the default) against f32 promotion (FRT_NO_FP8_FAST_ACCUM=1): pi05-2v alternating
+        # ROUNDS (2) times, then the f32-promoting build's actions against bf16 on the 32
+        # observations of fp8-accuracy (which measures the default's).
         echo "== fp8-fast-accum: pi05-2v FP8 with and without fast accumulation, and the accuracy without it"
         synth_full
         cal=$(calibration "$FULL" pi05-full-2v 2)
@@ -340,8 +340,9 @@ for phase in "$@"; do
         CKPT="$GROOT_FULL" bench 2 gr00t-2v-bf16
         CKPT="$GROOT_FULL" bench 2 gr00t-2v-fp8 --precision fp8 --fp8-calibration "$calg"
         fp8_compare "$GROOT_FULL" 2 "$calg" gr00t-2cam-fp8-vs-bf16 "$OUT/groot-fp8-vs-bf16-accuracy.json"
-        # The same with every product promoting its sums to f32 (fast accumulation off): whether
-        # fast accumulation moves GR00T's tail (its DiT cross-attends to the backbone's features).
+        # The same with every product promoting its sums to f32 (fast accumulation off): what fast
+        # accumulation moves in GR00T's actions (the CPU emulation, which sums in f32, already
+        # shows the tail: bench/NOTES.md).
         FRT_NO_FP8_FAST_ACCUM=1 fp8_compare "$GROOT_FULL" 2 "$calg" gr00t-2cam-fp8-f32-accumulation-vs-bf16 \
             "$OUT/groot-fp8-f32-accumulation-vs-bf16-accuracy.json"
         ;;
