@@ -339,12 +339,14 @@ for phase in "$@"; do
         cp "$calg" "$OUT/fp8-calibration-groot-full-2v.json" || status=1
         CKPT="$GROOT_FULL" bench 2 gr00t-2v-bf16
         CKPT="$GROOT_FULL" bench 2 gr00t-2v-fp8 --precision fp8 --fp8-calibration "$calg"
+        # The speed of each carried variant of the calibration (groot-full-2v-NAME.json, e.g. the
+        # earlier default that kept only the language model in bf16); groot-fp8-variants measures
+        # their accuracy.
+        for calv in "$BIN"/calibration/groot-full-2v-*.json; do
+            [ -f "$calv" ] || continue
+            CKPT="$GROOT_FULL" bench 2 "gr00t-2v-fp8-$(basename "$calv" .json | sed 's/^groot-full-2v-//')" --precision fp8 --fp8-calibration "$calv"
+        done
         fp8_compare "$GROOT_FULL" 2 "$calg" gr00t-2cam-fp8-vs-bf16 "$OUT/groot-fp8-vs-bf16-accuracy.json"
-        # The same with every product promoting its sums to f32 (fast accumulation off): what fast
-        # accumulation moves in GR00T's actions (the CPU emulation, which sums in f32, already
-        # shows the tail: bench/NOTES.md).
-        FRT_NO_FP8_FAST_ACCUM=1 fp8_compare "$GROOT_FULL" 2 "$calg" gr00t-2cam-fp8-f32-accumulation-vs-bf16 \
-            "$OUT/groot-fp8-f32-accumulation-vs-bf16-accuracy.json"
         ;;
     fp8-variants)
         # Which part of Pi0.5 sets FP8's error, and what keeping it in bf16 costs: each carried
