@@ -4,8 +4,9 @@
 
 use std::path::Path;
 
-use flashrt::calibration::{self, Calibration, CalibrationSettings, ProductPrecision};
+use flashrt::calibration::{self, Calibration, CalibrationSettings, ProductCalibration, ProductPrecision};
 use flashrt::compare;
+use flashrt::models::groot_n17;
 use flashrt::synthetic::PROMPTS as SYNTHETIC_PROMPTS;
 use flashrt::{BackendKind, Error, Frame, Observation, PixelFormat, Policy, PolicyConfig, Precision};
 
@@ -113,8 +114,8 @@ fn products_that_lose_too_much_in_fp8_stay_in_higher_precision() {
 }
 
 /// Products named by a `keep_bf16` prefix stay in bf16 and say why; by default Pi0.5 keeps its
-/// vision tower and GR00T its backbone's language model (their FP8 error compounds into the
-/// actions), and an empty list keeps none. The file records the list it was made with.
+/// vision tower and GR00T its backbone's language model and first vision blocks (their FP8 error
+/// compounds into the actions), and an empty list keeps none. The file records the list it was made with.
 #[test]
 fn products_named_to_keep_stay_in_bf16_and_each_model_keeps_its_default() {
     let dir = fixture_copy();
@@ -149,9 +150,15 @@ fn products_named_to_keep_stay_in_bf16_and_each_model_keeps_its_default() {
         products
     };
     let (default, nothing_kept) = (groot_calibration(None), groot_calibration(Some(vec![])));
-    assert_eq!(default.settings.keep_bf16, Some(vec!["backbone.".to_string()]));
+    let default_list: Vec<String> = groot_n17::FP8_KEEP_BF16.iter().map(|p| p.to_string()).collect();
+    assert_eq!(default.settings.keep_bf16, Some(default_list));
+    // The language model and the named vision blocks (all four of the tiny model's) stay in bf16;
+    // the vision tower's mergers do not.
+    let kept = |p: &ProductCalibration| p.precision == ProductPrecision::Bf16 && p.why.contains("keep_bf16");
+    assert!(backbone(&default, "language_model").iter().all(kept));
+    assert!(backbone(&default, "visual.blocks").iter().all(kept));
+    assert!(backbone(&default, "visual").iter().any(|p| p.precision == ProductPrecision::Fp8), "{}", default.describe());
     for part in ["language_model", "visual"] {
-        assert!(backbone(&default, part).iter().all(|p| p.precision == ProductPrecision::Bf16 && p.why.contains("keep_bf16")), "{part}");
         assert!(backbone(&nothing_kept, part).iter().any(|p| p.precision == ProductPrecision::Fp8), "{part}");
     }
     assert!(default.products.iter().any(|(name, p)| name.starts_with("action_head.") && p.precision == ProductPrecision::Fp8));
