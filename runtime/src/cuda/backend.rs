@@ -154,11 +154,13 @@ impl CudaBackend {
             &fusions.mlps,
             &candidates,
             opts.fp8_min_rows.unwrap_or(FP8_MIN_ROWS),
+            switches.fp8_first_step,
             &fp8_shapes,
         );
         fusions.stream_products(&plan, &op_lanes, fp8.streamed_products.keys().copied().collect());
-        let cublaslt_fp8: Vec<usize> =
-            (0..plan.ops.len()).filter(|&i| matches!(plan.ops[i], Op::Gemm { w, .. } if fp8.chosen.contains_key(&w.0))).collect();
+        let cublaslt_fp8: Vec<usize> = (0..plan.ops.len())
+            .filter(|&i| matches!(plan.ops[i], Op::Gemm { w, .. } if fp8.chosen.contains_key(&w.0)) && !fp8.streams(i))
+            .collect();
         fusions.fp8_producers(&plan, &op_lanes, &cublaslt_fp8);
         fusions.e4m3_mlp_inputs(&plan, &op_lanes, &fp8.streamed.keys().copied().collect::<Vec<_>>());
         let mut sizes = [ScratchSizes::default(); LANES];

@@ -59,13 +59,17 @@ impl Fp8Products {
     /// candidate product (op indices `streamed_products`, see `fusion::streamed_products`) of a
     /// calibrated weight. Any other weight runs as
     /// cuBLASLt FP8 products when every op that reads it is a product outside the streamed MLPs,
-    /// with at least `min_rows` rows and N and K multiples of 16 (cuBLASLt's FP8 operands).
+    /// with at least `min_rows` rows and N and K multiples of 16 (cuBLASLt's FP8 operands). A
+    /// streamed weight's products outside the streamed kernels follow the same rules, except that
+    /// with `first_step` their rows do not count: the e4m3 weight exists anyway, and the bf16
+    /// copy they would otherwise need is the larger.
     pub(super) fn choose(
         plan: &Plan,
         scales: &[Option<ProductScales>],
         fused_mlps: &[usize],
         streamed_products: &[usize],
         min_rows: usize,
+        first_step: bool,
         fp8_shapes: &dyn StreamedShapes,
     ) -> Fp8Products {
         let mut products = Fp8Products::default();
@@ -93,7 +97,13 @@ impl Fp8Products {
             }
         }
         for (w, scales) in scales.iter().enumerate().filter_map(|(w, s)| Some((w, (*s)?))) {
-            if products.streamed_weights.contains_key(&w) {
+            // A weight the streamed kernels read in e4m3 may have products outside them too (the
+            // expert's in the first denoise step, beside the prefix on cuBLASLt): those run in FP8
+            // from a row-major e4m3 copy under the rules below, else in bf16 from a bf16 copy.
+            let streamed = products.streamed_weights.contains_key(&w);
+            let readers: Vec<(usize, &Op)> =
+                plan.ops.iter().enumerate().filter(|&(i, op)| op.weights_read().any(|r| r.0 == w) && !products.streams(i)).collect();
+            if streamed && readers.is_empty() {
                 continue;
             }
             let why = match plan.weights[w].role {
@@ -101,15 +111,13 @@ impl Fp8Products {
                     Some(format!("{n}x{k}: cuBLASLt's FP8 products need N and K multiples of 16"))
                 }
                 WeightRole::Matrix { .. } => {
-                    let readers: Vec<(usize, &Op)> =
-                        plan.ops.iter().enumerate().filter(|(_, op)| op.weights_read().any(|r| r.0 == w)).collect();
                     let rows = readers.iter().map(|(_, op)| if let Op::Gemm { a, .. } = op { a.rows } else { 0 }).min();
                     if let Some((_, op)) = readers.iter().find(|(_, op)| !matches!(op, Op::Gemm { w: gw, .. } if gw.0 == w)) {
                         Some(format!("also read by {} (not a product)", op.name()))
                     } else if readers.iter().any(|&(i, _)| fused(i)) {
                         Some("in a streamed MLP the device's FP8 form does not take (or whose other weight is not calibrated)".to_string())
                     } else {
-                        rows.filter(|&r| r < min_rows).map(|rows| {
+                        rows.filter(|&r| r < min_rows && !(streamed && first_step)).map(|rows| {
                             format!("{rows}-row products, under {min_rows}: latency-bound, the quantizing launch would cost what FP8 saves")
                         })
                     }
@@ -117,6 +125,8 @@ impl Fp8Products {
                 _ => Some("not a matrix".to_string()),
             };
             match why {
+                // Not kept in bf16: its streamed products run in FP8.
+                Some(_) if streamed => {}
                 Some(why) => *products.kept.entry(why).or_default() += 1,
                 None => {
                     products.chosen.insert(w, scales);
@@ -220,7 +230,7 @@ mod tests {
         calibrated[down.0] = Some(down_scales);
 
         let choose = |calibrated: &[Option<ProductScales>], products: &[usize], min_rows: usize, streams: bool| {
-            Fp8Products::choose(&plan, calibrated, &[fused_at], products, min_rows, &Shapes(streams))
+            Fp8Products::choose(&plan, calibrated, &[fused_at], products, min_rows, true, &Shapes(streams))
         };
 
         // A device without the FP8 streamed form keeps the MLP's weights in bf16.
@@ -254,11 +264,13 @@ mod tests {
         assert!(text.contains("fp8: 1 streamed MLP and 0 streamed product launches in e4m3 (2 weights tiled in e4m3"), "{text}");
 
         // A streamed product of a calibrated weight runs in FP8 too (its 50 rows would keep it
-        // in bf16 on cuBLASLt); one of an uncalibrated weight stays bf16.
+        // in bf16 on cuBLASLt), and so does the weight's 256-row product on cuBLASLt; one of an
+        // uncalibrated weight stays bf16.
         let narrow_at = 3;
         let products = choose(&calibrated, &[narrow_at, 1], 128, true);
         assert_eq!(products.streamed_products, BTreeMap::from([(narrow_at, scales)]));
         assert!(products.streams(narrow_at) && !products.streams(1) && products.weight_scales(narrow.0) == Some(scales));
+        assert_eq!(products.chosen.get(&narrow.0), Some(&scales));
         assert!(products.describe(false).contains("1 streamed MLP and 1 streamed product launches"), "{}", products.describe(false));
 
         // Both of an MLP's weights need a calibration.

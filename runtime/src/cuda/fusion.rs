@@ -677,12 +677,21 @@ mod tests {
         // stays bf16 under the row bound): both tiled in place over their e4m3 upload.
         let scales = Some(crate::fp8::ProductScales { activation: 0.5, weight: 0.25 });
         let every_shape = Shapes { mlp: true, product: true };
-        let fp8 = Fp8Products::choose(&plan, &[scales, scales], &[first], &[], 128, &every_shape);
+        let fp8 = Fp8Products::choose(&plan, &[scales, scales], &[first], &[], 128, false, &every_shape);
         let e4m3 = |w: WeightId, paired_half: usize| Tiling { w, paired_half, elem: Elem::E4m3, in_place: true };
         assert_eq!(stream_weight_tiling(&plan, &[first], &[], &[], &fp8), vec![e4m3(w_gate_up, 128), e4m3(w_down, 0)]);
+        assert!(fp8.chosen.is_empty() && fp8.kept.is_empty(), "{fp8:?}");
+        // With the first denoise step in FP8 the other product runs on cuBLASLt in FP8, under the
+        // row bound, from a row-major e4m3 copy beside the tiles: down is uploaded in e4m3 only.
+        let fp8 = Fp8Products::choose(&plan, &[scales, scales], &[first], &[], 128, true, &every_shape);
+        assert_eq!(fp8.chosen.keys().collect::<Vec<_>>(), vec![&w_down.0]);
+        let copy = Tiling { in_place: false, ..e4m3(w_down, 0) };
+        assert_eq!(stream_weight_tiling(&plan, &[first], &[], &[], &fp8), vec![e4m3(w_gate_up, 128), copy]);
+        let uses = crate::cuda::weights::weight_uses(&plan, &element_types(&plan), &fp8);
+        assert_eq!(uses.iter().filter(|u| u.0 == w_down.0).collect::<Vec<_>>(), vec![&(w_down.0, Elem::E4m3)]);
         // Unfused, the other product of down streams too: down tiled once, and in place.
         let products = [first, first + 2, first + 4];
-        let fp8 = Fp8Products::choose(&plan, &[scales, scales], &[], &products, 128, &every_shape);
+        let fp8 = Fp8Products::choose(&plan, &[scales, scales], &[], &products, 128, false, &every_shape);
         assert_eq!(stream_weight_tiling(&plan, &[], &products, &[], &fp8), vec![e4m3(w_gate_up, 0), e4m3(w_down, 0)]);
         // A QKV product run with its RoPE pairs each head's halves.
         assert_eq!(stream_weight_tiling(&plan, &[], &products[..1], &[(products[0], 64)], &fp8), vec![e4m3(w_gate_up, 32)]);

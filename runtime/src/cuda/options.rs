@@ -51,6 +51,11 @@ pub struct Switches {
     /// f32 every 128 of K, as the CPU emulation and the calibration's error measure assume). Its
     /// speed and accuracy on Pi0.5 are in bench/NOTES.md.
     pub fp8_fast_accumulation: bool,
+    /// With an FP8 calibration, the products of a weight the streamed kernels read in e4m3 that
+    /// run outside them (the action expert's in the first denoise step, on cuBLASLt beside the
+    /// prefix) are FP8 too, whatever their rows, from a row-major e4m3 copy
+    /// (`FRT_NO_FP8_FIRST_STEP=1`: they run in bf16 from a bf16 copy of the weight).
+    pub fp8_first_step: bool,
     /// Concurrent phases on a second stream (`FRT_NO_OVERLAP=1`: one stream).
     pub overlap: bool,
     /// Kernels launched as programmatic dependents of the one before them, starting their
@@ -70,6 +75,7 @@ impl Default for Switches {
             fp8_producers: true,
             fp8_expert_e4m3: true,
             fp8_fast_accumulation: true,
+            fp8_first_step: true,
             overlap: true,
             early_launch: true,
         }
@@ -88,6 +94,7 @@ impl Switches {
             fp8_producers: on("FRT_NO_FP8_PRODUCERS"),
             fp8_expert_e4m3: on("FRT_NO_FP8_EXPERT_E4M3"),
             fp8_fast_accumulation: on("FRT_NO_FP8_FAST_ACCUM"),
+            fp8_first_step: on("FRT_NO_FP8_FIRST_STEP"),
             overlap: on("FRT_NO_OVERLAP"),
             early_launch: on("FRT_NO_EARLY_LAUNCH"),
         }
@@ -103,15 +110,16 @@ impl Switches {
             fp8_producers,
             fp8_expert_e4m3,
             fp8_fast_accumulation,
+            fp8_first_step,
             overlap,
             early_launch,
         } = *self;
         let state = |on: bool| if on { "on" } else { "off" };
         format!(
             "wgmma {}, fused attention {}, fused MLP {}, FP8 streamed kernels {}, FP8 inputs from their producers {}, FP8 expert inputs \
-             in e4m3 {}, FP8 fast accumulation {}, two streams {}, early launches {} (FRT_NO_WGMMA, FRT_NO_FUSED_ATTENTION, \
-             FRT_NO_FUSED_MLP, FRT_NO_FP8_STREAMED, FRT_NO_FP8_PRODUCERS, FRT_NO_FP8_EXPERT_E4M3, FRT_NO_FP8_FAST_ACCUM, FRT_NO_OVERLAP, \
-             FRT_NO_EARLY_LAUNCH)",
+             in e4m3 {}, FP8 fast accumulation {}, FP8 first denoise step {}, two streams {}, early launches {} (FRT_NO_WGMMA, \
+             FRT_NO_FUSED_ATTENTION, FRT_NO_FUSED_MLP, FRT_NO_FP8_STREAMED, FRT_NO_FP8_PRODUCERS, FRT_NO_FP8_EXPERT_E4M3, \
+             FRT_NO_FP8_FAST_ACCUM, FRT_NO_FP8_FIRST_STEP, FRT_NO_OVERLAP, FRT_NO_EARLY_LAUNCH)",
             state(wgmma),
             state(fused_attention),
             state(fused_mlp),
@@ -119,6 +127,7 @@ impl Switches {
             state(fp8_producers),
             state(fp8_expert_e4m3),
             state(fp8_fast_accumulation),
+            state(fp8_first_step),
             state(overlap),
             state(early_launch)
         )
@@ -140,6 +149,7 @@ mod tests {
                 && all.fp8_producers
                 && all.fp8_expert_e4m3
                 && all.fp8_fast_accumulation
+                && all.fp8_first_step
                 && all.overlap
                 && all.early_launch
         );

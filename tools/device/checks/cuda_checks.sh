@@ -15,10 +15,10 @@
 #   bash tools/device/checks/cuda_checks.sh fp8          # pi05-2v calibrated here (synthetic), bf16 vs FP8 (and FP8 with the
 #                                                 # expert's inputs in bf16, FRT_NO_FP8_EXPERT_E4M3) alternating, FP8 profile
 #   bash tools/device/checks/cuda_checks.sh fp8-accuracy # FP8 vs bf16 actions on 32 observations (1-3 cameras)
-#   bash tools/device/checks/cuda_checks.sh fp8-fast-accum # pi05-2v FP8 with and without fast accumulation (FRT_NO_FP8_FAST_ACCUM=1),
-#                                                 # and the accuracy without it
-#   bash tools/device/checks/cuda_checks.sh groot-fp8    # gr00t-2v bf16 vs FP8, FP8 vs bf16 actions on 32 observations (fast
-#                                                 # accumulation, then FRT_NO_FP8_FAST_ACCUM=1)
+#   FP8_SWITCH=FRT_NO_FP8_FAST_ACCUM bash tools/device/checks/cuda_checks.sh fp8-switch # pi05-2v FP8 with and without one
+#                                                 # of its parts (an FRT_NO_* switch), alternating
+#   bash tools/device/checks/cuda_checks.sh groot-fp8    # gr00t-2v bf16 vs FP8 (and each carried calibration variant), FP8 vs
+#                                                 # bf16 actions on 32 observations
 #   bash tools/device/checks/cuda_checks.sh fp8-variants # pi05 FP8 vs bf16 actions under each carried 3-camera calibration variant
 #   bash tools/device/checks/cuda_checks.sh groot-fp8-variants # FP8 vs bf16 actions under each carried calibration variant
 #   bash tools/device/checks/cuda_checks.sh groot-full   # GR00T N1.7 full size: lerobot f32 on the same weights vs CUDA,
@@ -303,20 +303,20 @@ for phase in "$@"; do
         done
         FRT_PROFILE="$OUT/profile_fp8_2v.json" bench 2 pi05-2v-fp8-profiled --precision fp8 --fp8-calibration "$cal"
         ;;
-    fp8-fast-accum)
-        # The FP8 products (cuBLASLt's and the streamed kernels') with Hopper's fast accumulation
-        # (the default) against f32 promotion (FRT_NO_FP8_FAST_ACCUM=1): pi05-2v alternating
-        # ROUNDS (2) times, then the f32-promoting build's actions against bf16 on the 32
-        # observations of fp8-accuracy (which measures the default's).
-        echo "== fp8-fast-accum: pi05-2v FP8 with and without fast accumulation, and the accuracy without it"
+    fp8-switch)
+        # pi05-2v FP8 as built against the same binary with one of its FP8 parts switched off
+        # (FP8_SWITCH names the FRT_NO_* variable, e.g. FRT_NO_FP8_FAST_ACCUM), alternating ROUNDS
+        # (2) times. The accuracy of either form: fp8-accuracy, with the variable set or not.
+        switch=${FP8_SWITCH:?FP8_SWITCH names the FRT_NO_* switch to compare}
+        echo "== fp8-switch: pi05-2v FP8 with and without $switch"
         synth_full
         cal=$(calibration "$FULL" pi05-full-2v 2)
         for _ in $(seq "${ROUNDS:-2}"); do
             bench 2 pi05-2v-fp8 --precision fp8 --fp8-calibration "$cal"
-            FRT_NO_FP8_FAST_ACCUM=1 bench 2 pi05-2v-fp8-f32-accumulation --precision fp8 --fp8-calibration "$cal"
+            export "$switch=1"
+            bench 2 "pi05-2v-fp8-$switch" --precision fp8 --fp8-calibration "$cal"
+            unset "$switch"
         done
-        calc=$(calibration "$FULL" pi05-full-3v 3)
-        FRT_NO_FP8_FAST_ACCUM=1 fp8_compare "$FULL" 3 "$calc" pi05-3cam-fp8-f32-accumulation-vs-bf16 "$OUT/fp8-f32-accumulation-vs-bf16-accuracy.json"
         ;;
     fp8-accuracy)
         # FP8 against bf16 on 32 observations (1, 2 and 3 cameras in turn, three prompts, the same
