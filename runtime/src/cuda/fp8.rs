@@ -5,13 +5,16 @@
 //! its input with the calibrated per-tensor scale in one launch right before the product
 //! ([`Step::QuantizeE4m3`] in the lowering); cuBLASLt multiplies the two in e4m3, accumulating
 //! in Hopper's fast mode (`Switches::fp8_fast_accumulation`), and applies both scales. That
-//! launch is what FP8 costs, so a plain product runs in FP8 only where its arithmetic dominates:
-//! enough rows (the prefix and the vision tower, not
-//! the action expert's 50-row products, whose time is latency). A streamed MLP (the action
-//! expert's gate/up, GeGLU and down in one launch, `Kernels::mlp_stream`) runs in FP8 inside its
-//! own kernel: its weights tiled in e4m3, its input quantized as the kernel loads it and the
-//! GeGLU output written in e4m3, with no launch added, so it halves the bytes the denoise loop
-//! streams there.
+//! launch is what FP8 costs (where the producer of its input cannot write e4m3 itself), so a plain
+//! product runs in FP8 only where its arithmetic dominates: enough rows (the prefix and the vision
+//! tower, not 50-row products, whose time is latency). A streamed MLP (the action expert's
+//! gate/up, GeGLU and down in one launch, `Kernels::mlp_stream`) runs in FP8 inside its own
+//! kernel: its weights tiled in e4m3, its input quantized as the kernel loads it and the GeGLU
+//! output written in e4m3, with no launch added, so it halves the bytes the denoise loop streams
+//! there. The expert's products in the first denoise step, which runs on cuBLASLt beside the
+//! prefix, read the same weights: they run in FP8 too, from a row-major e4m3 copy (half the bytes
+//! of the bf16 copy they would need; 0.11 ms faster on an H100, where their launches share the
+//! SMs with the prefix's products).
 //!
 //! [`Step::QuantizeE4m3`]: super::steps::Step::QuantizeE4m3
 
