@@ -651,7 +651,8 @@ fn fp8_product_case(seed: u64) -> (Case, Vec<Option<ProductScales>>) {
 }
 
 /// The streamed MLP in FP8 (sm_90a's e4m3 form of `mlp_stream`): seed 0 Pi0.5's expert shape
-/// after its gated residual norm (which writes the input in e4m3), others random in whole
+/// after its gated residual norm (which writes the input in e4m3), with a cuBLASLt FP8 product
+/// of its down weight beside it (as the first denoise step's), others random in whole
 /// 128-column chunks with the input quantized as it loads (an input, bf16-exact, so the device's
 /// bf16 copy of it quantizes as the emulation's f32 does); each product's input scale from its input's range on
 /// the CPU (gate/up: A; down: the GeGLU output), as the calibration takes them. The GeGLU output
@@ -673,6 +674,17 @@ fn fp8_mlp_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<ProductS
     let ([w_gate_up, w_down], _) = push_mlp(&mut c, a, hidden);
     let range = |name: &str| fp8::amax(&c.cpu_values(ckpt, name));
     let (a_amax, hidden_amax) = (range("a"), range("hidden"));
+    if seed == 0 {
+        // The first denoise step's down product: a few-row cuBLASLt product of the weight the
+        // streamed kernel reads in e4m3 tiles, in FP8 from a row-major e4m3 copy of it (its input
+        // in the GeGLU output's range, bf16-exact, as down's scale expects).
+        c.name += " and a cuBLASLt product of its down weight";
+        let data = c.normal(rows * hidden, hidden_amax / 4.0);
+        let first_step_hidden = c.input_of("first_step_hidden", rows, hidden, data);
+        let first_step_out = c.plan.matrix("first_step_out", rows, width);
+        c.plan.push(Op::Gemm { a: first_step_hidden, w: w_down, bias: None, out: first_step_out, accumulate: false });
+        c.check(first_step_out);
+    }
     let mut scales = vec![None; c.plan.weights.len()];
     for (w, activation_amax) in [(w_gate_up, a_amax), (w_down, hidden_amax)] {
         let weight_amax = fp8::amax(&c.weights[w.0]);
