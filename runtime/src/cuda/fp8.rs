@@ -159,10 +159,14 @@ impl Fp8Products {
             self.chosen.len()
         );
         if !self.streamed.is_empty() || !self.streamed_products.is_empty() {
+            let shared = self.streamed_weights.keys().filter(|w| self.chosen.contains_key(w)).count();
+            let outside = match shared {
+                0 => "none of them serves a cuBLASLt e4m3 product outside these launches".to_string(),
+                _ => format!("{shared} of them also serve cuBLASLt e4m3 products outside these launches (the first denoise step's)"),
+            };
             s += &format!(
                 "  fp8: {} streamed MLP and {} streamed product launches in e4m3 ({} weights tiled in e4m3; inputs quantized as the \
-                 kernel loads them, the MLPs' GeGLU output in e4m3, {accumulation}); an unfused product of the same weights stays \
-                 bf16\n",
+                 kernel loads them, the MLPs' GeGLU output in e4m3, {accumulation}); {outside}\n",
                 self.streamed.len(),
                 self.streamed_products.len(),
                 self.streamed_weights.len()
@@ -265,6 +269,7 @@ mod tests {
         assert!(!products.kept.keys().any(|k| k.starts_with("in a streamed MLP")), "{:?}", products.kept);
         let text = products.describe(false);
         assert!(text.contains("fp8: 1 streamed MLP and 0 streamed product launches in e4m3 (2 weights tiled in e4m3"), "{text}");
+        assert!(text.contains("none of them serves a cuBLASLt e4m3 product outside"), "{text}");
 
         // A streamed product of a calibrated weight runs in FP8 too (its 50 rows would keep it
         // in bf16 on cuBLASLt), and so does the weight's 256-row product on cuBLASLt; one of an
@@ -274,6 +279,7 @@ mod tests {
         assert_eq!(products.streamed_products, BTreeMap::from([(narrow_at, scales)]));
         assert!(products.streams(narrow_at) && !products.streams(1) && products.weight_scales(narrow.0) == Some(scales));
         assert_eq!(products.chosen.get(&narrow.0), Some(&scales));
+        assert!(products.describe(false).contains("1 of them also serve cuBLASLt e4m3 products"), "{}", products.describe(false));
         assert!(products.describe(false).contains("1 streamed MLP and 1 streamed product launches"), "{}", products.describe(false));
 
         // Both of an MLP's weights need a calibration.
