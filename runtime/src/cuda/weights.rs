@@ -152,8 +152,8 @@ pub(super) struct Tiling {
 /// `qkv_ropes` run with their RoPE, whose head dimension it gives) as [`Kernels::mlp_stream`],
 /// [`Kernels::product_stream`] and [`Kernels::qkv_rope_stream`] read them, in e4m3 where `fp8`
 /// streams them. A weight that also serves an unfused product in the same element type (the
-/// expert's in the first denoise step, which runs beside the prefix on cuBLASLt in bf16) is tiled
-/// into a copy; the others replace their row-major form.
+/// expert's in the first denoise step, which runs beside the prefix on cuBLASLt, in e4m3 with FP8
+/// and bf16 without) is tiled into a copy; the others replace their row-major form.
 pub(super) fn stream_weight_tiling(
     plan: &Plan,
     mlps: &[usize],
