@@ -168,7 +168,15 @@ impl Policy {
             None => Vec::new(),
         };
         let backend: Box<dyn Backend> = if use_cuda {
-            crate::cuda::open(plan, weights, Arc::clone(&ckpt), config.device, config.kernel_cache_dir.clone(), fp8_scales)?
+            crate::cuda::open(
+                plan,
+                weights,
+                Arc::clone(&ckpt),
+                config.device,
+                config.kernel_cache_dir.clone(),
+                fp8_scales,
+                kind.fp8_min_rows(),
+            )?
         } else {
             let threads = match config.threads {
                 Some(n @ 1..=cpu::MAX_THREADS) => n,

@@ -74,7 +74,8 @@ pub fn used_device_memory() -> Option<usize> {
 }
 
 /// Opens the CUDA backend for `plan`, in bf16, with the products `fp8_scales` names (by weight
-/// id, from a calibration) in FP8 where they qualify (see `FRT_FP8_MIN_ROWS`).
+/// id, from a calibration) in FP8 where they qualify: among them, products of at least
+/// `fp8_min_rows` rows (the model's bound; `FRT_FP8_MIN_ROWS` overrides it).
 pub fn open(
     plan: crate::plan::Plan,
     weights: Vec<crate::weights::WeightData>,
@@ -82,19 +83,20 @@ pub fn open(
     device: usize,
     kernel_cache_dir: Option<std::path::PathBuf>,
     fp8_scales: Vec<Option<crate::fp8::ProductScales>>,
+    fp8_min_rows: usize,
 ) -> crate::Result<Box<dyn crate::backend::Backend>> {
     #[cfg(feature = "cuda")]
     {
         let fp8_min_rows = match std::env::var("FRT_FP8_MIN_ROWS") {
             Ok(v) => Some(v.parse().map_err(|_| crate::Error::invalid("FRT_FP8_MIN_ROWS", format!("{v:?}: expected a row count")))?),
-            Err(_) => None,
+            Err(_) => Some(fp8_min_rows),
         };
         let opts = CudaOptions { device, kernel_cache_dir, switches: Switches::from_env(), fp8_scales, fp8_min_rows };
         Ok(Box::new(CudaBackend::new(plan, weights, checkpoint, &opts)?))
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (plan, weights, checkpoint, kernel_cache_dir, fp8_scales);
+        let _ = (plan, weights, checkpoint, kernel_cache_dir, fp8_scales, fp8_min_rows);
         Err(crate::Error::Backend(probe(device).unwrap_err()))
     }
 }

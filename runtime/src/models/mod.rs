@@ -184,6 +184,16 @@ impl ModelKind {
         }
     }
 
+    /// Fewest rows a product needs to run in FP8 on the CUDA backend unless `FRT_FP8_MIN_ROWS`
+    /// says otherwise: below it a quantizing launch can cost what FP8 saves; each model's bound
+    /// is measured.
+    pub fn fp8_min_rows(self) -> usize {
+        match self {
+            ModelKind::Pi05 => pi05::FP8_MIN_ROWS,
+            ModelKind::GrootN17 => groot_n17::FP8_MIN_ROWS,
+        }
+    }
+
     /// Checks the checkpoint against this model, loads its weights and builds its spec.
     /// `progress` receives the bytes read as loading goes.
     pub fn open(self, ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig, progress: &dyn Fn(usize)) -> Result<ModelSpec> {

@@ -23,6 +23,15 @@ pub mod sidecar;
 pub mod spec;
 pub mod synth;
 
+/// Fewest rows a product needs to run in FP8 on the CUDA backend by default: 32, so that the DiT's
+/// 41-row products (32 blocks, 4 denoise steps; no streamed FP8 form takes them) run as
+/// cuBLASLt's e4m3 products. Their weights' bytes set their time: gr00t-2v FP8 8.25 / 8.26 ms
+/// against 9.26 / 9.29 ms at the general bound of 128 rows and 9.43–9.49 ms in bf16 (an H100,
+/// alternating in one call), actions against bf16 on 32 observations worst relative L2 4.1e-2
+/// and 4.6e-2 (two opens; 2.8e-2 at 128 rows), inside issue 30's 5e-2
+/// (`bench/results/h100-gr00t-2v-fp8-min-rows.json`). `FRT_FP8_MIN_ROWS` overrides it.
+pub const FP8_MIN_ROWS: usize = 32;
+
 /// FP8 calibration keeps the Qwen3-VL backbone's language model and the first six of its 24
 /// vision blocks in bf16 by default; the later vision blocks, the mergers, the DiT action head and
 /// the encoders run in FP8. Measured on the full-size model (synthetic weights, an H100, 32

@@ -30,6 +30,12 @@ use self::norm::{Mode, Modes};
 use super::blocks::{gemma, siglip};
 use super::loader::Loader;
 
+/// Fewest rows a product needs to run in FP8 on the CUDA backend by default: the action expert's
+/// 50-row products run in FP8 inside its streamed kernels (and the first denoise step's beside
+/// them, from the same e4m3 weights); of the rest only each step's first QKV product is under 128
+/// rows, and its quantizing launch would cost about what FP8 saves.
+pub const FP8_MIN_ROWS: usize = 128;
+
 /// FP8 calibration keeps the SigLIP vision tower in bf16 by default: on the full-size model
 /// (synthetic weights, H100, 3 camera slots) its products in e4m3 move the actions to a worst
 /// relative L2 of 5.96e-2 against bf16 on 32 observations, on one-camera ones, past issue 30's
