@@ -176,7 +176,7 @@ impl CudaBackend {
                     AttentionLowering::Products => size.scores = size.scores.max(heads * (q.rows / groups) * (k.rows / groups)),
                 },
                 // Their e4m3 input: cuBLASLt's FP8 products', and those the expert's gated norms and attention merges write.
-                Op::Gemm { a, w, .. } if fp8.chosen.contains_key(&w.0) || fusions.takes_e4m3_from_its_producer(i) => {
+                Op::Gemm { a, .. } if cublaslt_fp8.binary_search(&i).is_ok() || fusions.takes_e4m3_from_its_producer(i) => {
                     size.fp8_input = size.fp8_input.max(a.rows * a.cols)
                 }
                 Op::Gemm { a, .. } if elems[a.buf.0] == Elem::F32 => size.shadow = size.shadow.max(a.rows * a.cols),

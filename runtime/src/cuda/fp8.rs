@@ -29,8 +29,9 @@ use crate::error::Result;
 use crate::fp8::ProductScales;
 use crate::plan::{Op, Plan, WeightId, WeightRole};
 
-/// Fewest rows a product needs to run in FP8 by default: below it (the action expert's
-/// 50-action-token products) the quantizing launch costs about what the product would save.
+/// Fewest rows a product needs to run in FP8 where `CudaOptions::fp8_min_rows` names none (a
+/// policy passes its model's bound, `ModelKind::fp8_min_rows`): below it the quantizing launch
+/// can cost about what the product would save.
 pub const FP8_MIN_ROWS: usize = 128;
 
 /// Bytes from one device scale to the next. cuBLASLt checks the scale pointers' alignment when a
