@@ -31,20 +31,14 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 // Sum over the whole block (blockDim.x a multiple of 32); every thread gets the total.
-// `scratch` holds 32 floats of shared memory; the leading barrier lets callers reuse it. With
-// `consumers`, over a streamed kernel's (mlp.cu) 128 consumer threads only, met at their named
-// barrier: its producer warp has left.
-__device__ __forceinline__ float block_sum(float v, float* scratch, bool consumers = false) {
+// `scratch` holds 32 floats of shared memory; the leading barrier lets callers reuse it.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
     v = warp_sum(v);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const auto sync = [consumers] {
-        if (consumers) asm volatile("bar.sync 1, 128;\n" ::: "memory");
-        else __syncthreads();
-    };
-    sync();
+    __syncthreads();
     if (lane == 0) scratch[warp] = v;
-    sync();
-    v = lane < (consumers ? 4 : (int)(blockDim.x >> 5)) ? scratch[lane] : 0.0f;
+    __syncthreads();
+    v = lane < (int)(blockDim.x >> 5) ? scratch[lane] : 0.0f;
     return warp_sum(v);
 }
 
@@ -177,60 +171,6 @@ __device__ __forceinline__ void store8(e4m3* p, const float* v) {
 #else
 #define FOR_IN_E4M3(KERNEL, NAME)
 #endif
-
-// ---- Rows of 8 columns per thread: the row norms' (norm.cu) pieces, also the streamed kernels' -----
-
-template <typename T>
-__device__ __forceinline__ void load8_or_zero(const T* p, float* v, bool mine) {
-    if (mine) {
-        load8(p, v);
-    } else {
-        for (int i = 0; i < 8; ++i) v[i] = 0.0f;
-    }
-}
-
-// Normalises this thread's 8 values of a row (columns c … c + 7, `mine` whether they exist) by
-// the row's RMS, times `weight` when given (Qwen3's RMSNorm), then `* (1 + scale) + shift` when an
-// adaRMS modulation `[scale | shift | gate]` (3 * cols floats) is given, and stores them times
-// `out_scale`. `ss` is the thread's sum of squares; `consumers` as `block_sum`'s.
-template <typename Tout>
-__device__ __forceinline__ void rms_finish8(Tout* orow, int c, bool mine, float* v, float ss, const float* modulation,
-                                            int cols, float eps, float* scratch, const float* weight = nullptr,
-                                            float out_scale = 1.0f, bool consumers = false) {
-    float scale[8], shift[8], w[8];
-    if (modulation) {
-        load8_or_zero(modulation + c, scale, mine);
-        load8_or_zero(modulation + cols + c, shift, mine);
-    }
-    if (weight) load8_or_zero(weight + c, w, mine);
-    const float inv = 1.0f / sqrtf(block_sum(ss, scratch, consumers) / cols + eps);
-    if (!mine) return;
-    for (int i = 0; i < 8; ++i) {
-        v[i] *= inv;
-        if (weight) v[i] *= w[i];
-        if (modulation) v[i] = v[i] * (1.0f + scale[i]) + shift[i];
-        v[i] *= out_scale;
-    }
-    store8(orow + c, v);
-}
-
-// x[c … c + 7] += y * gate (gate = the third part of an adaRMS modulation, 3 * cols floats),
-// stored back; v gets the new values (zeros where !mine) and the result is their sum of squares.
-template <typename Ty>
-__device__ __forceinline__ float gated_residual8(float* xr, const Ty* yr, const float* gate_modulation, int cols, int c,
-                                                 bool mine, float* v) {
-    float yv[8], g[8];
-    load8_or_zero(xr + c, v, mine);
-    load8_or_zero(yr + c, yv, mine);
-    load8_or_zero(gate_modulation + 2 * cols + c, g, mine);
-    float ss = 0.0f;
-    for (int i = 0; i < 8; ++i) {
-        v[i] += yv[i] * g[i];
-        ss += v[i] * v[i];
-    }
-    if (mine) store8(xr + c, v);
-    return ss;
-}
 
 // ---- Hopper (sm_90a) building blocks: the warpgroup MMA kernels' (attention_mq256.cu, mlp.cu) --------
 // Byte offset of 16-byte piece `piece` (0-7) of row `r` in a 64 × 64 bf16 tile in the 128-byte

@@ -216,71 +216,6 @@ __device__ __forceinline__ void write_tile(float* out, int out_stride, int rows,
         }
 }
 
-// The gated residual and adaRMS norm a streamed launch may end with (`x` null: none), the action
-// expert's after its output projection and after its MLP: x += y ⊙ gate(gate), then
-// out = rms(x) · (1 + scale) + shift with `norm`, times `out_scale`, in e4m3 (`out_e4m3`: the
-// next FP8 product's input) or bf16, y being the launch's f32 output. It replaces the norm's own
-// launch between two streamed ones.
-struct TailNorm {
-    void* out;
-    int out_stride;  // elements
-    int out_e4m3;
-    float out_scale;
-    float* x;
-    int x_stride;
-    const float* gate;
-    const float* norm;
-    float eps;
-    unsigned* word;  // the arrival count; the launch leaves it as it found it
-};
-#define TAIL_NORM_PARAMS                                                                                                   \
-    void *norm_out, int norm_out_stride, int norm_out_e4m3, float norm_out_scale, float *norm_x, int norm_x_stride,     \
-        const float *norm_gate, const float *norm_modulation, float norm_eps, unsigned *norm_word
-#define TAIL_NORM_ARGS                                                                                                     \
-    TailNorm { norm_out, norm_out_stride, norm_out_e4m3, norm_out_scale, norm_x, norm_x_stride, norm_gate, norm_modulation, \
-               norm_eps, norm_word }
-
-// Consumers, once this block's share of y (f32 [rows, cols], cols ≤ 1024: 8 columns a thread) is
-// written: the block arrives, one of `arrivals` blocks writing y. The last min(rows, arrivals)
-// to arrive wait for the others' arrivals (the count's top bit flips when all are in), then
-// each norms rows i, i + tail, … (i its place among them). The blocks that finish early leave
-// at once, freeing their SMs for the next launch, and the waiting ones wait only for the few
-// still adding: a grid barrier would hold every block, and costs what the launch boundary does
-// (bench/NOTES.md item 34).
-__device__ void tail_norm(const TailNorm& t, const float* y, int y_stride, int rows, int cols, int arrivals) {
-    __shared__ int place;
-    __shared__ float scratch[32];
-    const int tail = min(rows, arrivals);
-    asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every consumer's sums issued
-    if (threadIdx.x == 0) {
-        __threadfence();
-        const unsigned old = atomicAdd(t.word, 1u);
-        const int order = (int)(old & 0x7fffffffu);
-        if (order == arrivals - 1) {
-            __threadfence();
-            atomicAdd(t.word, 0x80000000u - (unsigned)arrivals);  // count back to zero, top bit flipped
-        } else if (order >= arrivals - tail) {
-            unsigned now;
-            do {
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(now) : "l"(t.word) : "memory");
-            } while (((old ^ now) & 0x80000000u) == 0);
-        }
-        place = order - (arrivals - tail);
-    }
-    asm volatile("bar.sync 1, 128;\n" ::: "memory");
-    const int first = place;
-    if (first < 0) return;
-    const int c = threadIdx.x * 8;
-    const bool mine = c < cols;
-    for (int r = first; r < rows; r += tail) {
-        float v[8];
-        const float ss = gated_residual8(t.x + (long)r * t.x_stride, y + (long)r * y_stride, t.gate, cols, c, mine, v);
-        const long at = (long)r * t.out_stride;
-        if (t.out_e4m3) rms_finish8((e4m3*)t.out + at, c, mine, v, ss, t.norm, cols, t.eps, scratch, nullptr, t.out_scale, true);
-        else rms_finish8((bf16*)t.out + at, c, mine, v, ss, t.norm, cols, t.eps, scratch, nullptr, t.out_scale, true);
-    }
-}
-
 // The FP8 form's calibrated scales (per tensor, as the CPU emulation's products): A into e4m3
 // times `a_inverse`, gate/up's sums times `gate_up` (its input's scale × its weight's), the GeGLU
 // output into e4m3 times `hidden_inverse`, down's sums times `down`. The bf16 form reads none.
@@ -298,7 +233,7 @@ struct MlpScales {
 template <bool E4M3>
 __device__ void mlp_stream(float* out, int out_stride, unsigned char* hidden, int hidden_stride, const bf16* a, int a_stride,
                            const unsigned char* w_gate_up, const unsigned char* w_down, int rows, int width, int hidden_width,
-                           int down_splits, unsigned* barrier, MlpScales scales, bool a_e4m3, bool promote, const TailNorm& tail) {
+                           int down_splits, unsigned* barrier, MlpScales scales, bool a_e4m3, bool promote) {
     extern __shared__ __align__(16) unsigned char mlp_shared[];
     __shared__ __align__(8) unsigned long long bars[2 * MLP_STAGES];
     constexpr int chunk_k = E4M3 ? 128 : 64;
@@ -307,9 +242,6 @@ __device__ void mlp_stream(float* out, int out_stride, unsigned char* hidden, in
     const int width_chunks = width / chunk_k, hidden_chunks = hidden_width / chunk_k, down_chunks = hidden_chunks / down_splits;
     const int out_tiles = width / 64, down_tile = blockIdx.x % out_tiles, down_c0 = blockIdx.x / out_tiles * down_chunks;
     const bool down_active = blockIdx.x < out_tiles * down_splits;
-    // With a norm at its end the next launch (the next layer's QKV product) may start its own
-    // weight loads on the SMs this one leaves.
-    if (tail.x) launch_dependents();
 
     if (warp == 4) {  // producer: this block's gate/up tiles, then its down tiles, one stream
         stream_tiles(ring, width_chunks + (down_active ? down_chunks : 0), [&](int g) {
@@ -351,17 +283,15 @@ __device__ void mlp_stream(float* out, int out_stride, unsigned char* hidden, in
     mlp_load_a(ring.a_tiles, hidden, hidden_stride, rows, down_c0, down_chunks);
     mlp_product<E4M3>(acc, ring, down_chunks, g, promote);
     write_tile<true>(out, out_stride, rows, down_tile * 64, acc, E4M3 ? scales.down : 1.0f);
-    if (tail.x) tail_norm(tail, out, out_stride, rows, width, out_tiles * down_splits);
 }
 
 // The bf16 form: hidden_stride in bf16 elements.
 extern "C" __global__ void __launch_bounds__(160, 1)
     mlp_stream_wgmma(float* out, int out_stride, bf16* hidden, int hidden_stride, const bf16* a, int a_stride,
                      const bf16* w_gate_up, const bf16* w_down, int rows, int width, int hidden_width, int down_splits,
-                     unsigned* barrier, TAIL_NORM_PARAMS) {
+                     unsigned* barrier) {
     mlp_stream<false>(out, out_stride, (unsigned char*)hidden, 2 * hidden_stride, a, a_stride, (const unsigned char*)w_gate_up,
-                      (const unsigned char*)w_down, rows, width, hidden_width, down_splits, barrier, MlpScales{}, false, false,
-                      TAIL_NORM_ARGS);
+                      (const unsigned char*)w_down, rows, width, hidden_width, down_splits, barrier, MlpScales{}, false, false);
 }
 
 // The FP8 form (W8A8): e4m3 weights, A quantized on its way into shared memory (or, `a_e4m3`,
@@ -370,10 +300,9 @@ extern "C" __global__ void __launch_bounds__(160, 1)
     mlp_stream_wgmma_e4m3(float* out, int out_stride, unsigned char* hidden, int hidden_stride, const bf16* a, int a_stride,
                           const unsigned char* w_gate_up, const unsigned char* w_down, int rows, int width, int hidden_width,
                           int down_splits, unsigned* barrier, float a_inverse_scale, float gate_up_scale,
-                          float hidden_inverse_scale, float down_scale, int a_e4m3, int promote, TAIL_NORM_PARAMS) {
+                          float hidden_inverse_scale, float down_scale, int a_e4m3, int promote) {
     mlp_stream<true>(out, out_stride, hidden, hidden_stride, a, a_stride, w_gate_up, w_down, rows, width, hidden_width, down_splits,
-                     barrier, MlpScales{a_inverse_scale, gate_up_scale, hidden_inverse_scale, down_scale}, a_e4m3 != 0, promote != 0,
-                     TAIL_NORM_ARGS);
+                     barrier, MlpScales{a_inverse_scale, gate_up_scale, hidden_inverse_scale, down_scale}, a_e4m3 != 0, promote != 0);
 }
 
 // One few-row FP8 product out[rows, n] = (a · wᵀ) · scale into f32 (the action expert's output
@@ -388,14 +317,12 @@ extern "C" __global__ void __launch_bounds__(160, 1)
 // for the expert's on the H200). A bf16 output would take one split, every block quantizing all
 // of A: the expert's QKV took 8.0 µs so, against cuBLASLt's 4.6 in bf16, and is left to it.
 __device__ void product_stream(float* out, int out_stride, const bf16* a, int a_stride, const unsigned char* w, int rows, int n, int k,
-                               int splits, unsigned* barrier, float a_inverse, float scale, bool a_e4m3, bool promote,
-                               const TailNorm& tail) {
+                               int splits, unsigned* barrier, float a_inverse, float scale, bool a_e4m3, bool promote) {
     extern __shared__ __align__(16) unsigned char mlp_shared[];
     __shared__ __align__(8) unsigned long long bars[2 * MLP_STAGES];
     const StreamRing ring = stream_ring(mlp_shared, bars);
     const int out_tiles = n / 64, k_chunks = k / 128, chunks = k_chunks / splits;
     const int tile = blockIdx.x % out_tiles, c0 = blockIdx.x / out_tiles * chunks;
-    if (tail.x) launch_dependents();  // as the MLP's: the next launch (the MLP) starts on the SMs left
     if (threadIdx.x >> 5 == 4) {
         stream_tiles(ring, chunks, [&](int g) { return w + ((long)tile * k_chunks + c0 + g) * MLP_TILE_BYTES; });
         return;
@@ -413,14 +340,11 @@ __device__ void product_stream(float* out, int out_stride, const bf16* a, int a_
     } else {
         write_tile<false>(out, out_stride, rows, tile * 64, acc, scale);
     }
-    if (tail.x) tail_norm(tail, out, out_stride, rows, n, gridDim.x);
 }
 extern "C" __global__ void __launch_bounds__(160, 1)
     product_stream_wgmma_e4m3(float* out, int out_stride, const bf16* a, int a_stride, const unsigned char* w, int rows, int n, int k,
-                              int splits, unsigned* barrier, float a_inverse_scale, float scale, int a_e4m3, int promote,
-                              TAIL_NORM_PARAMS) {
-    product_stream(out, out_stride, a, a_stride, w, rows, n, k, splits, barrier, a_inverse_scale, scale, a_e4m3 != 0, promote != 0,
-                   TAIL_NORM_ARGS);
+                              int splits, unsigned* barrier, float a_inverse_scale, float scale, int a_e4m3, int promote) {
+    product_stream(out, out_stride, a, a_stride, w, rows, n, k, splits, barrier, a_inverse_scale, scale, a_e4m3 != 0, promote != 0);
 }
 
 // The action expert's QKV product and its RoPE (`rope_qkv` in sequence.cu) as one FP8 launch:

@@ -9,8 +9,15 @@
 // least cols / 8 threads, rows and vectors 16-byte aligned): the row stays in registers between
 // the passes and all of its loads are in flight at once, one memory round trip per row instead of
 // one per strided step (the expert's 1024-wide rows: 4 steps at 256 threads). 1 otherwise:
-// strided loops over the columns, re-reading the row from L1/L2. The per-8 helpers
-// (`rms_finish8`, `gated_residual8`) are in common.cuh: the streamed kernels end with them too.
+// strided loops over the columns, re-reading the row from L1/L2.
+template <typename T>
+__device__ __forceinline__ void load8_or_zero(const T* p, float* v, bool mine) {
+    if (mine) {
+        load8(p, v);
+    } else {
+        for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+    }
+}
 
 // out = (x - mean) / sqrt(var + eps) * gamma + beta  (two-pass variance, as the CPU reference);
 // without gamma and beta (null) the plain normalisation, and with an adaptive `modulation`
@@ -71,6 +78,31 @@ __device__ void layer_norm(Tout* out, int out_stride, const Tin* x, int x_stride
     }
 FOR_IN_OUT(LAYER_NORM, layer_norm)
 FOR_IN_E4M3(LAYER_NORM, layer_norm)
+
+// Normalises this thread's 8 values of a row (columns c … c + 7, `mine` whether they exist) by
+// the row's RMS, times `weight` when given (Qwen3's RMSNorm), then `* (1 + scale) + shift` when an
+// adaRMS modulation `[scale | shift | gate]` (3 * cols floats) is given, and stores them times
+// `out_scale`. `ss` is the thread's sum of squares.
+template <typename Tout>
+__device__ __forceinline__ void rms_finish8(Tout* orow, int c, bool mine, float* v, float ss, const float* modulation,
+                                            int cols, float eps, float* scratch, const float* weight = nullptr,
+                                            float out_scale = 1.0f) {
+    float scale[8], shift[8], w[8];
+    if (modulation) {
+        load8_or_zero(modulation + c, scale, mine);
+        load8_or_zero(modulation + cols + c, shift, mine);
+    }
+    if (weight) load8_or_zero(weight + c, w, mine);
+    const float inv = 1.0f / sqrtf(block_sum(ss, scratch) / cols + eps);
+    if (!mine) return;
+    for (int i = 0; i < 8; ++i) {
+        v[i] *= inv;
+        if (weight) v[i] *= w[i];
+        if (modulation) v[i] = v[i] * (1.0f + scale[i]) + shift[i];
+        v[i] *= out_scale;
+    }
+    store8(orow + c, v);
+}
 
 // The strided form of the above: `ss` is this thread's partial sum of squares over its columns
 // of `xr`, which is read again.
@@ -140,6 +172,24 @@ __device__ void gated_residual(float* x, int x_stride, const Ty* y, int y_stride
         gated_residual<TY>(x, x_stride, y, y_stride, modulation, rows, cols);                       \
     }
 FOR_TYPE(GATED_RESIDUAL, gated_residual)
+
+// x[c … c + 7] += y * gate (gate = the third part of an adaRMS modulation, 3 * cols floats),
+// stored back; v gets the new values (zeros where !mine) and the result is their sum of squares.
+template <typename Ty>
+__device__ __forceinline__ float gated_residual8(float* xr, const Ty* yr, const float* gate_modulation, int cols, int c,
+                                                 bool mine, float* v) {
+    float yv[8], g[8];
+    load8_or_zero(xr + c, v, mine);
+    load8_or_zero(yr + c, yv, mine);
+    load8_or_zero(gate_modulation + 2 * cols + c, g, mine);
+    float ss = 0.0f;
+    for (int i = 0; i < 8; ++i) {
+        v[i] += yv[i] * g[i];
+        ss += v[i] * v[i];
+    }
+    if (mine) store8(xr + c, v);
+    return ss;
+}
 
 // The expert's "residual, then the next adaRMS norm" pair in one pass over the row:
 // x += y * gate(gate_modulation); out = rms(x) * (1 + scale) + shift with norm_modulation.

@@ -17,73 +17,6 @@ pub struct MlpFp8Scales {
     pub down: (f32, f32),
 }
 
-/// The gated residual and adaRMS norm that [`Kernels::mlp_stream`] or [`Kernels::product_stream`]
-/// may end with, over the launch's f32 output `y`: `x += y ⊙ gate`, then
-/// `out = (rms(x) · (1 + scale) + shift) · out_scale`, as [`Kernels::gated_residual_rms_norm`]
-/// computes it, without a launch of its own (the action expert's norms after its output
-/// projection and after its MLP). The blocks that finish early leave; the last ones to add into
-/// `y` norm its rows once every block's sums are in.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct TailNorm {
-    /// bf16, or e4m3 for an FP8 product's input (`out_scale` its inverse input scale; else 1).
-    pub out: Mat,
-    pub out_scale: f32,
-    /// The f32 residual stream, updated in place.
-    pub x: Mat,
-    /// The adaRMS modulations `[scale | shift | gate]`: the gate's and the norm's.
-    pub gate: DevPtr,
-    pub norm: DevPtr,
-    pub eps: f32,
-    /// A zeroed device word no concurrent launch uses (each launch leaves it as it found it).
-    pub word: DevPtr,
-}
-
-impl TailNorm {
-    /// Whether a streamed launch writing `y` can end with this norm: `x` f32 and `out` bf16 or
-    /// e4m3 of `y`'s shape, at most 1024 columns (8 per consumer thread) in 16-byte pieces.
-    pub fn fits(&self, y: &Mat) -> bool {
-        let shape = |m: &Mat| (m.rows, m.cols) == (y.rows, y.cols);
-        self.x.dtype == Dtype::F32
-            && matches!(self.out.dtype, Dtype::Bf16 | Dtype::E4m3)
-            && shape(&self.x)
-            && shape(&self.out)
-            && y.cols <= 1024
-            && Kernels::row_pieces(&[*y, self.x, self.out], &[self.gate, self.norm])
-            && self.word % 4 == 0
-    }
-
-    /// The kernels' TAIL_NORM_PARAMS (mlp.cu), all zero for none.
-    fn args(tail: Option<&TailNorm>, what: &str) -> Result<[Arg; 10]> {
-        let Some(t) = tail else {
-            return Ok([Arg::P(0), Arg::I(0), Arg::I(0), Arg::F(1.0), Arg::P(0), Arg::I(0), Arg::P(0), Arg::P(0), Arg::F(0.0), Arg::P(0)]);
-        };
-        Ok([
-            Arg::P(t.out.ptr),
-            Arg::I(i32_of(t.out.stride, what)?),
-            Arg::I((t.out.dtype == Dtype::E4m3) as i32),
-            Arg::F(t.out_scale),
-            Arg::P(t.x.ptr),
-            Arg::I(i32_of(t.x.stride, what)?),
-            Arg::P(t.gate),
-            Arg::P(t.norm),
-            Arg::F(t.eps),
-            Arg::P(t.word),
-        ])
-    }
-
-    /// The error for a norm that does not fit `y`.
-    fn misfit(&self, what: &str, y: &Mat) -> KernelError {
-        shape_error(
-            what,
-            format!(
-                "its closing norm needs f32 x and bf16 or e4m3 out of the output's shape ({}x{}), at most 1024 columns, 16-byte \
-                 aligned rows; got x {}x{} {:?}, out {}x{} {:?}",
-                y.rows, y.cols, self.x.rows, self.x.cols, self.x.dtype, self.out.rows, self.out.cols, self.out.dtype
-            ),
-        )
-    }
-}
-
 /// A chunk's columns of A and the most chunks a block holds: 64 bf16 columns, up to
 /// MLP_A_CHUNKS; 128 e4m3 ones, up to MLP_E4M3_A_CHUNKS (mlp.cu: the rest of A's space stages
 /// the bf16 rows being quantized).
@@ -130,9 +63,8 @@ impl Kernels {
     /// GeGLU output's e4m3 codes in the first `cols` bytes of each row.
     /// The weights must be tiled by [`Kernels::retile_weight`] (gate/up paired); `barrier` is a
     /// device word no concurrent launch uses. `programmatic`: launched as a programmatic dependent
-    /// of the kernel before it on the stream, which writes `a` (it lets the MLP start early; the
-    /// MLP waits for it before reading `a`). `tail`: the norm it ends with, over `out` (it then
-    /// lets the next kernel start early). `fast_accumulation` (FP8 only):
+    /// of the kernel before it on the stream, which must be the RMS norm writing `a` (it lets the
+    /// MLP start early; the MLP waits for it before reading `a`). `fast_accumulation` (FP8 only):
     /// the products sum all of K in the MMA's accumulator, else each 128-deep chunk apart and
     /// added in f32 (as the CPU emulation; slower).
     ///
@@ -151,13 +83,9 @@ impl Kernels {
         fast_accumulation: bool,
         multiprocessors: usize,
         programmatic: bool,
-        tail: Option<&TailNorm>,
         stream: CUstream,
     ) -> Result<()> {
         let what = if fp8.is_some() { "mlp_stream_wgmma_e4m3" } else { "mlp_stream_wgmma" };
-        if let Some(t) = tail.filter(|t| !t.fits(&out)) {
-            return Err(t.misfit(what, &out));
-        }
         let (rows, width, hid) = (a.rows, a.cols, hidden.cols);
         let splits = self.mlp_stream_splits(rows, width, hid, multiprocessors, fp8.is_some());
         let aligned = |m: &Mat, bytes: u64| m.ptr % 16 == 0 && (m.stride as u64 * m.dtype.size() as u64) % bytes == 0;
@@ -197,23 +125,17 @@ impl Kernels {
             Arg::I(splits as i32),
             Arg::P(barrier),
         ];
-        let tail_args = TailNorm::args(tail, what)?;
         // Cooperative: the blocks meet at a grid barrier, so all must be resident at once.
         let mut attrs = [cooperative_attribute(), programmatic_attribute()];
         let attrs = if programmatic { &mut attrs[..] } else { &mut attrs[..1] };
         let grid = ((hid / 32) as u32, 1, 1);
         // SAFETY: the arguments match the kernel's signature (the FP8 form's four scales, its A
         // flag and its promotion flag after the bf16 form's arguments, its hidden stride in
-        // bytes; the closing norm's last): 160 threads, one block per 32 GeGLU columns; it waits
-        // for the kernel before it (programmatic) before reading `a`.
+        // bytes): 160 threads, one block per 32 GeGLU columns; it waits for the norm before it
+        // (programmatic) before reading `a`.
         unsafe {
             match fp8 {
-                None => {
-                    let mut all = [Arg::I(0); 23];
-                    all[..13].copy_from_slice(&args);
-                    all[13..].copy_from_slice(&tail_args);
-                    self.launch_with_attributes(what, grid, 160, MLP_SHARED_BYTES, stream, all, attrs)
-                }
+                None => self.launch_with_attributes(what, grid, 160, MLP_SHARED_BYTES, stream, args, attrs),
                 Some(MlpFp8Scales { gate_up: (a_scale, w_scale), down: (h_scale, d_scale) }) => {
                     let scales = [
                         Arg::F(1.0 / a_scale),
@@ -223,10 +145,9 @@ impl Kernels {
                         Arg::I(a_e4m3 as i32),
                         Arg::I(!fast_accumulation as i32),
                     ];
-                    let mut all = [Arg::I(0); 29];
+                    let mut all = [Arg::I(0); 19];
                     all[..13].copy_from_slice(&args);
-                    all[13..19].copy_from_slice(&scales);
-                    all[19..].copy_from_slice(&tail_args);
+                    all[13..].copy_from_slice(&scales);
                     self.launch_with_attributes(what, grid, 160, MLP_SHARED_BYTES, stream, all, attrs)
                 }
             }
@@ -251,8 +172,8 @@ impl Kernels {
     /// `a` bf16 (quantized as it loads) or e4m3 (already divided by its scale). `w` must be tiled in e4m3 by [`Kernels::retile_weight`]
     /// (unpaired); `barrier` is a device word no concurrent launch uses. `programmatic`: launched
     /// as a programmatic dependent of the kernel before it on the stream, which writes `a` (the
-    /// product waits for it before reading `a` or writing `out`). `tail` and `fast_accumulation`
-    /// as [`Kernels::mlp_stream`]'s.
+    /// product waits for it before reading `a` or writing `out`). `fast_accumulation` as
+    /// [`Kernels::mlp_stream`]'s.
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
@@ -267,14 +188,10 @@ impl Kernels {
         fast_accumulation: bool,
         multiprocessors: usize,
         programmatic: bool,
-        tail: Option<&TailNorm>,
         stream: CUstream,
     ) -> Result<()> {
         let (rows, n, k) = (a.rows, out.cols, a.cols);
         let what = "product_stream_wgmma_e4m3";
-        if let Some(t) = tail.filter(|t| !t.fits(&out)) {
-            return Err(t.misfit(what, &out));
-        }
         let aligned = |m: &Mat| m.ptr % 16 == 0 && (m.stride * m.dtype.size()) % 16 == 0;
         let splits = self.product_stream_splits(rows, n, k, multiprocessors);
         let Some(splits) = splits.filter(|_| {
@@ -310,21 +227,17 @@ impl Kernels {
             Arg::I((a.dtype == Dtype::E4m3) as i32),
             Arg::I(!fast_accumulation as i32),
         ];
-        let mut all = [Arg::I(0); 24];
-        all[..14].copy_from_slice(&args);
-        all[14..].copy_from_slice(&TailNorm::args(tail, what)?);
-        // Several splits meet at a grid barrier, and the closing norm's last blocks wait for all
-        // the others: cooperative, so all blocks are resident at once.
+        // Several splits meet at a grid barrier: cooperative, so all blocks are resident at once.
         let mut attrs = [cooperative_attribute(), programmatic_attribute()];
-        let attrs = match (splits > 1 || tail.is_some(), programmatic) {
+        let attrs = match (splits > 1, programmatic) {
             (true, true) => &mut attrs[..],
             (true, false) => &mut attrs[..1],
             (false, true) => &mut attrs[1..],
             (false, false) => &mut attrs[..0],
         };
         // SAFETY: the arguments match `product_stream_wgmma_e4m3`'s signature (its A and promotion
-        // flags, then the closing norm's): 160 threads, one block per output tile and split.
-        unsafe { self.launch_with_attributes(what, ((n / 64 * splits) as u32, 1, 1), 160, MLP_SHARED_BYTES, stream, all, attrs) }
+        // flags last): 160 threads, one block per output tile and split.
+        unsafe { self.launch_with_attributes(what, ((n / 64 * splits) as u32, 1, 1), 160, MLP_SHARED_BYTES, stream, args, attrs) }
     }
 
     /// Whether [`Kernels::qkv_rope_stream`] runs a QKV product of `rows` rows, `n` outputs and

@@ -164,7 +164,7 @@ impl Kernels {
 
     /// The step-boundary row kernels' rows (all of one width) and vectors: one group of 8 columns
     /// per thread in 16-byte pieces (aligned rows and vectors, at most 8192 columns).
-    pub(super) fn row_pieces(rows: &[Mat], vectors: &[DevPtr]) -> bool {
+    fn row_pieces(rows: &[Mat], vectors: &[DevPtr]) -> bool {
         let pieces = |m: &Mat| m.ptr % 16 == 0 && (m.stride * m.dtype.size()) % 16 == 0 && m.cols % 8 == 0;
         rows.iter().all(|m| pieces(m) && m.cols == rows[0].cols && m.cols / 8 <= 1024) && vectors.iter().all(|p| p % 16 == 0)
     }

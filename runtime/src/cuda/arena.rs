@@ -129,8 +129,6 @@ pub(super) struct Scratch {
     pub(super) workspace: DevPtr,
     /// The grid barrier word of this stream's streamed MLPs (one runs at a time per stream).
     pub(super) grid_barrier: DevPtr,
-    /// The arrival count of this stream's streamed launches that end with a norm (`TailNorm`).
-    pub(super) tail_norm_word: DevPtr,
 }
 
 /// Element counts of one stream's [`Scratch`] regions: the largest use among its ops.

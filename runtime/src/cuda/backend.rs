@@ -197,7 +197,7 @@ impl CudaBackend {
                     layout.take(size.attention_o * 4),
                     layout.take(size.attention_ml * 4),
                     layout.take(WORKSPACE_BYTES),
-                    layout.take(8),
+                    layout.take(4),
                 ]
             })
             .collect();
@@ -252,7 +252,6 @@ impl CudaBackend {
                 attention_ml: at(o[5]),
                 workspace: at(o[6]),
                 grid_barrier: at(o[7]),
-                tail_norm_word: at(o[7]) + 4,
             })
             .collect();
         let rope: Vec<(RopeSpec, (DevPtr, DevPtr))> = specs.iter().zip(&table_at).map(|(s, t)| (*s, (at(t[0]), at(t[1])))).collect();
@@ -343,7 +342,6 @@ impl CudaBackend {
             matmuls: Vec::new(),
         };
         let Lowered { steps, schedule, phase_steps, sections, matmuls } = lowering.lower()?;
-        fusions.lowered_closing_norms(steps.iter().filter(|s| s.closing_norm().is_some()).count());
         if schedule.concurrent(0..steps.len()) {
             log::info!(
                 "{} of {} launches on a second stream, {} cross-stream waits",

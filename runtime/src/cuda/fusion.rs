@@ -40,11 +40,6 @@ pub(super) struct Fusions {
     /// The attentions launched under their RoPE, with the keys it does not write
     /// ([`attentions_after_their_rope`]).
     pub(super) early_attentions: Vec<(usize, usize)>,
-    /// The gated residual norms computed at the end of the streamed launch before them
-    /// ([`norms_closing_streamed`]): the index of each pair's `GatedResidual` op, ascending.
-    pub(super) tail_norms: Vec<usize>,
-    /// How many of them the lowering closed a launch with (`TailNorm::fits`), once it has run.
-    closing_norms: Option<usize>,
     /// The cuBLASLt FP8 products whose input the op before them writes in e4m3
     /// ([`e4m3_producers`]), ascending; `fp8_products` counts them all.
     pub(super) e4m3_producers: Vec<usize>,
@@ -131,8 +126,6 @@ impl Fusions {
             merge_fed_products: Vec::new(),
             e4m3_mlps: Vec::new(),
             early_attentions,
-            tail_norms: Vec::new(),
-            closing_norms: None,
             e4m3_producers: Vec::new(),
             fp8_products: 0,
             switches,
@@ -158,19 +151,7 @@ impl Fusions {
         } else {
             Vec::new()
         };
-        self.tail_norms = if self.switches.tail_norms { norms_closing_streamed(plan, op_lanes, &self.mlps, &products) } else { Vec::new() };
         self.products = products;
-    }
-
-    /// Records how many of [`Fusions::tail_norms`] the lowering closed a launch with.
-    pub(super) fn lowered_closing_norms(&mut self, count: usize) {
-        self.closing_norms = Some(count);
-    }
-
-    /// Whether the gated residual norm whose `GatedResidual` op is `i` closes the streamed launch
-    /// before it.
-    pub(super) fn closes_streamed(&self, i: usize) -> bool {
-        self.tail_norms.binary_search(&i).is_ok()
     }
 
     /// Whether streamed product `i` takes its input in e4m3 from the attention merge before it
@@ -240,18 +221,6 @@ impl Fusions {
             self.e4m3_mlps.len(),
             self.merge_fed_products.len(),
             off(self.switches.fp8_expert_e4m3)
-        );
-        let _ = writeln!(
-            s,
-            "  pass closing norms: {} gated residual norm(s) computed by the last blocks of the streamed MLP or product before them{}{}",
-            self.closing_norms.unwrap_or(self.tail_norms.len()),
-            match self.closing_norms {
-                Some(closed) if closed < self.tail_norms.len() =>
-                    format!(" ({} others fit no launch's end)", self.tail_norms.len() - closed),
-                Some(_) => String::new(),
-                None => " (before lowering)".into(),
-            },
-            off(self.switches.tail_norms)
         );
         let _ = writeln!(
             s,
@@ -507,34 +476,6 @@ pub(super) fn after_their_norm(plan: &Plan, firsts: &[usize], op_lanes: &[usize]
         _ => None,
     };
     firsts.iter().copied().filter(|&i| after_its_producer(plan, op_lanes, i, norm_output)).collect()
-}
-
-/// The gated residual and adaRMS norm pairs (the index of each `GatedResidual` op, ascending)
-/// that directly follow, on the same stream and in the same phase, a streamed launch whose f32
-/// output is the residual's branch: a fused MLP (first ops `mlps`) or a streamed product
-/// (`products`). That launch's last blocks compute the norm once every block's sums are in
-/// (`TailNorm`), and the norm's own launch goes: the action expert's norms after its output
-/// projection and after its MLP. Rows of at most 1024 columns (8 per consumer thread). Not a pair
-/// whose output a narrow product reads next: the step boundary's row kernel takes those.
-pub(super) fn norms_closing_streamed(plan: &Plan, op_lanes: &[usize], mlps: &[usize], products: &[usize]) -> Vec<usize> {
-    (1..plan.ops.len().saturating_sub(1))
-        .filter(|&j| {
-            let [Op::GatedResidual { x, y, .. }, Op::AdaRmsNorm { x: normed, out: normed_out, .. }] = &plan.ops[j..j + 2] else {
-                return false;
-            };
-            let streamed = products.binary_search(&(j - 1)).is_ok() || j.checked_sub(3).is_some_and(|m| mlps.binary_search(&m).is_ok());
-            let Op::Gemm { out, .. } = plan.ops[j - 1] else { return false };
-            let step_boundary = matches!(plan.ops.get(j + 2), Some(Op::Gemm { a, out: acc, .. })
-                if a == normed_out && acc.cols <= flashrt_kernels::ROW_PRODUCT_MAX);
-            streamed
-                && out == *y
-                && x == normed
-                && y.cols <= 1024
-                && y.cols % 8 == 0
-                && !step_boundary
-                && (j..j + 2).all(|i| op_lanes[i] == op_lanes[j - 1] && plan.phase_starting_at(i).is_none())
-        })
-        .collect()
 }
 
 /// Of the streamed FP8 `products` (ascending), those whose whole input the attention op right
@@ -911,64 +852,6 @@ mod tests {
         assert!(mlps_after_their_gated_norm(&plan, &second, &[first]).is_empty());
         let (reread, first) = gated(true);
         assert!(mlps_after_their_gated_norm(&reread, &vec![0; reread.ops.len()], &[first]).is_empty());
-    }
-
-    #[test]
-    fn a_gated_norm_closes_only_the_streamed_launch_writing_its_branch() {
-        // mlp_plan's MLP, its gated residual, then the adaRMS norm into the MLP's input (as the
-        // expert's next layer); `change` alters it before the pass looks.
-        let plan_with = |change: &dyn Fn(&mut Plan, usize)| {
-            let (mut plan, first) = mlp_plan(|_, _, _| {});
-            let Op::RmsNorm { x, out: a, eps, .. } = plan.ops[first - 1] else { panic!("mlp_plan has the norm before the MLP") };
-            let Op::GatedResidual { modulation, .. } = plan.ops[first + 3] else { panic!("mlp_plan ends with the gated residual") };
-            plan.push(Op::AdaRmsNorm { x, out: a, modulation, eps });
-            change(&mut plan, first);
-            (plan, first)
-        };
-        let closing =
-            |plan: &Plan, lanes: &[usize], mlps: &[usize], products: &[usize]| norms_closing_streamed(plan, lanes, mlps, products);
-        let (plan, first) = plan_with(&|_, _| {});
-        let lanes = vec![0; plan.ops.len()];
-        // After the fused MLP, or after down as a streamed product; not after cuBLASLt's.
-        assert_eq!(closing(&plan, &lanes, &[first], &[]), vec![first + 3]);
-        assert_eq!(closing(&plan, &lanes, &[], &[first + 2]), vec![first + 3]);
-        assert!(closing(&plan, &lanes, &[], &[]).is_empty());
-        // Not on another stream than the launch, nor in another phase.
-        let mut split = lanes.clone();
-        split[first + 4] = 1;
-        assert!(closing(&plan, &split, &[first], &[]).is_empty());
-        let (phased, _) = plan_with(&|plan, first| {
-            plan.phase("norm");
-            plan.phases.last_mut().unwrap().first_op = first + 4;
-        });
-        assert!(closing(&phased, &lanes, &[first], &[]).is_empty());
-        // Not when the residual adds another buffer than the launch's output.
-        let (other_branch, _) = plan_with(&|plan, first| {
-            let y = plan.matrix("other", 4, 64);
-            let Op::GatedResidual { y: branch, .. } = &mut plan.ops[first + 3] else { unreachable!() };
-            *branch = y;
-        });
-        assert!(closing(&other_branch, &lanes, &[first], &[]).is_empty());
-        // Not when a narrow product reads the norm next: the step boundary's row kernel takes
-        // the three.
-        let (boundary, _) = plan_with(&|plan, _| {
-            let (a, w, acc) =
-                (plan.find_buffer("a").unwrap(), plan.weight("narrow", WeightRole::Matrix { n: 8, k: 64 }), plan.matrix("acc", 4, 8));
-            let a = View { buf: a, offset: 0, rows: 4, cols: 64, stride: 64 };
-            plan.push(Op::Gemm { a, w, bias: None, out: acc, accumulate: false });
-        });
-        assert!(closing(&boundary, &vec![0; boundary.ops.len()], &[first], &[]).is_empty());
-        // The switch, and the report.
-        let fusions_with = |switches: Switches| {
-            let mut fusions = Fusions::run(&plan, &element_types(&plan), &lanes, switches, false, 132, |_, _, _| true);
-            fusions.stream_products(&plan, &lanes, Vec::new());
-            fusions
-        };
-        let on = fusions_with(Switches::default());
-        assert_eq!((on.mlps.clone(), on.tail_norms.clone(), on.closes_streamed(first + 3)), (vec![first], vec![first + 3], true));
-        assert!(on.describe().contains("pass closing norms: 1 gated residual norm(s)"), "{}", on.describe());
-        let off = fusions_with(Switches { tail_norms: false, ..Switches::default() });
-        assert!(off.tail_norms.is_empty() && off.describe().contains("pass closing norms: 0 gated residual norm(s)"));
     }
 
     /// The expert's layer start in small: gated residual, adaRMS norm, QKV product, RoPE (two

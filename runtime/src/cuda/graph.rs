@@ -173,34 +173,11 @@ impl Launcher {
                 Step::GatedActivation { out, out_scale, gate_up, kind } => {
                     k.gated_activation(out, out_scale, gate_up, activation_code(kind), s)
                 }
-                Step::StreamedMlp {
-                    out,
-                    hidden,
-                    a,
-                    w_gate_up,
-                    w_down,
-                    barrier,
-                    fp8,
-                    fast_accumulation,
-                    multiprocessors,
-                    programmatic,
-                    ref tail,
-                } => k.mlp_stream(
-                    out,
-                    hidden,
-                    a,
-                    w_gate_up,
-                    w_down,
-                    barrier,
-                    fp8,
-                    fast_accumulation,
-                    multiprocessors,
-                    programmatic,
-                    tail.as_ref(),
-                    s,
-                ),
-                Step::StreamedProduct { out, a, w, barrier, scales, fast_accumulation, multiprocessors, programmatic, ref tail } => {
-                    k.product_stream(out, a, w, barrier, scales, fast_accumulation, multiprocessors, programmatic, tail.as_ref(), s)
+                Step::StreamedMlp { out, hidden, a, w_gate_up, w_down, barrier, fp8, fast_accumulation, multiprocessors, programmatic } => {
+                    k.mlp_stream(out, hidden, a, w_gate_up, w_down, barrier, fp8, fast_accumulation, multiprocessors, programmatic, s)
+                }
+                Step::StreamedProduct { out, a, w, barrier, scales, fast_accumulation, multiprocessors, programmatic } => {
+                    k.product_stream(out, a, w, barrier, scales, fast_accumulation, multiprocessors, programmatic, s)
                 }
                 Step::StreamedQkvRope { a, w, scales, fast_accumulation, ref rope, multiprocessors, programmatic } => {
                     k.qkv_rope_stream(a, w, scales, fast_accumulation, rope, multiprocessors, programmatic, s)

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use flashrt_kernels::{
-    AttentionArgs, DevPtr, Dtype, HeadsAttentionArgs, Kernels, Mat, MultiAxis, QwenImageArgs, ROW_PRODUCT_MAX, RopeArgs, TailNorm,
+    AttentionArgs, DevPtr, Dtype, HeadsAttentionArgs, Kernels, Mat, MultiAxis, QwenImageArgs, ROW_PRODUCT_MAX, RopeArgs,
 };
 
 use super::arena::{DeviceBuf, Elem, Scratch, copied_input};
@@ -196,10 +196,6 @@ impl Lowering<'_> {
                 (op, ops.peek())
             {
                 if x == nx && plan.phase_starting_at(*next).is_none() {
-                    if self.fusions.closes_streamed(i) && self.close_streamed_launch(*y, *x, *out, *modulation, *norm, *eps, i)? {
-                        ops.next();
-                        continue;
-                    }
                     let early = self.early_after_product();
                     let step = Step::GatedResidualRmsNorm {
                         out: self.mat(*out)?,
@@ -246,7 +242,6 @@ impl Lowering<'_> {
                     barrier: self.scratch().grid_barrier,
                     multiprocessors: self.multiprocessors,
                     programmatic: self.fusions.early_mlps.binary_search(&i).is_ok(),
-                    tail: None,
                 });
                 self.tag_steps(from, i..i + 3);
                 continue;
@@ -281,7 +276,6 @@ impl Lowering<'_> {
                     fast_accumulation: self.fp8_fast_accumulation,
                     multiprocessors: self.multiprocessors,
                     programmatic: programmatic || merge_fed,
-                    tail: None,
                 });
                 self.tag_steps(from, i..i + 1);
                 continue;
@@ -344,38 +338,6 @@ impl Lowering<'_> {
 
     /// The step-boundary fusion starting at op `i`, if its ops are there (in one phase) and the
     /// row kernels take their shapes.
-    /// The gated residual norm of ops `i`, `i + 1` (`x += y ⊙ gate`, then `out`) as the end of
-    /// the streamed launch just lowered, which writes `y` ([`super::fusion::norms_closing_streamed`]).
-    /// False, with nothing changed, where that launch cannot take it (`TailNorm::fits`): the
-    /// norm then gets its own launch.
-    #[allow(clippy::too_many_arguments)] // the two ops' operands
-    fn close_streamed_launch(&mut self, y: View, x: View, out: View, gate: WeightId, norm: WeightId, eps: f32, i: usize) -> Result<bool> {
-        let tail = TailNorm {
-            out: self.mat(out)?,
-            out_scale: 1.0,
-            x: self.mat(x)?,
-            gate: self.weight(gate, Elem::F32),
-            norm: self.weight(norm, Elem::F32),
-            eps,
-            word: self.scratch().tail_norm_word,
-        };
-        let y = self.mat(y)?;
-        let same_lane = self.step_lanes.last() == Some(&self.lane);
-        let Some(Step::StreamedMlp { out: launch_out, tail: slot, .. } | Step::StreamedProduct { out: launch_out, tail: slot, .. }) =
-            self.steps.last_mut()
-        else {
-            return Ok(false);
-        };
-        if !same_lane || *launch_out != y || slot.is_some() || !tail.fits(&y) {
-            return Ok(false);
-        }
-        *slot = Some(tail);
-        let plan = self.plan;
-        let accesses = self.step_accesses.last_mut().expect("every step is tagged");
-        (i..i + 2).for_each(|j| accesses.extend(plan.ops[j].accesses(&plan.buffers)));
-        Ok(true)
-    }
-
     pub(super) fn step_boundary(&self, i: usize) -> Result<Option<Step>> {
         let plan = self.plan;
         let in_phase = |j: usize| j < plan.ops.len() && plan.phase_starting_at(j).is_none();
@@ -643,11 +605,6 @@ impl Lowering<'_> {
             ) if from_producer && *out == a => (*out, *out_scale) = (quantized, inverse_scale),
             Some(Step::FusedAttention(args)) if from_producer && args.out == a && args.split.splits > 1 => {
                 (args.out, args.out_scale) = (quantized, inverse_scale)
-            }
-            Some(Step::StreamedMlp { tail: Some(tail), .. } | Step::StreamedProduct { tail: Some(tail), .. })
-                if from_producer && tail.out == a =>
-            {
-                (tail.out, tail.out_scale) = (quantized, inverse_scale)
             }
             _ => self.steps.push(Step::QuantizeE4m3 { dst: quantized, src: a, inverse_scale }),
         }

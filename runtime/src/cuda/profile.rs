@@ -171,12 +171,9 @@ impl Launcher {
             Step::ProductRmsNorm { .. } => "product_rms_norm".into(),
             Step::Activation { kind, .. } => kind.name().into(),
             Step::GatedActivation { out, kind, .. } => format!("{}{}", kind.gated_name(), into_e4m3(out)),
-            Step::StreamedMlp { fp8, tail, .. } => {
-                format!("mlp_stream{}{}", if fp8.is_some() { " e4m3" } else { "" }, closing_norm(tail))
-            }
-            Step::StreamedProduct { out, a, tail, .. } => {
-                format!("product_stream {}x{} (k {}) e4m3{}", out.rows, out.cols, a.cols, closing_norm(tail))
-            }
+            Step::StreamedMlp { fp8: None, .. } => "mlp_stream".into(),
+            Step::StreamedMlp { fp8: Some(_), .. } => "mlp_stream e4m3".into(),
+            Step::StreamedProduct { out, a, .. } => format!("product_stream {}x{} (k {}) e4m3", out.rows, out.cols, a.cols),
             Step::StreamedQkvRope { a, rope, .. } => format!("qkv_rope_stream {}x{} (k {}) e4m3", a.rows, rope.qkv.cols, a.cols),
             Step::Embed { .. } => "embed".into(),
             Step::Positions { .. } => "positions".into(),
@@ -207,9 +204,4 @@ impl Launcher {
 /// " into e4m3" for a step output written in e4m3 (an FP8 product's input), else nothing.
 fn into_e4m3(out: &flashrt_kernels::Mat) -> &'static str {
     if out.dtype == flashrt_kernels::Dtype::E4m3 { " into e4m3" } else { "" }
-}
-
-/// A streamed launch's kind suffix for the gated residual norm it ends with, if any.
-fn closing_norm(tail: &Option<flashrt_kernels::TailNorm>) -> String {
-    tail.map_or(String::new(), |t| format!(" + gated_residual_rms_norm{}", into_e4m3(&t.out)))
 }

@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use flashrt_kernels::{AttentionArgs, DevPtr, HeadsAttentionArgs, Mat, MlpFp8Scales, QwenImageArgs, RopeArgs, TailNorm};
+use flashrt_kernels::{AttentionArgs, DevPtr, HeadsAttentionArgs, Mat, MlpFp8Scales, QwenImageArgs, RopeArgs};
 
 use crate::plan::{Accesses, Activation, BufId, cross_lane_waits};
 
@@ -137,12 +137,8 @@ pub(super) enum Step {
         /// FP8: all of K summed in the MMA's accumulator (`Switches::fp8_fast_accumulation`).
         fast_accumulation: bool,
         multiprocessors: usize,
-        /// Launched as a programmatic dependent of the step before it, which writes `a` (see
-        /// `after_their_norm`).
+        /// Launched as a programmatic dependent of the norm step before it (see `after_their_norm`).
         programmatic: bool,
-        /// The gated residual norm after it, over `out`, computed by its last blocks
-        /// (`fusion::norms_closing_streamed`).
-        tail: Option<TailNorm>,
     },
     /// A few-row FP8 product `out = a · wᵀ` as one streamed launch (`Kernels::product_stream`),
     /// its weight tiled in e4m3 at open.
@@ -156,10 +152,8 @@ pub(super) enum Step {
         /// All of K summed in the MMA's accumulator (`Switches::fp8_fast_accumulation`).
         fast_accumulation: bool,
         multiprocessors: usize,
-        /// Launched as a programmatic dependent of the step before it, which writes `a`.
+        /// Launched as a programmatic dependent of the norm step before it.
         programmatic: bool,
-        /// As `StreamedMlp`'s.
-        tail: Option<TailNorm>,
     },
     /// A few-row QKV product in FP8 and its RoPE as one streamed launch
     /// (`Kernels::qkv_rope_stream`): `a` in e4m3, the weight tiled in e4m3 with each head's
@@ -251,16 +245,6 @@ pub(super) enum Step {
         token_mask: DevPtr,
         prompt_len: usize,
     },
-}
-
-impl Step {
-    /// The gated residual norm a streamed launch ends with, if any.
-    pub(super) fn closing_norm(&self) -> Option<&TailNorm> {
-        match self {
-            Step::StreamedMlp { tail, .. } | Step::StreamedProduct { tail, .. } => tail.as_ref(),
-            _ => None,
-        }
-    }
 }
 
 /// The streams the step runs on: the main one, and the one a concurrent phase takes.
