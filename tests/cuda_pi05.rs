@@ -118,8 +118,8 @@ struct Case {
     embedding: Option<usize>,
     inputs: Vec<(BufId, Input)>,
     compare: Vec<String>,
-    /// A line the CUDA backend's lowering report must contain (the path under test was taken).
-    lowering_says: Option<String>,
+    /// Lines the CUDA backend's lowering report must contain (the paths under test were taken).
+    lowering_says: Vec<String>,
     rng: ChaCha8Rng,
 }
 
@@ -138,7 +138,7 @@ impl Case {
             embedding: None,
             inputs: Vec::new(),
             compare: Vec::new(),
-            lowering_says: None,
+            lowering_says: Vec::new(),
             rng: ChaCha8Rng::seed_from_u64(seed),
         }
     }
@@ -245,7 +245,7 @@ impl Case {
         let options = CudaOptions { fp8_scales: fp8.to_vec(), fp8_min_rows: Some(1), switches, ..CudaOptions::default() };
         let gpu = CudaBackend::new(self.plan.clone(), self.weight_data(), ckpt.clone(), &options);
         let gpu = gpu.unwrap_or_else(|e| panic!("{}: CUDA backend: {e}", self.name));
-        if let Some(line) = &self.lowering_says {
+        for line in &self.lowering_says {
             assert!(gpu.lowering().contains(line.as_str()), "{}: the lowering does not say {line:?}:\n{}", self.name, gpu.lowering());
         }
         // A buffer is an f32 path when the device holds it in f32 and every op writing it reads
@@ -666,7 +666,7 @@ fn fp8_mlp_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<ProductS
     };
     c.name = format!("fp8 streamed mlp {rows}x{width}, hidden {hidden}");
     let a = if seed == 0 {
-        c.lowering_says = Some("0 streamed QKV product and 1 streamed MLP input(s) written in e4m3 by their gated residual norm".into());
+        c.lowering_says.push("0 streamed QKV product and 1 streamed MLP input(s) written in e4m3 by their gated residual norm".into());
         push_gated_norm(&mut c, "a", rows, width)
     } else {
         c.input("a", rows, width)
@@ -731,7 +731,7 @@ fn fp8_producers_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<Pr
         scales[w.0] =
             Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(fp8::amax(&c.weights[w.0])) });
     }
-    c.lowering_says = Some("pass FP8 producers: 3 of 3 cuBLASLt FP8 product input(s) written in e4m3".into());
+    c.lowering_says.push("pass FP8 producers: 3 of 3 cuBLASLt FP8 product input(s) written in e4m3".into());
     (c, scales)
 }
 
@@ -768,7 +768,7 @@ fn fp8_qkv_rope_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<Pro
     let mut scales = vec![None; c.plan.weights.len()];
     let activation_amax = fp8::amax(&c.cpu_values(ckpt, "h"));
     scales[w.0] = Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(fp8::amax(&c.weights[w.0])) });
-    c.lowering_says = Some("1 few-row FP8 product(s) as streamed launches, 1 of them QKV products with their RoPE".into());
+    c.lowering_says.push("1 few-row FP8 product(s) as streamed launches, 1 of them QKV products with their RoPE".into());
     (c, scales)
 }
 
@@ -776,7 +776,10 @@ fn fp8_qkv_rope_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<Pro
 /// writes the projection's input in e4m3, and the streamed product loads it as it is and starts
 /// under the merge): seed 0 at Pi0.5's shape (50 queries, 8 heads over 626 keys, 2048 into 1024),
 /// others random, always over several key splits. The projection's f32 output compared; its input
-/// scale from the attention's output range on the CPU. Each V column is a common value plus small
+/// scale from the attention's output range on the CPU. In seed 0 the projection's output is a
+/// branch that holds values before: a gated residual norm reads it first (as the expert's norm
+/// after the MLP reads the branch the next projection writes), leaves it zero, and the streamed
+/// product adds into those zeros without a grid barrier. Each V column is a common value plus small
 /// noise, so the device's bf16 softmax weights (the CPU keeps them in f32) move the attention's
 /// output by ~1e-6 relative and both sides round it to the same e4m3 codes: with plain random V
 /// they would move it by ~1e-3 and flip about one e4m3 rounding in a hundred.
@@ -789,6 +792,22 @@ fn fp8_attention_projection_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Ve
         (c.rng.random_range(1..=64), c.rng.random_range(1..=8), c.rng.random_range(65..=700), 64 * c.rng.random_range(1..=16))
     };
     c.name = format!("fp8 attention + output projection {queries}x{heads} over {keys} keys, into {n}");
+    let out = c.plan.matrix("out", queries, n);
+    if seed == 0 {
+        let held = c.input("held", queries, n);
+        c.plan.push(Op::Copy { dst: out, src: held });
+        let (x, before) = (c.input("x", queries, n), c.plan.matrix("before", queries, n));
+        let [gate, norm] = [0; 2].map(|_| {
+            let m = c.normal(3 * n, 0.3);
+            c.vector_weight(m)
+        });
+        c.plan.push(Op::GatedResidual { x, y: out, modulation: gate });
+        c.plan.push(Op::AdaRmsNorm { x, out: before, modulation: norm, eps: 1e-6 });
+        c.check(x);
+        c.check(before);
+        c.name += ", into a branch its gated norm read and zeroed";
+        c.lowering_says.push("zeroed branches: 1 streamed product(s)".into());
+    }
     let q = c.input("q", queries, heads * HEAD_DIM);
     let k = c.input("k", keys, HEAD_DIM);
     let (column, noise) = (c.normal(HEAD_DIM, 1.0), c.normal(keys * HEAD_DIM, 0.05));
@@ -810,13 +829,12 @@ fn fp8_attention_projection_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Ve
     };
     c.plan.push(attention);
     let w = c.matrix_weight(n, heads * HEAD_DIM);
-    let out = c.plan.matrix("out", queries, n);
     c.plan.push(Op::Gemm { a: attn, w, bias: None, out, accumulate: false });
     c.check(out);
     let mut scales = vec![None; c.plan.weights.len()];
     let activation_amax = fp8::amax(&c.cpu_values(ckpt, "attn"));
     scales[w.0] = Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(fp8::amax(&c.weights[w.0])) });
-    c.lowering_says = Some("1 streamed product input(s) written in e4m3 by the attention merge before them".into());
+    c.lowering_says.push("1 streamed product input(s) written in e4m3 by the attention merge before them".into());
     (c, scales)
 }
 

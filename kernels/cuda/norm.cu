@@ -193,14 +193,18 @@ __device__ __forceinline__ float gated_residual8(float* xr, const Ty* yr, const 
 
 // The expert's "residual, then the next adaRMS norm" pair in one pass over the row:
 // x += y * gate(gate_modulation); out = rms(x) * (1 + scale) + shift with norm_modulation.
-// Saves one launch and one read of x per pair, 36 launches per denoise step at 18 layers.
+// Saves one launch and one read of x per pair, 36 launches per denoise step at 18 layers. With
+// `zero_y` the row of y is left zero once read: the streamed product that writes y next adds its
+// K splits' sums into it without zeroing it first (and without the grid barrier that orders the
+// zeroing before the sums; `product_stream` in mlp.cu).
 template <typename Ty, typename Tout>
-__device__ void gated_residual_rms_norm(Tout* out, int out_stride, float* x, int x_stride, const Ty* y,
+__device__ void gated_residual_rms_norm(Tout* out, int out_stride, float* x, int x_stride, Ty* y,
                                         int y_stride, const float* gate_modulation,
-                                        const float* norm_modulation, int cols, float eps, int per, float out_scale) {
+                                        const float* norm_modulation, int cols, float eps, int per, float out_scale,
+                                        bool zero_y) {
     __shared__ float scratch[32];
     float* xr = x + (long)blockIdx.x * x_stride;
-    const Ty* yr = y + (long)blockIdx.x * y_stride;
+    Ty* yr = y + (long)blockIdx.x * y_stride;
     Tout* orow = out + (long)blockIdx.x * out_stride;
     const float* gate = gate_modulation + 2 * cols;
     float ss = 0.0f;
@@ -209,11 +213,16 @@ __device__ void gated_residual_rms_norm(Tout* out, int out_stride, float* x, int
         const bool mine = c < cols;
         float v[8];
         ss = gated_residual8(xr, yr, gate_modulation, cols, c, mine, v);
+        if (zero_y && mine) {
+            const float zeros[8] = {};
+            store8(yr + c, zeros);
+        }
         rms_finish8<Tout>(orow, c, mine, v, ss, norm_modulation, cols, eps, scratch, nullptr, out_scale);
         return;
     }
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         const float v = xr[c] + to_float(yr[c]) * gate[c];
+        if (zero_y) yr[c] = from_float<Ty>(0.0f);
         xr[c] = v;
         ss += v * v;
     }
@@ -222,14 +231,14 @@ __device__ void gated_residual_rms_norm(Tout* out, int out_stride, float* x, int
 }
 
 #define GATED_RESIDUAL_RMS_NORM(NAME, TY, TOUT)                                                     \
-    extern "C" __global__ void NAME(TOUT* out, int out_stride, float* x, int x_stride, const TY* y, \
+    extern "C" __global__ void NAME(TOUT* out, int out_stride, float* x, int x_stride, TY* y,       \
                                     int y_stride, const float* gate_modulation,                     \
                                     const float* norm_modulation, int cols, float eps, int per,     \
-                                    float out_scale) {                                              \
+                                    float out_scale, int zero_y) {                                  \
         launch_dependents();                                                                        \
         wait_for_prior_grid();                                                                      \
-        gated_residual_rms_norm<TY, TOUT>(out, out_stride, x, x_stride, y, y_stride,                \
-                                          gate_modulation, norm_modulation, cols, eps, per, out_scale); \
+        gated_residual_rms_norm<TY, TOUT>(out, out_stride, x, x_stride, y, y_stride, gate_modulation, \
+                                          norm_modulation, cols, eps, per, out_scale, zero_y != 0); \
     }
 FOR_IN_OUT(GATED_RESIDUAL_RMS_NORM, gated_residual_rms_norm)
 FOR_IN_E4M3(GATED_RESIDUAL_RMS_NORM, gated_residual_rms_norm)

@@ -172,8 +172,10 @@ impl Kernels {
     /// `a` bf16 (quantized as it loads) or e4m3 (already divided by its scale). `w` must be tiled in e4m3 by [`Kernels::retile_weight`]
     /// (unpaired); `barrier` is a device word no concurrent launch uses. `programmatic`: launched
     /// as a programmatic dependent of the kernel before it on the stream, which writes `a` (the
-    /// product waits for it before reading `a` or writing `out`). `fast_accumulation` as
-    /// [`Kernels::mlp_stream`]'s.
+    /// product waits for it before reading `a` or writing `out`). `out_zeroed`: `out` holds zeros
+    /// when the product starts (the kernel that read it last left them,
+    /// [`Kernels::gated_residual_rms_norm`]'s `zero_y`), so the K splits add into it at once, with
+    /// no zeroing and no grid barrier. `fast_accumulation` as [`Kernels::mlp_stream`]'s.
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
@@ -188,6 +190,7 @@ impl Kernels {
         fast_accumulation: bool,
         multiprocessors: usize,
         programmatic: bool,
+        out_zeroed: bool,
         stream: CUstream,
     ) -> Result<()> {
         let (rows, n, k) = (a.rows, out.cols, a.cols);
@@ -226,17 +229,19 @@ impl Kernels {
             Arg::F(a_scale * w_scale),
             Arg::I((a.dtype == Dtype::E4m3) as i32),
             Arg::I(!fast_accumulation as i32),
+            Arg::I(out_zeroed as i32),
         ];
-        // Several splits meet at a grid barrier: cooperative, so all blocks are resident at once.
+        // Splits that zero `out` meet at a grid barrier: cooperative, so all blocks are resident
+        // at once.
         let mut attrs = [cooperative_attribute(), programmatic_attribute()];
-        let attrs = match (splits > 1, programmatic) {
+        let attrs = match (splits > 1 && !out_zeroed, programmatic) {
             (true, true) => &mut attrs[..],
             (true, false) => &mut attrs[..1],
             (false, true) => &mut attrs[1..],
             (false, false) => &mut attrs[..0],
         };
-        // SAFETY: the arguments match `product_stream_wgmma_e4m3`'s signature (its A and promotion
-        // flags last): 160 threads, one block per output tile and split.
+        // SAFETY: the arguments match `product_stream_wgmma_e4m3`'s signature (its A, promotion
+        // and zeroed-output flags last): 160 threads, one block per output tile and split.
         unsafe { self.launch_with_attributes(what, ((n / 64 * splits) as u32, 1, 1), 160, MLP_SHARED_BYTES, stream, args, attrs) }
     }
 

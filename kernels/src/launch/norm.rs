@@ -119,7 +119,8 @@ impl Kernels {
 
     /// `x += y ⊙ gate(gate_modulation)`, then `out = rms(x) · (1 + scale) + shift` with
     /// `norm_modulation`, in one pass per row; each output value times `out_scale` (an FP8
-    /// product's inverse input scale when `out` is e4m3, 1 otherwise).
+    /// product's inverse input scale when `out` is e4m3, 1 otherwise). With `zero_y`, `y` is left
+    /// zero once read (for a [`Kernels::product_stream`] that adds into it next).
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
@@ -133,6 +134,7 @@ impl Kernels {
         norm_modulation: DevPtr,
         eps: f32,
         out_scale: f32,
+        zero_y: bool,
         early: bool,
         stream: CUstream,
     ) -> Result<()> {
@@ -156,6 +158,7 @@ impl Kernels {
             Arg::F(eps),
             Arg::I(per),
             Arg::F(out_scale),
+            Arg::I(zero_y as i32),
         ];
         // SAFETY: matches `gated_residual_rms_norm_*` in norm.cu, which waits for the kernel
         // before it first.

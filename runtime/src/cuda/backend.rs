@@ -44,7 +44,7 @@ use super::graph::Launcher;
 use super::lowering::{Lowered, Lowering};
 pub use super::options::CudaOptions;
 use super::options::Switches;
-use super::steps::{LANES, RopeRows};
+use super::steps::{LANES, RopeRows, Step};
 use super::weights::{Selections, retile_streamed_weights, upload_weights};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
@@ -340,8 +340,10 @@ impl CudaBackend {
             phase_steps: Vec::new(),
             phase_buckets: Vec::new(),
             matmuls: Vec::new(),
+            zeroed_outputs: Vec::new(),
         };
         let Lowered { steps, schedule, phase_steps, sections, matmuls } = lowering.lower()?;
+        let zeroed = steps.iter().filter(|s| matches!(s, Step::StreamedProduct { out_zeroed: true, .. })).count();
         if schedule.concurrent(0..steps.len()) {
             log::info!(
                 "{} of {} launches on a second stream, {} cross-stream waits",
@@ -369,7 +371,8 @@ impl CudaBackend {
             ctx: ctx.ctx,
         };
         let lowering = format!(
-            "  switches: {}\n{}{}  ops on the second stream: {}\n  launches: {}\n",
+            "  switches: {}\n{}  zeroed branches: {zeroed} streamed product(s) add into an output its last reader left zero, \
+             without a grid barrier\n{}  ops on the second stream: {}\n  launches: {}\n",
             switches.describe(),
             fusions.describe(),
             if opts.fp8_scales.is_empty() { String::new() } else { fp8.describe(switches.fp8_fast_accumulation) },

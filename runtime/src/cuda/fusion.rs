@@ -40,6 +40,9 @@ pub(super) struct Fusions {
     /// The attentions launched under their RoPE, with the keys it does not write
     /// ([`attentions_after_their_rope`]).
     pub(super) early_attentions: Vec<(usize, usize)>,
+    /// The gated residual norms that leave their branch zero for the streamed product writing it
+    /// next ([`zeroing_readers`]): (the norm's `GatedResidual` op, the product), ascending.
+    pub(super) zeroing_readers: Vec<(usize, usize)>,
     /// The cuBLASLt FP8 products whose input the op before them writes in e4m3
     /// ([`e4m3_producers`]), ascending; `fp8_products` counts them all.
     pub(super) e4m3_producers: Vec<usize>,
@@ -126,6 +129,7 @@ impl Fusions {
             merge_fed_products: Vec::new(),
             e4m3_mlps: Vec::new(),
             early_attentions,
+            zeroing_readers: Vec::new(),
             e4m3_producers: Vec::new(),
             fp8_products: 0,
             switches,
@@ -151,7 +155,14 @@ impl Fusions {
         } else {
             Vec::new()
         };
+        self.zeroing_readers = if self.switches.zeroed_branches { zeroing_readers(plan, op_lanes, &products) } else { Vec::new() };
         self.products = products;
+    }
+
+    /// The streamed product whose branch the gated residual norm with `GatedResidual` op `i`
+    /// leaves zero, if it does.
+    pub(super) fn zeroes_branch_for(&self, i: usize) -> Option<usize> {
+        self.zeroing_readers.binary_search_by_key(&i, |&(reader, _)| reader).ok().map(|at| self.zeroing_readers[at].1)
     }
 
     /// Whether streamed product `i` takes its input in e4m3 from the attention merge before it
@@ -476,6 +487,31 @@ pub(super) fn after_their_norm(plan: &Plan, firsts: &[usize], op_lanes: &[usize]
         _ => None,
     };
     firsts.iter().copied().filter(|&i| after_its_producer(plan, op_lanes, i, norm_output)).collect()
+}
+
+/// For each streamed product into an f32 output (`products`, ascending), the gated residual norm
+/// that can leave that output zero for it (`Kernels::product_stream`'s `out_zeroed`, the norm's
+/// `zero_y`): the last op before the product to touch the output's buffer must be the
+/// `GatedResidual` of a gated residual and adaRMS norm pair whose branch is exactly that view, on
+/// the same stream and in the same phase (so it runs before the product in every replay, the same
+/// prompt bucket's included). Pairs (that `GatedResidual` op, the product), ascending: the action
+/// expert's norm after its MLP and the next layer's output projection.
+pub(super) fn zeroing_readers(plan: &Plan, op_lanes: &[usize], products: &[usize]) -> Vec<(usize, usize)> {
+    products
+        .iter()
+        .filter_map(|&i| {
+            let Op::Gemm { out, .. } = plan.ops[i] else { return None };
+            let touches = |j: &usize| {
+                let accesses = plan.ops[*j].accesses(&plan.buffers);
+                accesses.reads.iter().chain(&accesses.writes).any(|span| span.buf == out.buf)
+            };
+            let j = (0..i).rev().find(touches)?;
+            let Some([Op::GatedResidual { x, y, .. }, Op::AdaRmsNorm { x: normed, .. }]) = plan.ops.get(j..j + 2) else { return None };
+            let same_run =
+                op_lanes[j] == op_lanes[i] && op_lanes[j + 1] == op_lanes[i] && (j + 1..=i).all(|k| plan.phase_starting_at(k).is_none());
+            (*y == out && x == normed && same_run).then_some((j, i))
+        })
+        .collect()
 }
 
 /// Of the streamed FP8 `products` (ascending), those whose whole input the attention op right
@@ -852,6 +888,69 @@ mod tests {
         assert!(mlps_after_their_gated_norm(&plan, &second, &[first]).is_empty());
         let (reread, first) = gated(true);
         assert!(mlps_after_their_gated_norm(&reread, &vec![0; reread.ops.len()], &[first]).is_empty());
+    }
+
+    /// The expert's layer boundary in small: the gated residual over an f32 branch and the
+    /// adaRMS norm, an op between that leaves the branch alone, then a product into the branch
+    /// (the next output projection); `change` alters it before the pass looks.
+    fn branch_plan(change: impl FnOnce(&mut Plan)) -> (Plan, usize) {
+        let mut plan = Plan::default();
+        let (x, h, a) = (plan.matrix("x", 4, 128), plan.matrix("h", 4, 128), plan.matrix("a", 4, 128));
+        let branch = plan.buffer("branch", BufType::F32, 4 * 128);
+        let branch = View { buf: branch, offset: 0, rows: 4, cols: 128, stride: 128 };
+        let (gate, norm) = (plan.weight("gate", WeightRole::Vector), plan.weight("norm", WeightRole::Vector));
+        let w = plan.weight("o_proj", WeightRole::Matrix { n: 128, k: 128 });
+        plan.push(Op::GatedResidual { x, y: branch, modulation: gate });
+        plan.push(Op::AdaRmsNorm { x, out: h, modulation: norm, eps: 1e-6 });
+        plan.push(Op::Copy { dst: a, src: h });
+        plan.push(Op::Gemm { a, w, bias: None, out: branch, accumulate: false });
+        change(&mut plan);
+        let product = plan.ops.iter().rposition(|op| matches!(op, Op::Gemm { .. })).unwrap();
+        (plan, product)
+    }
+
+    #[test]
+    fn a_gated_norm_zeroes_the_branch_only_for_the_product_that_writes_it_next() {
+        let readers = |plan: &Plan, lanes: &[usize], product: usize| zeroing_readers(plan, lanes, &[product]);
+        let (plan, product) = branch_plan(|_| {});
+        let lanes = vec![0; plan.ops.len()];
+        assert_eq!(readers(&plan, &lanes, product), vec![(0, product)]);
+        // Not when another op touches the branch in between (it would read the zeros), nor on
+        // another stream, nor across a phase boundary (another prompt bucket's body, or a
+        // phase of its own), nor for a product into only part of what the norm read.
+        let (between, later) = branch_plan(|plan| {
+            let branch = plan.find_buffer("branch").unwrap();
+            let (src, dst) = (View { buf: branch, offset: 0, rows: 4, cols: 128, stride: 128 }, plan.matrix("peek", 4, 128));
+            plan.ops.insert(2, Op::Copy { dst, src });
+        });
+        assert!(readers(&between, &vec![0; between.ops.len()], later).is_empty());
+        let mut other_stream = lanes.clone();
+        other_stream[product] = 1;
+        assert!(readers(&plan, &other_stream, product).is_empty());
+        let (phased, _) = branch_plan(|plan| {
+            plan.phase("projection");
+            plan.phases.last_mut().unwrap().first_op = 3;
+        });
+        assert!(readers(&phased, &lanes, product).is_empty());
+        let (part, _) = branch_plan(|plan| {
+            let Op::Gemm { out, .. } = &mut plan.ops[3] else { unreachable!() };
+            out.rows = 2;
+        });
+        assert!(readers(&part, &lanes, product).is_empty());
+        // With no norm before it the product zeroes the branch itself.
+        let (alone, first) = branch_plan(|plan| {
+            plan.ops.drain(0..2);
+        });
+        assert!(readers(&alone, &vec![0; alone.ops.len()], first).is_empty());
+        // The pass and its switch.
+        let fusions_with = |switches: Switches| {
+            let mut fusions = Fusions::run(&plan, &element_types(&plan), &lanes, switches, false, 132, |_, _, _| false);
+            fusions.stream_products(&plan, &lanes, vec![3]);
+            fusions
+        };
+        let on = fusions_with(Switches::default());
+        assert_eq!((on.zeroes_branch_for(0), on.zeroes_branch_for(1)), (Some(3), None));
+        assert_eq!(fusions_with(Switches { zeroed_branches: false, ..Switches::default() }).zeroes_branch_for(0), None);
     }
 
     /// The expert's layer start in small: gated residual, adaRMS norm, QKV product, RoPE (two

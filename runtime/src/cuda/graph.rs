@@ -162,8 +162,8 @@ impl Launcher {
                     k.rms_norm(out, out_scale, x, heads, weight, modulation, eps, s)
                 }
                 Step::GatedResidual { x, y, modulation } => k.gated_residual(x, y, modulation, s),
-                Step::GatedResidualRmsNorm { out, out_scale, x, y, gate, norm, eps, early } => {
-                    k.gated_residual_rms_norm(out, x, y, gate, norm, eps, out_scale, early, s)
+                Step::GatedResidualRmsNorm { out, out_scale, x, y, gate, norm, eps, zero_y, early } => {
+                    k.gated_residual_rms_norm(out, x, y, gate, norm, eps, out_scale, zero_y, early, s)
                 }
                 Step::GatedResidualRmsNormProduct { out, x, y, gate, norm, eps, w, bias, acc, accumulate } => {
                     k.gated_residual_rms_norm_product((out, x, y), gate, norm, eps, w, bias, (acc, accumulate), s)
@@ -176,8 +176,8 @@ impl Launcher {
                 Step::StreamedMlp { out, hidden, a, w_gate_up, w_down, barrier, fp8, fast_accumulation, multiprocessors, programmatic } => {
                     k.mlp_stream(out, hidden, a, w_gate_up, w_down, barrier, fp8, fast_accumulation, multiprocessors, programmatic, s)
                 }
-                Step::StreamedProduct { out, a, w, barrier, scales, fast_accumulation, multiprocessors, programmatic } => {
-                    k.product_stream(out, a, w, barrier, scales, fast_accumulation, multiprocessors, programmatic, s)
+                Step::StreamedProduct { out, a, w, barrier, scales, fast_accumulation, multiprocessors, programmatic, out_zeroed } => {
+                    k.product_stream(out, a, w, barrier, scales, fast_accumulation, multiprocessors, programmatic, out_zeroed, s)
                 }
                 Step::StreamedQkvRope { a, w, scales, fast_accumulation, ref rope, multiprocessors, programmatic } => {
                     k.qkv_rope_stream(a, w, scales, fast_accumulation, rope, multiprocessors, programmatic, s)

@@ -75,6 +75,8 @@ pub(super) struct Lowering<'a> {
     /// The prompt bucket of each phase (as `phase_steps`).
     pub(super) phase_buckets: Vec<Option<usize>>,
     pub(super) matmuls: Vec<Matmul>,
+    /// The streamed products whose output a gated residual norm lowered before them left zero.
+    pub(super) zeroed_outputs: Vec<usize>,
 }
 
 impl Lowering<'_> {
@@ -197,6 +199,7 @@ impl Lowering<'_> {
             {
                 if x == nx && plan.phase_starting_at(*next).is_none() {
                     let early = self.early_after_product();
+                    let zeroed_for = self.fusions.zeroes_branch_for(i);
                     let step = Step::GatedResidualRmsNorm {
                         out: self.mat(*out)?,
                         out_scale: 1.0,
@@ -205,11 +208,17 @@ impl Lowering<'_> {
                         gate: self.weight(*modulation, Elem::F32),
                         norm: self.weight(*norm, Elem::F32),
                         eps: *eps,
+                        zero_y: zeroed_for.is_some(),
                         early,
                     };
                     self.steps.push(step);
                     ops.next();
                     self.tag_steps(from, i..i + 2);
+                    if let Some(product) = zeroed_for {
+                        // It now writes the branch too: the cross-stream waits must see it.
+                        self.step_accesses.last_mut().expect("just tagged").writes.push(y.span());
+                        self.zeroed_outputs.push(product);
+                    }
                     continue;
                 }
             }
@@ -276,6 +285,7 @@ impl Lowering<'_> {
                     fast_accumulation: self.fp8_fast_accumulation,
                     multiprocessors: self.multiprocessors,
                     programmatic: programmatic || merge_fed,
+                    out_zeroed: self.zeroed_outputs.contains(&i),
                 });
                 self.tag_steps(from, i..i + 1);
                 continue;

@@ -56,6 +56,10 @@ pub struct Switches {
     /// prefix) are FP8 too, whatever their rows, from a row-major e4m3 copy
     /// (`FRT_NO_FP8_FIRST_STEP=1`: they run in bf16 from a bf16 copy of the weight).
     pub fp8_first_step: bool,
+    /// The gated residual norm that reads the branch a streamed FP8 product writes next leaves it
+    /// zero, so that product adds its K splits' sums at once, without zeroing it and a grid
+    /// barrier first (`FRT_NO_ZEROED_BRANCH=1`: the product zeroes it itself).
+    pub zeroed_branches: bool,
     /// Concurrent phases on a second stream (`FRT_NO_OVERLAP=1`: one stream).
     pub overlap: bool,
     /// Kernels launched as programmatic dependents of the one before them, starting their
@@ -76,6 +80,7 @@ impl Default for Switches {
             fp8_expert_e4m3: true,
             fp8_fast_accumulation: true,
             fp8_first_step: true,
+            zeroed_branches: true,
             overlap: true,
             early_launch: true,
         }
@@ -95,6 +100,7 @@ impl Switches {
             fp8_expert_e4m3: on("FRT_NO_FP8_EXPERT_E4M3"),
             fp8_fast_accumulation: on("FRT_NO_FP8_FAST_ACCUM"),
             fp8_first_step: on("FRT_NO_FP8_FIRST_STEP"),
+            zeroed_branches: on("FRT_NO_ZEROED_BRANCH"),
             overlap: on("FRT_NO_OVERLAP"),
             early_launch: on("FRT_NO_EARLY_LAUNCH"),
         }
@@ -111,15 +117,17 @@ impl Switches {
             fp8_expert_e4m3,
             fp8_fast_accumulation,
             fp8_first_step,
+            zeroed_branches,
             overlap,
             early_launch,
         } = *self;
         let state = |on: bool| if on { "on" } else { "off" };
         format!(
             "wgmma {}, fused attention {}, fused MLP {}, FP8 streamed kernels {}, FP8 inputs from their producers {}, FP8 expert inputs \
-             in e4m3 {}, FP8 fast accumulation {}, FP8 first denoise step {}, two streams {}, early launches {} (FRT_NO_WGMMA, \
-             FRT_NO_FUSED_ATTENTION, FRT_NO_FUSED_MLP, FRT_NO_FP8_STREAMED, FRT_NO_FP8_PRODUCERS, FRT_NO_FP8_EXPERT_E4M3, \
-             FRT_NO_FP8_FAST_ACCUM, FRT_NO_FP8_FIRST_STEP, FRT_NO_OVERLAP, FRT_NO_EARLY_LAUNCH)",
+             in e4m3 {}, FP8 fast accumulation {}, FP8 first denoise step {}, branches zeroed by their reader {}, two streams {}, \
+             early launches {} (FRT_NO_WGMMA, FRT_NO_FUSED_ATTENTION, FRT_NO_FUSED_MLP, FRT_NO_FP8_STREAMED, \
+             FRT_NO_FP8_PRODUCERS, FRT_NO_FP8_EXPERT_E4M3, FRT_NO_FP8_FAST_ACCUM, FRT_NO_FP8_FIRST_STEP, \
+             FRT_NO_ZEROED_BRANCH, FRT_NO_OVERLAP, FRT_NO_EARLY_LAUNCH)",
             state(wgmma),
             state(fused_attention),
             state(fused_mlp),
@@ -128,6 +136,7 @@ impl Switches {
             state(fp8_expert_e4m3),
             state(fp8_fast_accumulation),
             state(fp8_first_step),
+            state(zeroed_branches),
             state(overlap),
             state(early_launch)
         )
@@ -150,6 +159,7 @@ mod tests {
                 && all.fp8_expert_e4m3
                 && all.fp8_fast_accumulation
                 && all.fp8_first_step
+                && all.zeroed_branches
                 && all.overlap
                 && all.early_launch
         );

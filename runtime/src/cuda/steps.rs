@@ -85,6 +85,9 @@ pub(super) enum Step {
         gate: DevPtr,
         norm: DevPtr,
         eps: f32,
+        /// Leaves `y` zero once read, for the streamed product that writes it next
+        /// (`fusion::zeroing_readers`).
+        zero_y: bool,
         /// Launched as a programmatic dependent of the step before it (a cuBLASLt product).
         early: bool,
     },
@@ -154,6 +157,9 @@ pub(super) enum Step {
         multiprocessors: usize,
         /// Launched as a programmatic dependent of the norm step before it.
         programmatic: bool,
+        /// `out` holds zeros when it starts (the step that read it last left them), so its K
+        /// splits add into it without zeroing it and a grid barrier first.
+        out_zeroed: bool,
     },
     /// A few-row QKV product in FP8 and its RoPE as one streamed launch
     /// (`Kernels::qkv_rope_stream`): `a` in e4m3, the weight tiled in e4m3 with each head's
