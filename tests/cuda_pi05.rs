@@ -803,8 +803,8 @@ fn fp8_attention_projection_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Ve
         });
         c.plan.push(Op::GatedResidual { x, y: out, modulation: gate });
         c.plan.push(Op::AdaRmsNorm { x, out: before, modulation: norm, eps: 1e-6 });
-        c.check(x);
-        c.check(before);
+        // (The norm is no FP8 product's: the every-op test compares it. Had it not left `out`
+        // zero, `out` would hold `held` plus the product.)
         c.name += ", into a branch its gated norm read and zeroed";
         c.lowering_says.push("zeroed branches: 1 streamed product(s)".into());
     }
