@@ -586,12 +586,9 @@ fn mlp_case(seed: u64) -> Case {
         (c.rng.random_range(1..=64), 64 * c.rng.random_range(1..=16), 64 * c.rng.random_range(1..=32))
     };
     // A from a copy, from an RMS norm and, Pi0.5's seed 2, from the gated residual with the
-    // adaRMS norm after it (as in the expert, whose norms the backend fuses with the residual),
-    // over the branch the MLP writes next: it holds values, and on sm_90a the norm leaves it zero
-    // for the MLP, whose down blocks then wait only for their K split's writers.
-    let sources = ["copy", "rms_norm", "gated_residual + ada_rms_norm over the branch it writes"];
+    // adaRMS norm after it (as in the expert, whose norms the backend fuses with the residual).
+    let sources = ["copy", "rms_norm", "gated_residual + ada_rms_norm"];
     c.name = format!("mlp (gate/up, gelu_tanh_mul, down) {rows}x{width}, hidden {hidden}, a from {}", sources[seed as usize % 3]);
-    let out = c.plan.matrix("out", rows, width);
     let a = match seed % 3 {
         0 => c.input("a", rows, width),
         1 => {
@@ -601,32 +598,27 @@ fn mlp_case(seed: u64) -> Case {
             a
         }
         _ => {
-            hold_values(&mut c, out);
-            let a = push_gated_norm(&mut c, "a", out);
+            let (x, y, a) = (c.input("x", rows, width), c.input("y", rows, width), c.plan.matrix("a", rows, width));
+            let (m1, m2) = (c.normal(3 * width, 0.5), c.normal(3 * width, 0.5));
+            let (gate, norm) = (c.vector_weight(m1), c.vector_weight(m2));
+            c.plan.push(Op::GatedResidual { x, y, modulation: gate });
+            c.plan.push(Op::AdaRmsNorm { x, out: a, modulation: norm, eps: 1e-6 });
             c.check(a);
-            c.lowering_says.push("and 1 streamed MLP(s) (their down blocks waiting only".into());
             a
         }
     };
-    let (_, h) = push_mlp(&mut c, a, hidden, out);
+    let (_, h) = push_mlp(&mut c, a, hidden);
     c.check(h);
     c
 }
 
-/// Copies values into `branch` first, as the branch holds the last sublayer's output when the
-/// gated residual norm reads it: had that norm not left it zero for the streamed launch writing
-/// it next, the launch's output would hold both.
-fn hold_values(c: &mut Case, branch: View) {
-    let held = c.input("held", branch.rows, branch.cols);
-    c.plan.push(Op::Copy { dst: branch, src: held });
-}
-
-/// Gate/up, GeGLU and down over `a` into `out` (the form the backend streams): `out` compared;
+/// Gate/up, GeGLU and down over `a` (the form the backend streams): the output `out` compared;
 /// returns the two weights and the GeGLU output.
-fn push_mlp(c: &mut Case, a: View, hidden: usize, out: View) -> ([WeightId; 2], View) {
+fn push_mlp(c: &mut Case, a: View, hidden: usize) -> ([WeightId; 2], View) {
     let (rows, width) = (a.rows, a.cols);
     let (w_gate_up, w_down) = (c.matrix_weight(2 * hidden, width), c.matrix_weight(width, hidden));
-    let (gate_up, h) = (c.plan.matrix("gate_up", rows, 2 * hidden), c.plan.matrix("hidden", rows, hidden));
+    let (gate_up, h, out) =
+        (c.plan.matrix("gate_up", rows, 2 * hidden), c.plan.matrix("hidden", rows, hidden), c.plan.matrix("out", rows, width));
     c.plan.push(Op::Gemm { a, w: w_gate_up, bias: None, out: gate_up, accumulate: false });
     c.plan.push(Op::GatedActivation { gate_up, out: h, kind: Activation::GeluTanh });
     c.plan.push(Op::Gemm { a: h, w: w_down, bias: None, out, accumulate: false });
@@ -673,17 +665,13 @@ fn fp8_mlp_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<ProductS
         (c.rng.random_range(1..=64), 128 * c.rng.random_range(1..=16), 128 * c.rng.random_range(1..=32))
     };
     c.name = format!("fp8 streamed mlp {rows}x{width}, hidden {hidden}");
-    let out = c.plan.matrix("out", rows, width);
     let a = if seed == 0 {
-        // Over the branch the MLP writes next (see `mlp_case`).
         c.lowering_says.push("0 streamed QKV product and 1 streamed MLP input(s) written in e4m3 by their gated residual norm".into());
-        c.lowering_says.push("and 1 streamed MLP(s) (their down blocks waiting only".into());
-        hold_values(&mut c, out);
-        push_gated_norm(&mut c, "a", out)
+        push_gated_norm(&mut c, "a", rows, width)
     } else {
         c.input("a", rows, width)
     };
-    let ([w_gate_up, w_down], _) = push_mlp(&mut c, a, hidden, out);
+    let ([w_gate_up, w_down], _) = push_mlp(&mut c, a, hidden);
     let range = |name: &str| fp8::amax(&c.cpu_values(ckpt, name));
     let (a_amax, hidden_amax) = (range("a"), range("hidden"));
     if seed == 0 {
@@ -747,11 +735,10 @@ fn fp8_producers_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<Pr
     (c, scales)
 }
 
-/// The expert's gated residual over the f32 branch `y` (as its streamed kernels write) and the
-/// adaRMS norm after it, into a new matrix `name` of `y`'s shape.
-fn push_gated_norm(c: &mut Case, name: &str, y: View) -> View {
-    let (rows, width) = (y.rows, y.cols);
-    let x = c.input("x", rows, width);
+/// The expert's gated residual (an f32 branch, as its streamed kernels write) and the adaRMS norm
+/// after it, into a new `rows × width` matrix `name`.
+fn push_gated_norm(c: &mut Case, name: &str, rows: usize, width: usize) -> View {
+    let (x, y) = (c.input("x", rows, width), c.input("y", rows, width));
     let [gate, norm] = [0; 2].map(|_| {
         let m = c.normal(3 * width, 0.3);
         c.vector_weight(m)
@@ -776,8 +763,7 @@ fn fp8_qkv_rope_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<Pro
         (c.rng.random_range(1..=64), 128 * c.rng.random_range(1..=16), c.rng.random_range(1..=8), 64 * c.rng.random_range(1..=4))
     };
     c.name = format!("fp8 qkv product + rope {rows}x{width}, {heads} heads of {head_dim}");
-    let y = c.input("y", rows, width);
-    let h = push_gated_norm(&mut c, "h", y);
+    let h = push_gated_norm(&mut c, "h", rows, width);
     let w = push_qkv_rope(&mut c, h, heads, head_dim);
     let mut scales = vec![None; c.plan.weights.len()];
     let activation_amax = fp8::amax(&c.cpu_values(ckpt, "h"));

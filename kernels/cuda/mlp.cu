@@ -216,26 +216,6 @@ __device__ __forceinline__ void write_tile(float* out, int out_stride, int rows,
         }
 }
 
-// Consumers, once this block's GeGLU columns are stored: the block arrives on the counter of the
-// down K split that reads them (`producers` blocks write each split), then, where it has a down
-// unit (`waits`), waits until every block writing its own split `wanted` has arrived: down's
-// blocks wait for the 16 blocks they read from, not for all 128 at a grid barrier. The counters
-// only grow (this launch site's own; every launch adds `producers`, a power of two, to each, so
-// they move in step and wrap exactly): this launch's full count follows from the block's own
-// arrival.
-__device__ __forceinline__ void split_arrive_wait(unsigned* counters, int own, int wanted, unsigned producers, bool waits) {
-    asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every consumer's GeGLU stores issued
-    if (threadIdx.x == 0) {
-        __threadfence();
-        const unsigned old = atomicAdd(counters + own, 1u), full = (old / producers + 1) * producers;
-        unsigned now;
-        if (waits) do {
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(now) : "l"(counters + wanted) : "memory");
-            } while ((int)(now - full) < 0);
-    }
-    asm volatile("bar.sync 1, 128;\n" ::: "memory");
-}
-
 // The FP8 form's calibrated scales (per tensor, as the CPU emulation's products): A into e4m3
 // times `a_inverse`, gate/up's sums times `gate_up` (its input's scale × its weight's), the GeGLU
 // output into e4m3 times `hidden_inverse`, down's sums times `down`. The bf16 form reads none.
@@ -243,21 +223,17 @@ struct MlpScales {
     float a_inverse, gate_up, hidden_inverse, down;
 };
 
-// out[rows, width] (f32, zeroed here unless `out_zeroed`: the kernel that read it last left it
-// zero) = (gelu(a · w_gateᵀ) ⊙ (a · w_upᵀ)) · w_downᵀ, with
+// out[rows, width] (f32, zeroed here) = (gelu(a · w_gateᵀ) ⊙ (a · w_upᵀ)) · w_downᵀ, with
 // hidden[rows, hidden_width] (`hidden_stride` bytes per row) the GeGLU output, bf16 or (E4M3) its
 // e4m3 codes. Weights tiled by retile_weight in the same element type; the FP8 form's A chunks
 // and tiles hold 128 of k, the bf16 form's 64. With `a_e4m3` (FP8 form only) `a` holds e4m3 codes
 // already divided by its scale (its norm wrote them so; `a_stride` in bytes) and loads as it is. Grid: hidden_width / 32 blocks (gate/up's tiles);
 // down's (width / 64) × down_splits units go to the first blocks. 160 threads: one warpgroup of
-// consumers and a producer warp. Down's blocks start once the GeGLU output they read is stored:
-// with `split_counters` (into a zeroed `out` only, whose zeroing then needs no ordering) each
-// waits for the blocks writing its K split (`split_arrive_wait`), else all meet at a grid barrier.
+// consumers and a producer warp.
 template <bool E4M3>
 __device__ void mlp_stream(float* out, int out_stride, unsigned char* hidden, int hidden_stride, const bf16* a, int a_stride,
                            const unsigned char* w_gate_up, const unsigned char* w_down, int rows, int width, int hidden_width,
-                           int down_splits, unsigned* barrier, MlpScales scales, bool a_e4m3, bool promote, bool out_zeroed,
-                           unsigned* split_counters) {
+                           int down_splits, unsigned* barrier, MlpScales scales, bool a_e4m3, bool promote) {
     extern __shared__ __align__(16) unsigned char mlp_shared[];
     __shared__ __align__(8) unsigned long long bars[2 * MLP_STAGES];
     constexpr int chunk_k = E4M3 ? 128 : 64;
@@ -280,7 +256,7 @@ __device__ void mlp_stream(float* out, int out_stride, unsigned char* hidden, in
     // norm may still read `out` (the expert's gated residual norm reads the branch buffer that
     // down writes again).
     wait_for_prior_grid();
-    if (!out_zeroed) zero_rows(out, out_stride, rows, width);
+    zero_rows(out, out_stride, rows, width);
 
     float acc[32];
     int g = 0;
@@ -302,11 +278,7 @@ __device__ void mlp_stream(float* out, int out_stride, unsigned char* hidden, in
             else *(unsigned*)(hidden + (long)r * hidden_stride + 2 * col) = pack_bf16x2(v[0], v[1]);
         }
 
-    const int split_columns = down_chunks * chunk_k;  // GeGLU columns per down split
-    if (split_counters)
-        split_arrive_wait(split_counters, blockIdx.x * 32 / split_columns, blockIdx.x / out_tiles, split_columns / 32, down_active);
-    else
-        grid_barrier_128(barrier);
+    grid_barrier_128(barrier);
     if (!down_active) return;
     mlp_load_a(ring.a_tiles, hidden, hidden_stride, rows, down_c0, down_chunks);
     mlp_product<E4M3>(acc, ring, down_chunks, g, promote);
@@ -317,10 +289,9 @@ __device__ void mlp_stream(float* out, int out_stride, unsigned char* hidden, in
 extern "C" __global__ void __launch_bounds__(160, 1)
     mlp_stream_wgmma(float* out, int out_stride, bf16* hidden, int hidden_stride, const bf16* a, int a_stride,
                      const bf16* w_gate_up, const bf16* w_down, int rows, int width, int hidden_width, int down_splits,
-                     unsigned* barrier, int out_zeroed, unsigned* split_counters) {
+                     unsigned* barrier) {
     mlp_stream<false>(out, out_stride, (unsigned char*)hidden, 2 * hidden_stride, a, a_stride, (const unsigned char*)w_gate_up,
-                      (const unsigned char*)w_down, rows, width, hidden_width, down_splits, barrier, MlpScales{}, false, false,
-                      out_zeroed != 0, split_counters);
+                      (const unsigned char*)w_down, rows, width, hidden_width, down_splits, barrier, MlpScales{}, false, false);
 }
 
 // The FP8 form (W8A8): e4m3 weights, A quantized on its way into shared memory (or, `a_e4m3`,
@@ -329,11 +300,9 @@ extern "C" __global__ void __launch_bounds__(160, 1)
     mlp_stream_wgmma_e4m3(float* out, int out_stride, unsigned char* hidden, int hidden_stride, const bf16* a, int a_stride,
                           const unsigned char* w_gate_up, const unsigned char* w_down, int rows, int width, int hidden_width,
                           int down_splits, unsigned* barrier, float a_inverse_scale, float gate_up_scale,
-                          float hidden_inverse_scale, float down_scale, int a_e4m3, int promote, int out_zeroed,
-                          unsigned* split_counters) {
+                          float hidden_inverse_scale, float down_scale, int a_e4m3, int promote) {
     mlp_stream<true>(out, out_stride, hidden, hidden_stride, a, a_stride, w_gate_up, w_down, rows, width, hidden_width, down_splits,
-                     barrier, MlpScales{a_inverse_scale, gate_up_scale, hidden_inverse_scale, down_scale}, a_e4m3 != 0, promote != 0,
-                     out_zeroed != 0, split_counters);
+                     barrier, MlpScales{a_inverse_scale, gate_up_scale, hidden_inverse_scale, down_scale}, a_e4m3 != 0, promote != 0);
 }
 
 // One few-row FP8 product out[rows, n] = (a · wᵀ) · scale into f32 (the action expert's output

@@ -24,7 +24,7 @@ pub use compile::{
 };
 pub use launch::attention::{AttentionArgs, AttentionSplit, HeadsAttentionArgs};
 pub use launch::elementwise::{QwenImageArgs, QwenImageSizes};
-pub use launch::mlp::{MLP_SPLIT_COUNTERS, MlpFp8Scales};
+pub use launch::mlp::MlpFp8Scales;
 pub use launch::sequence::{MAX_PROMPT_BUCKETS, MultiAxis, RopeArgs};
 pub use launch::{
     DevPtr, Dtype, HEADS_ATTENTION, Kernels, Mat, ROW_PRODUCT_MAX, has_fp8, has_wgmma, heads_attention_max_keys, kernel_names,

@@ -34,11 +34,6 @@ fn k_split(k_chunks: usize, out_tiles: usize, blocks: usize, most_chunks: usize)
 /// Most e4m3 chunks of A a block of the FP8 forms holds (mlp.cu's MLP_E4M3_A_CHUNKS).
 const MLP_E4M3_A_CHUNKS: usize = 8;
 
-/// Counter words [`Kernels::mlp_stream`]'s `split_counters` must hold: one per down split, of
-/// which there are at most this many (a split is at least one chunk of K, and a block holds up
-/// to 16).
-pub const MLP_SPLIT_COUNTERS: usize = 16;
-
 impl Kernels {
     /// The K split of the down product when [`Kernels::mlp_stream`] runs an MLP of `rows` rows,
     /// `width` features and `hidden` GeGLU features on this device (`multiprocessors` SMs), in
@@ -69,12 +64,7 @@ impl Kernels {
     /// The weights must be tiled by [`Kernels::retile_weight`] (gate/up paired); `barrier` is a
     /// device word no concurrent launch uses. `programmatic`: launched as a programmatic dependent
     /// of the kernel before it on the stream, which must be the RMS norm writing `a` (it lets the
-    /// MLP start early; the MLP waits for it before reading `a`). `out_zeroed`: `out` holds zeros
-    /// when it starts (the kernel that read it last left them), so the MLP does not zero it; then
-    /// `split_counters` ([`MLP_SPLIT_COUNTERS`] zeroed words of this launch site's own, which
-    /// each launch advances) lets down's blocks wait only for the blocks writing the GeGLU
-    /// columns they read, instead of meeting all at a grid barrier (where a split's writers are
-    /// a power of two; else the barrier). `fast_accumulation` (FP8 only):
+    /// MLP start early; the MLP waits for it before reading `a`). `fast_accumulation` (FP8 only):
     /// the products sum all of K in the MMA's accumulator, else each 128-deep chunk apart and
     /// added in f32 (as the CPU emulation; slower).
     ///
@@ -93,8 +83,6 @@ impl Kernels {
         fast_accumulation: bool,
         multiprocessors: usize,
         programmatic: bool,
-        out_zeroed: bool,
-        split_counters: Option<DevPtr>,
         stream: CUstream,
     ) -> Result<()> {
         let what = if fp8.is_some() { "mlp_stream_wgmma_e4m3" } else { "mlp_stream_wgmma" };
@@ -122,12 +110,6 @@ impl Kernels {
             ));
         };
         let hidden_stride = if fp8.is_some() { 2 * hidden.stride } else { hidden.stride };
-        // Each split's GeGLU columns come from hidden / 32 / splits blocks: counted in step only
-        // where that is a power of two (the counters wrap exactly), and into a zeroed `out` only
-        // (down's sums then need no zeroing ordered before them).
-        let split_writers = hid / 32 / splits;
-        let counters =
-            split_counters.filter(|p| out_zeroed && split_writers.is_power_of_two() && splits <= MLP_SPLIT_COUNTERS && p % 4 == 0);
         let args = [
             Arg::P(out.ptr),
             Arg::I(i32_of(out.stride, what)?),
@@ -143,24 +125,17 @@ impl Kernels {
             Arg::I(splits as i32),
             Arg::P(barrier),
         ];
-        let tail = [Arg::I(out_zeroed as i32), Arg::P(counters.unwrap_or(0))];
-        // Cooperative: the blocks meet at a grid barrier or wait for each other's columns, so all
-        // must be resident at once.
+        // Cooperative: the blocks meet at a grid barrier, so all must be resident at once.
         let mut attrs = [cooperative_attribute(), programmatic_attribute()];
         let attrs = if programmatic { &mut attrs[..] } else { &mut attrs[..1] };
         let grid = ((hid / 32) as u32, 1, 1);
         // SAFETY: the arguments match the kernel's signature (the FP8 form's four scales, its A
         // flag and its promotion flag after the bf16 form's arguments, its hidden stride in
-        // bytes; the zeroed-output flag and the counters last): 160 threads, one block per 32
-        // GeGLU columns; it waits for the kernel before it (programmatic) before reading `a`.
+        // bytes): 160 threads, one block per 32 GeGLU columns; it waits for the norm before it
+        // (programmatic) before reading `a`.
         unsafe {
             match fp8 {
-                None => {
-                    let mut all = [Arg::I(0); 15];
-                    all[..13].copy_from_slice(&args);
-                    all[13..].copy_from_slice(&tail);
-                    self.launch_with_attributes(what, grid, 160, MLP_SHARED_BYTES, stream, all, attrs)
-                }
+                None => self.launch_with_attributes(what, grid, 160, MLP_SHARED_BYTES, stream, args, attrs),
                 Some(MlpFp8Scales { gate_up: (a_scale, w_scale), down: (h_scale, d_scale) }) => {
                     let scales = [
                         Arg::F(1.0 / a_scale),
@@ -170,10 +145,9 @@ impl Kernels {
                         Arg::I(a_e4m3 as i32),
                         Arg::I(!fast_accumulation as i32),
                     ];
-                    let mut all = [Arg::I(0); 21];
+                    let mut all = [Arg::I(0); 19];
                     all[..13].copy_from_slice(&args);
-                    all[13..19].copy_from_slice(&scales);
-                    all[19..].copy_from_slice(&tail);
+                    all[13..].copy_from_slice(&scales);
                     self.launch_with_attributes(what, grid, 160, MLP_SHARED_BYTES, stream, all, attrs)
                 }
             }

@@ -129,13 +129,7 @@ pub(super) struct Scratch {
     pub(super) workspace: DevPtr,
     /// The grid barrier word of this stream's streamed MLPs (one runs at a time per stream).
     pub(super) grid_barrier: DevPtr,
-    /// [`MLP_SPLIT_COUNTERS`] words per streamed MLP of this stream, in plan order: the down
-    /// splits' counters (`Kernels::mlp_stream`'s `split_counters`), which grow forever.
-    pub(super) mlp_counters: DevPtr,
 }
-
-/// Counter words a streamed MLP may use (at most one per down split: `Kernels::mlp_stream`).
-pub(super) const MLP_SPLIT_COUNTERS: usize = flashrt_kernels::MLP_SPLIT_COUNTERS;
 
 /// Element counts of one stream's [`Scratch`] regions: the largest use among its ops.
 #[derive(Clone, Copy, Default)]
@@ -145,8 +139,6 @@ pub(super) struct ScratchSizes {
     pub(super) fp8_input: usize,
     pub(super) attention_o: usize,
     pub(super) attention_ml: usize,
-    /// The streamed MLPs on the stream: each gets its own down-split counters.
-    pub(super) mlps: usize,
 }
 
 #[cfg(test)]

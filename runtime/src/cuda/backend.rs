@@ -35,7 +35,7 @@ use std::sync::Arc;
 use cudarc::driver::{result, sys};
 use flashrt_kernels::{DevPtr, Kernels, MAX_PROMPT_BUCKETS, QwenImageSizes, has_fp8};
 
-use super::arena::{DeviceBuf, Elem, Layout, MLP_SPLIT_COUNTERS, Scratch, ScratchSizes, copied_input, element_types};
+use super::arena::{DeviceBuf, Elem, Layout, Scratch, ScratchSizes, copied_input, element_types};
 use super::device::{BlasLt, Context, DeviceMemory, Event, Graph, Pinned, Stream, check};
 use super::fp8::{FP8_MIN_ROWS, Fp8Products};
 use super::fusion::{AttentionLowering, Fusions, StreamedShapes, streamed_products};
@@ -183,11 +183,10 @@ impl CudaBackend {
                 Op::Positions { positions, .. } => positions_bufs.push(positions),
                 _ => {}
             }
-            size.mlps += fusions.mlps.binary_search(&i).is_ok() as usize;
         }
         // A second stream with no ops gets no scratch (only the cuBLASLt workspace is unsized).
         let used_lanes = op_lanes.iter().max().map_or(1, |l| l + 1);
-        let scratch_at: Vec<[usize; 9]> = sizes[..used_lanes]
+        let scratch_at: Vec<[usize; 8]> = sizes[..used_lanes]
             .iter()
             .map(|size| {
                 [
@@ -199,7 +198,6 @@ impl CudaBackend {
                     layout.take(size.attention_ml * 4),
                     layout.take(WORKSPACE_BYTES),
                     layout.take(4),
-                    layout.take(size.mlps * MLP_SPLIT_COUNTERS * 4),
                 ]
             })
             .collect();
@@ -254,7 +252,6 @@ impl CudaBackend {
                 attention_ml: at(o[5]),
                 workspace: at(o[6]),
                 grid_barrier: at(o[7]),
-                mlp_counters: at(o[8]),
             })
             .collect();
         let rope: Vec<(RopeSpec, (DevPtr, DevPtr))> = specs.iter().zip(&table_at).map(|(s, t)| (*s, (at(t[0]), at(t[1])))).collect();
@@ -334,7 +331,6 @@ impl CudaBackend {
             early_after_products: switches.early_launch,
             tiled: &tiled,
             fp8_fast_accumulation: switches.fp8_fast_accumulation,
-            mlp_split_waits: switches.mlp_split_waits,
             fp8: &fp8_products,
             fp8_streamed: &fp8,
             selections: &selections,
@@ -345,18 +341,9 @@ impl CudaBackend {
             phase_buckets: Vec::new(),
             matmuls: Vec::new(),
             zeroed_outputs: Vec::new(),
-            mlps_lowered: [0; LANES],
         };
         let Lowered { steps, schedule, phase_steps, sections, matmuls } = lowering.lower()?;
-        let zeroed = |mlps: bool| {
-            let kind = |s: &&Step| match s {
-                Step::StreamedProduct { out_zeroed, .. } => !mlps && *out_zeroed,
-                Step::StreamedMlp { out_zeroed, .. } => mlps && *out_zeroed,
-                _ => false,
-            };
-            steps.iter().filter(kind).count()
-        };
-        let (zeroed_products, zeroed_mlps) = (zeroed(false), zeroed(true));
+        let zeroed = steps.iter().filter(|s| matches!(s, Step::StreamedProduct { out_zeroed: true, .. })).count();
         if schedule.concurrent(0..steps.len()) {
             log::info!(
                 "{} of {} launches on a second stream, {} cross-stream waits",
@@ -384,12 +371,10 @@ impl CudaBackend {
             ctx: ctx.ctx,
         };
         let lowering = format!(
-            "  switches: {}\n{}  zeroed branches: {zeroed_products} streamed product(s) add into an output its last reader left \
-             zero, without a grid barrier, and {zeroed_mlps} streamed MLP(s) (their down blocks waiting only for their K split's \
-             writers where those are a power of two{})\n{}  ops on the second stream: {}\n  launches: {}\n",
+            "  switches: {}\n{}  zeroed branches: {zeroed} streamed product(s) add into an output its last reader left zero, \
+             without a grid barrier\n{}  ops on the second stream: {}\n  launches: {}\n",
             switches.describe(),
             fusions.describe(),
-            if switches.mlp_split_waits { "" } else { ": switched off" },
             if opts.fp8_scales.is_empty() { String::new() } else { fp8.describe(switches.fp8_fast_accumulation) },
             op_lanes.iter().filter(|&&l| l != 0).count(),
             launcher.launch_counts()

@@ -40,9 +40,8 @@ pub(super) struct Fusions {
     /// The attentions launched under their RoPE, with the keys it does not write
     /// ([`attentions_after_their_rope`]).
     pub(super) early_attentions: Vec<(usize, usize)>,
-    /// The gated residual norms that leave their branch zero for the streamed product or MLP
-    /// writing it next ([`zeroing_readers`]): (the norm's `GatedResidual` op, the launch's first
-    /// op), ascending.
+    /// The gated residual norms that leave their branch zero for the streamed product writing it
+    /// next ([`zeroing_readers`]): (the norm's `GatedResidual` op, the product), ascending.
     pub(super) zeroing_readers: Vec<(usize, usize)>,
     /// The cuBLASLt FP8 products whose input the op before them writes in e4m3
     /// ([`e4m3_producers`]), ascending; `fp8_products` counts them all.
@@ -156,13 +155,12 @@ impl Fusions {
         } else {
             Vec::new()
         };
-        self.zeroing_readers =
-            if self.switches.zeroed_branches { zeroing_readers(plan, op_lanes, &products, &self.mlps) } else { Vec::new() };
+        self.zeroing_readers = if self.switches.zeroed_branches { zeroing_readers(plan, op_lanes, &products) } else { Vec::new() };
         self.products = products;
     }
 
-    /// The streamed launch (its first op) whose branch the gated residual norm with
-    /// `GatedResidual` op `i` leaves zero, if it does.
+    /// The streamed product whose branch the gated residual norm with `GatedResidual` op `i`
+    /// leaves zero, if it does.
     pub(super) fn zeroes_branch_for(&self, i: usize) -> Option<usize> {
         self.zeroing_readers.binary_search_by_key(&i, |&(reader, _)| reader).ok().map(|at| self.zeroing_readers[at].1)
     }
@@ -491,22 +489,18 @@ pub(super) fn after_their_norm(plan: &Plan, firsts: &[usize], op_lanes: &[usize]
     firsts.iter().copied().filter(|&i| after_its_producer(plan, op_lanes, i, norm_output)).collect()
 }
 
-/// For each streamed product into an f32 output (`products`) and each fused MLP (first ops
-/// `mlps`), the gated residual norm that can leave its output zero for it (`out_zeroed`, the
-/// norm's `zero_y`): the last op before the launch to touch the output's buffer must be the
+/// For each streamed product into an f32 output (`products`, ascending), the gated residual norm
+/// that can leave that output zero for it (`Kernels::product_stream`'s `out_zeroed`, the norm's
+/// `zero_y`): the last op before the product to touch the output's buffer must be the
 /// `GatedResidual` of a gated residual and adaRMS norm pair whose branch is exactly that view, on
-/// the same stream and in the same phase (so it runs before the launch in every replay, the same
-/// prompt bucket's included). Pairs (that `GatedResidual` op, the launch's first op), ascending:
-/// the action expert's norm after its MLP and the next layer's output projection, the norm after
-/// that projection and the MLP.
-pub(super) fn zeroing_readers(plan: &Plan, op_lanes: &[usize], products: &[usize], mlps: &[usize]) -> Vec<(usize, usize)> {
-    let output = |i: usize, at: usize| match plan.ops[at] {
-        Op::Gemm { out, .. } => Some((i, out)),
-        _ => None,
-    };
-    let launches = products.iter().filter_map(|&i| output(i, i)).chain(mlps.iter().filter_map(|&m| output(m, m + 2)));
-    let mut pairs: Vec<(usize, usize)> = launches
-        .filter_map(|(i, out)| {
+/// the same stream and in the same phase (so it runs before the product in every replay, the same
+/// prompt bucket's included). Pairs (that `GatedResidual` op, the product), ascending: the action
+/// expert's norm after its MLP and the next layer's output projection.
+pub(super) fn zeroing_readers(plan: &Plan, op_lanes: &[usize], products: &[usize]) -> Vec<(usize, usize)> {
+    products
+        .iter()
+        .filter_map(|&i| {
+            let Op::Gemm { out, .. } = plan.ops[i] else { return None };
             let touches = |j: &usize| {
                 let accesses = plan.ops[*j].accesses(&plan.buffers);
                 accesses.reads.iter().chain(&accesses.writes).any(|span| span.buf == out.buf)
@@ -517,9 +511,7 @@ pub(super) fn zeroing_readers(plan: &Plan, op_lanes: &[usize], products: &[usize
                 op_lanes[j] == op_lanes[i] && op_lanes[j + 1] == op_lanes[i] && (j + 1..=i).all(|k| plan.phase_starting_at(k).is_none());
             (*y == out && x == normed && same_run).then_some((j, i))
         })
-        .collect();
-    pairs.sort_unstable();
-    pairs
+        .collect()
 }
 
 /// Of the streamed FP8 `products` (ascending), those whose whole input the attention op right
@@ -919,7 +911,7 @@ mod tests {
 
     #[test]
     fn a_gated_norm_zeroes_the_branch_only_for_the_product_that_writes_it_next() {
-        let readers = |plan: &Plan, lanes: &[usize], product: usize| zeroing_readers(plan, lanes, &[product], &[]);
+        let readers = |plan: &Plan, lanes: &[usize], product: usize| zeroing_readers(plan, lanes, &[product]);
         let (plan, product) = branch_plan(|_| {});
         let lanes = vec![0; plan.ops.len()];
         assert_eq!(readers(&plan, &lanes, product), vec![(0, product)]);
@@ -950,19 +942,6 @@ mod tests {
             plan.ops.drain(0..2);
         });
         assert!(readers(&alone, &vec![0; alone.ops.len()], first).is_empty());
-        // A fused MLP into the branch: the same, from the norm before its first op (mlp_plan's
-        // norm made the expert's gated residual norm over the MLP's own output); not after a
-        // plain norm.
-        let (plain, first) = mlp_plan(|_, _, _| {});
-        assert!(zeroing_readers(&plain, &vec![0; plain.ops.len()], &[], &[first]).is_empty());
-        let (mut gated, first) = mlp_plan(|_, _, _| {});
-        let (&Op::RmsNorm { x, out: a, eps, .. }, &Op::Gemm { out: branch, .. }) = (&gated.ops[first - 1], &gated.ops[first + 2]) else {
-            panic!("mlp_plan: a norm, then the MLP")
-        };
-        let modulation = gated.weight("m", WeightRole::Vector);
-        gated.ops[first - 1] = Op::AdaRmsNorm { x, out: a, modulation, eps };
-        gated.ops.insert(first - 1, Op::GatedResidual { x, y: branch, modulation });
-        assert_eq!(zeroing_readers(&gated, &vec![0; gated.ops.len()], &[], &[first + 1]), vec![(first - 1, first + 1)]);
         // The pass and its switch.
         let fusions_with = |switches: Switches| {
             let mut fusions = Fusions::run(&plan, &element_types(&plan), &lanes, switches, false, 132, |_, _, _| false);

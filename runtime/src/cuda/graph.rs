@@ -173,34 +173,9 @@ impl Launcher {
                 Step::GatedActivation { out, out_scale, gate_up, kind } => {
                     k.gated_activation(out, out_scale, gate_up, activation_code(kind), s)
                 }
-                Step::StreamedMlp {
-                    out,
-                    hidden,
-                    a,
-                    w_gate_up,
-                    w_down,
-                    barrier,
-                    fp8,
-                    fast_accumulation,
-                    multiprocessors,
-                    programmatic,
-                    out_zeroed,
-                    split_counters,
-                } => k.mlp_stream(
-                    out,
-                    hidden,
-                    a,
-                    w_gate_up,
-                    w_down,
-                    barrier,
-                    fp8,
-                    fast_accumulation,
-                    multiprocessors,
-                    programmatic,
-                    out_zeroed,
-                    split_counters,
-                    s,
-                ),
+                Step::StreamedMlp { out, hidden, a, w_gate_up, w_down, barrier, fp8, fast_accumulation, multiprocessors, programmatic } => {
+                    k.mlp_stream(out, hidden, a, w_gate_up, w_down, barrier, fp8, fast_accumulation, multiprocessors, programmatic, s)
+                }
                 Step::StreamedProduct { out, a, w, barrier, scales, fast_accumulation, multiprocessors, programmatic, out_zeroed } => {
                     k.product_stream(out, a, w, barrier, scales, fast_accumulation, multiprocessors, programmatic, out_zeroed, s)
                 }

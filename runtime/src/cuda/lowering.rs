@@ -8,12 +8,12 @@ use flashrt_kernels::{
     AttentionArgs, DevPtr, Dtype, HeadsAttentionArgs, Kernels, Mat, MultiAxis, QwenImageArgs, ROW_PRODUCT_MAX, RopeArgs,
 };
 
-use super::arena::{DeviceBuf, Elem, MLP_SPLIT_COUNTERS, Scratch, copied_input};
+use super::arena::{DeviceBuf, Elem, Scratch, copied_input};
 use super::device::BlasLt;
 use super::fp8::Fp8Products;
 use super::fusion::{AttentionLowering, Fusions};
 use super::gemm::{Matmul, MatmulSpec, Operand};
-use super::steps::{LANES, RopeRows, Schedule, Step};
+use super::steps::{RopeRows, Schedule, Step};
 use super::weights::{SELECTION_PIECE_BYTES, Selections, WeightPtrs};
 use crate::error::{Error, Result};
 use crate::fp8::ProductScales;
@@ -62,9 +62,6 @@ pub(super) struct Lowering<'a> {
     pub(super) tiled: &'a WeightPtrs,
     /// The FP8 products with Hopper's fast accumulation, cuBLASLt's and the streamed kernels' (`Switches`).
     pub(super) fp8_fast_accumulation: bool,
-    /// Down's blocks in a streamed MLP into a zeroed output wait only for their K split's writers
-    /// (`Switches::mlp_split_waits`).
-    pub(super) mlp_split_waits: bool,
     /// The FP8 products' weights: their scales and where the pair is on the device.
     pub(super) fp8: &'a HashMap<usize, (ProductScales, DevPtr)>,
     /// The streamed MLPs and products that run in FP8, with their scales.
@@ -78,11 +75,8 @@ pub(super) struct Lowering<'a> {
     /// The prompt bucket of each phase (as `phase_steps`).
     pub(super) phase_buckets: Vec<Option<usize>>,
     pub(super) matmuls: Vec<Matmul>,
-    /// The streamed products and MLPs (first ops) whose output a gated residual norm lowered
-    /// before them left zero.
+    /// The streamed products whose output a gated residual norm lowered before them left zero.
     pub(super) zeroed_outputs: Vec<usize>,
-    /// The streamed MLPs lowered so far on each stream: the next one's counters follow theirs.
-    pub(super) mlps_lowered: [usize; LANES],
 }
 
 impl Lowering<'_> {
@@ -246,10 +240,6 @@ impl Lowering<'_> {
                     }
                     _ => self.mat(*a)?,
                 };
-                let out_zeroed = self.zeroed_outputs.contains(&i);
-                // This MLP's own counters (the backend sized one set per streamed MLP a stream has).
-                let counters = self.scratch().mlp_counters + (self.mlps_lowered[self.lane] * MLP_SPLIT_COUNTERS * 4) as u64;
-                self.mlps_lowered[self.lane] += 1;
                 self.steps.push(Step::StreamedMlp {
                     out: self.mat(*out)?,
                     hidden: self.mat(*hidden)?,
@@ -261,8 +251,6 @@ impl Lowering<'_> {
                     barrier: self.scratch().grid_barrier,
                     multiprocessors: self.multiprocessors,
                     programmatic: self.fusions.early_mlps.binary_search(&i).is_ok(),
-                    out_zeroed,
-                    split_counters: (out_zeroed && self.mlp_split_waits).then_some(counters),
                 });
                 self.tag_steps(from, i..i + 3);
                 continue;

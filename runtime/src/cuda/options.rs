@@ -60,10 +60,6 @@ pub struct Switches {
     /// zero, so that product adds its K splits' sums at once, without zeroing it and a grid
     /// barrier first (`FRT_NO_ZEROED_BRANCH=1`: the product zeroes it itself).
     pub zeroed_branches: bool,
-    /// In a streamed MLP whose output was left zero, down's blocks wait only for the blocks
-    /// writing the GeGLU columns they read, on counters of the MLP's own, instead of meeting all
-    /// at a grid barrier (`FRT_NO_MLP_SPLIT_WAIT=1`: the barrier).
-    pub mlp_split_waits: bool,
     /// Concurrent phases on a second stream (`FRT_NO_OVERLAP=1`: one stream).
     pub overlap: bool,
     /// Kernels launched as programmatic dependents of the one before them, starting their
@@ -85,7 +81,6 @@ impl Default for Switches {
             fp8_fast_accumulation: true,
             fp8_first_step: true,
             zeroed_branches: true,
-            mlp_split_waits: true,
             overlap: true,
             early_launch: true,
         }
@@ -106,7 +101,6 @@ impl Switches {
             fp8_fast_accumulation: on("FRT_NO_FP8_FAST_ACCUM"),
             fp8_first_step: on("FRT_NO_FP8_FIRST_STEP"),
             zeroed_branches: on("FRT_NO_ZEROED_BRANCH"),
-            mlp_split_waits: on("FRT_NO_MLP_SPLIT_WAIT"),
             overlap: on("FRT_NO_OVERLAP"),
             early_launch: on("FRT_NO_EARLY_LAUNCH"),
         }
@@ -124,17 +118,16 @@ impl Switches {
             fp8_fast_accumulation,
             fp8_first_step,
             zeroed_branches,
-            mlp_split_waits,
             overlap,
             early_launch,
         } = *self;
         let state = |on: bool| if on { "on" } else { "off" };
         format!(
             "wgmma {}, fused attention {}, fused MLP {}, FP8 streamed kernels {}, FP8 inputs from their producers {}, FP8 expert inputs \
-             in e4m3 {}, FP8 fast accumulation {}, FP8 first denoise step {}, branches zeroed by their reader {}, MLP \
-             split waits {}, two streams {}, early launches {} (FRT_NO_WGMMA, FRT_NO_FUSED_ATTENTION, FRT_NO_FUSED_MLP, \
-             FRT_NO_FP8_STREAMED, FRT_NO_FP8_PRODUCERS, FRT_NO_FP8_EXPERT_E4M3, FRT_NO_FP8_FAST_ACCUM, \
-             FRT_NO_FP8_FIRST_STEP, FRT_NO_ZEROED_BRANCH, FRT_NO_MLP_SPLIT_WAIT, FRT_NO_OVERLAP, FRT_NO_EARLY_LAUNCH)",
+             in e4m3 {}, FP8 fast accumulation {}, FP8 first denoise step {}, branches zeroed by their reader {}, two streams {}, \
+             early launches {} (FRT_NO_WGMMA, FRT_NO_FUSED_ATTENTION, FRT_NO_FUSED_MLP, FRT_NO_FP8_STREAMED, \
+             FRT_NO_FP8_PRODUCERS, FRT_NO_FP8_EXPERT_E4M3, FRT_NO_FP8_FAST_ACCUM, FRT_NO_FP8_FIRST_STEP, \
+             FRT_NO_ZEROED_BRANCH, FRT_NO_OVERLAP, FRT_NO_EARLY_LAUNCH)",
             state(wgmma),
             state(fused_attention),
             state(fused_mlp),
@@ -144,7 +137,6 @@ impl Switches {
             state(fp8_fast_accumulation),
             state(fp8_first_step),
             state(zeroed_branches),
-            state(mlp_split_waits),
             state(overlap),
             state(early_launch)
         )
@@ -168,7 +160,6 @@ mod tests {
                 && all.fp8_fast_accumulation
                 && all.fp8_first_step
                 && all.zeroed_branches
-                && all.mlp_split_waits
                 && all.overlap
                 && all.early_launch
         );

@@ -142,11 +142,6 @@ pub(super) enum Step {
         multiprocessors: usize,
         /// Launched as a programmatic dependent of the norm step before it (see `after_their_norm`).
         programmatic: bool,
-        /// `out` holds zeros when it starts (the step that read it last left them).
-        out_zeroed: bool,
-        /// This MLP's own down-split counters: down's blocks wait only for the blocks writing
-        /// the GeGLU columns they read (`Switches::mlp_split_waits`).
-        split_counters: Option<DevPtr>,
     },
     /// A few-row FP8 product `out = a · wᵀ` as one streamed launch (`Kernels::product_stream`),
     /// its weight tiled in e4m3 at open.
