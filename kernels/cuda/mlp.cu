@@ -312,8 +312,9 @@ extern "C" __global__ void __launch_bounds__(160, 1)
 // the input's scale × the weight's). With one split a block stores its tile; with several the
 // blocks add their sums into `out`: into zeros left there by the kernel that read `out` last
 // (`out_zeroed`: the gated residual norm reading the branch, `zero_y`), or else (cooperative
-// launch) the blocks zero it and meet at the grid barrier before adding (1.3 µs on an H100). With `a_e4m3`, `a` holds e4m3 codes already divided by its scale (the attention
-// merge before it wrote them so; `a_stride` in bytes) and loads as it is. cuBLASLt would need a quantizing launch before the product; here the
+// launch) the blocks zero it and meet at the grid barrier before adding (1.3 µs on an H100).
+// With `a_e4m3`, `a` holds e4m3 codes already divided by its scale (the attention merge before it
+// wrote them so; `a_stride` in bytes) and loads as it is. cuBLASLt would need a quantizing launch before the product; here the
 // quantization rides on the load and the weight bytes are half of bf16's (5.1 against 5.7 µs
 // for the expert's on the H200). A bf16 output would take one split, every block quantizing all
 // of A: the expert's QKV took 8.0 µs so, against cuBLASLt's 4.6 in bf16, and is left to it.
