@@ -6,7 +6,7 @@ use std::path::Path;
 
 use flashrt::calibration::{self, Calibration, CalibrationSettings, ProductCalibration, ProductPrecision};
 use flashrt::compare;
-use flashrt::models::groot_n17;
+use flashrt::models::{groot_n17, pi05};
 use flashrt::synthetic::PROMPTS as SYNTHETIC_PROMPTS;
 use flashrt::{BackendKind, Error, Frame, Observation, PixelFormat, Policy, PolicyConfig, Precision};
 
@@ -114,7 +114,7 @@ fn products_that_lose_too_much_in_fp8_stay_in_higher_precision() {
 }
 
 /// Products named by a `keep_bf16` prefix stay in bf16 and say why; by default Pi0.5 keeps its
-/// vision tower and GR00T its backbone's language model and first vision blocks (their FP8 error
+/// first vision blocks (and every block's output projection and fc2) and GR00T its backbone's language model and first vision blocks (their FP8 error
 /// compounds into the actions), and an empty list keeps none. The file records the list it was
 /// made with.
 #[test]
@@ -129,8 +129,15 @@ fn products_named_to_keep_stay_in_bf16_and_each_model_keeps_its_default() {
     }
     assert_eq!(kept.products["lm.1.qkv*(1+input_norm)"].precision, ProductPrecision::Fp8);
     let default = calibrate(dir.path(), &CalibrationSettings { keep_bf16: None, ..settings() });
-    assert_eq!(default.settings.keep_bf16, Some(vec!["vision.".to_string()]), "Pi0.5 keeps its vision tower by default");
-    assert!(default.products.iter().all(|(name, p)| !name.starts_with("vision.") || p.precision == ProductPrecision::Bf16));
+    let pi05_default: Vec<String> = pi05::FP8_KEEP_BF16.iter().map(|p| p.to_string()).collect();
+    assert_eq!(default.settings.keep_bf16, Some(pi05_default));
+    // The tiny fixture's vision blocks are all among the first seven that Pi0.5 keeps whole, and
+    // the patch embedding is kept too.
+    let vision: Vec<_> = default.products.iter().filter(|(name, _)| name.starts_with("vision.")).collect();
+    assert!(
+        !vision.is_empty() && vision.iter().all(|(_, p)| p.precision == ProductPrecision::Bf16 && p.why.contains("keep_bf16")),
+        "{vision:?}"
+    );
     assert_eq!(default.products["lm.1.qkv*(1+input_norm)"].precision, ProductPrecision::Fp8);
 
     let groot = Path::new(FIXTURE).with_file_name("groot_n17_tiny");
