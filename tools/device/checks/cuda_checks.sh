@@ -351,8 +351,9 @@ for phase in "$@"; do
     fp8-variants)
         # Which part of Pi0.5 sets FP8's error, and what keeping it in bf16 costs: each carried
         # calibration variant of the 3-camera calibration (.device-carry/calibration/
-        # pi05-full-3v-NAME.json, e.g. one group of products turned back to bf16) against the bf16
-        # build on the same 32 observations, then pi05-2v's speed under each 2-camera variant.
+        # pi05-full-3v-NAME.json, e.g. one group of products turned back to bf16; made by
+        # tools/device/checks/calibration_variant.py) against the bf16 build on the same 32
+        # observations, then pi05-2v's speed under each 2-camera variant.
         echo "== fp8-variants: pi05 FP8 vs bf16 actions under each carried calibration variant"
         synth_full
         fp8_compare_variants "$FULL" 3 pi05-full-3v
