@@ -38,9 +38,14 @@ def main() -> None:
     args = parser.parse_args()
     with open(args.input) as f:
         calibration = json.load(f)
-    changed = {"fp8": [], "bf16": []}
+    targets = {"fp8": args.fp8, "bf16": args.bf16}
+    for patterns in targets.values():
+        for p in patterns:
+            if not any(matches(name, p) for name in calibration["products"]):
+                raise SystemExit(f"pattern {p!r} matches no product of {args.input}")
+    changed = {precision: [] for precision in targets}
     for name, product in calibration["products"].items():
-        for precision, patterns in (("fp8", args.fp8), ("bf16", args.bf16)):
+        for precision, patterns in targets.items():
             if any(matches(name, p) for p in patterns) and product["precision"] != precision:
                 product["precision"] = precision
                 if precision == "fp8":
@@ -48,10 +53,6 @@ def main() -> None:
                 else:
                     product["why"] = "kept in bf16 by this variant"
                 changed[precision].append(name)
-    for precision, patterns in (("fp8", args.fp8), ("bf16", args.bf16)):
-        for p in patterns:
-            if not any(matches(name, p) for name in calibration["products"]):
-                raise SystemExit(f"pattern {p!r} matches no product of {args.input}")
     calibration["settings"]["variant"] = {"of": args.input, "to_fp8": args.fp8, "to_bf16": args.bf16}
     with open(args.output, "w") as f:
         json.dump(calibration, f, indent=1)
