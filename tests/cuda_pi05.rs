@@ -120,6 +120,8 @@ struct Case {
     compare: Vec<String>,
     /// Lines the CUDA backend's lowering report must contain (the paths under test were taken).
     lowering_says: Vec<String>,
+    /// Words it must not contain (a fallback under test was not taken).
+    lowering_lacks: Vec<String>,
     rng: ChaCha8Rng,
 }
 
@@ -139,6 +141,7 @@ impl Case {
             inputs: Vec::new(),
             compare: Vec::new(),
             lowering_says: Vec::new(),
+            lowering_lacks: Vec::new(),
             rng: ChaCha8Rng::seed_from_u64(seed),
         }
     }
@@ -247,6 +250,9 @@ impl Case {
         let gpu = gpu.unwrap_or_else(|e| panic!("{}: CUDA backend: {e}", self.name));
         for line in &self.lowering_says {
             assert!(gpu.lowering().contains(line.as_str()), "{}: the lowering does not say {line:?}:\n{}", self.name, gpu.lowering());
+        }
+        for word in &self.lowering_lacks {
+            assert!(!gpu.lowering().contains(word.as_str()), "{}: the lowering says {word:?}:\n{}", self.name, gpu.lowering());
         }
         // A buffer is an f32 path when the device holds it in f32 and every op writing it reads
         // only f32 paths (host inputs, weights, i32/u8 buffers included) and is not a product:
@@ -735,6 +741,48 @@ fn fp8_producers_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<Pr
     (c, scales)
 }
 
+/// A feed-forward as GR00T's DiT runs it (seed 0 at its shape: 41 rows, 1536 → 6144 → 1536;
+/// others random): an affine LayerNorm, fc1 with its bias and the tanh GELU, fc2 with its bias
+/// adding into the f32 residual, both in FP8. fc1's cuBLASLt epilogue writes fc2's input in e4m3
+/// (its f32 result times fc2's inverse input scale, rounded once as the emulation rounds it:
+/// `fusion::after_their_fp8_gelu_product`), so no launch quantizes it; each input scale from its
+/// input's range on the CPU. The residual is compared, at the re-quantizing tiers: a last-bits
+/// difference in a GELU output now and then rounds it to the neighbouring code.
+fn fp8_feed_forward_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<ProductScales>>) {
+    let mut c = Case::new(String::new(), seed);
+    let (rows, width, hidden) = if seed == 0 {
+        (41, 1536, 6144)
+    } else {
+        (c.rng.random_range(1..=200), 16 * c.rng.random_range(1..=40), 16 * c.rng.random_range(1..=80))
+    };
+    c.name = format!("fp8 feed-forward {rows}x{width}, hidden {hidden}");
+    // A small residual (the norm takes its scale out), so the compared sum is mostly the
+    // feed-forward's and its FP8 error shows against f32.
+    let residual = c.normal(rows * width, 0.1);
+    let x = c.input_of("x", rows, width, residual);
+    let (h, ff) = (c.plan.matrix("h", rows, width), c.plan.matrix("ff", rows, hidden));
+    let (g, b) = (c.normal(width, 0.2).iter().map(|v| 1.0 + v).collect(), c.normal(width, 0.2));
+    let affine = Some((c.vector_weight(g), c.vector_weight(b)));
+    c.plan.push(Op::LayerNorm { x, out: h, affine, modulation: None, eps: 1e-6 });
+    let (fc1, fc2) = (c.matrix_weight(hidden, width), c.matrix_weight(width, hidden));
+    let (b1, b2) = (c.normal(hidden, 0.3), c.normal(width, 0.3));
+    let (b1, b2) = (c.vector_weight(b1), c.vector_weight(b2));
+    c.plan.push(Op::Gemm { a: h, w: fc1, bias: Some(b1), out: ff, accumulate: false });
+    c.plan.push(Op::Activation { x: ff, kind: Activation::GeluTanh });
+    c.plan.push(Op::Gemm { a: ff, w: fc2, bias: Some(b2), out: x, accumulate: true });
+    c.check(x);
+    let mut scales = vec![None; c.plan.weights.len()];
+    for (w, input) in [(fc1, "h"), (fc2, "ff")] {
+        let activation_amax = fp8::amax(&c.cpu_values(ckpt, input));
+        scales[w.0] =
+            Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(fp8::amax(&c.weights[w.0])) });
+    }
+    c.lowering_says.push("pass FP8 producers: 2 of 2 cuBLASLt FP8 product input(s) written in e4m3".into());
+    // No launch quantizes fc2's input (cuBLASLt took the e4m3 output).
+    c.lowering_lacks.push("quantize_e4m3".into());
+    (c, scales)
+}
+
 /// The expert's gated residual (an f32 branch, as its streamed kernels write) and the adaRMS norm
 /// after it, into a new `rows × width` matrix `name`.
 fn push_gated_norm(c: &mut Case, name: &str, rows: usize, width: usize) -> View {
@@ -835,6 +883,54 @@ fn fp8_attention_projection_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Ve
     let activation_amax = fp8::amax(&c.cpu_values(ckpt, "attn"));
     scales[w.0] = Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(fp8::amax(&c.weights[w.0])) });
     c.lowering_says.push("1 streamed product input(s) written in e4m3 by the attention merge before them".into());
+    (c, scales)
+}
+
+/// GR00T's heads attention writing its FP8 output projection's input in e4m3 (`attention_hd48`
+/// and `attention_hd64`'s e4m3 forms): seed 0 the DiT's cross-attention at its shape (41 queries,
+/// 32 heads of 48, 201 keys, some masked; the projection with its bias adding into the f32
+/// residual), seed 1 the vision tower's (two cameras of 256 rows, heads of 64, into a bf16
+/// output). V is a common row plus small noise, as in `fp8_attention_projection_case` (the
+/// device's softmax weights are bf16), so the comparison measures the e4m3 output and the product.
+fn fp8_heads_attention_projection_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<ProductScales>>) {
+    let mut c = Case::new(String::new(), seed);
+    let (head_dim, heads, groups, queries, keys) = if seed == 0 { (48, 32, 1, 41, 201) } else { (64, 4, 2, 256, 256) };
+    let width = heads * head_dim;
+    c.name = format!("fp8 attention_hd{head_dim} into e4m3 + output projection, {groups}x{queries} over {keys} keys");
+    let q = c.input("q", groups * queries, width);
+    let k = c.input("k", groups * keys, width);
+    let (row, noise) = (c.normal(width, 1.0), c.normal(groups * keys * width, 0.05));
+    let v_values = noise.iter().enumerate().map(|(i, e)| half::bf16::from_f32(row[i % width] + e).to_f32()).collect();
+    let v = c.input_of("v", groups * keys, width, v_values);
+    let key_valid = (seed == 0).then(|| {
+        let values: Vec<f32> = (0..keys).map(|j| if j % 7 == 3 { 0.0 } else { 1.0 }).collect();
+        let host = c.plan.host_buffer("key_valid.host", BufType::F32, keys, HostIo::Input);
+        c.inputs.push((host, Input::F32(values)));
+        host
+    });
+    let attn = c.plan.matrix("attn", groups * queries, width);
+    let (query_valid, causal) = (None, None);
+    c.plan.push(Op::Attention { q, k, v, out: attn, heads, kv_heads: heads, head_dim, groups, key_valid, query_valid, causal });
+    let w = c.matrix_weight(width, width);
+    let out = if seed == 0 {
+        let residual = c.normal(queries * width, 0.1);
+        let x = c.input_of("x", queries, width, residual);
+        let bias = c.normal(width, 0.3);
+        let bias = c.vector_weight(bias);
+        c.plan.push(Op::Gemm { a: attn, w, bias: Some(bias), out: x, accumulate: true });
+        x
+    } else {
+        let out = c.plan.matrix("out", groups * queries, width);
+        c.plan.push(Op::Gemm { a: attn, w, bias: None, out, accumulate: false });
+        c.consume(out);
+        out
+    };
+    c.check(out);
+    let mut scales = vec![None; c.plan.weights.len()];
+    let activation_amax = fp8::amax(&c.cpu_values(ckpt, "attn"));
+    scales[w.0] = Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(fp8::amax(&c.weights[w.0])) });
+    c.lowering_says.push("pass FP8 producers: 1 of 1 cuBLASLt FP8 product input(s) written in e4m3".into());
+    c.lowering_lacks.push("quantize_e4m3".into());
     (c, scales)
 }
 
@@ -1458,9 +1554,11 @@ fn fp8_products_match_the_cpu_emulation() {
         .chain((0..2).map(|seed| fp8_producers_case(seed, &dummy)).map(single))
         .chain((0..2).map(|seed| fp8_qkv_rope_case(seed, &dummy)).map(single))
         .chain((0..2).map(|seed| fp8_attention_projection_case(seed, &dummy)).map(single))
+        .chain((0..2).map(|seed| fp8_heads_attention_projection_case(seed, &dummy)).map(single))
         .chain(
             (0..2)
-                .map(|seed| fp8_mlp_case(seed, &dummy))
+                .map(|seed| fp8_feed_forward_case(seed, &dummy))
+                .chain((0..2).map(|seed| fp8_mlp_case(seed, &dummy)))
                 .map(|(case, scales)| (case, scales, OP_NMSE_FP8_REQUANTIZED, OP_NMSE_FP8_REQUANTIZED_FAST_ACCUMULATION)),
         );
     let f32_accumulation = Switches { fp8_fast_accumulation: false, ..Switches::default() };

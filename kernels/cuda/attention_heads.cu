@@ -16,6 +16,10 @@
 // are zeros, masked in the softmax, and straight-line loops let the compiler issue the
 // shared-memory loads ahead of the products.
 //
+// The output, f32 or bf16, or (`attention_hd{48,64}_e4m3`, sm_89 on) e4m3 for the FP8 output
+// projection after it: each value times `out_scale` (that product's inverse input scale; 1
+// otherwise) before it is stored, rounded once from f32 as the CPU's FP8 emulation rounds it.
+//
 // Masks, as the general path's softmax (softmax.cu) applies them: keys with key_valid 0, keys
 // past `row + causal_offset` (causal_offset >= 0), and past the group's key count weigh nothing;
 // a row with no key left, or with query_valid 0, is written as zeros.
@@ -60,7 +64,8 @@ __device__ __forceinline__ void ah_barrier_wait(unsigned long long* bar) {
 template <int D, int MAX_KEYS, typename Tout>
 __device__ void attention_heads(Tout* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride,
                                 const bf16* v, int v_stride, int rows_per_group, int keys, int heads_per_kv,
-                                const float* key_valid, const float* query_valid, int causal_offset, float scale_log2) {
+                                const float* key_valid, const float* query_valid, int causal_offset, float scale_log2,
+                                float out_scale) {
     using S = AhShape<D, MAX_KEYS>;
     constexpr int DP = S::padded, STRIDE = S::stride, PART_KEYS = S::part_keys;
     extern __shared__ __align__(16) unsigned char ah_shared[];
@@ -230,7 +235,7 @@ __device__ void attention_heads(Tout* out, int out_stride, const bf16* q, int q_
 #pragma unroll
                 for (int e = 0; e < 8; ++e) acc[e] += w * part_o[e];
             }
-            const float inv = 1.0f / sum;
+            const float inv = out_scale / sum;
 #pragma unroll
             for (int e = 0; e < 8; ++e) acc[e] *= inv;
         }
@@ -239,15 +244,17 @@ __device__ void attention_heads(Tout* out, int out_stride, const bf16* q, int q_
 }
 
 // attention_hd{D}_{f32,bf16}: head dimension D over at most MAX_KEYS keys per group
-// (launch/mod.rs: HEADS_ATTENTION lists the same pairs).
+// (launch/mod.rs: HEADS_ATTENTION lists the same pairs); attention_hd{48,64}_e4m3 from sm_89 on
+// (HEADS_ATTENTION_E4M3).
 #define ATTENTION_HEADS(NAME, TOUT, D, MAX_KEYS)                                                             \
     extern "C" __global__ void __launch_bounds__(AH_THREADS)                                                 \
         NAME(TOUT* out, int out_stride, const bf16* q, int q_stride, const bf16* k, int k_stride,            \
              const bf16* v, int v_stride, int rows_per_group, int keys, int heads_per_kv,                    \
-             const float* key_valid, const float* query_valid, int causal_offset, float scale_log2) {        \
+             const float* key_valid, const float* query_valid, int causal_offset, float scale_log2,          \
+             float out_scale) {                                                                              \
         attention_heads<D, MAX_KEYS, TOUT>(out, out_stride, q, q_stride, k, k_stride, v, v_stride,           \
                                            rows_per_group, keys, heads_per_kv, key_valid, query_valid,       \
-                                           causal_offset, scale_log2);                                       \
+                                           causal_offset, scale_log2, out_scale);                            \
     }
 #define ATTENTION_HD48(NAME, TOUT) ATTENTION_HEADS(NAME, TOUT, 48, 320)
 #define ATTENTION_HD64(NAME, TOUT) ATTENTION_HEADS(NAME, TOUT, 64, 320)
@@ -257,3 +264,8 @@ FOR_TYPE(ATTENTION_HD48, attention_hd48)
 FOR_TYPE(ATTENTION_HD64, attention_hd64)
 FOR_TYPE(ATTENTION_HD72, attention_hd72)
 FOR_TYPE(ATTENTION_HD128, attention_hd128)
+#if __CUDA_ARCH__ >= 890
+// GR00T's DiT (48) and its vision tower (64), whose output projections run in FP8.
+ATTENTION_HD48(attention_hd48_e4m3, e4m3)
+ATTENTION_HD64(attention_hd64_e4m3, e4m3)
+#endif

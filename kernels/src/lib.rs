@@ -27,7 +27,8 @@ pub use launch::elementwise::{QwenImageArgs, QwenImageSizes};
 pub use launch::mlp::MlpFp8Scales;
 pub use launch::sequence::{MAX_PROMPT_BUCKETS, MultiAxis, RopeArgs};
 pub use launch::{
-    DevPtr, Dtype, HEADS_ATTENTION, Kernels, Mat, ROW_PRODUCT_MAX, has_fp8, has_wgmma, heads_attention_max_keys, kernel_names,
+    DevPtr, Dtype, HEADS_ATTENTION, HEADS_ATTENTION_E4M3, Kernels, Mat, ROW_PRODUCT_MAX, has_fp8, has_wgmma, heads_attention_max_keys,
+    kernel_names,
 };
 
 pub type Result<T, E = KernelError> = std::result::Result<T, E>;

@@ -54,6 +54,9 @@ pub struct HeadsAttentionArgs {
     pub query_valid: Option<DevPtr>,
     /// `Some(offset)`: row `r` of a group sees only its keys `0..=r + offset`.
     pub causal: Option<usize>,
+    /// What the output is multiplied by before it is stored: 1, or for an e4m3 `out` (head
+    /// dimensions in [`HEADS_ATTENTION_E4M3`]) the inverse input scale of the FP8 product after it.
+    pub out_scale: f32,
 }
 
 /// How [`Kernels::attention_mq256`] splits the keys of one attention over blocks.
@@ -293,11 +296,14 @@ impl Kernels {
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
     pub unsafe fn attention_heads(&self, args: &HeadsAttentionArgs, stream: CUstream) -> Result<()> {
-        let HeadsAttentionArgs { out, q, k, v, heads, kv_heads, head_dim: d, groups, key_valid, query_valid, causal } = *args;
+        let HeadsAttentionArgs { out, q, k, v, heads, kv_heads, head_dim: d, groups, key_valid, query_valid, causal, out_scale } = *args;
         let name = format!("attention_hd{d}_{}", out.dtype.suffix());
         let Some(max_keys) = heads_attention_max_keys(d) else {
             return Err(shape_error(&name, format!("no form for head dimension {d} (forms: {HEADS_ATTENTION:?})")));
         };
+        if out.dtype == Dtype::E4m3 && !HEADS_ATTENTION_E4M3.contains(&d) {
+            return Err(shape_error(&name, format!("no e4m3 form for head dimension {d} (forms: {HEADS_ATTENTION_E4M3:?})")));
+        }
         if !self.fused_attention {
             return Err(shape_error(
                 &name,
@@ -349,6 +355,7 @@ impl Kernels {
             Arg::P(query_valid.unwrap_or(0)),
             Arg::I(causal_offset),
             Arg::F(std::f32::consts::LOG2_E / (d as f32).sqrt()),
+            Arg::F(out_scale),
         ];
         let grid = (rows.div_ceil(HEADS_ROWS) as u32, i32_of(heads, &name)? as u32, i32_of(groups, &name)? as u32);
         // SAFETY: matches `attention_hd{d}_*`: its threads, grid (query tiles, heads, groups), the

@@ -88,6 +88,9 @@ fn attention_chunk_keys(arch: &str) -> usize {
 /// keys per group it holds in shared memory: SigLIP (72), GR00T's vision tower and VL
 /// self-attention (64), its DiT (48) and its Qwen3 decoder (128).
 pub const HEADS_ATTENTION: [(usize, usize); 4] = [(48, 320), (64, 320), (72, 256), (128, 256)];
+/// The head dimensions `attention_hd{D}_e4m3` is compiled for (sm_89 on): an attention writing
+/// the input of an FP8 output projection in e4m3 (GR00T's DiT and vision tower).
+pub const HEADS_ATTENTION_E4M3: [usize; 2] = [48, 64];
 /// Query rows and threads per block of `attention_hd{D}` (AH_ROWS, AH_THREADS).
 const HEADS_ROWS: usize = 64;
 const HEADS_THREADS: u32 = 256;
@@ -224,6 +227,7 @@ pub fn kernel_names(arch: &str) -> Vec<String> {
         for base in INTO_E4M3 {
             names.extend(types.map(|t| format!("{base}_{t}_e4m3")));
         }
+        names.extend(HEADS_ATTENTION_E4M3.map(|d| format!("attention_hd{d}_e4m3")));
     }
     names
 }
@@ -325,8 +329,10 @@ impl Kernels {
         }
         let heads = HEADS_ATTENTION.map(|(d, keys)| (format!("attention_hd{d}"), heads_shared_bytes(d, keys)));
         let fused = [(kernels.attention_kernel.to_string(), kernels.attention_shared_bytes)].into_iter().chain(heads);
+        let with_e4m3 = |base: &str| has_fp8(arch) && HEADS_ATTENTION_E4M3.iter().any(|d| base == format!("attention_hd{d}"));
         for (base, bytes) in fused {
-            for dtype in ["bf16", "f32"] {
+            let dtypes: &[&str] = if with_e4m3(&base) { &["bf16", "f32", "e4m3"] } else { &["bf16", "f32"] };
+            for dtype in dtypes {
                 let f = kernels.function(&format!("{base}_{dtype}"))?;
                 let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
                 // SAFETY: `f` is a resolved function of a loaded module; the value is a byte count.

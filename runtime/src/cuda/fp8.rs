@@ -40,6 +40,10 @@ pub const FP8_MIN_ROWS: usize = 128;
 /// and 16-byte aligned ones accepted in all.
 pub(super) const SCALE_STRIDE: u64 = 16;
 const _: () = assert!(SCALE_STRIDE % 16 == 0, "cuBLASLt wants 16-byte aligned FP8 scale pointers");
+/// Each cuBLASLt FP8 product's device scales: its weight's, its input's, its input's inverse.
+const SCALES_PER_PRODUCT: usize = 3;
+/// Bytes from a product's scales to its input's inverse scale.
+pub(super) const INVERSE_INPUT_SCALE_AT: u64 = 2 * SCALE_STRIDE;
 
 /// The products the backend runs in FP8 and the calibrated ones it keeps in bf16.
 #[derive(Debug, Default)]
@@ -180,7 +184,9 @@ impl Fp8Products {
     }
 
     /// The chosen products' scales on the device and where each weight's are: the weight's at
-    /// that address, the input's [`SCALE_STRIDE`] bytes on, each scale 16-byte aligned.
+    /// that address, the input's [`SCALE_STRIDE`] bytes on and the input's inverse (what an
+    /// e4m3 producer of the input multiplies by, [`INVERSE_INPUT_SCALE_AT`]) after it, each
+    /// scale 16-byte aligned.
     pub(super) fn upload_scales(&self) -> Result<(Option<DeviceMemory>, HashMap<usize, DevPtr>)> {
         if self.chosen.is_empty() {
             return Ok((None, HashMap::new()));
@@ -188,14 +194,15 @@ impl Fp8Products {
         let mut order: Vec<(&usize, &ProductScales)> = self.chosen.iter().collect();
         order.sort_unstable_by_key(|(w, _)| **w);
         let per_scale = SCALE_STRIDE as usize / 4;
-        let mut values = vec![0f32; order.len() * 2 * per_scale];
+        let mut values = vec![0f32; order.len() * SCALES_PER_PRODUCT * per_scale];
         for (i, (_, s)) in order.iter().enumerate() {
-            (values[2 * i * per_scale], values[(2 * i + 1) * per_scale]) = (s.weight, s.activation);
+            let slots = &mut values[i * SCALES_PER_PRODUCT * per_scale..];
+            (slots[0], slots[per_scale], slots[2 * per_scale]) = (s.weight, s.activation, 1.0 / s.activation);
         }
         let memory = DeviceMemory::new(values.len() * 4, "FP8 scales")?;
         // SAFETY: the allocation was sized for the values.
         check("uploading the FP8 scales", unsafe { result::memcpy_htod_sync(memory.ptr, &values) })?;
-        let at = order.iter().enumerate().map(|(i, (w, _))| (**w, memory.ptr + 2 * i as u64 * SCALE_STRIDE)).collect();
+        let at = order.iter().enumerate().map(|(i, (w, _))| (**w, memory.ptr + (SCALES_PER_PRODUCT * i) as u64 * SCALE_STRIDE)).collect();
         Ok((Some(memory), at))
     }
 }

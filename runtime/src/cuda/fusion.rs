@@ -222,8 +222,8 @@ impl Fusions {
         );
         let _ = writeln!(
             s,
-            "  pass FP8 producers: {} of {} cuBLASLt FP8 product input(s) written in e4m3 by their norm or gated activation, the \
-             others quantized by a launch of their own{}; {} streamed QKV product and {} streamed MLP input(s) written in e4m3 \
+            "  pass FP8 producers: {} of {} cuBLASLt FP8 product input(s) written in e4m3 by their norm, gated activation, \
+             attention or FP8 product with its GELU, the others quantized by a launch of their own{}; {} streamed QKV product and {} streamed MLP input(s) written in e4m3 \
              by their gated residual norm; {} streamed product input(s) written in e4m3 by the attention merge before them{}",
             self.e4m3_producers.len(),
             self.fp8_products,
@@ -583,16 +583,51 @@ fn after_its_producer(plan: &Plan, op_lanes: &[usize], i: usize, output: impl Fn
 
 /// Of the FP8 `products` (op indices of cuBLASLt FP8 products, ascending), those whose whole
 /// input is written, on the same stream and in the same phase, by the op just before them, a
-/// layer norm, an RMS norm or a gated activation, and read by nothing after them before
-/// something writes it again: that op writes the input in e4m3 with the product's scale, and the
+/// layer norm, an RMS norm, a gated activation or an attention, and read by nothing after them
+/// before something writes it again: that op writes the input in e4m3 with the product's scale
+/// (an attention where its kernel has an e4m3 form: the lowering quantizes the rest), and the
 /// buffer it wrote in bf16 is never written. (Vision's and the prefix's norms before the QKV and
-/// gate/up products, and the prefix's GeGLU before the down product.)
+/// gate/up products, the prefix's GeGLU before the down product, GR00T's attentions before their
+/// output projections.) With them, ascending, the products fed so by another FP8 product and its
+/// GELU ([`after_their_fp8_gelu_product`]).
 pub(super) fn e4m3_producers(plan: &Plan, op_lanes: &[usize], products: &[usize]) -> Vec<usize> {
     let producer_output = |op: &Op| match *op {
-        Op::LayerNorm { out, .. } | Op::RmsNorm { out, .. } | Op::AdaRmsNorm { out, .. } | Op::GatedActivation { out, .. } => Some(out),
+        Op::LayerNorm { out, .. }
+        | Op::RmsNorm { out, .. }
+        | Op::AdaRmsNorm { out, .. }
+        | Op::GatedActivation { out, .. }
+        | Op::Attention { out, .. } => Some(out),
         _ => None,
     };
-    fed_whole_by(plan, op_lanes, products, producer_output)
+    let mut fed = fed_whole_by(plan, op_lanes, products, producer_output);
+    fed.extend(after_their_fp8_gelu_product(plan, op_lanes, products));
+    fed.sort_unstable();
+    fed
+}
+
+/// Of the FP8 `products` (ascending), those whose whole input is the tanh GELU, just before them,
+/// over the whole output of another FP8 product just before it (a feed-forward's fc1 → GELU →
+/// fc2: GR00T's DiT; SigLIP's where its fc2 runs in FP8), all on one stream and in one phase, and
+/// read by nothing after them before something writes it again. The lowering runs that GELU as
+/// the first product's cuBLASLt epilogue, which can then write the second's input in e4m3 (D
+/// scaled by the input's inverse scale) in place of a quantizing launch.
+fn after_their_fp8_gelu_product<'a>(plan: &'a Plan, op_lanes: &'a [usize], products: &'a [usize]) -> impl Iterator<Item = usize> + 'a {
+    products.iter().copied().filter(move |&i| {
+        let (Some(first), Op::Gemm { a, .. }) = (i.checked_sub(2), &plan.ops[i]) else {
+            return false;
+        };
+        let (Op::Gemm { out, accumulate: false, .. }, Op::Activation { x, kind: Activation::GeluTanh }) =
+            (&plan.ops[first], &plan.ops[first + 1])
+        else {
+            return false;
+        };
+        products.binary_search(&first).is_ok()
+            && out == x
+            && x == a
+            && op_lanes[first..=i].iter().all(|&lane| lane == op_lanes[i])
+            && (first + 1..=i).all(|j| plan.phase_starting_at(j).is_none())
+            && unread_from(plan, i + 1, a.buf, &[])
+    })
 }
 
 /// The attentions that directly follow, on the main stream and in the same phase, the RoPE op
@@ -684,6 +719,74 @@ mod tests {
         });
         let lanes = vec![0; plan.ops.len()];
         assert_eq!(e4m3_producers(&plan, &lanes, &[gate_up, down]), vec![gate_up, down]);
+    }
+
+    /// A feed-forward as GR00T's DiT has it: norm → fc1 → GELU (in place) → fc2 adding into the
+    /// residual `x`; `extra` adds what must rule the e4m3 input out. Returns fc1's op index.
+    fn feed_forward_plan(extra: impl FnOnce(&mut Plan, View)) -> (Plan, usize) {
+        let mut plan = Plan::default();
+        let (x, h, ff) = (plan.matrix("x", 4, 64), plan.matrix("h", 4, 64), plan.matrix("ff", 4, 256));
+        let (fc1, fc2) =
+            (plan.weight("fc1", WeightRole::Matrix { n: 256, k: 64 }), plan.weight("fc2", WeightRole::Matrix { n: 64, k: 256 }));
+        plan.push(Op::LayerNorm { x, out: h, affine: None, modulation: None, eps: 1e-6 });
+        let first = plan.ops.len();
+        plan.push(Op::Gemm { a: h, w: fc1, bias: None, out: ff, accumulate: false });
+        plan.push(Op::Activation { x: ff, kind: Activation::GeluTanh });
+        plan.push(Op::Gemm { a: ff, w: fc2, bias: None, out: x, accumulate: true });
+        extra(&mut plan, ff);
+        (plan, first)
+    }
+
+    #[test]
+    fn an_fp8_product_writes_the_next_ones_input_in_e4m3_only_through_its_own_gelu() {
+        let (plan, fc1) = feed_forward_plan(|_, _| {});
+        let fc2 = fc1 + 2;
+        let lanes = vec![0; plan.ops.len()];
+        // The norm feeds fc1; fc1 with its GELU feeds fc2, when both run in FP8.
+        assert_eq!(e4m3_producers(&plan, &lanes, &[fc1, fc2]), vec![fc1, fc2]);
+        // A bf16 fc1 cannot write e4m3: fc2 quantizes its input.
+        assert_eq!(e4m3_producers(&plan, &lanes, &[fc2]), Vec::<usize>::new());
+        let mut split = lanes.clone();
+        split[fc2] = 1;
+        assert_eq!(e4m3_producers(&plan, &split, &[fc1, fc2]), vec![fc1]);
+        // Something else reads the GELU output later: it must exist in bf16.
+        let (plan, _) = feed_forward_plan(|plan, ff| {
+            let y = plan.matrix("y", 4, 256);
+            plan.push(Op::Copy { dst: y, src: ff });
+        });
+        assert_eq!(e4m3_producers(&plan, &lanes_of(&plan), &[fc1, fc2]), vec![fc1]);
+        // Another activation than the tanh GELU (no cuBLASLt epilogue here), or a GELU over part
+        // of fc1's output, leaves the quantizing launch.
+        let (plan, _) = feed_forward_plan(|plan, ff| plan.ops[fc1 + 1] = Op::Activation { x: ff, kind: Activation::Silu });
+        assert_eq!(e4m3_producers(&plan, &lanes_of(&plan), &[fc1, fc2]), vec![fc1]);
+        let (plan, _) = feed_forward_plan(|plan, ff| plan.ops[fc1 + 1] = Op::Activation { x: ff.cols(0, 128), kind: Activation::GeluTanh });
+        assert_eq!(e4m3_producers(&plan, &lanes_of(&plan), &[fc1, fc2]), vec![fc1]);
+    }
+
+    #[test]
+    fn an_attention_writes_its_output_projections_input_in_e4m3_only_where_nothing_else_reads_it() {
+        let attention_then_projection = |extra: &dyn Fn(&mut Plan, View)| {
+            let mut plan = Plan::default();
+            let (q, kv, attn, x) = (plan.matrix("q", 4, 96), plan.matrix("kv", 8, 96), plan.matrix("attn", 4, 96), plan.matrix("x", 4, 64));
+            let o = plan.weight("o", WeightRole::Matrix { n: 64, k: 96 });
+            let (heads, kv_heads, head_dim, groups) = (2, 2, 48, 1);
+            let (key_valid, query_valid, causal) = (None, None, None);
+            plan.push(Op::Attention { q, k: kv, v: kv, out: attn, heads, kv_heads, head_dim, groups, key_valid, query_valid, causal });
+            plan.push(Op::Gemm { a: attn, w: o, bias: None, out: x, accumulate: true });
+            extra(&mut plan, attn);
+            plan
+        };
+        let plan = attention_then_projection(&|_, _| {});
+        assert_eq!(e4m3_producers(&plan, &lanes_of(&plan), &[1]), vec![1]);
+        let plan = attention_then_projection(&|plan, attn| {
+            let y = plan.matrix("y", 4, 96);
+            plan.push(Op::Copy { dst: y, src: attn });
+        });
+        assert_eq!(e4m3_producers(&plan, &lanes_of(&plan), &[1]), Vec::<usize>::new());
+    }
+
+    fn lanes_of(plan: &Plan) -> Vec<usize> {
+        vec![0; plan.ops.len()]
     }
 
     #[test]

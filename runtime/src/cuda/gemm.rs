@@ -45,6 +45,10 @@ pub struct MatmulSpec {
     /// B's `super::fp8::SCALE_STRIDE` bytes on. A bias is then bf16 whatever D's type (cuBLASLt's
     /// FP8 bias type).
     pub scales: Option<DevPtr>,
+    /// With `scales` and D in e4m3: the device address of the f32 D is multiplied by before it
+    /// is rounded (the inverse input scale of the FP8 product that reads D), after the bias and
+    /// the GELU. C is then not read (beta 0), and cuBLASLt types it as the bias (bf16).
+    pub d_scale: Option<DevPtr>,
     /// With `scales`: Hopper's fast FP8 accumulation (fewer accumulator bits inside the tensor
     /// core, no periodic promotion to f32), as `Switches::fp8_fast_accumulation` asks.
     pub fast_accumulation: bool,
@@ -66,7 +70,8 @@ const CANDIDATES: usize = 8;
 pub struct Matmul {
     spec: MatmulSpec,
     desc: sys::cublasLtMatmulDesc_t,
-    layouts: [sys::cublasLtMatrixLayout_t; 3],
+    /// A, B, C and D (C is D's but for an e4m3 D).
+    layouts: [sys::cublasLtMatrixLayout_t; 4],
     algos: Vec<sys::cublasLtMatmulAlgo_t>,
     chosen: usize,
 }
@@ -101,7 +106,7 @@ impl Matmul {
         let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)
             .map_err(cublas("matmul descriptor"))?;
         // Partially built descriptors are released by Drop on every early return below.
-        let mut mm = Matmul { spec, desc, layouts: [std::ptr::null_mut(); 3], algos: Vec::new(), chosen: 0 };
+        let mut mm = Matmul { spec, desc, layouts: [std::ptr::null_mut(); 4], algos: Vec::new(), chosen: 0 };
         // SAFETY: every attribute value below has the type cuBLASLt documents for it (int32 for
         // transposes and batch counts, uint32 for epilogue and alignments, int64 strides, uint64
         // workspace, a device pointer for the bias), passed by address with its exact size.
@@ -143,8 +148,13 @@ impl Matmul {
                     let bias_type = sys::cudaDataType::CUDA_R_16BF as i32;
                     set_desc(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type as *const i32 as *const c_void, 4)?;
                 }
+                if let Some(d_scale) = spec.d_scale {
+                    set_desc(CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &d_scale as *const u64 as *const c_void, 8)?;
+                }
             }
-            for (i, op) in [spec.a, spec.b, spec.d].iter().enumerate() {
+            // An e4m3 D takes a C of the bias's type (bf16), which beta 0 leaves unread.
+            let c = Operand { dtype: if spec.d_scale.is_some() { Dtype::Bf16 } else { spec.d.dtype }, ..spec.d };
+            for (i, op) in [spec.a, spec.b, c, spec.d].iter().enumerate() {
                 let layout = lt::create_matrix_layout(data_type(op.dtype), op.rows as u64, op.cols as u64, op.ld as i64)
                     .map_err(cublas("matrix layout"))?;
                 mm.layouts[i] = layout;
@@ -184,12 +194,12 @@ impl Matmul {
             for (attr, value) in prefs {
                 set = set.and_then(|_| lt::set_matmul_pref_attribute(pref, attr, &value as *const u32 as *const c_void, 4));
             }
-            let [a, b, d] = mm.layouts;
+            let [a, b, c, d] = mm.layouts;
             // SAFETY (zeroed): the heuristic result is a plain C struct that cuBLASLt fills.
             let mut results: [sys::cublasLtMatmulHeuristicResult_t; CANDIDATES] = std::mem::zeroed();
             let mut count = 0;
             let heuristic = set.and_then(|_| {
-                sys::cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, d, d, pref, CANDIDATES as i32, results.as_mut_ptr(), &mut count)
+                sys::cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, c, d, pref, CANDIDATES as i32, results.as_mut_ptr(), &mut count)
                     .result()
             });
             let _ = lt::destroy_matmul_pref(pref);
@@ -204,6 +214,11 @@ impl Matmul {
             }
         }
         Ok(mm)
+    }
+
+    /// What the product computes.
+    pub fn spec(&self) -> &MatmulSpec {
+        &self.spec
     }
 
     /// Number of candidate algorithms.
@@ -222,7 +237,9 @@ impl Matmul {
         let s = &self.spec;
         let k = if s.a.transpose { s.a.rows } else { s.a.cols };
         let fp8 = if s.scales.is_some() { " fp8" } else { "" };
-        format!("{}x{} (k {k}, batch {}){fp8}{}", s.d.cols, s.d.rows, s.batch, if s.gelu { " + gelu" } else { "" })
+        let gelu = if s.gelu { " + gelu" } else { "" };
+        let e4m3 = if s.d_scale.is_some() { " into e4m3" } else { "" };
+        format!("{}x{} (k {k}, batch {}){fp8}{gelu}{e4m3}", s.d.cols, s.d.rows, s.batch)
     }
 
     /// Everything the speed of an algorithm depends on (shapes, types, layouts, alignments,
@@ -230,7 +247,18 @@ impl Matmul {
     pub fn shape_key(&self) -> String {
         let s = &self.spec;
         let norm = |o: Operand| Operand { ptr: alignment(&o) as u64, ..o };
-        format!("{:?}", MatmulSpec { a: norm(s.a), b: norm(s.b), d: norm(s.d), bias: s.bias.map(|_| 0), scales: s.scales.map(|_| 0), ..*s })
+        format!(
+            "{:?}",
+            MatmulSpec {
+                a: norm(s.a),
+                b: norm(s.b),
+                d: norm(s.d),
+                bias: s.bias.map(|_| 0),
+                scales: s.scales.map(|_| 0),
+                d_scale: s.d_scale.map(|_| 0),
+                ..*s
+            }
+        )
     }
 
     /// Enqueues the product on `stream`.
@@ -245,7 +273,9 @@ impl Matmul {
         stream: cudarc::driver::sys::CUstream,
     ) -> Result<(), String> {
         let s = &self.spec;
-        let [a, b, d] = self.layouts;
+        let [a, b, c, d] = self.layouts;
+        // Beta 0 with an e4m3 D: C is not read (null, as cuBLASLt allows).
+        let c_ptr = if s.d_scale.is_some() { std::ptr::null() } else { s.d.ptr as *const c_void };
         // SAFETY: descriptors were built for exactly these pointers; alpha/beta are host scalars
         // read during the call (also under graph capture, where they become kernel parameters).
         unsafe {
@@ -258,8 +288,8 @@ impl Matmul {
                 a,
                 s.b.ptr as *const c_void,
                 b,
-                s.d.ptr as *const c_void,
-                d,
+                c_ptr,
+                c,
                 s.d.ptr as *mut c_void,
                 d,
                 &self.algos[self.chosen],

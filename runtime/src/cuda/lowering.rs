@@ -5,12 +5,13 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use flashrt_kernels::{
-    AttentionArgs, DevPtr, Dtype, HeadsAttentionArgs, Kernels, Mat, MultiAxis, QwenImageArgs, ROW_PRODUCT_MAX, RopeArgs,
+    AttentionArgs, DevPtr, Dtype, HEADS_ATTENTION_E4M3, HeadsAttentionArgs, Kernels, Mat, MultiAxis, QwenImageArgs, ROW_PRODUCT_MAX,
+    RopeArgs,
 };
 
 use super::arena::{DeviceBuf, Elem, Scratch, copied_input};
 use super::device::BlasLt;
-use super::fp8::Fp8Products;
+use super::fp8::{Fp8Products, INVERSE_INPUT_SCALE_AT};
 use super::fusion::{AttentionLowering, Fusions};
 use super::gemm::{Matmul, MatmulSpec, Operand};
 use super::steps::{RopeRows, Schedule, Step};
@@ -236,7 +237,7 @@ impl Lowering<'_> {
                 let elem = if fp8.is_some() { Elem::E4m3 } else { Elem::Bf16 };
                 let a = match fp8 {
                     Some(scales) if self.fusions.e4m3_mlps.binary_search(&i).is_ok() => {
-                        self.e4m3_input(self.mat(*a)?, scales.gate_up.0, true)
+                        self.e4m3_input(self.mat(*a)?, scales.gate_up.0, None, true)
                     }
                     _ => self.mat(*a)?,
                 };
@@ -261,7 +262,7 @@ impl Lowering<'_> {
                 if self.fusions.qkv_rope(i).is_some() {
                     let Some((_, rope)) = ops.next() else { unreachable!("`fusion::rope_after` found the RoPE op after it") };
                     let rope = self.rope_args(rope)?;
-                    let a = self.e4m3_input(self.mat(*a)?, scales.activation, true);
+                    let a = self.e4m3_input(self.mat(*a)?, scales.activation, None, true);
                     self.steps.push(Step::StreamedQkvRope {
                         a,
                         w: self.tiled[&(w.0, Elem::E4m3)],
@@ -275,7 +276,7 @@ impl Lowering<'_> {
                     continue;
                 }
                 let merge_fed = self.fusions.merge_fed(i);
-                let a = if merge_fed { self.e4m3_input(self.mat(*a)?, scales.activation, true) } else { self.mat(*a)? };
+                let a = if merge_fed { self.e4m3_input(self.mat(*a)?, scales.activation, None, true) } else { self.mat(*a)? };
                 self.steps.push(Step::StreamedProduct {
                     out: self.mat(*out)?,
                     a,
@@ -601,11 +602,18 @@ impl Lowering<'_> {
 
     /// The current FP8 product's input `a` in e4m3 with its calibrated scale (from f32 or bf16
     /// alike), in the lane's FP8 input scratch: with `from_producer` (a fusion pass found that
-    /// nothing else reads `a`) written so by the norm, gated activation or split attention's merge
-    /// just before when that step writes `a`, else quantized by a launch of its own.
-    fn e4m3_input(&mut self, a: Mat, activation_scale: f32, from_producer: bool) -> Mat {
+    /// nothing else reads `a`) written so by the norm, gated activation, attention (its split
+    /// merge, or the heads kernel where it has an e4m3 form) or FP8 product (with its GELU) just
+    /// before when that step writes `a`, else quantized by a launch of its own. `scales_at`: a cuBLASLt product's device scales
+    /// (`Fp8Products::upload_scales`), which a product before it needs to write e4m3.
+    fn e4m3_input(&mut self, a: Mat, activation_scale: f32, scales_at: Option<DevPtr>, from_producer: bool) -> Mat {
         let quantized = Mat { ptr: self.scratch().fp8_input, rows: a.rows, cols: a.cols, stride: a.cols, dtype: Dtype::E4m3 };
         let inverse_scale = 1.0 / activation_scale;
+        if let (true, Some(&Step::Gemm { matmul, .. }), Some(at)) = (from_producer, self.steps.last(), scales_at) {
+            if self.writes_e4m3(matmul, a, quantized, at) {
+                return quantized;
+            }
+        }
         match self.steps.last_mut() {
             Some(
                 Step::LayerNorm { out, out_scale, .. }
@@ -616,9 +624,35 @@ impl Lowering<'_> {
             Some(Step::FusedAttention(args)) if from_producer && args.out == a && args.split.splits > 1 => {
                 (args.out, args.out_scale) = (quantized, inverse_scale)
             }
+            Some(Step::HeadsAttention(args)) if from_producer && args.out == a && HEADS_ATTENTION_E4M3.contains(&args.head_dim) => {
+                (args.out, args.out_scale) = (quantized, inverse_scale)
+            }
             _ => self.steps.push(Step::QuantizeE4m3 { dst: quantized, src: a, inverse_scale }),
         }
         quantized
+    }
+
+    /// Whether cuBLASLt product `matmul`, an FP8 one writing exactly `a`, now writes `quantized`
+    /// instead, times the inverse input scale at `scales_at` (its D scale). cuBLASLt may have no
+    /// algorithm for that form; the product then stays as it was.
+    fn writes_e4m3(&mut self, matmul: usize, a: Mat, quantized: Mat, scales_at: DevPtr) -> bool {
+        let spec = *self.matmuls[matmul].spec();
+        let writes_a =
+            spec.d.ptr == a.ptr && spec.d.dtype == a.dtype && (spec.d.rows, spec.d.cols, spec.d.ld) == (a.cols, a.rows, a.stride);
+        if spec.scales.is_none() || spec.beta != 0.0 || spec.batch != 1 || !writes_a {
+            return false;
+        }
+        let d = Operand { ptr: quantized.ptr, dtype: Dtype::E4m3, ld: quantized.stride, ..spec.d };
+        match Matmul::new(self.lt.0, MatmulSpec { d, d_scale: Some(scales_at + INVERSE_INPUT_SCALE_AT), ..spec }) {
+            Ok(m) => {
+                self.matmuls[matmul] = m;
+                true
+            }
+            Err(why) => {
+                log::warn!("{why}: the product writes bf16 and a launch quantizes it");
+                false
+            }
+        }
     }
 
     /// `out (+)= a · wᵀ (+ bias)`: see the column-major mapping in `gemm.rs`.
@@ -631,9 +665,9 @@ impl Lowering<'_> {
         }
         let mut a_mat = self.mat(a)?;
         let fp8 = self.fp8.get(&w.0).copied();
-        if let Some((scales, _)) = fp8 {
+        if let Some((scales, at)) = fp8 {
             let from_producer = self.fusions.e4m3_producers.binary_search(&self.op_index).is_ok();
-            a_mat = self.e4m3_input(a_mat, scales.activation, from_producer);
+            a_mat = self.e4m3_input(a_mat, scales.activation, Some(at), from_producer);
         } else if a_mat.dtype == Dtype::F32 {
             let shadow = Mat { ptr: self.scratch().shadow, rows: a.rows, cols: a.cols, stride: a.cols, dtype: Dtype::Bf16 };
             self.steps.push(Step::Copy { dst: shadow, src: a_mat });
@@ -651,6 +685,7 @@ impl Lowering<'_> {
             bias: bias.map(|b| self.weight(b, bias_elem)),
             gelu,
             scales: fp8.map(|(_, at)| at),
+            d_scale: None,
             fast_accumulation: self.fp8_fast_accumulation,
         };
         self.matmul(spec)
@@ -716,6 +751,7 @@ impl Lowering<'_> {
                     key_valid: key_valid.map(|b| self.ptr(b)),
                     query_valid: query_valid.map(|b| self.ptr(b)),
                     causal,
+                    out_scale: 1.0,
                 }));
                 return Ok(());
             }
@@ -774,6 +810,7 @@ impl Lowering<'_> {
                     bias: None,
                     gelu: false,
                     scales: None,
+                    d_scale: None,
                     fast_accumulation: false,
                 })?;
             }
@@ -816,6 +853,7 @@ impl Lowering<'_> {
                     bias: None,
                     gelu: false,
                     scales: None,
+                    d_scale: None,
                     fast_accumulation: false,
                 })?;
             }

@@ -181,13 +181,14 @@ impl Launcher {
             Step::Rope(_) => "rope_qkv".into(),
             Step::FusedAttention(a) => format!("attention_mq256 {}x{} over {} keys", a.q.rows, a.heads, a.k.rows),
             Step::HeadsAttention(a) => format!(
-                "attention_hd{} {}x{} over {} keys, {} groups{}",
+                "attention_hd{} {}x{} over {} keys, {} groups{}{}",
                 a.head_dim,
                 a.q.rows / a.groups,
                 a.heads,
                 a.k.rows / a.groups,
                 a.groups,
-                if a.causal.is_some() { ", causal" } else { "" }
+                if a.causal.is_some() { ", causal" } else { "" },
+                into_e4m3(&a.out)
             ),
             Step::Softmax { rows, keys, .. } => format!("softmax {rows}x{keys}"),
             Step::Affine { .. } => "affine".into(),
