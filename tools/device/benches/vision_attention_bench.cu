@@ -95,7 +95,7 @@ int main() {
         const dim3 grid((c.rows + VA_ROWS - 1) / VA_ROWS, heads, groups);
         auto attention = [&] {
             attention_hd72_bf16<<<grid, VA_THREADS, VA_SHARED_BYTES, st>>>(out, heads * VA_D, q, stride, k, stride, v, stride, c.rows, c.keys,
-                                                                         1, nullptr, nullptr, -1, scale * 1.4426950408889634f);
+                                                                         1, nullptr, nullptr, -1, scale * 1.4426950408889634f, 1.0f);
         };
         attention();
         reference<<<dim3(c.rows, heads, groups), 128, 0, st>>>(ref, q, k, v, stride, c.rows, c.keys, heads, scale);

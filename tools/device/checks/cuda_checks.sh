@@ -19,6 +19,8 @@
 #                                                 # of its parts (an FRT_NO_* switch), alternating
 #   bash tools/device/checks/cuda_checks.sh groot-fp8    # gr00t-2v bf16 vs FP8 (and each carried calibration variant), FP8 vs
 #                                                 # bf16 actions on 32 observations
+#   bash tools/device/checks/cuda_checks.sh groot-fp8-versus # gr00t-2v bf16 and FP8, this build against base/ (as
+#                                                 # fp8-versus), this build's FP8 profile
 #   bash tools/device/checks/cuda_checks.sh fp8-variants # pi05 FP8 vs bf16 actions under each carried 3-camera calibration variant
 #   bash tools/device/checks/cuda_checks.sh groot-fp8-variants # FP8 vs bf16 actions under each carried calibration variant
 #   bash tools/device/checks/cuda_checks.sh groot-full   # GR00T N1.7 full size: lerobot f32 on the same weights vs CUDA,
@@ -347,6 +349,18 @@ for phase in "$@"; do
             CKPT="$GROOT_FULL" bench 2 "gr00t-2v-fp8-$(basename "$calv" .json | sed 's/^groot-full-2v-//')" --precision fp8 --fp8-calibration "$calv"
         done
         fp8_compare "$GROOT_FULL" 2 "$calg" gr00t-2cam-fp8-vs-bf16 "$OUT/groot-fp8-vs-bf16-accuracy.json"
+        ;;
+    groot-fp8-versus)
+        echo "== gr00t-2v FP8: this build ($FRT_COMMIT) against base/ ($(cat "$BIN/base/COMMIT")), alternating, bf16 beside them"
+        synth_groot_full
+        calg=$(calibration "$GROOT_FULL" groot-full-2v 2)
+        for round in $(seq "${ROUNDS:-2}"); do
+            CKPT="$GROOT_FULL" bench 2 "gr00t-2v-bf16-$round"
+            CKPT="$GROOT_FULL" FLASHRT="$BIN/base/flashrt" FRT_COMMIT="$(cat "$BIN/base/COMMIT")" \
+                bench 2 "gr00t-2v-fp8-base-$round" --precision fp8 --fp8-calibration "$calg"
+            CKPT="$GROOT_FULL" bench 2 "gr00t-2v-fp8-this-$round" --precision fp8 --fp8-calibration "$calg"
+        done
+        CKPT="$GROOT_FULL" FRT_PROFILE="$OUT/profile_groot_fp8_2v.json" bench 2 gr00t-2v-fp8-profiled --precision fp8 --fp8-calibration "$calg"
         ;;
     fp8-variants)
         # Which part of Pi0.5 sets FP8's error, and what keeping it in bf16 costs: each carried
