@@ -21,6 +21,7 @@
 #                                                 # bf16 actions on 32 observations
 #   bash tools/device/checks/cuda_checks.sh groot-fp8-versus # gr00t-2v bf16 and FP8, this build against base/ (as
 #                                                 # fp8-versus), this build's FP8 profile
+#   bash tools/device/checks/cuda_checks.sh groot-fp8-accuracy # groot-fp8's FP8 vs bf16 actions alone
 #   bash tools/device/checks/cuda_checks.sh fp8-variants # pi05 FP8 vs bf16 actions under each carried 3-camera calibration variant
 #   bash tools/device/checks/cuda_checks.sh groot-fp8-variants # FP8 vs bf16 actions under each carried calibration variant
 #   bash tools/device/checks/cuda_checks.sh groot-full   # GR00T N1.7 full size: lerobot f32 on the same weights vs CUDA,
@@ -348,6 +349,12 @@ for phase in "$@"; do
             [ -f "$calv" ] || continue
             CKPT="$GROOT_FULL" bench 2 "gr00t-2v-fp8-$(basename "$calv" .json | sed 's/^groot-full-2v-//')" --precision fp8 --fp8-calibration "$calv"
         done
+        fp8_compare "$GROOT_FULL" 2 "$calg" gr00t-2cam-fp8-vs-bf16 "$OUT/groot-fp8-vs-bf16-accuracy.json"
+        ;;
+    groot-fp8-accuracy)
+        echo "== groot-fp8-accuracy: gr00t FP8 vs bf16 actions"
+        synth_groot_full
+        calg=$(calibration "$GROOT_FULL" groot-full-2v 2)
         fp8_compare "$GROOT_FULL" 2 "$calg" gr00t-2cam-fp8-vs-bf16 "$OUT/groot-fp8-vs-bf16-accuracy.json"
         ;;
     groot-fp8-versus)
