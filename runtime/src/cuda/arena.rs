@@ -123,6 +123,9 @@ pub(super) struct Scratch {
     pub(super) shadow: DevPtr,
     /// e4m3 copy of an FP8 product's input.
     pub(super) fp8_input: DevPtr,
+    /// The same for an FP8 product whose input another FP8 product writes: that product reads
+    /// its own input from one of the two regions and writes into the other.
+    pub(super) fp8_product_output: DevPtr,
     /// Split partial outputs (f32) and (max, sum) pairs of the fused attention.
     pub(super) attention_o: DevPtr,
     pub(super) attention_ml: DevPtr,
@@ -137,6 +140,7 @@ pub(super) struct ScratchSizes {
     pub(super) scores: usize,
     pub(super) shadow: usize,
     pub(super) fp8_input: usize,
+    pub(super) fp8_product_output: usize,
     pub(super) attention_o: usize,
     pub(super) attention_ml: usize,
 }

@@ -177,7 +177,10 @@ impl CudaBackend {
                 },
                 // Their e4m3 input: cuBLASLt's FP8 products', and those the expert's gated norms and attention merges write.
                 Op::Gemm { a, .. } if cublaslt_fp8.binary_search(&i).is_ok() || fusions.takes_e4m3_from_its_producer(i) => {
-                    size.fp8_input = size.fp8_input.max(a.rows * a.cols)
+                    size.fp8_input = size.fp8_input.max(a.rows * a.cols);
+                    if fusions.e4m3_from_products.binary_search(&i).is_ok() {
+                        size.fp8_product_output = size.fp8_product_output.max(a.rows * a.cols);
+                    }
                 }
                 Op::Gemm { a, .. } if elems[a.buf.0] == Elem::F32 => size.shadow = size.shadow.max(a.rows * a.cols),
                 Op::Positions { positions, .. } => positions_bufs.push(positions),
@@ -186,7 +189,7 @@ impl CudaBackend {
         }
         // A second stream with no ops gets no scratch (only the cuBLASLt workspace is unsized).
         let used_lanes = op_lanes.iter().max().map_or(1, |l| l + 1);
-        let scratch_at: Vec<[usize; 8]> = sizes[..used_lanes]
+        let scratch_at: Vec<[usize; 9]> = sizes[..used_lanes]
             .iter()
             .map(|size| {
                 [
@@ -194,6 +197,7 @@ impl CudaBackend {
                     layout.take(size.scores * 2),
                     layout.take(size.shadow * 2),
                     layout.take(size.fp8_input),
+                    layout.take(size.fp8_product_output),
                     layout.take(size.attention_o * 4),
                     layout.take(size.attention_ml * 4),
                     layout.take(WORKSPACE_BYTES),
@@ -248,10 +252,11 @@ impl CudaBackend {
                 probs: at(o[1]),
                 shadow: at(o[2]),
                 fp8_input: at(o[3]),
-                attention_o: at(o[4]),
-                attention_ml: at(o[5]),
-                workspace: at(o[6]),
-                grid_barrier: at(o[7]),
+                fp8_product_output: at(o[4]),
+                attention_o: at(o[5]),
+                attention_ml: at(o[6]),
+                workspace: at(o[7]),
+                grid_barrier: at(o[8]),
             })
             .collect();
         let rope: Vec<(RopeSpec, (DevPtr, DevPtr))> = specs.iter().zip(&table_at).map(|(s, t)| (*s, (at(t[0]), at(t[1])))).collect();

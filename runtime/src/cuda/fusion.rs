@@ -46,6 +46,8 @@ pub(super) struct Fusions {
     /// The cuBLASLt FP8 products whose input the op before them writes in e4m3
     /// ([`e4m3_producers`]), ascending; `fp8_products` counts them all.
     pub(super) e4m3_producers: Vec<usize>,
+    /// Those of them whose producer is another FP8 product ([`after_their_fp8_gelu_product`]).
+    pub(super) e4m3_from_products: Vec<usize>,
     fp8_products: usize,
     switches: Switches,
 }
@@ -131,6 +133,7 @@ impl Fusions {
             early_attentions,
             zeroing_readers: Vec::new(),
             e4m3_producers: Vec::new(),
+            e4m3_from_products: Vec::new(),
             fp8_products: 0,
             switches,
         }
@@ -140,7 +143,10 @@ impl Fusions {
     /// e4m3 from the op before them ([`e4m3_producers`]).
     pub(super) fn fp8_producers(&mut self, plan: &Plan, op_lanes: &[usize], products: &[usize]) {
         self.fp8_products = products.len();
-        self.e4m3_producers = if self.switches.fp8_producers { e4m3_producers(plan, op_lanes, products) } else { Vec::new() };
+        if self.switches.fp8_producers {
+            self.e4m3_producers = e4m3_producers(plan, op_lanes, products);
+            self.e4m3_from_products = after_their_fp8_gelu_product(plan, op_lanes, products).collect();
+        }
     }
 
     /// The few-row products to stream (FP8 ones, chosen by `Fp8Products::choose` among

@@ -609,7 +609,12 @@ impl Lowering<'_> {
     fn e4m3_input(&mut self, a: Mat, activation_scale: f32, scales_at: Option<DevPtr>, from_producer: bool) -> Mat {
         let quantized = Mat { ptr: self.scratch().fp8_input, rows: a.rows, cols: a.cols, stride: a.cols, dtype: Dtype::E4m3 };
         let inverse_scale = 1.0 / activation_scale;
-        if let (true, Some(&Step::Gemm { matmul, .. }), Some(at)) = (from_producer, self.steps.last(), scales_at) {
+        let from_product = from_producer && self.fusions.e4m3_from_products.binary_search(&self.op_index).is_ok();
+        if let (true, Some(&Step::Gemm { matmul, .. }), Some(at)) = (from_product, self.steps.last(), scales_at) {
+            // That product reads its own e4m3 input from one scratch region: it writes the other.
+            let reads = self.matmuls[matmul].spec().b.ptr;
+            let region = [self.scratch().fp8_input, self.scratch().fp8_product_output].into_iter().find(|&r| r != reads);
+            let quantized = Mat { ptr: region.expect("two regions"), ..quantized };
             if self.writes_e4m3(matmul, a, quantized, at) {
                 return quantized;
             }
