@@ -45,9 +45,9 @@ pub struct MatmulSpec {
     /// B's `super::fp8::SCALE_STRIDE` bytes on. A bias is then bf16 whatever D's type (cuBLASLt's
     /// FP8 bias type).
     pub scales: Option<DevPtr>,
-    /// With `scales` and D in e4m3: the device address of the f32 D is multiplied by before it
-    /// is rounded (the inverse input scale of the FP8 product that reads D), after the bias and
-    /// the GELU. C is then not read (beta 0), and cuBLASLt types it as the bias (bf16).
+    /// With `scales` and D in e4m3: the device address of the f32 that D is multiplied by, after
+    /// the bias and the GELU, before it is rounded (the inverse input scale of the FP8 product
+    /// that reads D). C is then not read (beta 0), and cuBLASLt types it as the bias (bf16).
     pub d_scale: Option<DevPtr>,
     /// With `scales`: Hopper's fast FP8 accumulation (fewer accumulator bits inside the tensor
     /// core, no periodic promotion to f32), as `Switches::fp8_fast_accumulation` asks.

@@ -603,8 +603,9 @@ impl Lowering<'_> {
     /// The current FP8 product's input `a` in e4m3 with its calibrated scale (from f32 or bf16
     /// alike), in the lane's FP8 input scratch: with `from_producer` (a fusion pass found that
     /// nothing else reads `a`) written so by the norm, gated activation, attention (its split
-    /// merge, or the heads kernel where it has an e4m3 form) or FP8 product (with its GELU) just
-    /// before when that step writes `a`, else quantized by a launch of its own. `scales_at`: a cuBLASLt product's device scales
+    /// merge, or the heads kernel where it has an e4m3 form) or FP8 product (with its GELU, into
+    /// the scratch region it does not read) just before when that step writes `a`, else quantized
+    /// by a launch of its own. `scales_at`: a cuBLASLt product's device scales
     /// (`Fp8Products::upload_scales`), which a product before it needs to write e4m3.
     fn e4m3_input(&mut self, a: Mat, activation_scale: f32, scales_at: Option<DevPtr>, from_producer: bool) -> Mat {
         let quantized = Mat { ptr: self.scratch().fp8_input, rows: a.rows, cols: a.cols, stride: a.cols, dtype: Dtype::E4m3 };
