@@ -908,13 +908,17 @@ fn fp8_heads_attention_projection_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Ca
         c.inputs.push((host, Input::F32(values)));
         host
     });
+    // The residual the DiT's projection adds into (its copy from the host comes first: the
+    // projection must follow the attention directly).
+    let residual = (seed == 0).then(|| {
+        let values = c.normal(queries * width, 0.1);
+        c.input_of("x", queries, width, values)
+    });
     let attn = c.plan.matrix("attn", groups * queries, width);
     let (query_valid, causal) = (None, None);
     c.plan.push(Op::Attention { q, k, v, out: attn, heads, kv_heads: heads, head_dim, groups, key_valid, query_valid, causal });
     let w = c.matrix_weight(width, width);
-    let out = if seed == 0 {
-        let residual = c.normal(queries * width, 0.1);
-        let x = c.input_of("x", queries, width, residual);
+    let out = if let Some(x) = residual {
         let bias = c.normal(width, 0.3);
         let bias = c.vector_weight(bias);
         c.plan.push(Op::Gemm { a: attn, w, bias: Some(bias), out: x, accumulate: true });
