@@ -202,6 +202,18 @@ impl Case {
         self.compare.push(self.name(v.buf));
     }
 
+    /// The FP8 scales of the case's weights, as a calibration records them: each weight in
+    /// `calibrated` with its input's largest magnitude, its own scale from its values; the rest
+    /// `None` (bf16).
+    fn fp8_scales(&self, calibrated: &[(WeightId, f32)]) -> Vec<Option<ProductScales>> {
+        let mut scales = vec![None; self.plan.weights.len()];
+        for &(w, activation_amax) in calibrated {
+            scales[w.0] =
+                Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(fp8::amax(&self.weights[w.0])) });
+        }
+        scales
+    }
+
     fn weight_data(&self) -> Vec<WeightData> {
         (0..self.weights.len())
             .map(|i| {
@@ -337,11 +349,7 @@ fn fp8_gemm_case(seed: u64) -> (Case, Vec<Option<ProductScales>>) {
         _ => unreachable!("f32 inputs"),
     };
     let host = |name: &str| c.plan.find_buffer(&format!("{name}.host")).unwrap();
-    let mut scales = vec![None; c.plan.weights.len()];
-    for (weight, activation_amax) in [(w, amax(&c, host("a"))), (w_residual, 4.0 * amax(&c, host("acc")))] {
-        let weight_amax = fp8::amax(&c.weights[weight.0]);
-        scales[weight.0] = Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(weight_amax) });
-    }
+    let scales = c.fp8_scales(&[(w, amax(&c, host("a"))), (w_residual, 4.0 * amax(&c, host("acc")))]);
     (c, scales)
 }
 
@@ -649,10 +657,7 @@ fn fp8_product_case(seed: u64) -> (Case, Vec<Option<ProductScales>>) {
         _ => unreachable!("f32 input"),
     };
     let weights = push_products(&mut c, a, n);
-    let mut scales = vec![None; c.plan.weights.len()];
-    for w in weights {
-        scales[w.0] = Some(ProductScales { activation: fp8::scale_for(a_amax), weight: fp8::scale_for(fp8::amax(&c.weights[w.0])) });
-    }
+    let scales = c.fp8_scales(&weights.map(|w| (w, a_amax)));
     (c, scales)
 }
 
@@ -691,11 +696,7 @@ fn fp8_mlp_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<ProductS
         c.plan.push(Op::Gemm { a: first_step_hidden, w: w_down, bias: None, out: first_step_out, accumulate: false });
         c.check(first_step_out);
     }
-    let mut scales = vec![None; c.plan.weights.len()];
-    for (w, activation_amax) in [(w_gate_up, a_amax), (w_down, hidden_amax)] {
-        let weight_amax = fp8::amax(&c.weights[w.0]);
-        scales[w.0] = Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(weight_amax) });
-    }
+    let scales = c.fp8_scales(&[(w_gate_up, a_amax), (w_down, hidden_amax)]);
     (c, scales)
 }
 
@@ -731,12 +732,8 @@ fn fp8_producers_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<Pr
     let gate_up = c.input("gate_up", rows, 2 * width);
     c.plan.push(Op::GatedActivation { gate_up, out: hidden, kind: Activation::GeluTanh });
     product(&mut c, hidden, "after_geglu");
-    let mut scales = vec![None; c.plan.weights.len()];
-    for (w, input) in fp8_weights {
-        let activation_amax = fp8::amax(&c.cpu_values(ckpt, &input));
-        scales[w.0] =
-            Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(fp8::amax(&c.weights[w.0])) });
-    }
+    let calibrated: Vec<(WeightId, f32)> = fp8_weights.iter().map(|(w, input)| (*w, fp8::amax(&c.cpu_values(ckpt, input)))).collect();
+    let scales = c.fp8_scales(&calibrated);
     c.lowering_says.push("pass FP8 producers: 3 of 3 cuBLASLt FP8 product input(s) written in e4m3".into());
     (c, scales)
 }
@@ -778,12 +775,8 @@ fn fp8_feed_forward_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option
     if seed == 1 {
         c.name += ", fc2's input past its calibrated range";
     }
-    let mut scales = vec![None; c.plan.weights.len()];
-    for (w, input, range) in [(fc1, "h", 1.0), (fc2, "ff", ff_range)] {
-        let activation_amax = range * fp8::amax(&c.cpu_values(ckpt, input));
-        scales[w.0] =
-            Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(fp8::amax(&c.weights[w.0])) });
-    }
+    let range = |input: &str| fp8::amax(&c.cpu_values(ckpt, input));
+    let scales = c.fp8_scales(&[(fc1, range("h")), (fc2, ff_range * range("ff"))]);
     c.lowering_says.push("pass FP8 producers: 2 of 2 cuBLASLt FP8 product input(s) written in e4m3".into());
     // No launch quantizes fc2's input (cuBLASLt took the e4m3 output).
     c.lowering_lacks.push("quantize_e4m3".into());
@@ -820,9 +813,7 @@ fn fp8_qkv_rope_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<Pro
     c.name = format!("fp8 qkv product + rope {rows}x{width}, {heads} heads of {head_dim}");
     let h = push_gated_norm(&mut c, "h", rows, width);
     let w = push_qkv_rope(&mut c, h, heads, head_dim);
-    let mut scales = vec![None; c.plan.weights.len()];
-    let activation_amax = fp8::amax(&c.cpu_values(ckpt, "h"));
-    scales[w.0] = Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(fp8::amax(&c.weights[w.0])) });
+    let scales = c.fp8_scales(&[(w, fp8::amax(&c.cpu_values(ckpt, "h")))]);
     c.lowering_says.push("1 few-row FP8 product(s) as streamed launches, 1 of them QKV products with their RoPE".into());
     (c, scales)
 }
@@ -886,9 +877,7 @@ fn fp8_attention_projection_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Ve
     let w = c.matrix_weight(n, heads * HEAD_DIM);
     c.plan.push(Op::Gemm { a: attn, w, bias: None, out, accumulate: false });
     c.check(out);
-    let mut scales = vec![None; c.plan.weights.len()];
-    let activation_amax = fp8::amax(&c.cpu_values(ckpt, "attn"));
-    scales[w.0] = Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(fp8::amax(&c.weights[w.0])) });
+    let scales = c.fp8_scales(&[(w, fp8::amax(&c.cpu_values(ckpt, "attn")))]);
     c.lowering_says.push("1 streamed product input(s) written in e4m3 by the attention merge before them".into());
     (c, scales)
 }
@@ -937,9 +926,7 @@ fn fp8_heads_attention_projection_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Ca
         out
     };
     c.check(out);
-    let mut scales = vec![None; c.plan.weights.len()];
-    let activation_amax = fp8::amax(&c.cpu_values(ckpt, "attn"));
-    scales[w.0] = Some(ProductScales { activation: fp8::scale_for(activation_amax), weight: fp8::scale_for(fp8::amax(&c.weights[w.0])) });
+    let scales = c.fp8_scales(&[(w, fp8::amax(&c.cpu_values(ckpt, "attn")))]);
     c.lowering_says.push("pass FP8 producers: 1 of 1 cuBLASLt FP8 product input(s) written in e4m3".into());
     c.lowering_lacks.push("quantize_e4m3".into());
     (c, scales)
