@@ -229,8 +229,9 @@ impl Fusions {
         let _ = writeln!(
             s,
             "  pass FP8 producers: {} of {} cuBLASLt FP8 product input(s) written in e4m3 by their norm, gated activation, \
-             attention or FP8 product with its GELU, the others quantized by a launch of their own{}; {} streamed QKV product and {} streamed MLP input(s) written in e4m3 \
-             by their gated residual norm; {} streamed product input(s) written in e4m3 by the attention merge before them{}",
+             attention or FP8 product with its GELU, the others quantized by a launch of their own{}; {} streamed QKV \
+             product and {} streamed MLP input(s) written in e4m3 by their gated residual norm; {} streamed product input(s) \
+             written in e4m3 by the attention merge before them{}",
             self.e4m3_producers.len(),
             self.fp8_products,
             off(self.switches.fp8_producers),
