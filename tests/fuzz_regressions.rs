@@ -76,6 +76,7 @@ fn open(dir: &Path) -> flashrt::Result<Policy> {
 fn expected(what: &str) -> (fn(&Error) -> bool, &'static str) {
     match what {
         "truncated-decoder" => (|e| matches!(e, Error::Tokenizer(_)), "not well-formed JSON"),
+        "merge-longer-than-vocab" => (|e| matches!(e, Error::Tokenizer(_)), "makes a token longer than any in the vocabulary"),
         "attend-text-every-zero" => (|e| matches!(e, Error::Checkpoint { .. }), "attend_text_every_n_blocks is 0"),
         "dit-heads-zero" => (|e| matches!(e, Error::Checkpoint { .. }), "inconsistent head counts"),
         other => panic!("tests/data/fuzz: no expectation for {other:?}; add one here"),

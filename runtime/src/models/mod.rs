@@ -20,6 +20,9 @@ pub mod hf_cache;
 mod loader;
 pub mod pi05;
 pub mod synth;
+mod tokenizer_json;
+
+pub(crate) use tokenizer_json::parse_tokenizer;
 
 /// What a model module returns: everything a backend and the policy need to run it.
 pub struct ModelSpec {
@@ -111,25 +114,6 @@ impl ConfigJson {
     pub fn parse<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
         T::deserialize(&self.value).map_err(|e| Error::checkpoint(&self.path, format!("bad config.json: {e}")))
     }
-}
-
-/// Parses a Hugging Face `tokenizer.json`, working around two faults of tokenizers 0.23 that the
-/// `checkpoint` fuzz target found:
-/// - it panics instead of failing when the `decoder` value is not well-formed JSON (a file cut
-///   off after `"decoder":`, a lone surrogate escape; tests/data/fuzz/): the text is checked as
-///   JSON first, and well-formed JSON cannot reach that panic (the decoder helper takes any JSON
-///   value). Costs a second parse at open (tens of ms for an 11 MB Qwen tokenizer);
-/// - a BPE model caches the words it merged in a thread-local map that outlives the model: every
-///   open leaked the words tokenized at load and by `set_prompt` (1.6 MB per open of the micro
-///   Pi0.5, without bound over opens). The cache is switched off: prompts are tokenized once per
-///   task, never on the hot path.
-pub(crate) fn parse_tokenizer(json: &[u8]) -> std::result::Result<tokenizers::Tokenizer, String> {
-    serde_json::from_slice::<serde_json::Value>(json).map_err(|e| format!("not well-formed JSON: {e}"))?;
-    let mut tokenizer = tokenizers::Tokenizer::from_bytes(json).map_err(|e| e.to_string())?;
-    let mut model = tokenizer.get_model().clone();
-    model.resize_cache(0);
-    tokenizer.with_model(model);
-    Ok(tokenizer)
 }
 
 /// The models FlashRT runs.
