@@ -118,7 +118,9 @@ impl PromptTokenizer {
         tokenizer.with_truncation(None).map_err(|e| Error::Tokenizer(format!("cannot disable truncation: {e}")))?;
         tokenizer.with_padding(None);
 
-        let vocab_size = tokenizer.get_vocab_size(true);
+        // One past the largest id, not the count of tokens: a vocabulary may skip ids, and
+        // every id the tokenizer produces must be below `vocab_size` (found by fuzzing).
+        let vocab_size = tokenizer.get_vocab(true).into_values().max().map_or(0, |id| id as usize + 1);
         if i32::try_from(vocab_size).is_err() {
             return Err(Error::Tokenizer(format!("vocabulary of {vocab_size} tokens does not fit i32 ids")));
         }
@@ -669,6 +671,24 @@ mod tests {
         model["vocab"][merged.as_str()] = next_id.into();
         model["merges"].as_array_mut().unwrap().insert(0, serde_json::json!([left, right]));
         serde_json::to_vec(&json).unwrap()
+    }
+
+    #[test]
+    fn vocab_size_is_one_past_the_largest_id_when_ids_skip_numbers() {
+        let mut json = tokenizer_json();
+        let vocab = json["model"]["vocab"].as_object_mut().unwrap();
+        let dropped: Vec<String> =
+            vocab.iter().filter(|(_, id)| (600..1000).contains(&id.as_u64().unwrap())).map(|(t, _)| t.clone()).collect();
+        for token in &dropped {
+            vocab.remove(token);
+        }
+        assert_eq!(vocab.len(), 624);
+        json["model"]["merges"] = serde_json::json!([]);
+        let mut prompt = PromptTokenizer::from_bytes(&serde_json::to_vec(&json).unwrap(), 64, 8).unwrap();
+        assert_eq!(prompt.vocab_size(), 1024);
+        prompt.set_task("pick up the red block").unwrap();
+        let (tokens, _, _) = assemble(&prompt, &[0, 255, 128, 7, 3, 200, 100, 50]);
+        assert!(tokens.iter().all(|&id| (0..1024).contains(&id)), "{tokens:?}");
     }
 
     #[test]
