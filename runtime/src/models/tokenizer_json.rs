@@ -1,12 +1,15 @@
 //! Hugging Face `tokenizer.json` parsing, around three faults of tokenizers 0.23 that the
-//! `checkpoint` fuzz target found (each kept in tests/data/fuzz/):
+//! `checkpoint` fuzz target found (the first two kept in tests/data/fuzz/, the third in
+//! tests/fuzz_regressions.rs's memory test):
 //! - it panics instead of failing when the `decoder` value is not well-formed JSON (a file cut
 //!   off after `"decoder":`, a lone surrogate escape): the text is checked as JSON first, and
-//!   well-formed JSON cannot reach that panic (the decoder helper takes any JSON value). Costs a
-//!   second parse at open (tens of ms for an 11 MB Qwen tokenizer);
+//!   well-formed JSON cannot reach that panic (the decoder helper takes any JSON value);
 //! - its BPE builder copies each merge's two parts into a buffer as long as the longest vocabulary
 //!   token, and panics when a merge is longer (or its second part shorter than the
-//!   `continuing_subword_prefix` it strips): [`check_bpe_merges`] refuses those merges by name;
+//!   `continuing_subword_prefix` it strips): [`check_bpe_merges`] refuses those merges by name.
+//!   Its typed parse cannot stand in for the well-formedness check: serde_json skips the fields
+//!   it ignores without checking their escapes. The two checks are two parses at open before
+//!   tokenizers' own (tens of ms each for an 11 MB Qwen tokenizer), none on the hot path;
 //! - a BPE model caches the words it merged in a thread-local map that outlives the model: every
 //!   open leaked the words tokenized at load and by `set_prompt` (1.6 MB per open of the micro
 //!   Pi0.5, without bound over opens). The cache is switched off: prompts are tokenized once per
