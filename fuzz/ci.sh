@@ -23,7 +23,7 @@ TIMING_PREFIX="fuzz: "
 seconds="${FRT_FUZZ_SECONDS:-30}"
 sanitizer="${FRT_FUZZ_SANITIZER:-none}"
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(checkpoint observation c_abi ros2_msg serve_msg)
+[ ${#targets[@]} -gt 0 ] || targets=(checkpoint tokenizer observation c_abi ros2_msg serve_msg)
 
 missing() {
   if [ "${FRT_REQUIRE_ALL:-0}" = 1 ]; then

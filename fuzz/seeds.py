@@ -4,7 +4,8 @@
 checkpoint: [slot, mode, bytes] (slot order as SLOTS in fuzz_targets/checkpoint.rs; mode 0
 replaces the file, 1 overwrites its start: safetensors files are seeded with their header only);
 (slot 16, an observation log, is encoded here from the format's description);
-ros2_msg: [message type, byte order, CDR payload] from ros2_bridge/tests/data/cdr_golden.json.
+ros2_msg: [message type, byte order, CDR payload] from ros2_bridge/tests/data/cdr_golden.json;
+tokenizer: a tokenizer.json as it is.
 The observation and c_abi targets decode their bytes field by field and start from a few
 hand-picked byte strings."""
 import json, os, struct, sys
@@ -97,6 +98,12 @@ kinds = {"Image": 0, "JointState": 1, "String": 2, "JointTrajectory": 3, "Float3
 for name, hexdata in golden.items():
     if name in kinds:
         write("ros2_msg", name, bytes([kinds[name], 0]) + bytes.fromhex(hexdata))
+
+# tokenizer: the two models' tokenizer files, and the findings of the checkpoint target.
+write("tokenizer", "pi05-micro", read(f"{micro}/tokenizer.json"))
+write("tokenizer", "groot-tiny", read(f"{groot}/tokenizer.json"))
+for finding in ["truncated-decoder", "merge-longer-than-vocab"]:
+    write("tokenizer", f"regress-{finding}", read(f"tests/data/fuzz/pi05__tokenizer.json__{finding}"))
 
 for target in ["observation", "c_abi"]:
     write(target, "zeros", bytes(64))

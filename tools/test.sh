@@ -29,7 +29,7 @@ timed "workspace tests (C ABI under valgrind, ROS 2 interop in a network namespa
 timed "C ABI: install, pkg-config and CMake builds, C++ controller example" bash ffi/ci.sh --no-cargo-test
 # libFuzzer on every parser and boundary, 30 s per target from the committed seeds (SECURITY.md);
 # its own instrumented build under target/fuzz.
-timed "fuzzing: 5 targets x ${FRT_FUZZ_SECONDS:-30} s (checkpoint, observation, C ABI, ROS 2 messages, server requests)" bash fuzz/ci.sh
+timed "fuzzing: 6 targets x ${FRT_FUZZ_SECONDS:-30} s (checkpoint, tokenizer, observation, C ABI, ROS 2 messages, server requests)" bash fuzz/ci.sh
 # The Jetson step below builds the cuda-12 flavour in full (the Orin package), so kernels/ci.sh
 # need not type-check it as well when that step runs.
 jetson=0

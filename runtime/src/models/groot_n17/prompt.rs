@@ -51,15 +51,23 @@ pub struct PromptTokenizer {
 
 impl PromptTokenizer {
     /// Loads a Hugging Face `tokenizer.json`; one without the vision tokens is refused, naming them.
+    /// Every tokenizer error names `path`.
     pub fn from_file(path: &Path) -> Result<Self> {
         let json = std::fs::read(path).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
-        let tokenizer = crate::models::parse_tokenizer(&json).map_err(|e| Error::Tokenizer(format!("{}: {e}", path.display())))?;
+        Self::from_bytes(&json).map_err(|e| match e {
+            Error::Tokenizer(message) => Error::Tokenizer(format!("{}: {message}", path.display())),
+            other => other,
+        })
+    }
+
+    /// `from_file` for the file's contents.
+    pub fn from_bytes(json: &[u8]) -> Result<Self> {
+        let tokenizer = crate::models::parse_tokenizer(json).map_err(Error::Tokenizer)?;
         let missing: Vec<&str> =
             [IM_START, IM_END, VISION_START, VISION_END, IMAGE_PAD].into_iter().filter(|t| tokenizer.token_to_id(t).is_none()).collect();
         if !missing.is_empty() {
             return Err(Error::Tokenizer(format!(
-                "{}: not a Qwen-VL tokenizer, it lacks {} (GR00T N1.7 needs the vision tokens)",
-                path.display(),
+                "not a Qwen-VL tokenizer, it lacks {} (GR00T N1.7 needs the vision tokens)",
                 missing.join(", ")
             )));
         }
