@@ -486,3 +486,29 @@ fn config_overrides_are_honoured_or_refused_by_name() {
         assert!(message.contains("invalid prompt") && message.contains("empty"), "{blank:?}: {message}");
     }
 }
+
+#[test]
+fn a_tokenizer_with_ids_past_the_token_embedding_is_refused_naming_both() {
+    let pi05 = micro();
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data");
+    let groot = data.join("groot_n17_tiny");
+    // Both tiny models embed 1024 token rows; their tokenizers use fewer ids.
+    for (checkpoint, tokenizer) in [(pi05.path(), data.join("tokenizer/tokenizer.json")), (groot.as_path(), groot.join("tokenizer.json"))] {
+        // A BPE vocabulary keeps its ids as written (added tokens are renumbered from its end).
+        let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(&tokenizer).unwrap()).unwrap();
+        json["model"]["vocab"]["<extra>"] = 1024.into();
+        let out = tempfile::tempdir().unwrap();
+        let widened = out.path().join("tokenizer.json");
+        std::fs::write(&widened, serde_json::to_vec(&json).unwrap()).unwrap();
+
+        let mut config = PolicyConfig::new(checkpoint);
+        config.tokenizer = Some(widened.clone());
+        let Err(e) = Policy::open(&config) else { panic!("{} opened with ids past its embedding", checkpoint.display()) };
+        assert!(matches!(e, Error::Tokenizer(_)), "{e:?}");
+        let e = e.to_string();
+        assert!(e.contains(&widened.display().to_string()) && e.contains("ids go up to 1024") && e.contains("1024 rows"), "{e}");
+        assert!(e.contains("embed_tokens.weight") || e.contains("lm_head.weight"), "{e}");
+        config.tokenizer = Some(tokenizer);
+        Policy::open(&config).unwrap();
+    }
+}

@@ -3,7 +3,9 @@
 //! inputs a second over all its files; here each input is one tokenizer file. Pi0.5's prompt
 //! tokenizer is built from it (which tokenizes and checks its bin pieces), given a task and asked
 //! for a prompt; GR00T N1.7's is built and encodes a prompt with image pads. Each must return Ok
-//! or Err: a panic, abort, hang or runaway allocation is a finding.
+//! or Err, with every id it produces below the tokenizer's `vocab_size` (what `Policy::open`
+//! checks against the token embedding's rows): a panic, abort, hang or runaway allocation, or an
+//! id past it, is a finding.
 //!
 //! Input: the file's bytes.
 
@@ -26,7 +28,9 @@ fuzz_target!(|data: &[u8]| {
             assert!(tokens.iter().all(|&t| (0..tokenizer.vocab_size() as i32).contains(&t)), "a token id outside the vocabulary");
         }
     }
-    if let Ok(tokenizer) = groot_n17::prompt::PromptTokenizer::from_bytes(data) {
-        let _ = tokenizer.encode("pick up the cup", 2, 4);
+    if let Ok(tokenizer) = groot_n17::prompt::PromptTokenizer::from_bytes(data)
+        && let Ok(ids) = tokenizer.encode("pick up the cup", 2, 4)
+    {
+        assert!(ids.iter().all(|&t| (0..tokenizer.vocab_size as i32).contains(&t)), "a token id outside the vocabulary");
     }
 });

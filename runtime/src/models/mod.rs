@@ -22,7 +22,7 @@ pub mod pi05;
 pub mod synth;
 mod tokenizer_json;
 
-pub(crate) use tokenizer_json::parse_tokenizer;
+pub(crate) use tokenizer_json::{check_ids_fit_embedding, id_end, parse_tokenizer};
 
 /// What a model module returns: everything a backend and the policy need to run it.
 pub struct ModelSpec {

@@ -30,6 +30,31 @@ pub(crate) fn parse_tokenizer(json: &[u8]) -> Result<tokenizers::Tokenizer, Stri
     Ok(tokenizer)
 }
 
+/// One past the largest id `tokenizer` can produce, added tokens included: not the count of
+/// tokens, since a vocabulary may skip ids (the tokenizer fuzz target found one that did).
+pub(crate) fn id_end(tokenizer: &tokenizers::Tokenizer) -> Result<usize, String> {
+    let end = tokenizer.get_vocab(true).into_values().max().map_or(0, |id| id as usize + 1);
+    if i32::try_from(end).is_err() {
+        return Err(format!("token ids up to {} do not fit i32", end - 1));
+    }
+    Ok(end)
+}
+
+/// Refuses a tokenizer whose ids reach past the checkpoint's token embedding: it belongs to
+/// another model, and its prompts would read rows that do not exist (the embedding op clamps an
+/// id to the last row rather than read out of bounds, so nothing would say so).
+pub(crate) fn check_ids_fit_embedding(path: &std::path::Path, id_end: usize, embedding: &str, rows: usize) -> crate::error::Result<()> {
+    if id_end > rows {
+        return Err(crate::error::Error::Tokenizer(format!(
+            "{}: its token ids go up to {}, but the checkpoint's token embedding {embedding} has {rows} rows \
+             (a tokenizer of another model?)",
+            path.display(),
+            id_end - 1
+        )));
+    }
+    Ok(())
+}
+
 /// The part of `tokenizer.json` the merge check reads. Typed (not a `serde_json::Value`) so that
 /// a repeated key is refused: tokenizers keeps a repeated key's last non-null value, a `Value`
 /// its last value, and the check must see what the builder sees.

@@ -362,7 +362,7 @@ impl Config {
     }
 
     /// The checkpoint name of the token embedding.
-    fn embedding(&self) -> String {
+    pub(crate) fn embedding(&self) -> String {
         if self.embedding_in_lm_head { LM_HEAD.to_string() } else { format!("{LM}embed_tokens.weight") }
     }
 

@@ -47,6 +47,8 @@ pub struct PromptTokenizer {
     tokenizer: Tokenizer,
     /// Id of `<|image_pad|>`, the slots the image embeddings are written into.
     pub image_pad: i32,
+    /// One past the largest id, added tokens included; every id `encode` produces is below it.
+    pub vocab_size: usize,
 }
 
 impl PromptTokenizer {
@@ -72,7 +74,8 @@ impl PromptTokenizer {
             )));
         }
         let image_pad = tokenizer.token_to_id(IMAGE_PAD).expect("checked above") as i32;
-        Ok(PromptTokenizer { tokenizer, image_pad })
+        let vocab_size = crate::models::id_end(&tokenizer).map_err(Error::Tokenizer)?;
+        Ok(PromptTokenizer { tokenizer, image_pad, vocab_size })
     }
 
     /// The token ids of the prompt for `language` and `images` images of `tokens_per_image`

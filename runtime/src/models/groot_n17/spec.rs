@@ -145,7 +145,11 @@ pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig,
         source.tokenizer_hint
     );
     let tokenizer = match tokenizer_path {
-        Some(path) => Some(PromptTokenizer::from_file(&path)?),
+        Some(path) => {
+            let tokenizer = PromptTokenizer::from_file(&path)?;
+            crate::models::check_ids_fit_embedding(&path, tokenizer.vocab_size, &model_config.embedding(), model_config.vocab)?;
+            Some(tokenizer)
+        }
         None => {
             log::warn!("{missing_tokenizer}: only raw token prompts (set_prompt_tokens) are accepted");
             None

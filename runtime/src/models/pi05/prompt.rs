@@ -118,12 +118,7 @@ impl PromptTokenizer {
         tokenizer.with_truncation(None).map_err(|e| Error::Tokenizer(format!("cannot disable truncation: {e}")))?;
         tokenizer.with_padding(None);
 
-        // One past the largest id, not the count of tokens: a vocabulary may skip ids, and
-        // every id the tokenizer produces must be below `vocab_size` (found by fuzzing).
-        let vocab_size = tokenizer.get_vocab(true).into_values().max().map_or(0, |id| id as usize + 1);
-        if i32::try_from(vocab_size).is_err() {
-            return Err(Error::Tokenizer(format!("vocabulary of {vocab_size} tokens does not fit i32 ids")));
-        }
+        let vocab_size = crate::models::id_end(&tokenizer).map_err(Error::Tokenizer)?;
         let bos =
             tokenizer.token_to_id(BOS_TOKEN).ok_or_else(|| Error::Tokenizer(format!("no {BOS_TOKEN} token in the vocabulary")))? as i32;
 
@@ -168,7 +163,7 @@ impl PromptTokenizer {
         self.state_dim
     }
 
-    /// Vocabulary size including added tokens; every id produced is below it.
+    /// One past the largest id, added tokens included; every id produced is below it.
     pub fn vocab_size(&self) -> usize {
         self.vocab_size
     }

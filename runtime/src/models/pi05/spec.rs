@@ -78,7 +78,11 @@ pub fn open(ckpt: &Checkpoint, json: Option<&ConfigJson>, config: &PolicyConfig,
 
     let tokenizer_path = config.tokenizer.clone().or_else(|| Some(dir.join("tokenizer.json")).filter(|p| p.exists()));
     let tokenizer = match tokenizer_path {
-        Some(p) => Some(PromptTokenizer::from_file(&p, model_config.prompt_len, state_dim)?),
+        Some(p) => {
+            let tokenizer = PromptTokenizer::from_file(&p, model_config.prompt_len, state_dim)?;
+            crate::models::check_ids_fit_embedding(&p, tokenizer.vocab_size(), &model_config.embedding_tensor, model_config.vocab)?;
+            Some(tokenizer)
+        }
         None => {
             log::warn!("no tokenizer.json beside the checkpoint: only raw token prompts (set_prompt_tokens) are accepted");
             None
