@@ -4,9 +4,10 @@
 # Components whose tools are missing skip with a visible message; with FRT_REQUIRE_ALL=1 (as
 # .ci/run sets) they fail instead.
 #
-# The whole run must stay within FRT_CI_BUDGET_MIN minutes (default in tools/timing.sh): CI is
-# killed at 90 minutes on a machine up to 2x slower than a developer's, so a slow creep fails here,
-# with the per-step table, long before it meets that wall. The table is also written as JSON to
+# The whole run must stay within FRT_CI_BUDGET_MIN minutes of the dev machine, scaled by this
+# machine's measured speed (tools/timing.sh): CI is killed at 90 minutes on a machine up to 2x
+# slower than a developer's, so a slow creep fails here, with the per-step table, long before it
+# meets that wall. The table is also written as JSON to
 # target/ci-timing.json (bench/results/ci-timing.json keeps a measured one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
