@@ -886,8 +886,11 @@ fn fp8_attention_projection_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Ve
 /// and `attention_hd64`'s e4m3 forms): seed 0 the DiT's cross-attention at its shape (41 queries,
 /// 32 heads of 48, 201 keys, some masked; the projection with its bias adding into the f32
 /// residual), seed 1 the vision tower's (two cameras of 256 rows, heads of 64, into a bf16
-/// output). V is a common row plus small noise, as in `fp8_attention_projection_case` (the
-/// device's softmax weights are bf16), so the comparison measures the e4m3 output and the product.
+/// output). V is a common row plus small noise, as in `fp8_attention_projection_case`, but that
+/// does not keep both sides on the same e4m3 codes here: these kernels multiply V by the bf16
+/// softmax weights and divide by the f32 sum of the unrounded ones, which moves the common row by
+/// ~1e-4 relative, so about one value in a thousand rounds to the neighbouring code (an H100:
+/// nmse 8.4e-6 for seed 0, 1.5e-5 for seed 1, over `OP_NMSE_BF16`): the re-quantized tier.
 fn fp8_heads_attention_projection_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<ProductScales>>) {
     let mut c = Case::new(String::new(), seed);
     let (head_dim, heads, groups, queries, keys) = if seed == 0 { (48, 32, 1, 41, 201) } else { (64, 4, 2, 256, 256) };
@@ -1542,8 +1545,9 @@ fn fp8_products_match_the_cpu_emulation() {
     eprintln!("e4m3 codes of PyTorch's table through the FP8 product with 448 · I: nmse {codes_err:e} (0: every code equal)");
     let (mut results, mut failures) = (vec![json!({"case": codes_case.name, "nmse_vs_emulation": codes_err, "pass": codes_err == 0.0})], 0);
     failures += (codes_err != 0.0) as usize;
-    // The streamed MLP re-quantizes its GeGLU output: its own tiers. Each case's bound with f32
-    // accumulation, then with fast accumulation.
+    // The heads attention's e4m3 output, the feed-forward's GELU and the streamed MLP's GeGLU
+    // re-quantize an intermediate the two sides compute apart: their own tiers. Each case's bound
+    // with f32 accumulation, then with fast accumulation.
     let single = |(case, scales)| (case, scales, OP_NMSE_BF16, OP_NMSE_FP8_FAST_ACCUMULATION);
     let cases = (0..3)
         .map(fp8_gemm_case)
@@ -1552,10 +1556,10 @@ fn fp8_products_match_the_cpu_emulation() {
         .chain((0..2).map(|seed| fp8_producers_case(seed, &dummy)).map(single))
         .chain((0..2).map(|seed| fp8_qkv_rope_case(seed, &dummy)).map(single))
         .chain((0..2).map(|seed| fp8_attention_projection_case(seed, &dummy)).map(single))
-        .chain((0..2).map(|seed| fp8_heads_attention_projection_case(seed, &dummy)).map(single))
         .chain(
             (0..2)
-                .map(|seed| fp8_feed_forward_case(seed, &dummy))
+                .map(|seed| fp8_heads_attention_projection_case(seed, &dummy))
+                .chain((0..2).map(|seed| fp8_feed_forward_case(seed, &dummy)))
                 .chain((0..2).map(|seed| fp8_mlp_case(seed, &dummy)))
                 .map(|(case, scales)| (case, scales, OP_NMSE_FP8_REQUANTIZED, OP_NMSE_FP8_REQUANTIZED_FAST_ACCUMULATION)),
         );
@@ -1582,8 +1586,8 @@ fn fp8_products_match_the_cpu_emulation() {
         json!({
             "check": "FP8 products (cuBLASLt e4m3, device quantization) vs the CPU FP8 emulation and vs f32",
             "bound": format!(
-                "nmse vs the emulation <= {OP_NMSE_BF16:e} ({OP_NMSE_FP8_REQUANTIZED:e} for the streamed MLP, which re-quantizes its GeGLU \
-                 output) with the products summing in f32, and > 10x that vs f32; <= {OP_NMSE_FP8_FAST_ACCUMULATION:e} \
+                "nmse vs the emulation <= {OP_NMSE_BF16:e} ({OP_NMSE_FP8_REQUANTIZED:e} where an intermediate is re-quantized: the heads \
+                 attention's e4m3 output, the feed-forward's GELU, the streamed MLP's GeGLU) with the products summing in f32, and > 10x that vs f32; <= {OP_NMSE_FP8_FAST_ACCUMULATION:e} \
                  ({OP_NMSE_FP8_REQUANTIZED_FAST_ACCUMULATION:e}) with Hopper's fast accumulation, the default"
             ),
             "commit": commit(),

@@ -23,9 +23,11 @@ pub const CPU_BUCKET_MAX_ABS: f32 = 1e-5;
 pub const OP_NMSE_BF16: f64 = 1e-5;
 pub const OP_NMSE_F32: f64 = 1e-10;
 /// An FP8 chain that re-quantizes its intermediate (the streamed MLP's GeGLU output into e4m3,
-/// or a feed-forward's GELU output from its cuBLASLt epilogue) against the CPU's FP8 emulation: Hopper's FP8 MMA sums with fewer bits than f32, and a
-/// last-bits difference in a GeGLU output now and then rounds it to the neighbouring e4m3 code
-/// (measured 1.2e-5 and 1.4e-5 on an H100, each 128-deep chunk summed apart in f32).
+/// a feed-forward's GELU output from its cuBLASLt epilogue, a heads attention's output into
+/// e4m3) against the CPU's FP8 emulation: Hopper's FP8 MMA sums with fewer bits than f32, and the
+/// attention weighs V in bf16, so a last-bits difference in the intermediate now and then rounds
+/// it to the neighbouring e4m3 code (measured 1.2e-5 and 1.4e-5 on an H100 for the GeGLU, each
+/// 128-deep chunk summed apart in f32; 1.5e-5 for the heads attention).
 pub const OP_NMSE_FP8_REQUANTIZED: f64 = 5e-5;
 /// An FP8 product with Hopper's fast accumulation (the CUDA backend's default; cuBLASLt's and the
 /// streamed kernels') against the CPU's FP8 emulation, which sums in f32: the tensor core keeps
