@@ -104,6 +104,13 @@ write("tokenizer", "pi05-micro", read(f"{micro}/tokenizer.json"))
 write("tokenizer", "groot-tiny", read(f"{groot}/tokenizer.json"))
 for finding in ["truncated-decoder", "merge-longer-than-vocab"]:
     write("tokenizer", f"regress-{finding}", read(f"tests/data/fuzz/pi05__tokenizer.json__{finding}"))
+# This target's own first finding: a vocabulary that skips ids (here 600..999, as the unit test
+# vocab_size_is_one_past_the_largest_id_when_ids_skip_numbers builds it) had Pi0.5's prompt
+# tokenizer report a vocab_size below the ids it produced.
+sparse = json.loads(read("tests/data/tokenizer/tokenizer.json"))
+sparse["model"]["vocab"] = {t: i for t, i in sparse["model"]["vocab"].items() if not 600 <= i < 1000}
+sparse["model"]["merges"] = []
+write("tokenizer", "regress-sparse-ids", json.dumps(sparse).encode())
 
 for target in ["observation", "c_abi"]:
     write(target, "zeros", bytes(64))
