@@ -83,7 +83,11 @@ fn synth_inspect_run_and_bench() {
     }
     let r = &results[1];
     assert_eq!(r["iterations"], 5);
-    assert!(r["p50_ms"].as_f64().unwrap() > 0.0 && r["p50_ms"].as_f64() <= r["max_ms"].as_f64());
+    let ms = |key: &str| r[key].as_f64().unwrap_or_else(|| panic!("bench JSON lacks {key}"));
+    assert!(ms("p50_ms") > 0.0 && ms("p50_ms") <= ms("max_ms"));
+    // The backend's run lies inside each step, so each of its order statistics lies under the step's.
+    assert!(0.0 < ms("backend_p50_ms") && ms("backend_p50_ms") <= ms("backend_p99_ms") && ms("backend_p99_ms") <= ms("backend_max_ms"));
+    assert!(ms("backend_p99_ms") <= ms("p99_ms") && ms("backend_max_ms") <= ms("max_ms"), "{r}");
 }
 
 #[test]

@@ -939,8 +939,12 @@ fn bench_command(
         "p90_ms": summary.p90_ms,
         "p99_ms": summary.p99_ms,
         "max_ms": summary.max_ms,
-        // Of the step, the backend's run (a GPU: graph launch to completion); the rest is host work.
+        // Of the step, the backend's run (a GPU: graph launch to completion); the rest is host
+        // work. Its tail beside the step's says whether a slow step was slow on the device (or
+        // waking from the wait) or in the host's own work around it.
         "backend_p50_ms": backend.p50_ms,
+        "backend_p99_ms": backend.p99_ms,
+        "backend_max_ms": backend.max_ms,
         "cold_start_s": cold_start.as_secs_f64(),
         "device_mem_mib": info.memory_bytes as f64 / (1 << 20) as f64,
         "gflop_per_step": gflop,

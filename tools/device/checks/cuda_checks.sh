@@ -16,7 +16,8 @@
 #                                                 # expert's inputs in bf16, FRT_NO_FP8_EXPERT_E4M3) alternating, FP8 profile
 #   bash tools/device/checks/cuda_checks.sh fp8-accuracy # FP8 vs bf16 actions on 32 observations (1-3 cameras)
 #   bash tools/device/checks/cuda_checks.sh jitter       # pi05-2v FP8's tail: the stepping thread as is against pinned
-#                                                 # under SCHED_FIFO (--cpus, --fifo-priority, --mlock), alternating
+#                                                 # with its memory locked (--cpus, --mlock; JITTER_FIFO=P adds
+#                                                 # SCHED_FIFO at P), alternating
 #   FP8_SWITCH=FRT_NO_FP8_FAST_ACCUM bash tools/device/checks/cuda_checks.sh fp8-switch # pi05-2v FP8 with and without one
 #                                                 # of its parts (an FRT_NO_* switch), alternating
 #   bash tools/device/checks/cuda_checks.sh groot-fp8    # gr00t-2v bf16 vs FP8 (and each carried calibration variant), FP8 vs
@@ -310,18 +311,19 @@ for phase in "$@"; do
         ;;
     jitter)
         # The tail of pi05-2v FP8's step time as every phase measures it (the stepping thread left
-        # to the scheduler) against the stepping thread pinned to one core under SCHED_FIFO
-        # (`bench --cpus --fifo-priority`, what a robot's controller would set), alternating
-        # ROUNDS (2) times, 3000 steps each: whether a p99 above p50 is the host's scheduling.
-        echo "== jitter: pi05-2v FP8, the stepping thread as is and pinned under SCHED_FIFO, alternating"
+        # to the scheduler) against the stepping thread pinned to one core with its memory locked
+        # (`bench --cpus --mlock`; SCHED_FIFO too with JITTER_FIFO=PRIORITY: the lent machine's
+        # container refuses it), alternating ROUNDS (2) times, 3000 steps each, each record with
+        # the backend's own tail (backend_p99_ms): whether a p99 above p50 is the host's.
+        echo "== jitter: pi05-2v FP8, the stepping thread as is and pinned, alternating"
         echo "-- $(nproc) CPUs; load $(cut -d' ' -f1-3 /proc/loadavg)"
         synth_full
         cal=$(calibration "$FULL" pi05-full-2v 2)
         last_cpu=$(($(nproc) - 1))
         for round in $(seq "${ROUNDS:-2}"); do
             ITERATIONS=3000 bench 2 "pi05-2v-fp8-scheduler-$round" --precision fp8 --fp8-calibration "$cal"
-            ITERATIONS=3000 bench 2 "pi05-2v-fp8-fifo-cpu$last_cpu-$round" --precision fp8 --fp8-calibration "$cal" \
-                --cpus "$last_cpu" --fifo-priority 80 --mlock
+            ITERATIONS=3000 bench 2 "pi05-2v-fp8-pinned-cpu$last_cpu-$round" --precision fp8 --fp8-calibration "$cal" \
+                --cpus "$last_cpu" --mlock ${JITTER_FIFO:+--fifo-priority "$JITTER_FIFO"}
         done
         echo "-- load after: $(cut -d' ' -f1-3 /proc/loadavg)"
         ;;
