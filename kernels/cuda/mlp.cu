@@ -376,17 +376,28 @@ __device__ void qkv_rope_stream(bf16* qkv, int qkv_stride, const unsigned char* 
         stream_tiles(ring, k_chunks, [&](int g) { return w + ((long)tile * k_chunks + g) * MLP_TILE_BYTES; });
         return;
     }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row0 = warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
+    const int half = head_dim / 2, head = tile / (head_dim / 64), first = tile % (head_dim / 64) * 32;
+    // The rotation's table entries of this thread's two rows, loaded before the wait (the kernel
+    // before it writes neither the positions nor the tables, as for `rope_qkv`): after the
+    // product they would add two dependent round trips, position then table, to the launch's end.
+    float2 cos_at[2][4], sin_at[2][4];
+    for (int h = 0; h < 2; ++h) {
+        const int r = min(row0 + 8 * h, rows - 1);
+        const long at = (positions ? max(positions[position_offset + r], 0) : position_offset + r) * (long)half;
+        for (int j = 0; j < 4; ++j) {
+            cos_at[h][j] = *(const float2*)&cos_table[at + first + 8 * j + col0];
+            sin_at[h][j] = *(const float2*)&sin_table[at + first + 8 * j + col0];
+        }
+    }
     wait_for_prior_grid();  // the norm writing `a`, when launched as its programmatic dependent
     float acc[32];
     int g = 0;
     mlp_load_a(ring.a_tiles, a, a_stride, rows, 0, k_chunks);
     mlp_product<true>(acc, ring, k_chunks, g, promote);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, row0 = warp * 16 + (lane >> 2), col0 = 2 * (lane & 3);
-    const int half = head_dim / 2, head = tile / (head_dim / 64), first = tile % (head_dim / 64) * 32;
     for (int h = 0; h < 2; ++h) {
         const int r = row0 + 8 * h;
         if (r >= rows) continue;
-        const long at = (positions ? max(positions[position_offset + r], 0) : position_offset + r) * (long)half;
         bf16* row = qkv + (long)r * qkv_stride + head * head_dim;
         const bool is_k = head >= heads && head < heads + kv_heads;
         bf16* cache = is_k ? k_cache + (long)(cache_row + r) * k_stride + (head - heads) * head_dim
@@ -397,7 +408,7 @@ __device__ void qkv_rope_stream(bf16* qkv, int qkv_stride, const unsigned char* 
             for (int e = 0; e < 2; ++e) {
                 x[e] = acc[4 * j + 2 * h + e] * scale;
                 y[e] = acc[4 * (j + 4) + 2 * h + e] * scale;
-                const float c = cos_table[at + d + e], s = sin_table[at + d + e];
+                const float c = e == 0 ? cos_at[h][j].x : cos_at[h][j].y, s = e == 0 ? sin_at[h][j].x : sin_at[h][j].y;
                 lo[e] = x[e] * c - y[e] * s;
                 hi[e] = y[e] * c + x[e] * s;
             }

@@ -267,8 +267,9 @@ impl Kernels {
     /// [`Kernels::rope_qkv`] after the product would (the q heads rotated in place, the k heads
     /// rotated and the v heads into the caches, the k and v heads unrotated in `qkv`), rotating
     /// the f32 sums. `programmatic`: launched as a programmatic dependent of the kernel before it
-    /// on the stream, which writes `a` (it waits for it before reading `a`). `fast_accumulation`
-    /// as [`Kernels::mlp_stream`]'s.
+    /// on the stream, which writes `a` (it waits for it before reading `a`) and must not write the
+    /// positions or the tables (it loads their entries before it waits, as [`RopeArgs::early`]
+    /// RoPE does). `fast_accumulation` as [`Kernels::mlp_stream`]'s.
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes; the caches must have
@@ -298,13 +299,15 @@ impl Kernels {
             && rope.v_cache.cols >= rope.kv_heads * rope.head_dim
             && rope.kv_heads > 0
             && [&rope.qkv, &rope.k_cache, &rope.v_cache].into_iter().all(even)
+            && rope.cos % 8 == 0
+            && rope.sin % 8 == 0
             && rope.multi_axis.is_none();
         if !fits {
             return Err(shape_error(
                 what,
                 format!(
                     "needs e4m3 a [1-64 rows, 128·(1-16)] (16-byte aligned rows), bf16 qkv [rows, (heads + 2·kv_heads)·head_dim] \
-                     and caches, head_dim a multiple of 64, one position per row, sm_90a with n / 64 ≤ {multiprocessors} SMs; got \
+                     and caches, head_dim a multiple of 64, one position per row, 8-byte aligned tables, sm_90a with n / 64 ≤ {multiprocessors} SMs; got \
                      a {}x{} {:?}, qkv {}x{} {:?}, {} + 2·{} heads of {}",
                     a.rows, a.cols, a.dtype, rope.qkv.rows, rope.qkv.cols, rope.qkv.dtype, rope.heads, rope.kv_heads, rope.head_dim
                 ),
