@@ -36,10 +36,13 @@ __device__ void layer_norm(Tout* out, int out_stride, const Tin* x, int x_stride
     if (per == 8) {
         const int c = threadIdx.x * 8;
         const bool mine = c < cols;
-        float v[8], g[8], b[8];
+        float v[8], g[8], b[8], scale[8], shift[8];
         load8_or_zero(xr + c, v, mine);
         load8_or_zero(gamma ? gamma + c : nullptr, g, mine && gamma);
         load8_or_zero(beta ? beta + c : nullptr, b, mine && beta);
+        // With the row, not after its statistics (see `load_rms_factors8`).
+        load8_or_zero(modulation ? modulation + c : nullptr, scale, mine && modulation);
+        load8_or_zero(modulation ? modulation + cols + c : nullptr, shift, mine && modulation);
         float s = 0.0f;
         for (int i = 0; i < 8; ++i) s += v[i];
         const float mean = block_sum(s, scratch) / cols;
@@ -50,7 +53,7 @@ __device__ void layer_norm(Tout* out, int out_stride, const Tin* x, int x_stride
         for (int i = 0; i < 8; ++i) {
             v[i] = (v[i] - mean) * inv;
             if (gamma) v[i] = v[i] * g[i] + b[i];
-            if (modulation) v[i] = v[i] * (1.0f + modulation[c + i]) + modulation[cols + c + i];
+            if (modulation) v[i] = v[i] * (1.0f + scale[i]) + shift[i];
             v[i] *= out_scale;
         }
         store8(orow + c, v);
@@ -79,26 +82,38 @@ __device__ void layer_norm(Tout* out, int out_stride, const Tin* x, int x_stride
 FOR_IN_OUT(LAYER_NORM, layer_norm)
 FOR_IN_E4M3(LAYER_NORM, layer_norm)
 
+// This thread's 8 columns (c … c + 7, `mine` whether they exist) of an RMS norm's per-column
+// factors: `weight` (Qwen3's RMSNorm) and the adaRMS modulation `[scale | shift | gate]` (3 * cols
+// floats), each when given. The callers load them with the row where they can: issued after the
+// row's values arrive (as when `rms_finish8` loaded them itself) they are a second memory round
+// trip. `rms_finish8` applies the modulation as v + v·scale, so no arithmetic on the loaded
+// factors can be scheduled early and stall the row's own loads behind them.
+struct RmsFactors8 {
+    bool weighted, modulated;
+    float w[8], scale[8], shift[8];
+};
+__device__ __forceinline__ RmsFactors8 load_rms_factors8(const float* weight, const float* modulation, int cols, int c, bool mine) {
+    RmsFactors8 f;
+    f.weighted = weight != nullptr;
+    f.modulated = modulation != nullptr;
+    load8_or_zero(f.weighted ? weight + c : nullptr, f.w, mine && f.weighted);
+    load8_or_zero(f.modulated ? modulation + c : nullptr, f.scale, mine && f.modulated);
+    load8_or_zero(f.modulated ? modulation + cols + c : nullptr, f.shift, mine && f.modulated);
+    return f;
+}
+
 // Normalises this thread's 8 values of a row (columns c … c + 7, `mine` whether they exist) by
-// the row's RMS, times `weight` when given (Qwen3's RMSNorm), then `* (1 + scale) + shift` when an
-// adaRMS modulation `[scale | shift | gate]` (3 * cols floats) is given, and stores them times
-// `out_scale`. `ss` is the thread's sum of squares.
+// the row's RMS, times the weight, then `* (1 + scale) + shift` (the factors `f` that are given),
+// and stores them times `out_scale`. `ss` is the thread's sum of squares.
 template <typename Tout>
-__device__ __forceinline__ void rms_finish8(Tout* orow, int c, bool mine, float* v, float ss, const float* modulation,
-                                            int cols, float eps, float* scratch, const float* weight = nullptr,
-                                            float out_scale = 1.0f) {
-    float scale[8], shift[8], w[8];
-    if (modulation) {
-        load8_or_zero(modulation + c, scale, mine);
-        load8_or_zero(modulation + cols + c, shift, mine);
-    }
-    if (weight) load8_or_zero(weight + c, w, mine);
+__device__ __forceinline__ void rms_finish8(Tout* orow, int c, bool mine, float* v, float ss, const RmsFactors8& f, int cols,
+                                            float eps, float* scratch, float out_scale = 1.0f) {
     const float inv = 1.0f / sqrtf(block_sum(ss, scratch) / cols + eps);
     if (!mine) return;
     for (int i = 0; i < 8; ++i) {
         v[i] *= inv;
-        if (weight) v[i] *= w[i];
-        if (modulation) v[i] = v[i] * (1.0f + scale[i]) + shift[i];
+        if (f.weighted) v[i] *= f.w[i];
+        if (f.modulated) v[i] = fmaf(v[i], f.scale[i], v[i]) + f.shift[i];
         v[i] *= out_scale;
     }
     store8(orow + c, v);
@@ -133,8 +148,9 @@ __device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, 
         const bool mine = c < cols;
         float v[8];
         load8_or_zero(xr + c, v, mine);
+        const RmsFactors8 f = load_rms_factors8(weight, modulation, cols, c, mine);
         for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
-        rms_finish8<Tout>(orow, c, mine, v, ss, modulation, cols, eps, scratch, weight, out_scale);
+        rms_finish8<Tout>(orow, c, mine, v, ss, f, cols, eps, scratch, out_scale);
         return;
     }
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
@@ -213,11 +229,14 @@ __device__ void gated_residual_rms_norm(Tout* out, int out_stride, float* x, int
         const bool mine = c < cols;
         float v[8];
         ss = gated_residual8(xr, yr, gate_modulation, cols, c, mine, v);
+        // After the residual's loads: loaded before them (or before the wait), the compiler split
+        // the row's loads over two round trips, and the expert's step measured no faster.
+        const RmsFactors8 f = load_rms_factors8(nullptr, norm_modulation, cols, c, mine);
         if (zero_y && mine) {
             const float zeros[8] = {};
             store8(yr + c, zeros);
         }
-        rms_finish8<Tout>(orow, c, mine, v, ss, norm_modulation, cols, eps, scratch, nullptr, out_scale);
+        rms_finish8<Tout>(orow, c, mine, v, ss, f, cols, eps, scratch, out_scale);
         return;
     }
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
@@ -283,8 +302,9 @@ __device__ void gated_residual_rms_norm_product(Tout* out, int out_stride, float
     uint4 wv[ROW_PRODUCT_MAX];
 #pragma unroll
     for (int j = 0; j < ROW_PRODUCT_MAX; ++j) wv[j] = j < n && mine ? *(const uint4*)(w + (long)j * cols + c) : make_uint4(0, 0, 0, 0);
+    const RmsFactors8 f = load_rms_factors8(nullptr, norm_modulation, cols, c, mine);
     // Leaves v normalised (or zero where !mine: it was loaded as zeros).
-    rms_finish8<Tout>(out + (long)blockIdx.x * out_stride, c, mine, v, ss, norm_modulation, cols, eps, scratch);
+    rms_finish8<Tout>(out + (long)blockIdx.x * out_stride, c, mine, v, ss, f, cols, eps, scratch);
     for (int i = 0; i < 8; ++i) v[i] = to_float(from_float<bf16>(v[i]));
     // This thread's share of every product column (zero past n), then a butterfly that leaves
     // lane j with the warp's sum for column j: 31 shuffles instead of 32 reductions of 5.
@@ -347,8 +367,10 @@ __device__ void product_rms_norm(Tout* out, int out_stride, float* x, int x_stri
     load8(a + (long)blockIdx.x * a_stride + 8 * q, av);
     const int c = threadIdx.x * 8;
     const bool mine = c < cols;
-    // The bias of this thread's norm columns, loaded now so that no load waits in the loop.
+    // The bias and the modulation of this thread's norm columns, loaded now so that no load waits
+    // in the loop or after it.
     load8_or_zero(bias ? bias + c : nullptr, bv, mine && bias);
+    const RmsFactors8 f = load_rms_factors8(nullptr, modulation, cols, c, mine);
     for (int i = 0; i < 8; ++i) av[i] = to_float(from_float<bf16>(av[i]));
     for (int base = warp * 32; base < cols; base += warps * 32 * PRODUCT_GROUPS) {
         uint4 wv[PRODUCT_GROUPS][4];
@@ -379,7 +401,7 @@ __device__ void product_rms_norm(Tout* out, int out_stride, float* x, int x_stri
         ss += v[i] * v[i];
     }
     if (mine) store8(x + (long)blockIdx.x * x_stride + c, v);
-    rms_finish8<Tout>(out + (long)blockIdx.x * out_stride, c, mine, v, ss, modulation, cols, eps, scratch);
+    rms_finish8<Tout>(out + (long)blockIdx.x * out_stride, c, mine, v, ss, f, cols, eps, scratch);
 }
 
 #define PRODUCT_RMS_NORM(NAME, TOUT)                                                                   \
