@@ -84,10 +84,10 @@ FOR_IN_E4M3(LAYER_NORM, layer_norm)
 
 // This thread's 8 columns (c … c + 7, `mine` whether they exist) of an RMS norm's per-column
 // factors: `weight` (Qwen3's RMSNorm) and the adaRMS modulation `[scale | shift | gate]` (3 * cols
-// floats), each when given. The callers load them with the row where they can: issued after the
-// row's values arrive (as when `rms_finish8` loaded them itself) they are a second memory round
-// trip. `rms_finish8` applies the modulation as v + v·scale, so no arithmetic on the loaded
-// factors can be scheduled early and stall the row's own loads behind them.
+// floats), each when given. `rms_norm` loads them with the row: issued after the row's values
+// arrive (as when `rms_finish8` loaded them itself) they are a second memory round trip. The
+// gated residual norms and `product_rms_norm` (the action expert's) load them where they did
+// before: moved, they measured no faster (bench/NOTES.md).
 struct RmsFactors8 {
     bool weighted, modulated;
     float w[8], scale[8], shift[8];
@@ -113,7 +113,7 @@ __device__ __forceinline__ void rms_finish8(Tout* orow, int c, bool mine, float*
     for (int i = 0; i < 8; ++i) {
         v[i] *= inv;
         if (f.weighted) v[i] *= f.w[i];
-        if (f.modulated) v[i] = fmaf(v[i], f.scale[i], v[i]) + f.shift[i];
+        if (f.modulated) v[i] = v[i] * (1.0f + f.scale[i]) + f.shift[i];
         v[i] *= out_scale;
     }
     store8(orow + c, v);
@@ -229,13 +229,13 @@ __device__ void gated_residual_rms_norm(Tout* out, int out_stride, float* x, int
         const bool mine = c < cols;
         float v[8];
         ss = gated_residual8(xr, yr, gate_modulation, cols, c, mine, v);
-        // After the residual's loads: loaded before them (or before the wait), the compiler split
-        // the row's loads over two round trips, and the expert's step measured no faster.
-        const RmsFactors8 f = load_rms_factors8(nullptr, norm_modulation, cols, c, mine);
         if (zero_y && mine) {
             const float zeros[8] = {};
             store8(yr + c, zeros);
         }
+        // After the residual's loads: loaded before them (or before the wait), the compiler split
+        // the row's loads over two round trips, and the expert's step measured no faster.
+        const RmsFactors8 f = load_rms_factors8(nullptr, norm_modulation, cols, c, mine);
         rms_finish8<Tout>(orow, c, mine, v, ss, f, cols, eps, scratch, out_scale);
         return;
     }
@@ -367,10 +367,8 @@ __device__ void product_rms_norm(Tout* out, int out_stride, float* x, int x_stri
     load8(a + (long)blockIdx.x * a_stride + 8 * q, av);
     const int c = threadIdx.x * 8;
     const bool mine = c < cols;
-    // The bias and the modulation of this thread's norm columns, loaded now so that no load waits
-    // in the loop or after it.
+    // The bias of this thread's norm columns, loaded now so that no load waits in the loop.
     load8_or_zero(bias ? bias + c : nullptr, bv, mine && bias);
-    const RmsFactors8 f = load_rms_factors8(nullptr, modulation, cols, c, mine);
     for (int i = 0; i < 8; ++i) av[i] = to_float(from_float<bf16>(av[i]));
     for (int base = warp * 32; base < cols; base += warps * 32 * PRODUCT_GROUPS) {
         uint4 wv[PRODUCT_GROUPS][4];
@@ -401,6 +399,7 @@ __device__ void product_rms_norm(Tout* out, int out_stride, float* x, int x_stri
         ss += v[i] * v[i];
     }
     if (mine) store8(x + (long)blockIdx.x * x_stride + c, v);
+    const RmsFactors8 f = load_rms_factors8(nullptr, modulation, cols, c, mine);
     rms_finish8<Tout>(out + (long)blockIdx.x * out_stride, c, mine, v, ss, f, cols, eps, scratch);
 }
 
