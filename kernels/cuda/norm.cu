@@ -87,7 +87,7 @@ FOR_IN_E4M3(LAYER_NORM, layer_norm)
 // floats), each when given. `rms_norm` loads them with the row: issued after the row's values
 // arrive (as when `rms_finish8` loaded them itself) they are a second memory round trip. The
 // gated residual norms and `product_rms_norm` (the action expert's) load them where they did
-// before: moved, they measured no faster (bench/NOTES.md).
+// before: with them moved, Pi0.5's step measured no faster (bench/NOTES.md).
 struct RmsFactors8 {
     bool weighted, modulated;
     float w[8], scale[8], shift[8];
@@ -233,8 +233,9 @@ __device__ void gated_residual_rms_norm(Tout* out, int out_stride, float* x, int
             const float zeros[8] = {};
             store8(yr + c, zeros);
         }
-        // After the residual's loads: loaded before them (or before the wait), the compiler split
-        // the row's loads over two round trips, and the expert's step measured no faster.
+        // After the residual's loads, where `rms_finish8` had them: written before those, the
+        // compiler still issued them after the row's arithmetic; before the wait, it split the
+        // row's loads over two round trips. Neither made the expert's step faster (bench/NOTES.md).
         const RmsFactors8 f = load_rms_factors8(nullptr, norm_modulation, cols, c, mine);
         rms_finish8<Tout>(orow, c, mine, v, ss, f, cols, eps, scratch, out_scale);
         return;
