@@ -882,18 +882,22 @@ fn fp8_attention_projection_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Ve
     (c, scales)
 }
 
-/// GR00T's heads attention writing its FP8 output projection's input in e4m3 (`attention_hd48`
-/// and `attention_hd64`'s e4m3 forms): seed 0 the DiT's cross-attention at its shape (41 queries,
-/// 32 heads of 48, 201 keys, some masked; the projection with its bias adding into the f32
-/// residual), seed 1 the vision tower's (two cameras of 256 rows, heads of 64, into a bf16
-/// output). V is a common row plus small noise, as in `fp8_attention_projection_case`, but that
+/// A heads attention writing its FP8 output projection's input in e4m3 (`attention_hd{48,64,72}`'s
+/// e4m3 forms): seed 0 GR00T's DiT cross-attention at its shape (41 queries, 32 heads of 48, 201
+/// keys, some masked; the projection with its bias adding into the f32 residual), seed 1 GR00T's
+/// vision tower (two cameras of 256 rows, heads of 64, into a bf16 output), seed 2 SigLIP's (two
+/// cameras of 256 rows, 16 heads of 72, the projection with its bias adding into the residual). V is a common row plus small noise, as in `fp8_attention_projection_case`, but that
 /// does not keep both sides on the same e4m3 codes here: these kernels multiply V by the bf16
 /// softmax weights and divide by the f32 sum of the unrounded ones, which moves the common row by
 /// ~1e-4 relative, so about one value in a thousand rounds to the neighbouring code (an H100:
 /// nmse 8.4e-6 for seed 0, 1.5e-5 for seed 1, over `OP_NMSE_BF16`): the re-quantized tier.
 fn fp8_heads_attention_projection_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Case, Vec<Option<ProductScales>>) {
     let mut c = Case::new(String::new(), seed);
-    let (head_dim, heads, groups, queries, keys) = if seed == 0 { (48, 32, 1, 41, 201) } else { (64, 4, 2, 256, 256) };
+    let (head_dim, heads, groups, queries, keys) = match seed {
+        0 => (48, 32, 1, 41, 201),
+        1 => (64, 4, 2, 256, 256),
+        _ => (72, 16, 2, 256, 256),
+    };
     let width = heads * head_dim;
     c.name = format!("fp8 attention_hd{head_dim} into e4m3 + output projection, {groups}x{queries} over {keys} keys");
     let q = c.input("q", groups * queries, width);
@@ -907,11 +911,11 @@ fn fp8_heads_attention_projection_case(seed: u64, ckpt: &Arc<Checkpoint>) -> (Ca
         c.inputs.push((host, Input::F32(values)));
         host
     });
-    // The residual the DiT's projection adds into (its copy from the host comes first: the
-    // projection must follow the attention directly).
-    let residual = (seed == 0).then(|| {
-        let values = c.normal(queries * width, 0.1);
-        c.input_of("x", queries, width, values)
+    // The residual the DiT's and SigLIP's projections add into (its copy from the host comes
+    // first: the projection must follow the attention directly).
+    let residual = (seed != 1).then(|| {
+        let values = c.normal(groups * queries * width, 0.1);
+        c.input_of("x", groups * queries, width, values)
     });
     let attn = c.plan.matrix("attn", groups * queries, width);
     let (query_valid, causal) = (None, None);
@@ -1557,7 +1561,7 @@ fn fp8_products_match_the_cpu_emulation() {
         .chain((0..2).map(|seed| fp8_qkv_rope_case(seed, &dummy)).map(single))
         .chain((0..2).map(|seed| fp8_attention_projection_case(seed, &dummy)).map(single))
         .chain(
-            (0..2)
+            (0..3)
                 .map(|seed| fp8_heads_attention_projection_case(seed, &dummy))
                 .chain((0..2).map(|seed| fp8_feed_forward_case(seed, &dummy)))
                 .chain((0..2).map(|seed| fp8_mlp_case(seed, &dummy)))

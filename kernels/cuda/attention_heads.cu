@@ -16,7 +16,7 @@
 // are zeros, masked in the softmax, and straight-line loops let the compiler issue the
 // shared-memory loads ahead of the products.
 //
-// The output, f32 or bf16, or (`attention_hd{48,64}_e4m3`, sm_89 on) e4m3 for the FP8 output
+// The output, f32 or bf16, or (`attention_hd{48,64,72}_e4m3`, sm_89 on) e4m3 for the FP8 output
 // projection after it: each value times `out_scale` (that product's inverse input scale; 1
 // otherwise) before it is stored, rounded once from f32 as the CPU's FP8 emulation rounds it.
 //
@@ -244,7 +244,7 @@ __device__ void attention_heads(Tout* out, int out_stride, const bf16* q, int q_
 }
 
 // attention_hd{D}_{f32,bf16}: head dimension D over at most MAX_KEYS keys per group
-// (launch/mod.rs: HEADS_ATTENTION lists the same pairs); attention_hd{48,64}_e4m3 from sm_89 on
+// (launch/mod.rs: HEADS_ATTENTION lists the same pairs); attention_hd{48,64,72}_e4m3 from sm_89 on
 // (HEADS_ATTENTION_E4M3).
 #define ATTENTION_HEADS(NAME, TOUT, D, MAX_KEYS)                                                             \
     extern "C" __global__ void __launch_bounds__(AH_THREADS)                                                 \
@@ -265,7 +265,8 @@ FOR_TYPE(ATTENTION_HD64, attention_hd64)
 FOR_TYPE(ATTENTION_HD72, attention_hd72)
 FOR_TYPE(ATTENTION_HD128, attention_hd128)
 #if __CUDA_ARCH__ >= 890
-// GR00T's DiT (48) and its vision tower (64), whose output projections run in FP8.
+// GR00T's DiT (48) and vision tower (64), and SigLIP (72): their output projections run in FP8.
 ATTENTION_HD48(attention_hd48_e4m3, e4m3)
 ATTENTION_HD64(attention_hd64_e4m3, e4m3)
+ATTENTION_HD72(attention_hd72_e4m3, e4m3)
 #endif

@@ -89,8 +89,8 @@ fn attention_chunk_keys(arch: &str) -> usize {
 /// self-attention (64), its DiT (48) and its Qwen3 decoder (128).
 pub const HEADS_ATTENTION: [(usize, usize); 4] = [(48, 320), (64, 320), (72, 256), (128, 256)];
 /// The head dimensions `attention_hd{D}_e4m3` is compiled for (sm_89 on): an attention writing
-/// the input of an FP8 output projection in e4m3 (GR00T's DiT and vision tower).
-pub const HEADS_ATTENTION_E4M3: [usize; 2] = [48, 64];
+/// the input of an FP8 output projection in e4m3 (GR00T's DiT and vision tower, SigLIP).
+pub const HEADS_ATTENTION_E4M3: [usize; 3] = [48, 64, 72];
 /// Query rows and threads per block of `attention_hd{D}` (AH_ROWS, AH_THREADS).
 const HEADS_ROWS: usize = 64;
 const HEADS_THREADS: u32 = 256;
