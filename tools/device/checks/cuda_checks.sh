@@ -22,8 +22,8 @@
 #                                                 # of its parts (an FRT_NO_* switch), alternating
 #   bash tools/device/checks/cuda_checks.sh groot-fp8    # gr00t-2v bf16 vs FP8 (and each carried calibration variant), FP8 vs
 #                                                 # bf16 actions on 32 observations
-#   bash tools/device/checks/cuda_checks.sh groot-fp8-versus # gr00t-2v bf16 and FP8, this build against base/ (as
-#                                                 # fp8-versus), this build's FP8 profile
+#   bash tools/device/checks/cuda_checks.sh groot-fp8-versus # gr00t-2v bf16 and FP8, this build against base/ (and
+#                                                 # every other carried */flashrt, as fp8-versus), this build's FP8 profile
 #   bash tools/device/checks/cuda_checks.sh groot-fp8-accuracy # groot-fp8's FP8 vs bf16 actions alone
 #   bash tools/device/checks/cuda_checks.sh fp8-variants # pi05 FP8 vs bf16 actions under each carried 3-camera calibration variant
 #   bash tools/device/checks/cuda_checks.sh groot-fp8-variants # FP8 vs bf16 actions under each carried calibration variant
@@ -384,8 +384,12 @@ for phase in "$@"; do
         calg=$(calibration "$GROOT_FULL" groot-full-2v 2)
         for round in $(seq "${ROUNDS:-2}"); do
             CKPT="$GROOT_FULL" bench 2 "gr00t-2v-bf16-$round"
-            CKPT="$GROOT_FULL" FLASHRT="$BIN/base/flashrt" FRT_COMMIT="$(cat "$BIN/base/COMMIT")" \
-                bench 2 "gr00t-2v-fp8-base-$round" --precision fp8 --fp8-calibration "$calg"
+            # base/ and every other carried build, as fp8-versus.
+            for other in "$BIN"/*/flashrt; do
+                name=$(basename "$(dirname "$other")")
+                CKPT="$GROOT_FULL" FLASHRT="$other" FRT_COMMIT="$(cat "$BIN/$name/COMMIT")" \
+                    bench 2 "gr00t-2v-fp8-$name-$round" --precision fp8 --fp8-calibration "$calg"
+            done
             CKPT="$GROOT_FULL" bench 2 "gr00t-2v-fp8-this-$round" --precision fp8 --fp8-calibration "$calg"
         done
         CKPT="$GROOT_FULL" FRT_PROFILE="$OUT/profile_groot_fp8_2v.json" bench 2 gr00t-2v-fp8-profiled --precision fp8 --fp8-calibration "$calg"
