@@ -86,9 +86,6 @@ __device__ void attention_heads(Tout* out, int out_stride, const bf16* q, int q_
     }
     if (threadIdx.x < AH_SPLIT) mbarrier_init((unsigned)__cvta_generic_to_shared(&ah_arrived[threadIdx.x]), AH_THREADS);
     __syncthreads();
-    // Launched as the programmatic dependent of the product writing Q, K and V, the block has set
-    // up its tiles meanwhile; a no-op in a plain launch.
-    wait_for_prior_grid();
 
     // Q rows, then each part's keys' K and V rows, each part on its own barrier (a thread's
     // arrival lands once all its copies so far have). Thread t copies pieces t, t + AH_THREADS, …

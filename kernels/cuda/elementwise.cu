@@ -132,7 +132,6 @@ FOR_TYPE(ACTIVATION, activation)
 
 // out = act(gate) * up · out_scale, with gate_up = [gate | up] column halves of `cols` each (GeGLU,
 // SwiGLU); also into e4m3 (an FP8 product's input: out_scale its inverse input scale, else 1).
-// May be launched as the programmatic dependent of the product writing gate_up: it waits first.
 template <int KIND, typename Tin, typename Tout>
 __device__ void gated_activation(Tout* out, int out_stride, const Tin* gate_up, int gu_stride, int rows, int cols, int per,
                                  float out_scale) {
@@ -154,7 +153,6 @@ __device__ void gated_activation(Tout* out, int out_stride, const Tin* gate_up, 
 #define GATED_ACTIVATION(NAME, TIN, TOUT)                                                         \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* gate_up, int gu_stride, \
                                     int rows, int cols, int per, int kind, float out_scale) {     \
-        wait_for_prior_grid();                                                                    \
         FOR_ACTIVATION(GATED_ACTIVATION_BODY)                                                     \
     }
 FOR_IN_OUT(GATED_ACTIVATION, gated_activation)

@@ -37,14 +37,12 @@ __device__ void layer_norm(Tout* out, int out_stride, const Tin* x, int x_stride
         const int c = threadIdx.x * 8;
         const bool mine = c < cols;
         float v[8], g[8], b[8], scale[8], shift[8];
-        // The factors before the row, not after its statistics (see `load_rms_factors8`), and
-        // before the wait: the product before this kernel writes none of them.
+        load8_or_zero(xr + c, v, mine);
         load8_or_zero(gamma ? gamma + c : nullptr, g, mine && gamma);
         load8_or_zero(beta ? beta + c : nullptr, b, mine && beta);
+        // With the row, not after its statistics (see `load_rms_factors8`).
         load8_or_zero(modulation ? modulation + c : nullptr, scale, mine && modulation);
         load8_or_zero(modulation ? modulation + cols + c : nullptr, shift, mine && modulation);
-        wait_for_prior_grid();
-        load8_or_zero(xr + c, v, mine);
         float s = 0.0f;
         for (int i = 0; i < 8; ++i) s += v[i];
         const float mean = block_sum(s, scratch) / cols;
@@ -61,7 +59,6 @@ __device__ void layer_norm(Tout* out, int out_stride, const Tin* x, int x_stride
         store8(orow + c, v);
         return;
     }
-    wait_for_prior_grid();
     float s = 0.0f;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) s += to_float(xr[c]);
     const float mean = block_sum(s, scratch) / cols;
@@ -87,9 +84,8 @@ FOR_IN_E4M3(LAYER_NORM, layer_norm)
 
 // This thread's 8 columns (c … c + 7, `mine` whether they exist) of an RMS norm's per-column
 // factors: `weight` (Qwen3's RMSNorm) and the adaRMS modulation `[scale | shift | gate]` (3 * cols
-// floats), each when given. `rms_norm` loads them before the row (and before it waits for the
-// product before it, which writes none of them): issued after the row's values arrive (as when
-// `rms_finish8` loaded them itself) they are a second memory round trip. The
+// floats), each when given. `rms_norm` loads them with the row: issued after the row's values
+// arrive (as when `rms_finish8` loaded them itself) they are a second memory round trip. The
 // gated residual norms and `product_rms_norm` (the action expert's) load them where they did
 // before: with them moved, Pi0.5's step measured no faster (bench/NOTES.md).
 struct RmsFactors8 {
@@ -151,14 +147,12 @@ __device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, 
         const int c = threadIdx.x * 8;
         const bool mine = c < cols;
         float v[8];
-        const RmsFactors8 f = load_rms_factors8(weight, modulation, cols, c, mine);
-        wait_for_prior_grid();
         load8_or_zero(xr + c, v, mine);
+        const RmsFactors8 f = load_rms_factors8(weight, modulation, cols, c, mine);
         for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
         rms_finish8<Tout>(orow, c, mine, v, ss, f, cols, eps, scratch, out_scale);
         return;
     }
-    wait_for_prior_grid();
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         const float v = to_float(xr[c]);
         ss += v * v;
@@ -167,9 +161,8 @@ __device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, 
 }
 
 // The RMS norms let a programmatic dependent start at once (`launch_dependents`): the streamed
-// MLP after the expert's norms loads its weights meanwhile. Each may itself be launched as one
-// (after a cuBLASLt product): the gated residual norm waits first, `rms_norm` and `layer_norm`
-// after loading their factors.
+// MLP after the expert's norms loads its weights meanwhile. The gated
+// residual norm may itself be launched as one (after a cuBLASLt product): it waits first.
 #define RMS_NORM(NAME, TIN, TOUT)                                                                   \
     extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* x, int x_stride,         \
                                     const float* weight, const float* modulation, int cols, int heads, \

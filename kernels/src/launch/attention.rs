@@ -57,9 +57,6 @@ pub struct HeadsAttentionArgs {
     /// What the output is multiplied by before it is stored: 1, or for an e4m3 `out` (head
     /// dimensions in [`HEADS_ATTENTION_E4M3`]) the inverse input scale of the FP8 product after it.
     pub out_scale: f32,
-    /// Launched as the programmatic dependent of the kernel before it (the product writing Q, K
-    /// and V): the blocks set up their tiles, then wait for it.
-    pub early: bool,
 }
 
 /// How [`Kernels::attention_mq256`] splits the keys of one attention over blocks.
@@ -299,8 +296,7 @@ impl Kernels {
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
     pub unsafe fn attention_heads(&self, args: &HeadsAttentionArgs, stream: CUstream) -> Result<()> {
-        let HeadsAttentionArgs { out, q, k, v, heads, kv_heads, head_dim: d, groups, key_valid, query_valid, causal, out_scale, early } =
-            *args;
+        let HeadsAttentionArgs { out, q, k, v, heads, kv_heads, head_dim: d, groups, key_valid, query_valid, causal, out_scale } = *args;
         let name = format!("attention_hd{d}_{}", out.dtype.suffix());
         let Some(max_keys) = heads_attention_max_keys(d) else {
             return Err(shape_error(&name, format!("no form for head dimension {d} (forms: {HEADS_ATTENTION:?})")));
@@ -363,7 +359,7 @@ impl Kernels {
         ];
         let grid = (rows.div_ceil(HEADS_ROWS) as u32, i32_of(heads, &name)? as u32, i32_of(groups, &name)? as u32);
         // SAFETY: matches `attention_hd{d}_*`: its threads, grid (query tiles, heads, groups), the
-        // shared memory granted at load; it waits for the kernel before it before reading Q, K or V.
-        unsafe { self.launch_maybe_early(early, &name, grid, HEADS_THREADS, heads_shared_bytes(d, max_keys), stream, args) }
+        // shared memory granted at load.
+        unsafe { self.launch_with_shared(&name, grid, HEADS_THREADS, heads_shared_bytes(d, max_keys), stream, args) }
     }
 }

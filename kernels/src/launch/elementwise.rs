@@ -159,12 +159,11 @@ impl Kernels {
 
     /// `out = act(gate) ⊙ up · out_scale` with `gate_up = [gate | up]`, each `out.cols` wide;
     /// `kind` as in [`Kernels::activation`]. `out` may be e4m3 (an FP8 product's input,
-    /// `out_scale` its inverse input scale; 1 for f32 and bf16). `early`: launched as the
-    /// programmatic dependent of the kernel before it (the product writing `gate_up`).
+    /// `out_scale` its inverse input scale; 1 for f32 and bf16).
     ///
     /// # Safety
     /// Both matrices must be live device memory.
-    pub unsafe fn gated_activation(&self, out: Mat, out_scale: f32, gate_up: Mat, kind: i32, early: bool, stream: CUstream) -> Result<()> {
+    pub unsafe fn gated_activation(&self, out: Mat, out_scale: f32, gate_up: Mat, kind: i32, stream: CUstream) -> Result<()> {
         if gate_up.rows != out.rows || gate_up.cols != 2 * out.cols {
             return Err(shape_error(
                 "gated_activation",
@@ -186,9 +185,8 @@ impl Kernels {
             Arg::I(kind),
             Arg::F(out_scale),
         ];
-        // SAFETY: matches `gated_activation_*` in elementwise.cu, which waits for the kernel
-        // before it first.
-        unsafe { self.launch_maybe_early(early, &name, grid, 256, 0, stream, args) }
+        // SAFETY: matches `gated_activation_*` in elementwise.cu.
+        unsafe { self.launch(&name, grid, 256, stream, args) }
     }
 
     /// One Euler step of `x` under real-time chunking guidance (`rtc_guide_f32` in

@@ -7,12 +7,11 @@ impl Kernels {
     /// Row-wise LayerNorm, with f32 `(gamma, beta)` of `x.cols` when `affine`, and with an
     /// adaptive `modulation` (`[scale | shift | ...]`, f32) `· (1 + scale) + shift` after it.
     /// `out` may be e4m3 (an FP8 product's input, `out_scale` its inverse input scale; 1 for f32
-    /// and bf16). `early`: launched as the programmatic dependent of the kernel before it, which
-    /// writes `x` and neither the affine factors nor the modulation (a cuBLASLt product).
+    /// and bf16).
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
-    #[allow(clippy::too_many_arguments)] // two matrices, two optional vectors, the output scale, the launch form
+    #[allow(clippy::too_many_arguments)] // two matrices, two optional vectors, the output scale
     pub unsafe fn layer_norm(
         &self,
         out: Mat,
@@ -21,7 +20,6 @@ impl Kernels {
         affine: Option<(DevPtr, DevPtr)>,
         modulation: Option<DevPtr>,
         eps: f32,
-        early: bool,
         stream: CUstream,
     ) -> Result<()> {
         Self::same_shape("layer_norm", &out, &x)?;
@@ -41,20 +39,18 @@ impl Kernels {
             Arg::I(per),
             Arg::F(out_scale),
         ];
-        // SAFETY: matches `layer_norm_*` in norm.cu, which waits for the kernel before it before
-        // reading `x`.
-        unsafe { self.launch_maybe_early(early, &name, (x.rows as u32, 1, 1), threads, 0, stream, args) }
+        // SAFETY: matches `layer_norm_*` in norm.cu.
+        unsafe { self.launch(&name, (x.rows as u32, 1, 1), threads, stream, args) }
     }
 
     /// RMS norm of each row's `heads` equal column slices (1: the whole row), times `weight`
     /// (one slice wide, f32) when given; with `modulation` (`[scale | shift | gate]`, 3 · cols
     /// f32) the adaRMS form `rms(x) · (1 + scale) + shift`. `out` may be e4m3 (an FP8 product's
-    /// input, `out_scale` its inverse input scale; 1 for f32 and bf16). `early` as for
-    /// [`Kernels::layer_norm`].
+    /// input, `out_scale` its inverse input scale; 1 for f32 and bf16).
     ///
     /// # Safety
     /// All pointers must be live device memory of the stated shapes.
-    #[allow(clippy::too_many_arguments)] // two matrices, the slicing, two optional vectors, the output scale, the launch form
+    #[allow(clippy::too_many_arguments)] // two matrices, the slicing, two optional vectors, the output scale
     pub unsafe fn rms_norm(
         &self,
         out: Mat,
@@ -64,7 +60,6 @@ impl Kernels {
         weight: Option<DevPtr>,
         modulation: Option<DevPtr>,
         eps: f32,
-        early: bool,
         stream: CUstream,
     ) -> Result<()> {
         Self::same_shape("rms_norm", &out, &x)?;
@@ -94,8 +89,8 @@ impl Kernels {
         ];
         let blocks = u32::try_from(x.rows * heads).map_err(|_| shape_error(&name, format!("{} rows x {heads} heads", x.rows)))?;
         // SAFETY: matches `rms_norm_*` in norm.cu (a null weight or modulation is left out): one
-        // block per (row, head) slice; it waits for the kernel before it before reading `x`.
-        unsafe { self.launch_maybe_early(early, &name, (blocks, 1, 1), threads, 0, stream, args) }
+        // block per (row, head) slice.
+        unsafe { self.launch(&name, (blocks, 1, 1), threads, stream, args) }
     }
 
     /// `x += y ⊙ gate`, gate = the third third of `modulation` (3 · cols f32); `x` is f32.

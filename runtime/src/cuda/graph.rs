@@ -155,11 +155,11 @@ impl Launcher {
                     k.image_patches(out, frames, frame_stride, frame_info, camera, size, patch, s)
                 }
                 Step::AddTable { x, table, table_rows } => k.add_table(x, table, table_rows, s),
-                Step::LayerNorm { out, out_scale, x, affine, modulation, eps, early } => {
-                    k.layer_norm(out, out_scale, x, affine, modulation, eps, early, s)
+                Step::LayerNorm { out, out_scale, x, affine, modulation, eps } => {
+                    k.layer_norm(out, out_scale, x, affine, modulation, eps, s)
                 }
-                Step::RmsNorm { out, out_scale, x, heads, weight, modulation, eps, early } => {
-                    k.rms_norm(out, out_scale, x, heads, weight, modulation, eps, early, s)
+                Step::RmsNorm { out, out_scale, x, heads, weight, modulation, eps } => {
+                    k.rms_norm(out, out_scale, x, heads, weight, modulation, eps, s)
                 }
                 Step::GatedResidual { x, y, modulation } => k.gated_residual(x, y, modulation, s),
                 Step::GatedResidualRmsNorm { out, out_scale, x, y, gate, norm, eps, zero_y, early } => {
@@ -170,8 +170,8 @@ impl Launcher {
                 }
                 Step::ProductRmsNorm { out, x, a, w, bias, modulation, eps } => k.product_rms_norm(out, x, a, w, bias, modulation, eps, s),
                 Step::Activation { x, kind } => k.activation(x, activation_code(kind), s),
-                Step::GatedActivation { out, out_scale, gate_up, kind, early } => {
-                    k.gated_activation(out, out_scale, gate_up, activation_code(kind), early, s)
+                Step::GatedActivation { out, out_scale, gate_up, kind } => {
+                    k.gated_activation(out, out_scale, gate_up, activation_code(kind), s)
                 }
                 Step::StreamedMlp { out, hidden, a, w_gate_up, w_down, barrier, fp8, fast_accumulation, multiprocessors, programmatic } => {
                     k.mlp_stream(out, hidden, a, w_gate_up, w_down, barrier, fp8, fast_accumulation, multiprocessors, programmatic, s)

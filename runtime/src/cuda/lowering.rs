@@ -425,7 +425,6 @@ impl Lowering<'_> {
                 affine: affine.map(|(gamma, beta)| (self.weight(gamma, Elem::F32), self.weight(beta, Elem::F32))),
                 modulation: modulation.map(|m| self.weight(m, Elem::F32)),
                 eps,
-                early: self.early_after_product(),
             },
             Op::RmsNorm { x, out, weight, eps } => Step::RmsNorm {
                 out: self.mat(out)?,
@@ -435,7 +434,6 @@ impl Lowering<'_> {
                 weight: weight.map(|w| self.weight(w, Elem::F32)),
                 modulation: None,
                 eps,
-                early: self.early_after_product(),
             },
             Op::HeadRmsNorm { x, out, heads, weight, eps } => Step::RmsNorm {
                 out: self.mat(out)?,
@@ -445,7 +443,6 @@ impl Lowering<'_> {
                 weight: Some(self.weight(weight, Elem::F32)),
                 modulation: None,
                 eps,
-                early: self.early_after_product(),
             },
             Op::AdaRmsNorm { x, out, modulation, eps } => Step::RmsNorm {
                 out: self.mat(out)?,
@@ -455,19 +452,14 @@ impl Lowering<'_> {
                 weight: None,
                 modulation: Some(self.weight(modulation, Elem::F32)),
                 eps,
-                early: self.early_after_product(),
             },
             Op::GatedResidual { x, y, modulation } => {
                 Step::GatedResidual { x: self.mat(x)?, y: self.mat(y)?, modulation: self.weight(modulation, Elem::F32) }
             }
             Op::Activation { x, kind } => Step::Activation { x: self.mat(x)?, kind },
-            Op::GatedActivation { gate_up, out, kind } => Step::GatedActivation {
-                out: self.mat(out)?,
-                out_scale: 1.0,
-                gate_up: self.mat(gate_up)?,
-                kind,
-                early: self.early_after_product(),
-            },
+            Op::GatedActivation { gate_up, out, kind } => {
+                Step::GatedActivation { out: self.mat(out)?, out_scale: 1.0, gate_up: self.mat(gate_up)?, kind }
+            }
             Op::Embed { tokens, table, scale, out } => {
                 let WeightRole::Embedding { vocab, width } = self.plan.weights[table.0].role else {
                     return Err(self.error(format!("embed table {} is not an embedding", self.plan.weights[table.0].name)));
@@ -766,7 +758,6 @@ impl Lowering<'_> {
                     query_valid: query_valid.map(|b| self.ptr(b)),
                     causal,
                     out_scale: 1.0,
-                    early: self.early_after_product(),
                 }));
                 return Ok(());
             }

@@ -54,8 +54,6 @@ pub(super) enum Step {
     /// when it is an FP8 product's input (`fusion::e4m3_producers`, `fusion::rope_after`), each
     /// value times `out_scale` (that product's inverse input scale; 1 otherwise) before it is
     /// stored.
-    /// Here and in `RmsNorm`, `GatedActivation` and `HeadsAttention`: `early`, launched as a
-    /// programmatic dependent of the step before it (a cuBLASLt product, `early_after_product`).
     LayerNorm {
         out: Mat,
         out_scale: f32,
@@ -63,7 +61,6 @@ pub(super) enum Step {
         affine: Option<(DevPtr, DevPtr)>,
         modulation: Option<DevPtr>,
         eps: f32,
-        early: bool,
     },
     /// Each row's `heads` equal column slices normalised separately (1: the whole row).
     RmsNorm {
@@ -74,7 +71,6 @@ pub(super) enum Step {
         weight: Option<DevPtr>,
         modulation: Option<DevPtr>,
         eps: f32,
-        early: bool,
     },
     GatedResidual {
         x: Mat,
@@ -129,7 +125,6 @@ pub(super) enum Step {
         out_scale: f32,
         gate_up: Mat,
         kind: Activation,
-        early: bool,
     },
     /// A few-row MLP (gate/up product, GeGLU, down product) in one launch (see
     /// `Kernels::mlp_stream`), its weights tiled at open.
