@@ -19,6 +19,41 @@ __device__ __forceinline__ void load8_or_zero(const T* p, float* v, bool mine) {
     }
 }
 
+// One group of 8 columns per thread of `layer_norm` below. MODULATED (GR00T's AdaLN): the
+// modulation's loads are issued with the row's; read in the last loop, after the row's statistics,
+// they were a second memory round trip. The form is chosen at compile time, so the norms without a
+// modulation (SigLIP's) compile as before: the same change for every norm, modulation registers
+// live across the statistics even where nothing loads them, measured gr00t-2v FP8 -0.06 ms but
+// pi05-2v +0.04 ms on an H100 (bench/NOTES.md).
+template <bool MODULATED, typename Tin, typename Tout>
+__device__ __forceinline__ void layer_norm8(Tout* orow, const Tin* xr, const float* gamma, const float* beta,
+                                            const float* modulation, int cols, float eps, float out_scale, float* scratch) {
+    const int c = threadIdx.x * 8;
+    const bool mine = c < cols;
+    float v[8], g[8], b[8], scale[8], shift[8];
+    load8_or_zero(xr + c, v, mine);
+    load8_or_zero(gamma ? gamma + c : nullptr, g, mine && gamma);
+    load8_or_zero(beta ? beta + c : nullptr, b, mine && beta);
+    if (MODULATED) {
+        load8_or_zero(modulation + c, scale, mine);
+        load8_or_zero(modulation + cols + c, shift, mine);
+    }
+    float s = 0.0f;
+    for (int i = 0; i < 8; ++i) s += v[i];
+    const float mean = block_sum(s, scratch) / cols;
+    float q = 0.0f;
+    for (int i = 0; i < 8; ++i) q += mine ? (v[i] - mean) * (v[i] - mean) : 0.0f;
+    const float inv = 1.0f / sqrtf(block_sum(q, scratch) / cols + eps);
+    if (!mine) return;
+    for (int i = 0; i < 8; ++i) {
+        v[i] = (v[i] - mean) * inv;
+        if (gamma) v[i] = v[i] * g[i] + b[i];
+        if (MODULATED) v[i] = v[i] * (1.0f + scale[i]) + shift[i];
+        v[i] *= out_scale;
+    }
+    store8(orow + c, v);
+}
+
 // out = (x - mean) / sqrt(var + eps) * gamma + beta  (two-pass variance, as the CPU reference);
 // without gamma and beta (null) the plain normalisation, and with an adaptive `modulation`
 // `[scale | shift | ...]` (2 * cols floats at least) then `* (1 + scale) + shift` (AdaLN).
@@ -34,29 +69,8 @@ __device__ void layer_norm(Tout* out, int out_stride, const Tin* x, int x_stride
         return y * out_scale;
     };
     if (per == 8) {
-        const int c = threadIdx.x * 8;
-        const bool mine = c < cols;
-        float v[8], g[8], b[8], scale[8], shift[8];
-        load8_or_zero(xr + c, v, mine);
-        load8_or_zero(gamma ? gamma + c : nullptr, g, mine && gamma);
-        load8_or_zero(beta ? beta + c : nullptr, b, mine && beta);
-        // With the row, not after its statistics (see `load_rms_factors8`).
-        load8_or_zero(modulation ? modulation + c : nullptr, scale, mine && modulation);
-        load8_or_zero(modulation ? modulation + cols + c : nullptr, shift, mine && modulation);
-        float s = 0.0f;
-        for (int i = 0; i < 8; ++i) s += v[i];
-        const float mean = block_sum(s, scratch) / cols;
-        float q = 0.0f;
-        for (int i = 0; i < 8; ++i) q += mine ? (v[i] - mean) * (v[i] - mean) : 0.0f;
-        const float inv = 1.0f / sqrtf(block_sum(q, scratch) / cols + eps);
-        if (!mine) return;
-        for (int i = 0; i < 8; ++i) {
-            v[i] = (v[i] - mean) * inv;
-            if (gamma) v[i] = v[i] * g[i] + b[i];
-            if (modulation) v[i] = v[i] * (1.0f + scale[i]) + shift[i];
-            v[i] *= out_scale;
-        }
-        store8(orow + c, v);
+        if (modulation) layer_norm8<true>(orow, xr, gamma, beta, modulation, cols, eps, out_scale, scratch);
+        else layer_norm8<false>(orow, xr, gamma, beta, nullptr, cols, eps, out_scale, scratch);
         return;
     }
     float s = 0.0f;
@@ -82,38 +96,26 @@ __device__ void layer_norm(Tout* out, int out_stride, const Tin* x, int x_stride
 FOR_IN_OUT(LAYER_NORM, layer_norm)
 FOR_IN_E4M3(LAYER_NORM, layer_norm)
 
-// This thread's 8 columns (c … c + 7, `mine` whether they exist) of an RMS norm's per-column
-// factors: `weight` (Qwen3's RMSNorm) and the adaRMS modulation `[scale | shift | gate]` (3 * cols
-// floats), each when given. `rms_norm` loads them with the row: issued after the row's values
-// arrive (as when `rms_finish8` loaded them itself) they are a second memory round trip. The
-// gated residual norms and `product_rms_norm` (the action expert's) load them where they did
-// before: with them moved, Pi0.5's step measured no faster (bench/NOTES.md).
-struct RmsFactors8 {
-    bool weighted, modulated;
-    float w[8], scale[8], shift[8];
-};
-__device__ __forceinline__ RmsFactors8 load_rms_factors8(const float* weight, const float* modulation, int cols, int c, bool mine) {
-    RmsFactors8 f;
-    f.weighted = weight != nullptr;
-    f.modulated = modulation != nullptr;
-    load8_or_zero(f.weighted ? weight + c : nullptr, f.w, mine && f.weighted);
-    load8_or_zero(f.modulated ? modulation + c : nullptr, f.scale, mine && f.modulated);
-    load8_or_zero(f.modulated ? modulation + cols + c : nullptr, f.shift, mine && f.modulated);
-    return f;
-}
-
 // Normalises this thread's 8 values of a row (columns c … c + 7, `mine` whether they exist) by
-// the row's RMS, times the weight, then `* (1 + scale) + shift` (the factors `f` that are given),
-// and stores them times `out_scale`. `ss` is the thread's sum of squares.
+// the row's RMS, times `weight` when given (Qwen3's RMSNorm), then `* (1 + scale) + shift` when an
+// adaRMS modulation `[scale | shift | gate]` (3 * cols floats) is given, and stores them times
+// `out_scale`. `ss` is the thread's sum of squares.
 template <typename Tout>
-__device__ __forceinline__ void rms_finish8(Tout* orow, int c, bool mine, float* v, float ss, const RmsFactors8& f, int cols,
-                                            float eps, float* scratch, float out_scale = 1.0f) {
+__device__ __forceinline__ void rms_finish8(Tout* orow, int c, bool mine, float* v, float ss, const float* modulation,
+                                            int cols, float eps, float* scratch, const float* weight = nullptr,
+                                            float out_scale = 1.0f) {
+    float scale[8], shift[8], w[8];
+    if (modulation) {
+        load8_or_zero(modulation + c, scale, mine);
+        load8_or_zero(modulation + cols + c, shift, mine);
+    }
+    if (weight) load8_or_zero(weight + c, w, mine);
     const float inv = 1.0f / sqrtf(block_sum(ss, scratch) / cols + eps);
     if (!mine) return;
     for (int i = 0; i < 8; ++i) {
         v[i] *= inv;
-        if (f.weighted) v[i] *= f.w[i];
-        if (f.modulated) v[i] = v[i] * (1.0f + f.scale[i]) + f.shift[i];
+        if (weight) v[i] *= w[i];
+        if (modulation) v[i] = v[i] * (1.0f + scale[i]) + shift[i];
         v[i] *= out_scale;
     }
     store8(orow + c, v);
@@ -148,9 +150,8 @@ __device__ void rms_norm(Tout* out, int out_stride, const Tin* x, int x_stride, 
         const bool mine = c < cols;
         float v[8];
         load8_or_zero(xr + c, v, mine);
-        const RmsFactors8 f = load_rms_factors8(weight, modulation, cols, c, mine);
         for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
-        rms_finish8<Tout>(orow, c, mine, v, ss, f, cols, eps, scratch, out_scale);
+        rms_finish8<Tout>(orow, c, mine, v, ss, modulation, cols, eps, scratch, weight, out_scale);
         return;
     }
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
@@ -233,11 +234,7 @@ __device__ void gated_residual_rms_norm(Tout* out, int out_stride, float* x, int
             const float zeros[8] = {};
             store8(yr + c, zeros);
         }
-        // After the residual's loads, where `rms_finish8` had them: written before those, the
-        // compiler still issued them after the row's arithmetic; before the wait, it split the
-        // row's loads over two round trips. Neither made the expert's step faster (bench/NOTES.md).
-        const RmsFactors8 f = load_rms_factors8(nullptr, norm_modulation, cols, c, mine);
-        rms_finish8<Tout>(orow, c, mine, v, ss, f, cols, eps, scratch, out_scale);
+        rms_finish8<Tout>(orow, c, mine, v, ss, norm_modulation, cols, eps, scratch, nullptr, out_scale);
         return;
     }
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
@@ -303,9 +300,8 @@ __device__ void gated_residual_rms_norm_product(Tout* out, int out_stride, float
     uint4 wv[ROW_PRODUCT_MAX];
 #pragma unroll
     for (int j = 0; j < ROW_PRODUCT_MAX; ++j) wv[j] = j < n && mine ? *(const uint4*)(w + (long)j * cols + c) : make_uint4(0, 0, 0, 0);
-    const RmsFactors8 f = load_rms_factors8(nullptr, norm_modulation, cols, c, mine);
     // Leaves v normalised (or zero where !mine: it was loaded as zeros).
-    rms_finish8<Tout>(out + (long)blockIdx.x * out_stride, c, mine, v, ss, f, cols, eps, scratch);
+    rms_finish8<Tout>(out + (long)blockIdx.x * out_stride, c, mine, v, ss, norm_modulation, cols, eps, scratch);
     for (int i = 0; i < 8; ++i) v[i] = to_float(from_float<bf16>(v[i]));
     // This thread's share of every product column (zero past n), then a butterfly that leaves
     // lane j with the warp's sum for column j: 31 shuffles instead of 32 reductions of 5.
@@ -400,8 +396,7 @@ __device__ void product_rms_norm(Tout* out, int out_stride, float* x, int x_stri
         ss += v[i] * v[i];
     }
     if (mine) store8(x + (long)blockIdx.x * x_stride + c, v);
-    const RmsFactors8 f = load_rms_factors8(nullptr, modulation, cols, c, mine);
-    rms_finish8<Tout>(out + (long)blockIdx.x * out_stride, c, mine, v, ss, f, cols, eps, scratch);
+    rms_finish8<Tout>(out + (long)blockIdx.x * out_stride, c, mine, v, ss, modulation, cols, eps, scratch);
 }
 
 #define PRODUCT_RMS_NORM(NAME, TOUT)                                                                   \
