@@ -114,7 +114,7 @@ fn products_that_lose_too_much_in_fp8_stay_in_higher_precision() {
 }
 
 /// Products named by a `keep_bf16` prefix stay in bf16 and say why; by default Pi0.5 keeps its
-/// first vision blocks (and every block's output projection and fc2) and GR00T its backbone's
+/// first vision blocks (and every block's output projection) and GR00T its backbone's
 /// language model and first vision blocks (their FP8 error compounds into the actions), and an
 /// empty list keeps none. The file records the list it was made with.
 #[test]

@@ -41,9 +41,11 @@ pub const FP8_MIN_ROWS: usize = 128;
 /// (synthetic weights, H100, 3 camera slots, 32 observations on 1-3 cameras) the whole tower in
 /// e4m3 moves the actions to a worst relative L2 of 5.96e-2 against bf16, on one-camera
 /// observations, past issue 30's 5e-2; the tower in bf16 gives 3.2e-2. The early blocks' rounding
-/// is what the actions carry. The output projections' input comes from the attention in bf16 and
-/// would need a quantizing launch that costs what FP8 saves there; QKV and fc1 read e4m3 straight
-/// from their LayerNorms, and fc2 from fc1's GELU epilogue (cuBLASLt writes it in e4m3). With
+/// is what the actions carry. Blocks 7-26 read e4m3 without a quantizing launch: QKV and fc1
+/// from their LayerNorms, fc2 from fc1's GELU epilogue (cuBLASLt writes it in e4m3). Their output
+/// projections could read it from the attention (`attention_hd72`'s e4m3 form) but stay in bf16:
+/// in FP8 they measured 0.02 ms faster, inside the noise, for a worse worst relative L2 (3.74e-2
+/// against 3.47e-2; `bench/results/h100-norms-early-rows-vision-out-proj.json`). With
 /// blocks 7-26's QKV and fc1 in FP8: pi05-2v 0.09 ms faster, worst relative L2 3.75e-2 (the whole
 /// tower's QKV and fc1: 0.13 ms, 4.8e-2; `bench/results/h100-fp8-vision-qkv-fc1.json`); their fc2
 /// too: 0.05 ms more, 3.47e-2 against 3.76e-2 in the same call
