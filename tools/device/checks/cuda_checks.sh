@@ -141,6 +141,17 @@ bench() { # views workload [more bench options]
     XDG_CACHE_HOME=/tmp/kcache run "${FLASHRT:-$BIN/flashrt}" bench --checkpoint "${CKPT:-$FULL}" --backend cuda --cameras "$views" --iterations "${ITERATIONS:-1000}" --views "$views" --workload "$workload" --out "$OUT/bench.json" "$@"
 }
 
+# Two views under each carried build other than this one (base/, and builds between it and this
+# one: mid/, ...), workload PREFIX-NAME-ROUND; CKPT passes through.
+bench_carried() { # prefix round [more bench options]
+    local prefix=$1 round=$2 other name
+    shift 2
+    for other in "$BIN"/*/flashrt; do
+        name=$(basename "$(dirname "$other")")
+        FLASHRT="$other" FRT_COMMIT="$(cat "$BIN/$name/COMMIT")" bench 2 "$prefix-$name-$round" "$@"
+    done
+}
+
 for phase in "$@"; do
     SECONDS=0
     case "$phase" in
@@ -251,12 +262,7 @@ for phase in "$@"; do
         for round in $(seq "${ROUNDS:-2}"); do
             bench 2 "pi05-2v-bf16-$round"
             FLASHRT="$BIN/base/flashrt" FRT_COMMIT="$(cat "$BIN/base/COMMIT")" bench 2 "pi05-2v-bf16-base-$round"
-            # base/ and every other carried build (builds between the two: mid/, ...).
-            for other in "$BIN"/*/flashrt; do
-                name=$(basename "$(dirname "$other")")
-                FLASHRT="$other" FRT_COMMIT="$(cat "$BIN/$name/COMMIT")" \
-                    bench 2 "pi05-2v-fp8-$name-$round" --precision fp8 --fp8-calibration "$cal"
-            done
+            bench_carried pi05-2v-fp8 "$round" --precision fp8 --fp8-calibration "$cal"
             bench 2 "pi05-2v-fp8-this-$round" --precision fp8 --fp8-calibration "$cal"
         done
         FRT_PROFILE="$OUT/profile_fp8_2v.json" bench 2 pi05-2v-fp8-profiled --precision fp8 --fp8-calibration "$cal"
@@ -384,12 +390,7 @@ for phase in "$@"; do
         calg=$(calibration "$GROOT_FULL" groot-full-2v 2)
         for round in $(seq "${ROUNDS:-2}"); do
             CKPT="$GROOT_FULL" bench 2 "gr00t-2v-bf16-$round"
-            # base/ and every other carried build, as fp8-versus.
-            for other in "$BIN"/*/flashrt; do
-                name=$(basename "$(dirname "$other")")
-                CKPT="$GROOT_FULL" FLASHRT="$other" FRT_COMMIT="$(cat "$BIN/$name/COMMIT")" \
-                    bench 2 "gr00t-2v-fp8-$name-$round" --precision fp8 --fp8-calibration "$calg"
-            done
+            CKPT="$GROOT_FULL" bench_carried gr00t-2v-fp8 "$round" --precision fp8 --fp8-calibration "$calg"
             CKPT="$GROOT_FULL" bench 2 "gr00t-2v-fp8-this-$round" --precision fp8 --fp8-calibration "$calg"
         done
         CKPT="$GROOT_FULL" FRT_PROFILE="$OUT/profile_groot_fp8_2v.json" bench 2 gr00t-2v-fp8-profiled --precision fp8 --fp8-calibration "$calg"
