@@ -21,9 +21,9 @@ __device__ __forceinline__ void load8_or_zero(const T* p, float* v, bool mine) {
 
 // One group of 8 columns per thread of `layer_norm` below. MODULATED (GR00T's AdaLN): the
 // modulation's loads are issued with the row's; read in the last loop, after the row's statistics,
-// they were a second memory round trip. The form is chosen at compile time, so the norms without a
-// modulation (SigLIP's) compile as before: the same change for every norm, modulation registers
-// live across the statistics even where nothing loads them, measured gr00t-2v FP8 -0.06 ms but
+// they were a second memory round trip. Chosen at compile time so that the norms without a
+// modulation (SigLIP's) compile as before: a runtime form that kept the modulation's registers
+// live in every norm (with the RMS norms changed alike) measured gr00t-2v FP8 -0.065 ms but
 // pi05-2v +0.04 ms on an H100 (bench/NOTES.md).
 template <bool MODULATED, typename Tin, typename Tout>
 __device__ __forceinline__ void layer_norm8(Tout* orow, const Tin* xr, const float* gamma, const float* beta,
