@@ -45,6 +45,7 @@
 #   SETTINGS="FRT_X=0 FRT_X=1,FRT_Y=1" bash tools/device/checks/cuda_checks.sh settings
 #                                                 # pi05-2v under each environment setting (assignments
 #                                                 # joined by commas), alternating, ROUNDS (2) times each
+#                                                 # (SETTINGS_FP8=1: in FP8)
 # (bench/views/full synthesize the full-size checkpoint first if /tmp/flashrt_full lacks it.)
 #
 # On this workplace's device tool: `run` with carry [".device-carry", ".whl"] and the command
@@ -268,11 +269,14 @@ for phase in "$@"; do
         FRT_PROFILE="$OUT/profile_fp8_2v.json" bench 2 pi05-2v-fp8-profiled --precision fp8 --fp8-calibration "$cal"
         ;;
     settings)
+        # SETTINGS_FP8=1: in FP8 with the 2-camera calibration.
         echo "== pi05-2v under each of: ${SETTINGS:?SETTINGS lists NAME=VALUE settings}, alternating"
         synth_full
+        precision=()
+        [ "${SETTINGS_FP8:-0}" = 1 ] && precision=(--precision fp8 --fp8-calibration "$(calibration "$FULL" pi05-full-2v 2)")
         for round in $(seq "${ROUNDS:-2}"); do
             for setting in $SETTINGS; do
-                (IFS=,; for assignment in $setting; do export "$assignment"; done; bench 2 "pi05-2v-$setting-$round"; exit $status) || status=1
+                (IFS=,; for assignment in $setting; do export "$assignment"; done; bench 2 "pi05-2v-$setting-$round" "${precision[@]}"; exit $status) || status=1
             done
         done
         ;;
