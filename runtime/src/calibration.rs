@@ -373,8 +373,10 @@ pub fn calibrate(
         CalibrationKey::of(&checkpoint, policy.plan(), policy.model())?
     };
     let excluded = product_exclusions(policy.plan(), settings);
+    let measured_passes = if settings.measure_steps > 0 { 2 } else { 0 };
+    let mut progress = compare::Progress::new(settings.steps + measured_passes * settings.measure_steps);
     policy.swap_product_probe(Some(ProductProbe::new(excluded.iter().map(Option::is_some).collect())))?;
-    let ranges = compare::actions(policy, &records[..settings.steps], NOISE_SEED);
+    let ranges = compare::actions(policy, &records[..settings.steps], NOISE_SEED, &mut progress.pass("calibration: input ranges"));
     let mut probe = policy.swap_product_probe(None)?.expect("the probe installed above");
     ranges?;
 
@@ -382,7 +384,7 @@ pub fn calibrate(
     probe.measure_scales = Some(candidates.zip(&probe.activation_amax).map(|(c, &amax)| c.then(|| fp8::scale_for(amax))).collect());
     policy.swap_product_probe(Some(probe))?;
     let measured_records = &records[..settings.measure_steps];
-    let measured = compare::actions(policy, measured_records, NOISE_SEED);
+    let measured = compare::actions(policy, measured_records, NOISE_SEED, &mut progress.pass("calibration: each product's FP8 error"));
     let mut probe = policy.swap_product_probe(None)?.expect("the probe installed above");
     let exact_actions = measured?;
 
@@ -430,7 +432,7 @@ pub fn calibrate(
         probe.measure_scales = Some(fp8_chosen.map(|p| p.map(|p| p.activation_scale)).collect());
         probe.propagate = true;
         policy.swap_product_probe(Some(probe))?;
-        let fp8_actions = compare::actions(policy, measured_records, NOISE_SEED);
+        let fp8_actions = compare::actions(policy, measured_records, NOISE_SEED, &mut progress.pass("calibration: actions in FP8"));
         policy.swap_product_probe(None)?;
         Some(compare::distances(measured_records, &fp8_actions?, &exact_actions))
     };

@@ -4,6 +4,7 @@
 //! (`flashrt compare`).
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -132,14 +133,53 @@ pub fn compare(candidate: &mut Policy, reference: &mut Policy, records: &[Record
     if takes(candidate) != takes(reference) {
         return Err(Error::invalid("compare", format!("the policies differ: {} against {}", takes(candidate), takes(reference))));
     }
-    let candidate_actions = actions(candidate, records, seed)?;
-    Ok(distances(records, &candidate_actions, &actions(reference, records, seed)?))
+    let mut progress = Progress::new(2 * records.len());
+    let candidate_actions = actions(candidate, records, seed, &mut progress.pass("compare: this build"))?;
+    let reference_actions = actions(reference, records, seed, &mut progress.pass("compare: the reference"))?;
+    Ok(distances(records, &candidate_actions, &reference_actions))
+}
+
+/// How far a run of [`actions`] passes has got, logged at info level with the time left at the
+/// pace so far: calibrating or comparing a full-size model on the CPU takes minutes, and a silent
+/// command that long looks hung. At most one line every [`Progress::EVERY`], and the last.
+pub struct Progress {
+    total: usize,
+    done: usize,
+    started: Instant,
+    logged: Option<Instant>,
+}
+
+impl Progress {
+    const EVERY: Duration = Duration::from_secs(2);
+
+    /// For `total` observation steps over all passes.
+    pub fn new(total: usize) -> Progress {
+        Progress { total, done: 0, started: Instant::now(), logged: None }
+    }
+
+    /// The callback for one pass of [`actions`], named `what` in the log.
+    pub fn pass<'a>(&'a mut self, what: &'a str) -> impl FnMut() + 'a {
+        move || {
+            self.done += 1;
+            if self.done >= self.total || self.logged.is_none_or(|t| t.elapsed() >= Self::EVERY) {
+                log::info!("{}", progress_line(what, self.done, self.total, self.started.elapsed()));
+                self.logged = Some(Instant::now());
+            }
+        }
+    }
+}
+
+/// `what` after `done` of `total` observation steps in `elapsed`, with the time left at that pace.
+fn progress_line(what: &str, done: usize, total: usize, elapsed: Duration) -> String {
+    let each = elapsed.as_secs_f64() / done.max(1) as f64;
+    let left = each * total.saturating_sub(done) as f64;
+    format!("{what}: {done} of {total} observation steps, {each:.1} s each, about {left:.0} s left")
 }
 
 /// Steps `policy` on each record (its prompt, frames and state) with the record's noise, else the
 /// `i`-th draw from `seed` for record `i`: the same noise however often and on whichever policy
-/// the records are stepped. Returns each record's action chunk.
-pub fn actions(policy: &mut Policy, records: &[RecordedObservation], seed: u64) -> Result<Vec<Vec<f32>>> {
+/// the records are stepped, calling `stepped` after each. Returns each record's action chunk.
+pub fn actions(policy: &mut Policy, records: &[RecordedObservation], seed: u64, stepped: &mut dyn FnMut()) -> Result<Vec<Vec<f32>>> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut noise = vec![0.0f32; policy.noise_len()];
     let mut chunks = Vec::with_capacity(records.len());
@@ -153,6 +193,7 @@ pub fn actions(policy: &mut Policy, records: &[RecordedObservation], seed: u64) 
         policy.set_prompt(&record.prompt).map_err(at)?;
         policy.step(&observation, &mut chunk).map_err(at)?;
         chunks.push(chunk);
+        stepped();
     }
     Ok(chunks)
 }
@@ -200,6 +241,18 @@ mod tests {
         let nan = ActionsDistance::of(3, &record(1), &[f32::NAN, 0.0], &[1.0, 0.0]);
         let c = Comparison::of(vec![same.clone(), nan]);
         assert!(c.worst_cosine.is_nan() && c.worst_rel_l2.is_nan() && c.max_abs.is_nan() && c.mean_cosine.is_nan(), "{}", c.summary());
+    }
+
+    #[test]
+    fn progress_says_how_far_and_how_long_is_left() {
+        assert_eq!(
+            progress_line("calibration: input ranges", 3, 12, Duration::from_secs(30)),
+            "calibration: input ranges: 3 of 12 observation steps, 10.0 s each, about 90 s left"
+        );
+        assert_eq!(
+            progress_line("compare", 4, 4, Duration::from_millis(500)),
+            "compare: 4 of 4 observation steps, 0.1 s each, about 0 s left"
+        );
     }
 
     #[test]
