@@ -373,8 +373,8 @@ pub fn calibrate(
         CalibrationKey::of(&checkpoint, policy.plan(), policy.model())?
     };
     let excluded = product_exclusions(policy.plan(), settings);
-    let measured_passes = if settings.measure_steps > 0 { 2 } else { 0 };
-    let mut progress = compare::Progress::new(settings.steps + measured_passes * settings.measure_steps);
+    // The input ranges over every step, then two passes over the measured ones (none without).
+    let mut progress = compare::Progress::new(settings.steps + 2 * settings.measure_steps);
     policy.swap_product_probe(Some(ProductProbe::new(excluded.iter().map(Option::is_some).collect())))?;
     let ranges = compare::actions(policy, &records[..settings.steps], NOISE_SEED, &mut progress.pass("calibration: input ranges"));
     let mut probe = policy.swap_product_probe(None)?.expect("the probe installed above");
