@@ -131,10 +131,11 @@ __device__ void activation_inplace(T* x, int stride, int rows, int cols, int per
 FOR_TYPE(ACTIVATION, activation)
 
 // out = act(gate) * up · out_scale, with gate_up = [gate | up] column halves of `cols` each (GeGLU,
-// SwiGLU); also into e4m3 (an FP8 product's input: out_scale its inverse input scale, else 1).
+// SwiGLU), each read value times `in_scale` (an e4m3 gate_up's scale; 1 otherwise); also into e4m3
+// (an FP8 product's input: out_scale its inverse input scale, else 1).
 template <int KIND, typename Tin, typename Tout>
 __device__ void gated_activation(Tout* out, int out_stride, const Tin* gate_up, int gu_stride, int rows, int cols, int per,
-                                 float out_scale) {
+                                 float in_scale, float out_scale) {
     const int c = (blockIdx.x * blockDim.x + threadIdx.x) * per, r = blockIdx.y;
     if (c >= cols || r >= rows) return;
     const Tin* g = gate_up + (long)r * gu_stride + c;
@@ -143,20 +144,24 @@ __device__ void gated_activation(Tout* out, int out_stride, const Tin* gate_up, 
         float gate[8], up[8];
         load8(g, gate);
         load8(g + cols, up);
-        for (int i = 0; i < 8; ++i) gate[i] = activate<KIND>(gate[i]) * up[i] * out_scale;
+        for (int i = 0; i < 8; ++i) gate[i] = activate<KIND>(gate[i] * in_scale) * (up[i] * in_scale) * out_scale;
         store8(o, gate);
     } else {
-        *o = from_float<Tout>(activate<KIND>(to_float(g[0])) * to_float(g[cols]) * out_scale);
+        *o = from_float<Tout>(activate<KIND>(to_float(g[0]) * in_scale) * (to_float(g[cols]) * in_scale) * out_scale);
     }
 }
-#define GATED_ACTIVATION_BODY(K) gated_activation<K>(out, out_stride, gate_up, gu_stride, rows, cols, per, out_scale)
-#define GATED_ACTIVATION(NAME, TIN, TOUT)                                                         \
-    extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* gate_up, int gu_stride, \
-                                    int rows, int cols, int per, int kind, float out_scale) {     \
-        FOR_ACTIVATION(GATED_ACTIVATION_BODY)                                                     \
+#define GATED_ACTIVATION_BODY(K) gated_activation<K>(out, out_stride, gate_up, gu_stride, rows, cols, per, in_scale, out_scale)
+#define GATED_ACTIVATION(NAME, TIN, TOUT)                                                                       \
+    extern "C" __global__ void NAME(TOUT* out, int out_stride, const TIN* gate_up, int gu_stride, int rows,     \
+                                    int cols, int per, int kind, float in_scale, float out_scale) {             \
+        FOR_ACTIVATION(GATED_ACTIVATION_BODY)                                                                   \
     }
 FOR_IN_OUT(GATED_ACTIVATION, gated_activation)
 FOR_IN_E4M3(GATED_ACTIVATION, gated_activation)
+#if __CUDA_ARCH__ >= 890
+// From an FP8 product's e4m3 output (a prefix gate/up product) into the next one's e4m3 input.
+GATED_ACTIVATION(gated_activation_e4m3_e4m3, e4m3, e4m3)
+#endif
 
 // out[r, c] = x[r, c] * scale[c] + offset[c] (action unnormalisation), out f32.
 template <typename Tin>

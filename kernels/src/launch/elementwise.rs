@@ -157,13 +157,22 @@ impl Kernels {
         unsafe { self.launch(&name, grid, 256, stream, args) }
     }
 
-    /// `out = act(gate) ⊙ up · out_scale` with `gate_up = [gate | up]`, each `out.cols` wide;
-    /// `kind` as in [`Kernels::activation`]. `out` may be e4m3 (an FP8 product's input,
-    /// `out_scale` its inverse input scale; 1 for f32 and bf16).
+    /// `out = act(gate) ⊙ up · out_scale` with `gate_up = [gate | up]`, each `out.cols` wide,
+    /// read times `in_scale`; `kind` as in [`Kernels::activation`]. `out` may be e4m3 (an FP8
+    /// product's input, `out_scale` its inverse input scale; 1 for f32 and bf16), and `gate_up`
+    /// too when `out` is (an FP8 product's output, `in_scale` its scale; 1 otherwise).
     ///
     /// # Safety
     /// Both matrices must be live device memory.
-    pub unsafe fn gated_activation(&self, out: Mat, out_scale: f32, gate_up: Mat, kind: i32, stream: CUstream) -> Result<()> {
+    pub unsafe fn gated_activation(
+        &self,
+        out: Mat,
+        out_scale: f32,
+        gate_up: Mat,
+        in_scale: f32,
+        kind: i32,
+        stream: CUstream,
+    ) -> Result<()> {
         if gate_up.rows != out.rows || gate_up.cols != 2 * out.cols {
             return Err(shape_error(
                 "gated_activation",
@@ -183,6 +192,7 @@ impl Kernels {
             Arg::I(i32_of(out.cols, &name)?),
             Arg::I(per as i32),
             Arg::I(kind),
+            Arg::F(in_scale),
             Arg::F(out_scale),
         ];
         // SAFETY: matches `gated_activation_*` in elementwise.cu.

@@ -228,6 +228,7 @@ pub fn kernel_names(arch: &str) -> Vec<String> {
             names.extend(types.map(|t| format!("{base}_{t}_e4m3")));
         }
         names.extend(HEADS_ATTENTION_E4M3.map(|d| format!("attention_hd{d}_e4m3")));
+        names.push("gated_activation_e4m3_e4m3".to_string());
     }
     names
 }

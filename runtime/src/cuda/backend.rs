@@ -336,6 +336,7 @@ impl CudaBackend {
             early_after_products: switches.early_launch,
             tiled: &tiled,
             fp8_fast_accumulation: switches.fp8_fast_accumulation,
+            exp_gate_up_scale: super::fp8::exp_gate_up_scale(),
             fp8: &fp8_products,
             fp8_streamed: &fp8,
             selections: &selections,

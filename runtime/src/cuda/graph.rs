@@ -170,8 +170,8 @@ impl Launcher {
                 }
                 Step::ProductRmsNorm { out, x, a, w, bias, modulation, eps } => k.product_rms_norm(out, x, a, w, bias, modulation, eps, s),
                 Step::Activation { x, kind } => k.activation(x, activation_code(kind), s),
-                Step::GatedActivation { out, out_scale, gate_up, kind } => {
-                    k.gated_activation(out, out_scale, gate_up, activation_code(kind), s)
+                Step::GatedActivation { out, out_scale, gate_up, in_scale, kind } => {
+                    k.gated_activation(out, out_scale, gate_up, in_scale, activation_code(kind), s)
                 }
                 Step::StreamedMlp { out, hidden, a, w_gate_up, w_down, barrier, fp8, fast_accumulation, multiprocessors, programmatic } => {
                     k.mlp_stream(out, hidden, a, w_gate_up, w_down, barrier, fp8, fast_accumulation, multiprocessors, programmatic, s)

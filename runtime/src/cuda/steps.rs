@@ -120,10 +120,13 @@ pub(super) enum Step {
         x: Mat,
         kind: Activation,
     },
+    /// `gate_up` in e4m3 times `in_scale` where the FP8 product before it writes it so
+    /// (`FRT_EXP_GATE_UP_SCALE`), else bf16 and 1.
     GatedActivation {
         out: Mat,
         out_scale: f32,
         gate_up: Mat,
+        in_scale: f32,
         kind: Activation,
     },
     /// A few-row MLP (gate/up product, GeGLU, down product) in one launch (see
