@@ -81,6 +81,16 @@ fn calibration_scales_every_product_and_the_fp8_emulation_stays_close_to_f32() {
     }
     // The expert's products repeat in every denoise step (and prompt bucket): one scale.
     assert!(calibration.products["expert.0.qkv"].gemms >= 10);
+    // The prefix's gate/up products (over Pi0.5's 128-row bound) store their output in e4m3 for
+    // the GeGLU with a scale of their own; the expert's (50 rows) and every other do not.
+    for (name, p) in &calibration.products {
+        let prefix_gate_up = name.starts_with("lm.") && name.contains(".gate_up");
+        match (p.output_amax, p.output_scale) {
+            (Some(amax), Some(scale)) => assert!(prefix_gate_up && amax > 0.0 && scale == amax / 448.0, "{name}: {p:?}"),
+            (None, None) => assert!(!prefix_gate_up, "{name}: {p:?}"),
+            _ => panic!("{name}: an output range without its scale or the other way round: {p:?}"),
+        }
+    }
 
     let path = dir.path().join(calibration::DEFAULT_FILE);
     calibration.save(&path).unwrap();
@@ -89,6 +99,8 @@ fn calibration_scales_every_product_and_the_fp8_emulation_stays_close_to_f32() {
     let exact = fixed_step(&mut Policy::open(&config(dir.path(), Precision::F32)).unwrap());
     let mut fp8 = Policy::open(&config(dir.path(), Precision::Fp8)).unwrap();
     assert!(fp8.explain().contains("FP8 emulation: the products of 21 weights"), "{}", fp8.explain());
+    assert!(fp8.explain().contains("1 of them with their output rounded through e4m3"), "{}", fp8.explain());
+    assert!(fp8.explain().contains("1 of them with their output stored in e4m3"), "{}", fp8.explain());
     let emulated = fixed_step(&mut fp8);
     let (cos, max_diff) = (cosine(&exact, &emulated), exact.iter().zip(&emulated).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max));
     eprintln!("FP8 emulation vs f32: cosine {cos:.6}, max abs difference {max_diff:e}");

@@ -153,7 +153,15 @@ pub struct ProductCalibration {
     pub activation_scale: f32,
     pub weight_amax: f32,
     pub weight_scale: f32,
-    /// The FP8 product's normalized MSE against f32 over the measured steps.
+    /// Where only the gated activation after it reads the product's output
+    /// ([`Plan::gated_output_weights`], at the model's FP8 row bound): the output's range, and
+    /// `output_amax / 448`, with which the FP8 product stores it in e4m3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_amax: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_scale: Option<f32>,
+    /// The FP8 product's normalized MSE against f32 over the measured steps (its output rounded
+    /// through e4m3 too where it has an output scale).
     pub nmse: f64,
 }
 
@@ -211,8 +219,10 @@ impl Calibration {
         })
     }
 
-    /// The scales of each weight's products that run in FP8, by weight id of `plan`.
+    /// The scales of each weight's products that run in FP8, by weight id of `plan`. An output
+    /// scale counts only where the plan lets the product store its output in e4m3.
     pub fn product_scales(&self, path: &Path, plan: &Plan) -> Result<Vec<Option<ProductScales>>> {
+        let gated = plan.gated_output_weights(0);
         let mut scales = vec![None; plan.weights.len()];
         for (name, product) in self.products.iter().filter(|(_, p)| p.precision == ProductPrecision::Fp8) {
             let id = plan
@@ -220,7 +230,8 @@ impl Calibration {
                 .iter()
                 .position(|w| &w.name == name)
                 .ok_or_else(|| Error::Calibration { path: path.into(), message: format!("product {name} is not a weight of this plan") })?;
-            scales[id] = Some(ProductScales { activation: product.activation_scale, weight: product.weight_scale });
+            let output = product.output_scale.filter(|_| gated[id]);
+            scales[id] = Some(ProductScales { activation: product.activation_scale, weight: product.weight_scale, output });
         }
         Ok(scales)
     }
@@ -234,8 +245,10 @@ impl Calibration {
     /// One line per product kept in bf16 with why, then the FP8 count: for `explain()`.
     pub fn describe(&self) -> String {
         let (fp8, bf16) = self.counts();
+        let outputs = self.products.values().filter(|p| p.precision == ProductPrecision::Fp8 && p.output_scale.is_some()).count();
         let mut s = format!(
-            "fp8: {fp8} weights' products in e4m3 with static per-tensor scales, {bf16} in bf16; calibrated over {} steps of {}{}\n",
+            "fp8: {fp8} weights' products in e4m3 with static per-tensor scales ({outputs} of them with their output stored in e4m3 \
+             for the gated activation after it), {bf16} in bf16; calibrated over {} steps of {}{}\n",
             self.settings.steps,
             self.settings.observations,
             if self.synthetic {
@@ -261,11 +274,18 @@ pub struct ProductProbe {
     pub recorded: Vec<bool>,
     /// The largest input magnitude seen.
     pub activation_amax: Vec<f32>,
+    /// Whether this weight's output range is recorded too (its products store their output in
+    /// e4m3 when it runs in FP8), and the largest output magnitude seen.
+    pub outputs: Vec<bool>,
+    pub output_amax: Vec<f32>,
     /// The weight's largest magnitude (the backend fills it when the probe is installed).
     pub weight_amax: Vec<f32>,
     /// When set, each product with an input scale here is also computed in FP8 with it, and
     /// `error` and `energy` accumulate `Σ (fp8 − f32)²` and `Σ f32²` over its outputs.
     pub measure_scales: Option<Vec<Option<f32>>>,
+    /// With `measure_scales`: the output scales of the products measured (or propagated) with
+    /// their output rounded through e4m3.
+    pub output_scales: Option<Vec<Option<f32>>>,
     pub error: Vec<f64>,
     pub energy: Vec<f64>,
     /// Instead of measuring: each product with an input scale in `measure_scales` is computed in
@@ -274,13 +294,16 @@ pub struct ProductProbe {
 }
 
 impl ProductProbe {
-    fn new(recorded: Vec<bool>) -> Self {
+    fn new(recorded: Vec<bool>, outputs: Vec<bool>) -> Self {
         let n = recorded.len();
         ProductProbe {
             recorded,
             activation_amax: vec![0.0; n],
+            outputs,
+            output_amax: vec![0.0; n],
             weight_amax: vec![0.0; n],
             measure_scales: None,
+            output_scales: None,
             error: vec![0.0; n],
             energy: vec![0.0; n],
             propagate: false,
@@ -373,15 +396,18 @@ pub fn calibrate(
         CalibrationKey::of(&checkpoint, policy.plan(), policy.model())?
     };
     let excluded = product_exclusions(policy.plan(), settings);
+    let gated = policy.plan().gated_output_weights(policy.model().kind.fp8_min_rows());
+    let outputs = excluded.iter().zip(&gated).map(|(why, &gated)| gated && why.as_deref() == Some("")).collect();
     // The input ranges over every step, then two passes over the measured ones (none without).
     let mut progress = compare::Progress::new(settings.steps + 2 * settings.measure_steps);
-    policy.swap_product_probe(Some(ProductProbe::new(excluded.iter().map(Option::is_some).collect())))?;
+    policy.swap_product_probe(Some(ProductProbe::new(excluded.iter().map(Option::is_some).collect(), outputs)))?;
     let ranges = compare::actions(policy, &records[..settings.steps], NOISE_SEED, &mut progress.pass("calibration: input ranges"));
     let mut probe = policy.swap_product_probe(None)?.expect("the probe installed above");
     ranges?;
 
     let candidates = excluded.iter().map(|why| why.as_deref() == Some(""));
     probe.measure_scales = Some(candidates.zip(&probe.activation_amax).map(|(c, &amax)| c.then(|| fp8::scale_for(amax))).collect());
+    probe.output_scales = Some(probe.outputs.iter().zip(&probe.output_amax).map(|(&o, &amax)| o.then(|| fp8::scale_for(amax))).collect());
     policy.swap_product_probe(Some(probe))?;
     let measured_records = &records[..settings.measure_steps];
     let measured = compare::actions(policy, measured_records, NOISE_SEED, &mut progress.pass("calibration: each product's FP8 error"));
@@ -400,6 +426,7 @@ pub fn calibrate(
         let (WeightRole::Matrix { n, k }, Some(excluded)) = (decl.role, &excluded[id]) else { continue };
         let nmse = if probe.energy[id] > 0.0 { probe.error[id] / probe.energy[id] } else { 0.0 };
         let (activation_amax, weight_amax) = (probe.activation_amax[id], probe.weight_amax[id]);
+        let output_amax = probe.outputs[id].then_some(probe.output_amax[id]);
         let why = if !excluded.is_empty() {
             excluded.clone()
         } else if settings.measure_steps > 0 && nmse > settings.max_product_nmse {
@@ -418,6 +445,8 @@ pub fn calibrate(
                 activation_scale: fp8::scale_for(activation_amax),
                 weight_amax,
                 weight_scale: fp8::scale_for(weight_amax),
+                output_amax,
+                output_scale: output_amax.map(fp8::scale_for),
                 nmse,
             },
         );
@@ -429,7 +458,9 @@ pub fn calibrate(
         None
     } else {
         let fp8_chosen = plan.weights.iter().map(|w| products.get(&w.name).filter(|p| p.precision == ProductPrecision::Fp8));
-        probe.measure_scales = Some(fp8_chosen.map(|p| p.map(|p| p.activation_scale)).collect());
+        let fp8_chosen: Vec<Option<&ProductCalibration>> = fp8_chosen.collect();
+        probe.measure_scales = Some(fp8_chosen.iter().map(|p| p.map(|p| p.activation_scale)).collect());
+        probe.output_scales = Some(fp8_chosen.iter().map(|p| p.and_then(|p| p.output_scale)).collect());
         probe.propagate = true;
         policy.swap_product_probe(Some(probe))?;
         let fp8_actions = compare::actions(policy, measured_records, NOISE_SEED, &mut progress.pass("calibration: actions in FP8"));

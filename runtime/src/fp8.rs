@@ -44,11 +44,14 @@ pub fn round_trip_all(values: &mut [f32], scale: f32) {
 
 /// The per-tensor scales of one weight's FP8 products, from its calibration: the weight's codes
 /// are `e4m3(w / weight)`, each input's `e4m3(x / activation)`, and the product is
-/// `weight · activation · Σ codes × codes`, accumulated in f32.
+/// `weight · activation · Σ codes × codes`, accumulated in f32. With `output`, the product is
+/// stored in e4m3 too, `e4m3(product / output)`: a gate/up product whose output only a gated
+/// activation reads (half the bytes written and read between the two).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ProductScales {
     pub activation: f32,
     pub weight: f32,
+    pub output: Option<f32>,
 }
 
 /// The largest magnitude in `values` (NaNs are skipped; 0 for none).

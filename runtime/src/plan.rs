@@ -662,6 +662,32 @@ impl Plan {
             .collect()
     }
 
+    /// For each weight id: whether every product over it (at least one) writes, over at least
+    /// `min_rows` rows, without accumulating or a bias, a gate/up output that only the gated
+    /// activation right after it reads: into a buffer that nothing else reads (every reader of it
+    /// is a gated activation reading exactly what the product right before it wrote). Such a
+    /// product may store its output in e4m3 for that activation (an FP8 product with a
+    /// calibrated output scale).
+    pub fn gated_output_weights(&self, min_rows: usize) -> Vec<bool> {
+        let paired = |j: usize| match (j.checked_sub(1).map(|i| &self.ops[i]), self.ops.get(j)) {
+            (Some(Op::Gemm { out, .. }), Some(Op::GatedActivation { gate_up, .. })) => out == gate_up,
+            _ => false,
+        };
+        let mut dedicated = vec![true; self.buffers.len()];
+        for (j, op) in self.ops.iter().enumerate() {
+            if !paired(j) {
+                op.accesses(&self.buffers).reads.iter().for_each(|span| dedicated[span.buf.0] = false);
+            }
+        }
+        let mut gated = vec![None; self.weights.len()];
+        for (i, op) in self.ops.iter().enumerate() {
+            let Op::Gemm { w, out, bias, accumulate, .. } = *op else { continue };
+            let ok = paired(i + 1) && dedicated[out.buf.0] && bias.is_none() && !accumulate && out.rows >= min_rows;
+            gated[w.0] = Some(gated[w.0].unwrap_or(true) && ok);
+        }
+        gated.into_iter().map(|g| g == Some(true)).collect()
+    }
+
     pub fn weight(&mut self, name: impl Into<String>, role: WeightRole) -> WeightId {
         self.weights.push(WeightDecl { name: name.into(), role });
         WeightId(self.weights.len() - 1)
@@ -889,6 +915,38 @@ mod tests {
         let rope = Accesses { reads: vec![], writes: writes.into_iter().filter(|w| w.buf != qkv.buf).collect() };
         assert!(!rope.conflicts(&attention_of_rows(12).accesses(&plan.buffers)));
         assert!(rope.conflicts(&attention_of_rows(13).accesses(&plan.buffers)));
+    }
+
+    /// A product may store its output in e4m3 only where the gated activation right after it
+    /// is its output's one reader, it neither accumulates nor adds a bias, it has enough rows,
+    /// and every other product over the same weight qualifies too.
+    #[test]
+    fn gated_outputs_are_products_whose_only_reader_is_the_next_gated_activation() {
+        let mut plan = Plan::default();
+        let (x, hidden) = (plan.matrix("x", 256, 64), plan.matrix("hidden", 256, 64));
+        let bias = plan.weight("bias", WeightRole::Vector);
+        let case = |plan: &mut Plan, name: &str, bias: Option<WeightId>, accumulate: bool| {
+            let w = plan.weight(name, WeightRole::Matrix { n: 128, k: 64 });
+            let gate_up = plan.matrix(format!("{name}.gate_up"), 256, 128);
+            plan.push(Op::Gemm { a: x, w, bias, out: gate_up, accumulate });
+            plan.push(Op::GatedActivation { gate_up, out: hidden, kind: Activation::GeluTanh });
+            (w, gate_up)
+        };
+        let (only, _) = case(&mut plan, "only", None, false);
+        let (read_later, gate_up) = case(&mut plan, "read_later", None, false);
+        let reader = plan.weight("reader", WeightRole::Matrix { n: 64, k: 64 });
+        plan.push(Op::Gemm { a: gate_up.cols(0, 64), w: reader, bias: None, out: hidden, accumulate: false });
+        let (biased, _) = case(&mut plan, "biased", Some(bias), false);
+        let (accumulating, _) = case(&mut plan, "accumulating", None, true);
+        // A second product over the same weight whose output no gated activation reads.
+        let (shared, _) = case(&mut plan, "shared", None, false);
+        let other = plan.matrix("other", 256, 128);
+        plan.push(Op::Gemm { a: x, w: shared, bias: None, out: other, accumulate: false });
+        let gated = plan.gated_output_weights(128);
+        let of = |w: WeightId| gated[w.0];
+        assert!(of(only), "the gated activation alone reads it");
+        assert!(!of(read_later) && !of(biased) && !of(accumulating) && !of(shared) && !of(bias));
+        assert!(!plan.gated_output_weights(257)[only.0], "fewer rows than the bound");
     }
 
     #[test]

@@ -72,6 +72,8 @@ pub struct CpuBackend {
     /// run in FP8, by weight id (empty: none do), and the rounded copy of a product's input.
     fp8_input_scales: Vec<Option<f32>>,
     fp8_input: Vec<f32>,
+    /// The output scale of each weight's FP8 products that store their output in e4m3.
+    fp8_output_scales: Vec<Option<f32>>,
     /// Calibrating: what each product's inputs and FP8 error are ([`Backend::swap_product_probe`]).
     probe: Option<ProductProbe>,
 }
@@ -171,6 +173,7 @@ impl CpuBackend {
             fail_next_run: false,
             fp8_input_scales: Vec::new(),
             fp8_input: Vec::new(),
+            fp8_output_scales: Vec::new(),
             probe: None,
             plan,
         })
@@ -197,6 +200,7 @@ impl CpuBackend {
         }
         self.fp8_input = vec![0.0; input_len];
         self.fp8_input_scales = scales.iter().map(|s| s.map(|s| s.activation)).collect();
+        self.fp8_output_scales = scales.iter().map(|s| s.and_then(|s| s.output)).collect();
         self
     }
 
@@ -224,9 +228,37 @@ impl CpuBackend {
         self.round_trip(&mut input, scale);
         let mut fp8_out = vec![0.0; exact.len()];
         self.product(&input, a, &rounded, &mut fp8_out, out, false, None);
+        if let Some(output_scale) = self.probe.as_ref().and_then(|p| p.output_scales.as_ref()?[w.0]) {
+            self.round_trip(&mut fp8_out, output_scale);
+        }
         let probe = self.probe.as_mut().expect("checked above");
         probe.error[w.0] += exact.iter().zip(&fp8_out).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>();
         probe.energy[w.0] += exact.iter().map(|&x| (x as f64).powi(2)).sum::<f64>();
+    }
+
+    /// After product `w` wrote `out`: calibrating, its range where the probe records it; in FP8,
+    /// `out` rounded through e4m3 where the product stores it so (an output scale).
+    fn product_output(&mut self, w: WeightId, out: View) {
+        let probe = self.probe.as_ref();
+        let propagated = probe.filter(|p| p.propagate).and_then(|p| p.output_scales.as_ref()?[w.0]);
+        let scale = propagated.or(self.fp8_output_scales.get(w.0).copied().flatten());
+        let record = probe.is_some_and(|p| p.outputs[w.0] && !p.propagate);
+        if (scale.is_none() && !record) || out.rows == 0 {
+            return;
+        }
+        let mut buffer = std::mem::replace(&mut self.buffers[out.buf.0], Buffer::F32(Vec::new()));
+        let Buffer::F32(values) = &mut buffer else { unreachable!("gemm output is f32") };
+        let rows = &mut values[out.offset..][..(out.rows - 1) * out.stride + out.cols];
+        if let Some(probe) = self.probe.as_mut().filter(|_| record) {
+            let amax = rows.chunks(out.stride).fold(0.0f32, |m, row| m.max(fp8::amax(&row[..out.cols])));
+            probe.output_amax[w.0] = probe.output_amax[w.0].max(amax);
+        }
+        match scale {
+            Some(scale) if out.stride == out.cols => self.round_trip(rows, scale),
+            Some(scale) => rows.chunks_mut(out.stride).for_each(|row| fp8::round_trip_all(&mut row[..out.cols], scale)),
+            None => {}
+        }
+        self.buffers[out.buf.0] = buffer;
     }
 
     /// [`fp8::round_trip_all`] split over the pool's threads (calibration rounds whole weights).
@@ -416,6 +448,7 @@ impl CpuBackend {
                     this.product(src, a, pw, dst, out, accumulate, bias.map(|b| this.vector(b)));
                 });
                 self.fp8_input = rounded;
+                self.product_output(w, out);
             }
             Op::AddTable { x, table, table_rows } => {
                 self.with_out(x.buf, |this, dst| {
@@ -778,9 +811,11 @@ impl Backend for CpuBackend {
 
     fn lowering(&self) -> String {
         let fp8 = self.fp8_input_scales.iter().filter(|s| s.is_some()).count();
+        let outputs = self.fp8_output_scales.iter().filter(|s| s.is_some()).count();
         let emulation = if fp8 > 0 {
             format!(
-                "  FP8 emulation: the products of {fp8} weights read e4m3-rounded weights and inputs (per-tensor scales), f32 accumulation\n"
+                "  FP8 emulation: the products of {fp8} weights read e4m3-rounded weights and inputs (per-tensor scales), f32 \
+                 accumulation; {outputs} of them with their output rounded through e4m3 for the gated activation after it\n"
             )
         } else {
             String::new()
@@ -1077,7 +1112,8 @@ mod tests {
 
     /// An FP8 product reads its weight rounded with the weight's own per-tensor scale and its
     /// input (a column window of a wider buffer) rounded with the calibrated scale, and
-    /// accumulates in f32; a product without a scale stays f32, bit for bit.
+    /// accumulates in f32; one with an output scale then rounds its output with it; a product
+    /// without a scale stays f32, bit for bit.
     #[test]
     fn fp8_emulation_rounds_inputs_and_weights_of_the_chosen_products() {
         use crate::plan::HostIo;
@@ -1086,20 +1122,27 @@ mod tests {
         let host = plan.host_buffer("a.host", BufType::F32, rows * (k + 3), HostIo::Input);
         let a = View { buf: host, offset: 3, rows, cols: k, stride: k + 3 };
         let (w8, w32) = (plan.weight("w8", WeightRole::Matrix { n, k }), plan.weight("w32", WeightRole::Matrix { n, k }));
-        let (out8, out32) = (plan.matrix("out8", rows, n), plan.matrix("out32", rows, n));
+        let w8_out = plan.weight("w8_out", WeightRole::Matrix { n, k });
+        let (out8, out32, out8_e4m3) = (plan.matrix("out8", rows, n), plan.matrix("out32", rows, n), plan.matrix("out8_e4m3", rows, n));
         plan.push(Op::Gemm { a, w: w8, bias: None, out: out8, accumulate: false });
         plan.push(Op::Gemm { a, w: w32, bias: None, out: out32, accumulate: false });
+        plan.push(Op::Gemm { a, w: w8_out, bias: None, out: out8_e4m3, accumulate: false });
         let weight: Vec<f32> = (0..n * k).map(|i| ((i * 29 % 41) as f32 - 20.0) / 37.0).collect();
         let input: Vec<f32> = (0..rows * (k + 3)).map(|i| ((i * 13 % 31) as f32 - 15.0) / 3.0).collect();
         let (_dir, ckpt) = unused_checkpoint();
-        let data = vec![WeightData::Dense(weight.clone()), WeightData::Dense(weight.clone())];
+        let data = (0..3).map(|_| WeightData::Dense(weight.clone())).collect();
         // A weight scale other than the one its range gives: the emulation must take the one given.
-        let (input_scale, weight_scale) = (0.021, 1.5 * fp8::scale_for(fp8::amax(&weight)));
-        let scales = [Some(ProductScales { activation: input_scale, weight: weight_scale }), None];
+        let (input_scale, weight_scale, output_scale) = (0.021, 1.5 * fp8::scale_for(fp8::amax(&weight)), 0.013);
+        let fp8_scales = ProductScales { activation: input_scale, weight: weight_scale, output: None };
+        let scales = [Some(fp8_scales), None, Some(ProductScales { output: Some(output_scale), ..fp8_scales })];
         let mut cpu = CpuBackend::new(plan, data, &ckpt, 1).unwrap().with_fp8(&scales);
         cpu.input_f32(host).copy_from_slice(&input);
         cpu.run().unwrap();
         let (got8, got32) = (cpu.read_buffer("out8").unwrap(), cpu.read_buffer("out32").unwrap());
+        let got8_e4m3 = cpu.read_buffer("out8_e4m3").unwrap();
+        let stored: Vec<f32> = got8.iter().map(|&x| fp8::round_trip(x, output_scale)).collect();
+        assert_eq!(got8_e4m3, stored, "the output rounded through e4m3 with its scale");
+        assert_ne!(stored, got8, "the output scale rounds visibly");
         for r in 0..rows {
             let row = &input[3 + r * (k + 3)..][..k];
             for c in 0..n {

@@ -33,7 +33,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use cudarc::driver::{result, sys};
-use flashrt_kernels::{DevPtr, Kernels, MAX_PROMPT_BUCKETS, QwenImageSizes, has_fp8};
+use flashrt_kernels::{DevPtr, Dtype, Kernels, MAX_PROMPT_BUCKETS, QwenImageSizes, has_fp8};
 
 use super::arena::{DeviceBuf, Elem, Layout, Scratch, ScratchSizes, copied_input, element_types};
 use super::device::{BlasLt, Context, DeviceMemory, Event, Graph, Pinned, Stream, check};
@@ -336,7 +336,6 @@ impl CudaBackend {
             early_after_products: switches.early_launch,
             tiled: &tiled,
             fp8_fast_accumulation: switches.fp8_fast_accumulation,
-            exp_gate_up_scale: super::fp8::exp_gate_up_scale(),
             fp8: &fp8_products,
             fp8_streamed: &fp8,
             selections: &selections,
@@ -350,6 +349,8 @@ impl CudaBackend {
         };
         let Lowered { steps, schedule, phase_steps, sections, matmuls } = lowering.lower()?;
         let zeroed = steps.iter().filter(|s| matches!(s, Step::StreamedProduct { out_zeroed: true, .. })).count();
+        let e4m3_gate_up =
+            steps.iter().filter(|s| matches!(s, Step::GatedActivation { gate_up, .. } if gate_up.dtype == Dtype::E4m3)).count();
         if schedule.concurrent(0..steps.len()) {
             log::info!(
                 "{} of {} launches on a second stream, {} cross-stream waits",
@@ -378,7 +379,8 @@ impl CudaBackend {
         };
         let lowering = format!(
             "  switches: {}\n{}  zeroed branches: {zeroed} streamed product(s) add into an output its last reader left zero, \
-             without a grid barrier\n{}  ops on the second stream: {}\n  launches: {}\n",
+             without a grid barrier\n  e4m3 gate/up outputs: {e4m3_gate_up} FP8 product(s) store their output in e4m3 for the gated \
+             activation after them\n{}  ops on the second stream: {}\n  launches: {}\n",
             switches.describe(),
             fusions.describe(),
             if opts.fp8_scales.is_empty() { String::new() } else { fp8.describe(switches.fp8_fast_accumulation) },

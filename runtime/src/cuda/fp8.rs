@@ -41,18 +41,12 @@ pub const FP8_MIN_ROWS: usize = 128;
 pub(super) const SCALE_STRIDE: u64 = 16;
 const _: () = assert!(SCALE_STRIDE % 16 == 0, "cuBLASLt wants 16-byte aligned FP8 scale pointers");
 /// Each cuBLASLt FP8 product's device scales: its weight's, its input's, its input's inverse,
-/// and (experiment) the inverse scale of its e4m3 output.
+/// and its output's inverse (where it stores its output in e4m3 for a gated activation, else 1).
 const SCALES_PER_PRODUCT: usize = 4;
 /// Bytes from a product's scales to its input's inverse scale.
 pub(super) const INVERSE_INPUT_SCALE_AT: u64 = 2 * SCALE_STRIDE;
-/// Bytes from a product's scales to the inverse scale of its output in e4m3 (experiment:
-/// `FRT_EXP_GATE_UP_SCALE`).
-pub(super) const OUTPUT_INVERSE_SCALE_AT: u64 = 3 * SCALE_STRIDE;
-
-/// Experiment: the one scale of every prefix gate/up product's e4m3 output (`FRT_EXP_GATE_UP_SCALE`).
-pub(super) fn exp_gate_up_scale() -> Option<f32> {
-    std::env::var("FRT_EXP_GATE_UP_SCALE").ok()?.parse().ok().filter(|s: &f32| *s > 0.0)
-}
+/// Bytes from a product's scales to its output's inverse scale (its D scale when D is e4m3).
+pub(super) const INVERSE_OUTPUT_SCALE_AT: u64 = 3 * SCALE_STRIDE;
 
 /// The products the backend runs in FP8 and the calibrated ones it keeps in bf16.
 #[derive(Debug, Default)]
@@ -207,7 +201,7 @@ impl Fp8Products {
         for (i, (_, s)) in order.iter().enumerate() {
             let slots = &mut values[i * SCALES_PER_PRODUCT * per_scale..];
             (slots[0], slots[per_scale], slots[2 * per_scale]) = (s.weight, s.activation, 1.0 / s.activation);
-            slots[3 * per_scale] = 1.0 / exp_gate_up_scale().unwrap_or(1.0);
+            slots[3 * per_scale] = 1.0 / s.output.unwrap_or(1.0);
         }
         let memory = DeviceMemory::new(values.len() * 4, "FP8 scales")?;
         // SAFETY: the allocation was sized for the values.
@@ -248,8 +242,8 @@ mod tests {
         plan.push(gemm(small, gate_up, gate_up_out));
         plan.push(Op::GatedActivation { gate_up: gate_up_out, out: hidden, kind: Activation::GeluTanh });
         plan.push(gemm(hidden, down, small));
-        let scales = ProductScales { activation: 0.5, weight: 0.25 };
-        let down_scales = ProductScales { activation: 2.0, weight: 0.125 };
+        let scales = ProductScales { activation: 0.5, weight: 0.25, output: None };
+        let down_scales = ProductScales { activation: 2.0, weight: 0.125, output: None };
         let mut calibrated = vec![Some(scales); plan.weights.len()];
         calibrated[uncalibrated.0] = None;
         calibrated[down.0] = Some(down_scales);

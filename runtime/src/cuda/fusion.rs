@@ -821,7 +821,7 @@ mod tests {
         assert_eq!(tiling(&plan), vec![(w_gate_up, 128, true), (w_down, 0, false)]);
         // In FP8 the fused kernel reads e4m3 tiles, which nothing else reads (the other product
         // stays bf16 under the row bound): both tiled in place over their e4m3 upload.
-        let scales = Some(crate::fp8::ProductScales { activation: 0.5, weight: 0.25 });
+        let scales = Some(crate::fp8::ProductScales { activation: 0.5, weight: 0.25, output: None });
         let every_shape = Shapes { mlp: true, product: true };
         let fp8 = Fp8Products::choose(&plan, &[scales, scales], &[first], &[], 128, false, &every_shape);
         let e4m3 = |w: WeightId, paired_half: usize| Tiling { w, paired_half, elem: Elem::E4m3, in_place: true };

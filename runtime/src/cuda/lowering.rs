@@ -11,7 +11,7 @@ use flashrt_kernels::{
 
 use super::arena::{DeviceBuf, Elem, Scratch, copied_input};
 use super::device::BlasLt;
-use super::fp8::{Fp8Products, INVERSE_INPUT_SCALE_AT, OUTPUT_INVERSE_SCALE_AT};
+use super::fp8::{Fp8Products, INVERSE_INPUT_SCALE_AT, INVERSE_OUTPUT_SCALE_AT};
 use super::fusion::{AttentionLowering, Fusions};
 use super::gemm::{Matmul, MatmulSpec, Operand};
 use super::steps::{RopeRows, Schedule, Step};
@@ -63,8 +63,6 @@ pub(super) struct Lowering<'a> {
     pub(super) tiled: &'a WeightPtrs,
     /// The FP8 products with Hopper's fast accumulation, cuBLASLt's and the streamed kernels' (`Switches`).
     pub(super) fp8_fast_accumulation: bool,
-    /// Experiment: prefix gate/up products write e4m3 with this scale (`FRT_EXP_GATE_UP_SCALE`).
-    pub(super) exp_gate_up_scale: Option<f32>,
     /// The FP8 products' weights: their scales and where the pair is on the device.
     pub(super) fp8: &'a HashMap<usize, (ProductScales, DevPtr)>,
     /// The streamed MLPs and products that run in FP8, with their scales.
@@ -664,30 +662,37 @@ impl Lowering<'_> {
         }
     }
 
-    /// Experiment (`FRT_EXP_GATE_UP_SCALE=S`): where the step before is an FP8 product writing
-    /// exactly `gate_up` in bf16, it writes it in e4m3 (times 1 / S, its D scale at its scales'
-    /// fourth slot) into the same memory, and the gated activation reads that with scale S.
+    /// The gated activation's input `gate_up`, and the scale it is read with: where the op before
+    /// is an FP8 product with an output scale (`ProductScales::output`, given only where that
+    /// activation alone reads its output: `Plan::gated_output_weights`) and its cuBLASLt product
+    /// writes exactly `gate_up` in bf16, it now writes it in e4m3 (times the inverse output scale,
+    /// its D scale) into the same memory, read times that scale; else as it was, times 1.
     fn gate_up_e4m3(&mut self, gate_up: Mat) -> (Mat, f32) {
-        let (Some(scale), Some(&Step::Gemm { matmul, .. })) = (self.exp_gate_up_scale, self.steps.last()) else {
+        let previous = self.op_index.checked_sub(1).map(|i| &self.plan.ops[i]);
+        let (Some(&Op::Gemm { w, .. }), Some(&Step::Gemm { matmul, .. })) = (previous, self.steps.last()) else {
             return (gate_up, 1.0);
         };
-        let Some(at) = self.matmuls[matmul].spec().scales else { return (gate_up, 1.0) };
+        let Some(&(ProductScales { output: Some(scale), .. }, at)) = self.fp8.get(&w.0) else { return (gate_up, 1.0) };
         let quantized = Mat { dtype: Dtype::E4m3, stride: gate_up.cols, ..gate_up };
         let spec = *self.matmuls[matmul].spec();
         let writes_gate_up = spec.d.ptr == gate_up.ptr
             && spec.d.dtype == Dtype::Bf16
             && (spec.d.rows, spec.d.cols, spec.d.ld) == (gate_up.cols, gate_up.rows, gate_up.stride);
         if gate_up.stride != gate_up.cols || spec.beta != 0.0 || spec.batch != 1 || spec.gelu || !writes_gate_up {
+            log::warn!(
+                "op {}: the gate/up product is not one cuBLASLt product writing its whole output: it writes bf16 (the CPU emulation rounds it through e4m3)",
+                self.op_index - 1
+            );
             return (gate_up, 1.0);
         }
         let d = Operand { dtype: Dtype::E4m3, ld: quantized.stride, ..spec.d };
-        match Matmul::new(self.lt.0, MatmulSpec { d, d_scale: Some(at + OUTPUT_INVERSE_SCALE_AT), ..spec }) {
+        match Matmul::new(self.lt.0, MatmulSpec { d, d_scale: Some(at + INVERSE_OUTPUT_SCALE_AT), ..spec }) {
             Ok(m) => {
                 self.matmuls[matmul] = m;
                 (quantized, scale)
             }
             Err(why) => {
-                log::warn!("{why}: the gate/up product writes bf16");
+                log::warn!("{why}: the gate/up product writes bf16 (the CPU emulation rounds it through e4m3)");
                 (gate_up, 1.0)
             }
         }

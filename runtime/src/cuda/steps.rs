@@ -120,8 +120,8 @@ pub(super) enum Step {
         x: Mat,
         kind: Activation,
     },
-    /// `gate_up` in e4m3 times `in_scale` where the FP8 product before it writes it so
-    /// (`FRT_EXP_GATE_UP_SCALE`), else bf16 and 1.
+    /// `gate_up` in e4m3, read times `in_scale`, where the FP8 product before it stores its
+    /// output so (`ProductScales::output`); else bf16 and 1.
     GatedActivation {
         out: Mat,
         out_scale: f32,
