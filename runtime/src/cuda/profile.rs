@@ -170,7 +170,10 @@ impl Launcher {
             Step::GatedResidualRmsNormProduct { .. } => "gated_residual_rms_norm_product".into(),
             Step::ProductRmsNorm { .. } => "product_rms_norm".into(),
             Step::Activation { kind, .. } => kind.name().into(),
-            Step::GatedActivation { out, kind, .. } => format!("{}{}", kind.gated_name(), into_e4m3(out)),
+            Step::GatedActivation { out, gate_up, kind, .. } => {
+                let from = if gate_up.dtype == flashrt_kernels::Dtype::E4m3 { " from e4m3" } else { "" };
+                format!("{}{from}{}", kind.gated_name(), into_e4m3(out))
+            }
             Step::StreamedMlp { fp8: None, .. } => "mlp_stream".into(),
             Step::StreamedMlp { fp8: Some(_), .. } => "mlp_stream e4m3".into(),
             Step::StreamedProduct { out, a, .. } => format!("product_stream {}x{} (k {}) e4m3", out.rows, out.cols, a.cols),
