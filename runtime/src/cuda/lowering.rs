@@ -617,7 +617,7 @@ impl Lowering<'_> {
             let reads = self.matmuls[matmul].spec().b.ptr;
             let region = [self.scratch().fp8_input, self.scratch().fp8_product_output].into_iter().find(|&r| r != reads);
             let quantized = Mat { ptr: region.expect("two regions"), ..quantized };
-            if self.writes_e4m3(matmul, a, quantized, at) {
+            if self.writes_e4m3(matmul, a, quantized, at + INVERSE_INPUT_SCALE_AT) {
                 return quantized;
             }
         }
@@ -640,9 +640,10 @@ impl Lowering<'_> {
     }
 
     /// Whether cuBLASLt product `matmul`, an FP8 one writing exactly `a`, now writes `quantized`
-    /// instead, times the inverse input scale at `scales_at` (its D scale). cuBLASLt may have no
-    /// algorithm for that form; the product then stays as it was.
-    fn writes_e4m3(&mut self, matmul: usize, a: Mat, quantized: Mat, scales_at: DevPtr) -> bool {
+    /// instead, in e4m3, times the f32 at `d_scale` (its D scale: the inverse scale of the FP8
+    /// input or output it writes). cuBLASLt may have no algorithm for that form; the product then
+    /// stays as it was.
+    fn writes_e4m3(&mut self, matmul: usize, a: Mat, quantized: Mat, d_scale: DevPtr) -> bool {
         let spec = *self.matmuls[matmul].spec();
         let writes_a =
             spec.d.ptr == a.ptr && spec.d.dtype == a.dtype && (spec.d.rows, spec.d.cols, spec.d.ld) == (a.cols, a.rows, a.stride);
@@ -650,13 +651,13 @@ impl Lowering<'_> {
             return false;
         }
         let d = Operand { ptr: quantized.ptr, dtype: Dtype::E4m3, ld: quantized.stride, ..spec.d };
-        match Matmul::new(self.lt.0, MatmulSpec { d, d_scale: Some(scales_at + INVERSE_INPUT_SCALE_AT), ..spec }) {
+        match Matmul::new(self.lt.0, MatmulSpec { d, d_scale: Some(d_scale), ..spec }) {
             Ok(m) => {
                 self.matmuls[matmul] = m;
                 true
             }
             Err(why) => {
-                log::warn!("{why}: the product writes bf16 and a launch quantizes it");
+                log::warn!("{why}: the product keeps its bf16 output");
                 false
             }
         }
@@ -664,9 +665,9 @@ impl Lowering<'_> {
 
     /// The gated activation's input `gate_up`, and the scale it is read with: where the op before
     /// is an FP8 product with an output scale (`ProductScales::output`, given only where that
-    /// activation alone reads its output: `Plan::gated_output_weights`) and its cuBLASLt product
-    /// writes exactly `gate_up` in bf16, it now writes it in e4m3 (times the inverse output scale,
-    /// its D scale) into the same memory, read times that scale; else as it was, times 1.
+    /// activation alone reads its output: `Plan::gated_output_weights`), its cuBLASLt product now
+    /// writes it in e4m3 (times the inverse output scale) into the same memory, read times that
+    /// scale; else as it was, times 1.
     fn gate_up_e4m3(&mut self, gate_up: Mat) -> (Mat, f32) {
         let previous = self.op_index.checked_sub(1).map(|i| &self.plan.ops[i]);
         let (Some(&Op::Gemm { w, .. }), Some(&Step::Gemm { matmul, .. })) = (previous, self.steps.last()) else {
@@ -674,28 +675,11 @@ impl Lowering<'_> {
         };
         let Some(&(ProductScales { output: Some(scale), .. }, at)) = self.fp8.get(&w.0) else { return (gate_up, 1.0) };
         let quantized = Mat { dtype: Dtype::E4m3, stride: gate_up.cols, ..gate_up };
-        let spec = *self.matmuls[matmul].spec();
-        let writes_gate_up = spec.d.ptr == gate_up.ptr
-            && spec.d.dtype == Dtype::Bf16
-            && (spec.d.rows, spec.d.cols, spec.d.ld) == (gate_up.cols, gate_up.rows, gate_up.stride);
-        if gate_up.stride != gate_up.cols || spec.beta != 0.0 || spec.batch != 1 || spec.gelu || !writes_gate_up {
-            log::warn!(
-                "op {}: the gate/up product is not one cuBLASLt product writing its whole output: it writes bf16 (the CPU emulation rounds it through e4m3)",
-                self.op_index - 1
-            );
-            return (gate_up, 1.0);
+        if self.writes_e4m3(matmul, gate_up, quantized, at + INVERSE_OUTPUT_SCALE_AT) {
+            return (quantized, scale);
         }
-        let d = Operand { dtype: Dtype::E4m3, ld: quantized.stride, ..spec.d };
-        match Matmul::new(self.lt.0, MatmulSpec { d, d_scale: Some(at + INVERSE_OUTPUT_SCALE_AT), ..spec }) {
-            Ok(m) => {
-                self.matmuls[matmul] = m;
-                (quantized, scale)
-            }
-            Err(why) => {
-                log::warn!("{why}: the gate/up product writes bf16 (the CPU emulation rounds it through e4m3)");
-                (gate_up, 1.0)
-            }
-        }
+        log::warn!("op {}: the gate/up product writes bf16 (the CPU emulation rounds it through e4m3)", self.op_index - 1);
+        (gate_up, 1.0)
     }
 
     /// `out (+)= a · wᵀ (+ bias)`: see the column-major mapping in `gemm.rs`.
