@@ -68,12 +68,11 @@ pub struct CpuBackend {
     image_scratch: Vec<u8>,
     /// [`Backend::fail_next_run`] was called.
     fail_next_run: bool,
-    /// FP8 emulation ([`CpuBackend::with_fp8`]): the input scale of each weight's products that
-    /// run in FP8, by weight id (empty: none do), and the rounded copy of a product's input.
-    fp8_input_scales: Vec<Option<f32>>,
+    /// FP8 emulation ([`CpuBackend::with_fp8`]): the scales of each weight's products that run in
+    /// FP8 (its input's, and its output's where it stores that in e4m3), by weight id (empty: none
+    /// do), and the rounded copy of a product's input.
+    fp8_scales: Vec<Option<ProductScales>>,
     fp8_input: Vec<f32>,
-    /// The output scale of each weight's FP8 products that store their output in e4m3.
-    fp8_output_scales: Vec<Option<f32>>,
     /// Calibrating: what each product's inputs and FP8 error are ([`Backend::swap_product_probe`]).
     probe: Option<ProductProbe>,
 }
@@ -171,9 +170,8 @@ impl CpuBackend {
             bucket: None,
             image_scratch: vec![0; image_scratch],
             fail_next_run: false,
-            fp8_input_scales: Vec::new(),
+            fp8_scales: Vec::new(),
             fp8_input: Vec::new(),
-            fp8_output_scales: Vec::new(),
             probe: None,
             plan,
         })
@@ -199,8 +197,7 @@ impl CpuBackend {
             }
         }
         self.fp8_input = vec![0.0; input_len];
-        self.fp8_input_scales = scales.iter().map(|s| s.map(|s| s.activation)).collect();
-        self.fp8_output_scales = scales.iter().map(|s| s.and_then(|s| s.output)).collect();
+        self.fp8_scales = scales.to_vec();
         self
     }
 
@@ -241,7 +238,7 @@ impl CpuBackend {
     fn product_output(&mut self, w: WeightId, out: View) {
         let probe = self.probe.as_ref();
         let propagated = probe.filter(|p| p.propagate).and_then(|p| p.output_scales.as_ref()?[w.0]);
-        let scale = propagated.or(self.fp8_output_scales.get(w.0).copied().flatten());
+        let scale = propagated.or(self.fp8_scales.get(w.0).copied().flatten().and_then(|s| s.output));
         let record = probe.is_some_and(|p| p.outputs[w.0] && !p.propagate);
         if (scale.is_none() && !record) || out.rows == 0 {
             return;
@@ -423,7 +420,7 @@ impl CpuBackend {
                     let scale = p.measure_scales.as_ref()?[w.0]?;
                     Some((scale, fp8::scale_for(p.weight_amax[w.0])))
                 });
-                let input_scale = propagated.map(|(input, _)| input).or(self.fp8_input_scales.get(w.0).copied().flatten());
+                let input_scale = propagated.map(|(input, _)| input).or(self.fp8_scales.get(w.0).copied().flatten().map(|s| s.activation));
                 let mut rounded = std::mem::take(&mut self.fp8_input);
                 if let Some(scale) = input_scale {
                     let src = self.f32(a.buf);
@@ -810,8 +807,8 @@ impl Backend for CpuBackend {
     }
 
     fn lowering(&self) -> String {
-        let fp8 = self.fp8_input_scales.iter().filter(|s| s.is_some()).count();
-        let outputs = self.fp8_output_scales.iter().filter(|s| s.is_some()).count();
+        let fp8 = self.fp8_scales.iter().flatten().count();
+        let outputs = self.fp8_scales.iter().flatten().filter(|s| s.output.is_some()).count();
         let emulation = if fp8 > 0 {
             format!(
                 "  FP8 emulation: the products of {fp8} weights read e4m3-rounded weights and inputs (per-tensor scales), f32 \
